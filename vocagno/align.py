@@ -1,0 +1,78 @@
+"""Show how a student tokenizer's tokens map onto a teacher tokenizer's tokens for some text.
+
+    python -m vocagno.align --student llama2 --teacher qwen2.5 --text "Résumé: ∫x²dx = x³/3"
+    python -m vocagno.align --student TinyLlama/TinyLlama_v1.1 --teacher Qwen/Qwen2.5-Math-7B-Instruct --file a.txt
+
+Tokenizers are local folders, the shipped copies (llama2, codellama, mistral, qwen2.5, deepseek-llm) or Hugging Face
+names. Prints each student token with its teacher tokens and IoU/IoS, the unmapped tokens, the corpus figures and
+the vocabulary overlap of the pair.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from vocagno.alignment import align, alignment_quality, vocab_overlap
+from vocagno.tokenization import encode_with_offsets, load_tokenizer
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vocagno.align", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--student", required=True, help="student tokenizer: folder, shipped name or HF name")
+    parser.add_argument("--teacher", required=True, help="teacher tokenizer: folder, shipped name or HF name")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text", help="the text to align")
+    source.add_argument("--file", type=Path, help="a UTF-8 text file to align")
+    parser.add_argument(
+        "--no-special-tokens", action="store_true", help="don't add the tokenizers' own specials (BOS, ...)"
+    )
+    parser.add_argument("--max-rows", type=int, default=200, help="print at most this many student tokens (0: all)")
+    args = parser.parse_args(argv)
+
+    text = args.text if args.text is not None else args.file.read_text(encoding="utf-8")
+    student, teacher = load_tokenizer(args.student), load_tokenizer(args.teacher)
+    add_special = not args.no_special_tokens
+    s_ids, s_offsets = encode_with_offsets(student, text, add_special_tokens=add_special)
+    t_ids, t_offsets = encode_with_offsets(teacher, text, add_special_tokens=add_special)
+    start, end = align(s_offsets, t_offsets)
+    iou, ios = alignment_quality(s_offsets, t_offsets, start, end)
+    s_pieces = student.convert_ids_to_tokens(s_ids.tolist())
+    t_pieces = teacher.convert_ids_to_tokens(t_ids.tolist())
+
+    rows = len(s_ids) if args.max_rows <= 0 else min(len(s_ids), args.max_rows)
+    print(f"{'#':>5}  {'student token':<22} {'text':<16} {'teacher tokens':<40} {'IoU':>5} {'IoS':>5}")
+    for i in range(rows):
+        s, e = s_offsets[i]
+        teacher_tokens = " ".join(f"{j}:{t_pieces[j]}" for j in range(start[i], end[i])) or "(unmapped)"
+        quality = f"{iou[i]:5.2f} {ios[i]:5.2f}" if start[i] < end[i] else f"{'-':>5} {'-':>5}"
+        print(f"{i:>5}  {s_pieces[i]!r:<22} {text[s:e]!r:<16} {teacher_tokens:<40} {quality}")
+    if rows < len(s_ids):
+        print(f"... {len(s_ids) - rows} more (--max-rows 0 prints all)")
+
+    mapped = start < end
+    nonempty = s_offsets[:, 0] < s_offsets[:, 1]
+    print(f"\nstudent {args.student}: {len(s_ids)} tokens; teacher {args.teacher}: {len(t_ids)} tokens")
+    print(f"mapped: {mapped.sum()} of {len(s_ids)} student tokens ({_share(mapped.sum(), len(s_ids))})")
+    print(f"unmapped, empty span (specials): {int((~nonempty).sum())}")
+    overlapless = np.flatnonzero(nonempty & ~mapped)
+    print(f"unmapped, overlapping no teacher token: {len(overlapless)}")
+    for i in overlapless:
+        s, e = s_offsets[i]
+        print(f"  #{i} {s_pieces[i]!r} over {text[s:e]!r} (chars {s}:{e}): the teacher's tokens skip these characters")
+    if mapped.any():
+        print(f"mean IoU {np.nanmean(iou):.3f}; IoS = 1 for {int((ios[mapped] == 1).sum())} of {mapped.sum()} mapped")
+        print(f"teacher tokens per mapped student token: {(end - start)[mapped].mean():.2f}")
+    print(f"vocabulary overlap: {vocab_overlap(student, teacher)}")
+    return 0
+
+
+def _share(part, whole) -> str:
+    return f"{part / whole:.1%}" if whole else "-"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

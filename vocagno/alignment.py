@@ -1,0 +1,186 @@
+"""Token-level lexical alignment between two tokenizations of the same text.
+
+Offsets are character spans ``[s, e)`` (Python ``str`` indices), one row per token, as HF fast tokenizers return
+them with ``return_offsets_mapping=True``. Student token ``i`` maps to the teacher tokens ``start[i]:end[i]``: the
+contiguous run of teacher tokens whose spans overlap its span. ``start[i] == end[i]`` (always ``0, 0``) means
+*unmapped*: the token has an empty span (BOS/EOS, other specials, padding) or overlaps no teacher token (a character
+that the teacher's normalizer folded away, such as a combining mark under Qwen's NFC).
+
+Valid offsets: integers, ``0 <= s <= e``, and over the tokens with non-empty spans both the starts and the ends are
+non-decreasing (tokens come in text order; several tokens may share one span, as byte pieces of one character do).
+Empty spans may stand anywhere: specials get ``(0, 0)`` from HF tokenizers wherever they are.
+
+Two implementations of one algorithm: ``align`` (numpy, one sequence, for data loaders) and ``align_batch`` (torch,
+padded batches, on the training device). ``align_reference`` is the definition in plain Python that both are tested
+against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = [
+    "align",
+    "align_batch",
+    "align_reference",
+    "alignment_quality",
+    "VocabOverlap",
+    "vocab_overlap",
+]
+
+
+_NO_START = np.iinfo(np.int64).max
+
+
+def _columns(offsets, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Check offsets; return starts and ends, and the sorted columns the searches run on.
+
+    An empty span would break the order binary search needs, so in the sorted columns it takes the running max of the
+    ends before it and the running min of the starts after it: no search ever stops on one. Offsets are sorted exactly
+    when every non-empty span keeps its own values there.
+    """
+    offsets = np.asarray(offsets)
+    if offsets.size == 0:
+        offsets = offsets.reshape(0, 2).astype(np.int64)  # the offsets of empty text: [] from a tokenizer
+    if offsets.ndim != 2 or offsets.shape[1] != 2:
+        raise ValueError(f"{name}: offsets must have shape (n, 2), got {offsets.shape}")
+    if offsets.dtype.kind not in "iu":
+        raise ValueError(f"{name}: offsets must be integers, got dtype {offsets.dtype}")
+    starts, ends = np.ascontiguousarray(offsets.T, dtype=np.int64)
+    if len(starts) and (starts.min() < 0 or (ends - starts).min() < 0):
+        if (starts < 0).any():
+            raise ValueError(f"{name}: negative offset at token {int(np.argmax(starts < 0))}")
+        i = int(np.argmax(starts > ends))
+        raise ValueError(f"{name}: span start > end at token {i}: {[int(starts[i]), int(ends[i])]}")
+    empty = starts == ends
+    sorted_ends = np.maximum.accumulate(np.where(empty, 0, ends))
+    sorted_starts = np.minimum.accumulate(np.where(empty, _NO_START, starts)[::-1])[::-1]
+    if (((sorted_ends != ends) | (sorted_starts != starts)) & ~empty).any():
+        raise ValueError(f"{name}: offsets are not sorted: non-empty spans must come in text order")
+    return starts, ends, sorted_starts, sorted_ends
+
+
+def align(student_offsets, teacher_offsets) -> tuple[np.ndarray, np.ndarray]:
+    """Map each student token to the range of teacher tokens overlapping it; O(N log M).
+
+    Returns int64 arrays ``start, end`` of shape (N,); unmapped tokens get ``start == end == 0``.
+    """
+    s, e, _, _ = _columns(student_offsets, "student_offsets")
+    _, _, sorted_starts, sorted_ends = _columns(teacher_offsets, "teacher_offsets")
+    start = np.searchsorted(sorted_ends, s, side="right")  # first teacher token ending after s
+    end = np.searchsorted(sorted_starts, e, side="left")  # one past the last teacher token starting before e
+    mapped = (s < e) & (start < end)
+    return np.where(mapped, start, 0), np.where(mapped, end, 0)
+
+
+def align_batch(student_offsets: torch.Tensor, teacher_offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``align`` for padded batches on any device: ``[B, N, 2]`` and ``[B, M, 2]`` -> ``start, end`` of ``[B, N]``.
+
+    Padding is any empty span (``(0, 0)`` is usual). Row ``b`` equals ``align(student[b], teacher[b])``.
+    """
+    if student_offsets.dim() == 3 and teacher_offsets.dim() == 3 and len(student_offsets) != len(teacher_offsets):
+        raise ValueError(f"batch sizes differ: student {len(student_offsets)}, teacher {len(teacher_offsets)}")
+    s, e, _, _ = _columns_batch(student_offsets, "student_offsets")
+    _, _, sorted_starts, sorted_ends = _columns_batch(teacher_offsets, "teacher_offsets")
+    start = torch.searchsorted(sorted_ends, s, right=True)
+    end = torch.searchsorted(sorted_starts, e, right=False)
+    mapped = (s < e) & (start < end)
+    zero = torch.zeros_like(start)
+    return torch.where(mapped, start, zero), torch.where(mapped, end, zero)
+
+
+def _columns_batch(offsets: torch.Tensor, name: str) -> tuple[torch.Tensor, ...]:
+    """``_columns`` for ``[B, n, 2]`` tensors, with one host sync for all the checks."""
+    if offsets.dim() != 3 or offsets.shape[-1] != 2:
+        raise ValueError(f"{name}: offsets must have shape (batch, n, 2), got {tuple(offsets.shape)}")
+    if offsets.is_floating_point() or offsets.is_complex() or offsets.dtype == torch.bool:
+        raise ValueError(f"{name}: offsets must be integers, got dtype {offsets.dtype}")
+    starts, ends = offsets.long().unbind(-1)
+    starts, ends = starts.contiguous(), ends.contiguous()
+    if offsets.shape[1] == 0:
+        return starts, ends, starts, ends
+    empty = starts == ends
+    sorted_ends = torch.cummax(ends.masked_fill(empty, 0), dim=1).values
+    sorted_starts = torch.cummin(starts.masked_fill(empty, _NO_START).flip(1), dim=1).values.flip(1)
+    unsorted = ((sorted_ends != ends) | (sorted_starts != starts)) & ~empty
+    negative, reversed_span, unsorted = torch.stack([(starts < 0).any(), (starts > ends).any(), unsorted.any()]).tolist()
+    if negative:
+        raise ValueError(f"{name}: negative offset")
+    if reversed_span:
+        raise ValueError(f"{name}: span start > end")
+    if unsorted:
+        raise ValueError(f"{name}: offsets are not sorted: non-empty spans must come in text order")
+    return starts, ends, sorted_starts.contiguous(), sorted_ends
+
+
+def align_reference(student_offsets, teacher_offsets) -> tuple[list[int], list[int]]:
+    """The definition, in plain Python, O(N * M): the first and one-past-last teacher token overlapping each
+    student token's span; ``(0, 0)`` where none does or the student span is empty."""
+    starts, ends = [], []
+    for s, e in student_offsets:
+        hits = [j for j, (ts, te) in enumerate(teacher_offsets) if ts < te and ts < e and s < te] if s < e else []
+        starts.append(hits[0] if hits else 0)
+        ends.append(hits[-1] + 1 if hits else 0)
+    return starts, ends
+
+
+def alignment_quality(student_offsets, teacher_offsets, start, end) -> tuple[np.ndarray, np.ndarray]:
+    """Per student token: IoU and IoS of its characters with the characters of its teacher tokens.
+
+    IoS (intersection over the student token's characters) is 1 when the teacher tokens cover every character of
+    the student token. Both are NaN for unmapped tokens.
+    """
+    s, e, _, _ = _columns(student_offsets, "student_offsets")
+    t_start, t_end, _, nonempty_ends = _columns(teacher_offsets, "teacher_offsets")
+    start, end = np.asarray(start, dtype=np.int64), np.asarray(end, dtype=np.int64)
+    n_chars = int(max(e.max(initial=0), t_end.max(initial=0)))
+    # Characters under any teacher token, as a prefix sum: every teacher token over a character of a student
+    # token lies in that token's range, so this counts the intersection exactly.
+    delta = np.zeros(n_chars + 1, dtype=np.int64)
+    np.add.at(delta, t_start, 1)
+    np.add.at(delta, t_end, -1)
+    covered = np.concatenate([[0], np.cumsum(np.cumsum(delta)[:-1] > 0)])
+    intersection = covered[e] - covered[s]
+    # Union length of the spans of teacher tokens a..b-1: spans are sorted, so token j adds what reaches past the
+    # furthest end before it.
+    furthest_before = np.concatenate([[0], nonempty_ends[:-1]]) if len(t_end) else t_end
+    fresh = np.maximum(0, t_end - np.maximum(t_start, furthest_before))
+    fresh_prefix = np.concatenate([[0], np.cumsum(fresh)])
+    mapped = start < end
+    a = np.where(mapped, start, 0)
+    first_len = (t_end[a] - t_start[a]) if len(t_end) else np.zeros_like(a)
+    teacher_chars = first_len + fresh_prefix[np.where(mapped, end, 0)] - fresh_prefix[np.minimum(a + 1, len(t_end))]
+    student_chars = e - s
+    with np.errstate(invalid="ignore", divide="ignore"):
+        iou = intersection / (student_chars + teacher_chars - intersection)
+        ios = intersection / student_chars
+    return np.where(mapped, iou, np.nan), np.where(mapped, ios, np.nan)
+
+
+@dataclass(frozen=True)
+class VocabOverlap:
+    shared: int
+    teacher_vocab_size: int
+
+    @property
+    def fraction(self) -> float:
+        return self.shared / self.teacher_vocab_size
+
+    def __str__(self) -> str:
+        return f"{self.shared:,} / {self.teacher_vocab_size:,} = {self.fraction:.2%} of the teacher's vocabulary"
+
+
+def vocab_overlap(student_tokenizer, teacher_tokenizer) -> VocabOverlap:
+    """Share of the teacher's raw vocabulary strings (its model vocabulary, added and special tokens aside) that are
+    also strings of the student's vocabulary. Qwen2.5 vs Llama-2: 9,587 / 151,643 = 6.32%."""
+    student = _model_vocab(student_tokenizer)
+    teacher = _model_vocab(teacher_tokenizer)
+    return VocabOverlap(shared=len(teacher & student), teacher_vocab_size=len(teacher))
+
+
+def _model_vocab(tokenizer) -> set[str]:
+    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)  # a transformers fast tokenizer or a raw one
+    return set(backend.get_vocab(with_added_tokens=False))

@@ -1,0 +1,178 @@
+"""The teacher guided loss: Rho-1's selective language modeling with a reference model of any vocabulary.
+
+Plain torch, no training framework. Shapes: ``B`` sequences, ``N`` student positions, ``M`` teacher positions,
+``V`` vocabulary. Student tensors are already shifted (logits at ``i`` predict ``labels[i]``) and ``start, end``
+give, per student label token, the range of teacher positions whose tokens overlap it (``vocagno.alignment``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["AGGREGATIONS", "token_cross_entropy", "teacher_token_loss", "aggregate_ranges", "guided_loss"]
+
+AGGREGATIONS = ("max", "mean", "sum", "min")
+
+
+def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+    """Per-token cross-entropy in fp32: ``[..., V]``, ``[...]`` -> ``[...]``, 0 where ``targets == ignore_index``."""
+    return F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=ignore_index, reduction="none"
+    ).view(targets.shape)
+
+
+@torch.no_grad()
+def teacher_token_loss(
+    hidden_states: torch.Tensor,
+    output_layer: Callable[[torch.Tensor], torch.Tensor],
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    chunk_size: int = 1024,
+) -> torch.Tensor:
+    """Loss of each teacher token given the tokens before it: ``[B, M]`` fp32, NaN where undefined.
+
+    ``hidden_states`` are the teacher's last hidden states ``[B, M, H]`` and ``output_layer`` its LM head (for an HF
+    model, ``model.get_output_embeddings()``). Logits are computed ``chunk_size`` tokens at a time, so fp32 logits over
+    the whole vocabulary never exist for the whole batch (4 x 2048 tokens x 152K x 4 bytes would be 5 GB).
+    Undefined: position 0 (nothing precedes it) and padding (``attention_mask == 0``) or a token after padding.
+    """
+    batch, length = input_ids.shape
+    loss = torch.full((batch, length), float("nan"), device=input_ids.device, dtype=torch.float32)
+    if length < 2:
+        return loss
+    predicted = input_ids[:, 1:]
+    if attention_mask is not None:
+        # Left padding is allowed: a token is defined when it and the one predicting it are real tokens.
+        real = attention_mask.bool()
+        predicted = predicted.masked_fill(~(real[:, 1:] & real[:, :-1]), -100)
+    hidden = hidden_states[:, :-1].reshape(-1, hidden_states.shape[-1])
+    targets = predicted.reshape(-1)
+    flat = torch.empty(targets.shape, device=input_ids.device, dtype=torch.float32)
+    for begin in range(0, targets.numel(), chunk_size):
+        chunk = slice(begin, begin + chunk_size)
+        flat[chunk] = token_cross_entropy(output_layer(hidden[chunk]), targets[chunk])
+    flat = flat.masked_fill(targets == -100, float("nan"))
+    loss[:, 1:] = flat.view(batch, length - 1)
+    return loss
+
+
+def aggregate_ranges(values: torch.Tensor, start: torch.Tensor, end: torch.Tensor, how: str = "max") -> torch.Tensor:
+    """Reduce ``values[b, start[b, i]:end[b, i]]`` for every ``(b, i)``, ignoring NaN: ``[B, M]`` -> ``[B, N]``.
+
+    NaN where the range is empty or holds no defined value. Vectorized with no host sync and no shape that depends
+    on the data: ``sum``/``mean`` by prefix sums (fp64), ``max``/``min`` by a sparse table (log2 M levels,
+    two lookups per range).
+    """
+    if how not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {how!r}")
+    if values.dim() != 2 or start.shape != end.shape or start.dim() != 2 or start.shape[0] != values.shape[0]:
+        raise ValueError(
+            f"expected values [B, M] and start, end [B, N]; got {tuple(values.shape)}, "
+            f"{tuple(start.shape)}, {tuple(end.shape)}"
+        )
+    start, end = start.long(), end.long()
+    defined = ~torch.isnan(values)
+    nan = torch.tensor(float("nan"), device=values.device, dtype=values.dtype)
+    if how in ("sum", "mean"):
+        sums = F.pad(torch.where(defined, values, 0).double().cumsum(-1), (1, 0))
+        counts = F.pad(defined.long().cumsum(-1), (1, 0))
+        total = sums.gather(-1, end) - sums.gather(-1, start)
+        count = counts.gather(-1, end) - counts.gather(-1, start)
+        out = total if how == "sum" else total / count.clamp(min=1)
+        return torch.where(count > 0, out.to(values.dtype), nan)
+
+    length = values.shape[1]
+    if length == 0:
+        return torch.full(start.shape, float("nan"), device=values.device, dtype=values.dtype)
+    reduce = torch.maximum if how == "max" else torch.minimum
+    fill = float("-inf") if how == "max" else float("inf")
+    # levels[k][b, j] = reduction over values[b, j : j + 2**k] (filled past the end).
+    levels = [torch.where(defined, values, fill)]
+    while 2 ** len(levels) <= length:
+        width = 2 ** (len(levels) - 1)
+        previous = levels[-1]
+        levels.append(reduce(previous, F.pad(previous[:, width:], (0, width), value=fill)))
+    table = torch.stack(levels)  # [K, B, M]
+    span = end - start
+    powers = 2 ** torch.arange(len(levels), device=values.device)
+    level = (torch.searchsorted(powers, span, right=True) - 1).clamp(min=0)  # floor(log2(span))
+    rows = torch.arange(values.shape[0], device=values.device).unsqueeze(-1).expand_as(start)
+    # Unmapped ranges (span 0) look up a clamped position; their result is discarded below.
+    first = start.clamp(max=length - 1)
+    last = (end - powers[level]).clamp(min=0, max=length - 1)
+    out = reduce(table[level, rows, first], table[level, rows, last])
+    return torch.where((span > 0) & torch.isfinite(out), out, nan)
+
+
+def guided_loss(
+    student_logits: torch.Tensor,
+    labels: torch.Tensor,
+    teacher_token_loss: torch.Tensor,
+    start: torch.Tensor,
+    end: torch.Tensor,
+    *,
+    topk_ratio: float = 0.4,
+    aggregation: str = "max",
+    unmapped: str = "include",
+    per_sequence: bool = False,
+    ignore_index: int = -100,
+) -> dict[str, torch.Tensor]:
+    """Train only on the student tokens the teacher says are worth learning.
+
+    score = student loss - teacher loss aggregated over the teacher tokens aligned to the student token (no gradient
+    through the score). Of the *mapped* tokens (a label and an aggregated teacher loss), the ``ceil(topk_ratio *
+    count)`` with the highest scores are kept, over the whole batch or per sequence (``per_sequence``); ties go to
+    the earlier position. Unmapped tokens with a label are kept (``"include"``) or dropped (``"exclude"``).
+
+    Returns ``total`` (mean student cross-entropy over the kept tokens, the loss to train on) and detached statistics:
+    ``kept_fraction`` and ``mapped_fraction`` (of tokens with a label), ``student_loss`` (mean over tokens with a
+    label), ``teacher_loss`` and ``score`` (means over mapped tokens).
+    """
+    if not 0.0 <= topk_ratio <= 1.0:
+        raise ValueError(f"topk_ratio must be in [0, 1], got {topk_ratio}")
+    if unmapped not in ("include", "exclude"):
+        raise ValueError(f"unmapped must be 'include' or 'exclude', got {unmapped!r}")
+    if student_logits.shape[:-1] != labels.shape or labels.shape != start.shape or start.shape != end.shape:
+        raise ValueError(
+            "expected student_logits [B, N, V] and labels, start, end [B, N]; got "
+            f"{tuple(student_logits.shape)}, {tuple(labels.shape)}, {tuple(start.shape)}, {tuple(end.shape)}"
+        )
+    if teacher_token_loss.dim() != 2 or teacher_token_loss.shape[0] != labels.shape[0]:
+        raise ValueError(f"expected teacher_token_loss [B, M], got {tuple(teacher_token_loss.shape)}")
+
+    student_loss = token_cross_entropy(student_logits, labels, ignore_index)
+    has_label = labels != ignore_index
+    teacher_loss = aggregate_ranges(teacher_token_loss.detach().float(), start, end, aggregation)
+    mapped = has_label & ~torch.isnan(teacher_loss)
+    score = torch.where(mapped, student_loss.detach() - teacher_loss, float("-inf"))
+
+    kept = mapped & _top_fraction(score, mapped, topk_ratio, per_sequence)
+    if unmapped == "include":
+        kept = kept | (has_label & ~mapped)
+
+    kept_f, labeled_f, mapped_f = kept.float(), has_label.float(), mapped.float()
+    total = (student_loss * kept_f).sum() / kept_f.sum().clamp(min=1)
+    n_labeled, n_mapped = labeled_f.sum().clamp(min=1), mapped_f.sum().clamp(min=1)
+    return {
+        "total": total,
+        "kept_fraction": kept_f.sum() / n_labeled,
+        "mapped_fraction": mapped_f.sum() / n_labeled,
+        "student_loss": (student_loss.detach() * labeled_f).sum() / n_labeled,
+        "teacher_loss": torch.where(mapped, teacher_loss, 0).sum() / n_mapped,
+        "score": torch.where(mapped, score, 0).sum() / n_mapped,
+    }
+
+
+def _top_fraction(score: torch.Tensor, eligible: torch.Tensor, ratio: float, per_sequence: bool) -> torch.Tensor:
+    """Mask of the ``ceil(ratio * eligible count)`` highest scores among eligible positions, without a host sync."""
+    flat_score = score if per_sequence else score.reshape(1, -1)
+    flat_eligible = eligible if per_sequence else eligible.reshape(1, -1)
+    order = torch.sort(flat_score, dim=-1, descending=True, stable=True).indices
+    positions = torch.arange(order.shape[-1], device=order.device).expand_as(order)
+    rank = torch.empty_like(order).scatter_(-1, order, positions)
+    # fp64 and a hair below: 0.4 * 10 must give 4, not 5.
+    budget = torch.ceil(flat_eligible.sum(-1, keepdim=True).double() * ratio - 1e-9)
+    return (rank < budget).view(score.shape)

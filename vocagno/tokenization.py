@@ -1,0 +1,83 @@
+"""Loading tokenizers (HF names, local folders, or the copies shipped in the package) and encoding with offsets."""
+
+from __future__ import annotations
+
+import hashlib
+import lzma
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+__all__ = ["SHIPPED_TOKENIZERS", "ASSETS", "load_tokenizer", "shipped_tokenizer_dir", "encode_with_offsets"]
+
+ASSETS = Path(__file__).parent / "assets"
+
+# Real tokenizers of the paper's models, shipped so that tests and the embedded default run offline.
+# Provenance and licenses: vocagno/assets/README.md.
+SHIPPED_TOKENIZERS = ("llama2", "codellama", "mistral", "qwen2.5", "deepseek-llm")
+
+
+def shipped_tokenizer_dir(name: str) -> Path:
+    """A folder ``AutoTokenizer.from_pretrained`` can load for shipped tokenizer ``name``.
+
+    The package holds ``tokenizer.json`` xz-compressed; it is unpacked once into ``$VOCAGNO_CACHE`` (default
+    ``~/.cache/vocagno``), under a name that changes with the file, and atomically, so concurrent ranks are safe.
+    """
+    if name not in SHIPPED_TOKENIZERS:
+        raise ValueError(f"no shipped tokenizer named {name!r}; shipped: {', '.join(SHIPPED_TOKENIZERS)}")
+    source = ASSETS / "tokenizers" / name
+    packed = (source / "tokenizer.json.xz").read_bytes()
+    digest = hashlib.sha256(packed).hexdigest()[:12]
+    cache = Path(os.environ.get("VOCAGNO_CACHE", Path.home() / ".cache" / "vocagno"))
+    target = cache / "tokenizers" / f"{name}-{digest}"
+    if (target / "tokenizer.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{name}-"))
+    try:
+        (staging / "tokenizer.json").write_bytes(lzma.decompress(packed))
+        for extra in source.glob("*.json"):
+            shutil.copy(extra, staging / extra.name)
+        os.rename(staging, target)
+    except OSError:
+        if not (target / "tokenizer.json").exists():  # not just another process that won the race
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerFast:
+    """A fast tokenizer from a local folder, a shipped name (``llama2``, ``qwen2.5``, ...) or a Hugging Face name.
+
+    Alignment needs character offsets, which only fast (Rust) tokenizers give: anything else is refused.
+    """
+    path = str(name_or_path)
+    if not Path(path).is_dir() and path in SHIPPED_TOKENIZERS:
+        path = str(shipped_tokenizer_dir(path))
+    tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True)
+    if not tokenizer.is_fast:
+        raise ValueError(
+            f"tokenizer {name_or_path!r} is a slow {type(tokenizer).__name__}: character offsets need a fast "
+            "tokenizer (a folder with tokenizer.json)"
+        )
+    return tokenizer
+
+
+def encode_with_offsets(
+    tokenizer: PreTrainedTokenizerFast, text: str, add_special_tokens: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids (int64, shape (n,)) and character spans (int64, shape (n, 2)) of ``text``.
+
+    Specials the tokenizer adds get empty spans, so alignment leaves them unmapped.
+    """
+    encoding = tokenizer(
+        text, add_special_tokens=add_special_tokens, return_offsets_mapping=True, return_attention_mask=False
+    )
+    ids = np.asarray(encoding["input_ids"], dtype=np.int64)
+    offsets = np.asarray(encoding["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+    return ids, offsets
