@@ -26,7 +26,7 @@ def math_texts():
     """Real math text: GSM8K train questions and answers, MATH problems and solutions (shipped slices)."""
     texts = []
     with open(ASSETS / "text" / "gsm8k_train_500.jsonl", encoding="utf-8") as f:
-        texts += [f"Question: {row['question']}\nAnswer: {row['answer']}" for row in map(json.loads, f)]
+        texts += [row["text"] for row in map(json.loads, f)]
     with open(ASSETS / "text" / "math_test_100.jsonl", encoding="utf-8") as f:
         texts += [f"Problem: {row['problem']}\n\nSolution: {row['solution']}" for row in map(json.loads, f)]
     return texts

@@ -27,6 +27,7 @@ __all__ = [
     "align_batch",
     "align_reference",
     "alignment_quality",
+    "uncovered_characters",
     "VocabOverlap",
     "vocab_overlap",
 ]
@@ -137,12 +138,9 @@ def alignment_quality(student_offsets, teacher_offsets, start, end) -> tuple[np.
     t_start, t_end, _, nonempty_ends = _columns(teacher_offsets, "teacher_offsets")
     start, end = np.asarray(start, dtype=np.int64), np.asarray(end, dtype=np.int64)
     n_chars = int(max(e.max(initial=0), t_end.max(initial=0)))
-    # Characters under any teacher token, as a prefix sum: every teacher token over a character of a student
-    # token lies in that token's range, so this counts the intersection exactly.
-    delta = np.zeros(n_chars + 1, dtype=np.int64)
-    np.add.at(delta, t_start, 1)
-    np.add.at(delta, t_end, -1)
-    covered = np.concatenate([[0], np.cumsum(np.cumsum(delta)[:-1] > 0)])
+    # Every teacher token over a character of a student token lies in that token's range, so counting the characters
+    # under any teacher token counts the intersection exactly.
+    covered = np.concatenate([[0], np.cumsum(_coverage(t_start, t_end, n_chars))])
     intersection = covered[e] - covered[s]
     # Union length of the spans of teacher tokens a..b-1: spans are sorted, so token j adds what reaches past the
     # furthest end before it.
@@ -158,6 +156,21 @@ def alignment_quality(student_offsets, teacher_offsets, start, end) -> tuple[np.
         iou = intersection / (student_chars + teacher_chars - intersection)
         ios = intersection / student_chars
     return np.where(mapped, iou, np.nan), np.where(mapped, ios, np.nan)
+
+
+def uncovered_characters(student_offsets, teacher_offsets) -> int:
+    """How many characters under student tokens no teacher token covers: what the teacher's normalizer folded away
+    (a combining mark under Qwen's NFC, say). 0 for tokenizers that keep every character."""
+    s, e, _, _ = _columns(student_offsets, "student_offsets")
+    t_start, t_end, _, _ = _columns(teacher_offsets, "teacher_offsets")
+    n_chars = int(max(e.max(initial=0), t_end.max(initial=0)))
+    return int((_coverage(s, e, n_chars) & ~_coverage(t_start, t_end, n_chars)).sum())
+
+
+def _coverage(starts: np.ndarray, ends: np.ndarray, n_chars: int) -> np.ndarray:
+    """Boolean mask of the characters ``0 .. n_chars - 1`` that lie under at least one span."""
+    delta = np.bincount(starts, minlength=n_chars + 1) - np.bincount(ends, minlength=n_chars + 1)
+    return np.cumsum(delta)[:-1] > 0
 
 
 @dataclass(frozen=True)

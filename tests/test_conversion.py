@@ -1,0 +1,303 @@
+"""Corpus -> MDS shards -> dataset and collator, on the shipped sample and on nasty documents."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from streaming.base.util import clean_stale_shared_memory
+
+from conversion import convert_dataset
+from vocagno.alignment import align
+from vocagno.data import TeacherGuidedCollator, TeacherGuidedDataset
+from vocagno.shards import ShardMetadata
+from vocagno.tokenization import ASSETS
+
+SAMPLE = str(ASSETS / "text" / "gsm8k_train_500.jsonl")
+SEQ_LEN = 128
+BASE_ARGS = ["--student-tokenizer", "llama2", "--teacher-tokenizer", "qwen2.5", "--seq-len", str(SEQ_LEN)]
+REPO = Path(__file__).resolve().parent.parent
+
+
+def convert(out_root, *args, inputs=(SAMPLE,)):
+    assert convert_dataset.main(["--input", *map(str, inputs), *BASE_ARGS, "--out-root", str(out_root), *args]) == 0
+    return out_root
+
+
+def read_samples(root, tmp_path, **kwargs):
+    """Every sample of a shard folder, in order, read through Streaming into a cache folder of its own."""
+    clean_stale_shared_memory()
+    local = tmp_path / f"cache-{Path(root).name}-{time.monotonic_ns()}"
+    dataset = TeacherGuidedDataset(local=str(local), remote=str(root), batch_size=1, **kwargs)
+    samples = [dataset[i] for i in range(len(dataset))]
+    del dataset
+    clean_stale_shared_memory()
+    return samples
+
+
+def same_samples(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x["text"] == y["text"]
+        for key in ("student_ids", "student_offsets", "teacher_ids", "teacher_offsets"):
+            assert torch.equal(x[key], y[key]), key
+
+
+@pytest.fixture(scope="module")
+def sample_shards(tmp_path_factory):
+    return convert(tmp_path_factory.mktemp("sample"), "--docs-per-part", "100")
+
+
+@pytest.fixture(scope="module")
+def sample_samples(sample_shards, tmp_path_factory):
+    return read_samples(sample_shards, tmp_path_factory.mktemp("read"))
+
+
+def test_round_trip_invariants(sample_samples, sample_shards, tokenizers):
+    student, teacher = tokenizers["llama2"], tokenizers["qwen2.5"]
+    meta = ShardMetadata.read(sample_shards)
+    assert (meta.student.name, meta.teacher.name, meta.seq_len) == ("llama2", "qwen2.5", SEQ_LEN)
+    assert meta.totals["samples"] == len(sample_samples) > 100
+    assert meta.totals["documents read"] == meta.totals["documents converted"] == 500
+    doc_start_prefix = 0
+    for sample in sample_samples:
+        text = sample["text"]
+        s_ids, s_off = sample["student_ids"].numpy(), sample["student_offsets"].numpy()
+        t_ids, t_off = sample["teacher_ids"].numpy(), sample["teacher_offsets"].numpy()
+        assert len(s_ids) == SEQ_LEN and s_off.shape == (SEQ_LEN, 2) and t_off.shape == (len(t_ids), 2)
+        for offsets in (s_off, t_off):
+            assert ((0 <= offsets[:, 0]) & (offsets[:, 0] <= offsets[:, 1]) & (offsets[:, 1] <= len(text))).all()
+        # Separators: empty spans, the tokenizers' own EOS.
+        assert set(s_ids[s_off[:, 0] == s_off[:, 1]]) <= {student.eos_token_id}
+        assert set(t_ids[t_off[:, 0] == t_off[:, 1]]) <= {teacher.eos_token_id}
+        assert (s_ids == student.eos_token_id).sum() == (t_ids == teacher.eos_token_id).sum()
+        # Teacher coverage: every character under a non-special student token is under a teacher token.
+        covered = np.zeros(len(text), bool)
+        for s, e in t_off:
+            covered[s:e] = True
+        for s, e in s_off:
+            assert covered[s:e].all()
+        # Each id's piece is its span of text.
+        for i, (s, e) in zip(s_ids.tolist(), s_off.tolist()):
+            piece = student.convert_ids_to_tokens(i)
+            if s == e or piece.startswith("<0x"):
+                continue
+            expected = piece.replace("▁", " ")
+            if expected != text[s:e]:
+                assert expected == " " + text[s:e]  # the '▁' SentencePiece prepends to a document's first word
+                doc_start_prefix += 1
+        for i, (s, e) in zip(t_ids.tolist(), t_off.tolist()):
+            piece = teacher.decode([i])
+            if s < e and "\ufffd" not in piece:
+                assert piece == text[s:e]
+    assert doc_start_prefix <= 500
+
+
+def test_samples_follow_the_documents(sample_samples):
+    # Consecutive samples continue the token stream; the text of a sample may reach back for a straddling teacher
+    # token, never further.
+    docs = [json.loads(line)["text"] for line in open(SAMPLE, encoding="utf-8")]
+    joined = "".join(docs)
+    found = 0
+    for sample in sample_samples[:20]:
+        at = joined.find(sample["text"], found - 50 if found > 50 else 0)
+        assert at >= 0, "a sample's text is not a stretch of the corpus"
+        found = at
+    assert sample_samples[0]["text"].startswith(docs[0][:50])
+
+
+def test_two_workers_give_the_same_samples(sample_samples, tmp_path):
+    root = convert(tmp_path / "two", "--docs-per-part", "100", "--workers", "2")
+    same_samples(read_samples(root, tmp_path), sample_samples)
+
+
+def test_jobs_split_sources_and_the_last_merges(tmp_path):
+    lines = open(SAMPLE, encoding="utf-8").read().splitlines(keepends=True)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.jsonl").write_text("".join(lines[:200]), encoding="utf-8")
+    (tmp_path / "in" / "b.jsonl").write_text("".join(lines[200:]), encoding="utf-8")
+    single = convert(tmp_path / "single", inputs=[tmp_path / "in"])
+    split = tmp_path / "split"
+    convert(split, "--num-jobs", "2", "--job-index", "1", inputs=[tmp_path / "in"])
+    assert not (split / "index.json").exists()  # half the jobs: not a dataset yet
+    with pytest.raises(FileNotFoundError, match="conversion has not finished"):
+        TeacherGuidedDataset(local=str(split), batch_size=1)
+    convert(split, "--num-jobs", "2", "--job-index", "0", inputs=[tmp_path / "in"])
+    assert (split / "index.json").exists()
+    same_samples(read_samples(split, tmp_path), read_samples(single, tmp_path))
+
+
+def test_kill_and_resume_gives_the_uninterrupted_samples(sample_samples, tmp_path):
+    root = tmp_path / "killed"
+    command = [sys.executable, str(REPO / "conversion" / "convert_dataset.py"), "--input", SAMPLE, *BASE_ARGS,
+               "--out-root", str(root), "--docs-per-part", "25"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while len(list(root.glob("part-*/part.json"))) < 2 and time.time() < deadline and process.poll() is None:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    done = len(list(root.glob("part-*/part.json")))
+    assert 2 <= done < 20, f"the kill should land mid-run ({done} of 20 parts done)"
+    assert not (root / "index.json").exists()
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "documents read:        500" in result.stdout  # the summary counts the parts kept from the first run
+    # 25-document parts drop more tails than 100-document parts: compare with an uninterrupted 25-document run.
+    reference = convert(tmp_path / "reference", "--docs-per-part", "25")
+    same_samples(read_samples(root, tmp_path), read_samples(reference, tmp_path))
+
+
+def test_changed_settings_on_an_existing_root_are_refused(sample_shards):
+    with pytest.raises(SystemExit, match="seq_len differ"):
+        convert_dataset.main(["--input", SAMPLE, "--student-tokenizer", "llama2", "--teacher-tokenizer", "qwen2.5",
+                              "--seq-len", "64", "--out-root", str(sample_shards), "--docs-per-part", "100"])
+
+
+def test_dataset_refuses_shards_of_other_tokenizers(sample_shards, tmp_path):
+    clean_stale_shared_memory()
+    with pytest.raises(ValueError, match="student tokenizer is 'llama2'.*this run's student tokenizer is 'mistral'"):
+        TeacherGuidedDataset(local=str(sample_shards), student_tokenizer="mistral", batch_size=1)
+    with pytest.raises(ValueError, match="teacher tokenizer is 'qwen2.5'.*this run's teacher tokenizer is 'deepseek-llm'"):
+        TeacherGuidedDataset(local=str(sample_shards), teacher_tokenizer="deepseek-llm", batch_size=1)
+    # The same tokenizers under another name (a folder of the same files) are accepted.
+    from vocagno.tokenization import shipped_tokenizer_dir
+
+    dataset = TeacherGuidedDataset(local=str(tmp_path / "c"), remote=str(sample_shards), batch_size=1,
+                                   student_tokenizer=str(shipped_tokenizer_dir("llama2")), teacher_tokenizer="qwen2.5")
+    assert len(dataset) > 0
+    del dataset
+    clean_stale_shared_memory()
+
+
+def test_collator_builds_what_the_loss_takes(sample_samples, tokenizers):
+    student, teacher = tokenizers["llama2"], tokenizers["qwen2.5"]
+    collate = TeacherGuidedCollator(student_pad_id=student.eos_token_id, teacher_pad_id=teacher.pad_token_id)
+    samples = sample_samples[:3]
+    batch = collate(samples)
+    m = max(len(s["teacher_ids"]) for s in samples)
+    assert batch["teacher_input_ids"].shape == (3, m)
+    for b, sample in enumerate(samples):
+        ids, n_teacher = sample["student_ids"], len(sample["teacher_ids"])
+        assert torch.equal(batch["input_ids"][b], ids)
+        assert torch.equal(batch["labels"][b, :-1], ids[1:]) and batch["labels"][b, -1] == -100
+        start, end = align(sample["student_offsets"][1:].numpy(), sample["teacher_offsets"].numpy())
+        assert batch["align_start"][b, :-1].tolist() == start.tolist()
+        assert batch["align_end"][b, :-1].tolist() == end.tolist()
+        assert batch["teacher_attention_mask"][b].sum() == n_teacher
+        assert (batch["teacher_input_ids"][b, n_teacher:] == teacher.pad_token_id).all()
+        # Separators (EOS labels) are unmapped; everything else in this text maps.
+        unmapped = batch["align_start"][b, :-1] == batch["align_end"][b, :-1]
+        assert torch.equal(unmapped, ids[1:] == student.eos_token_id)
+
+    fixed = TeacherGuidedCollator(student.eos_token_id, teacher.pad_token_id, teacher_seq_len=m + 7)(samples)
+    assert fixed["teacher_input_ids"].shape == (3, m + 7)
+    short = TeacherGuidedCollator(student.eos_token_id, teacher.pad_token_id, teacher_seq_len=50)
+    with pytest.warns(UserWarning, match="teacher tokens more than teacher_seq_len=50"):
+        cut = short(samples)
+    assert cut["teacher_input_ids"].shape == (3, 50)
+    assert (cut["align_end"] <= 50).all()
+    assert short.truncated_teacher_tokens == sum(len(s["teacher_ids"]) - 50 for s in samples)
+
+
+def test_resumption_replays_the_same_batches(sample_shards, tmp_path):
+    clean_stale_shared_memory()
+    kwargs = dict(remote=str(sample_shards), batch_size=4, shuffle=True, shuffle_seed=17, num_canonical_nodes=1)
+    dataset = TeacherGuidedDataset(local=str(tmp_path / "a"), **kwargs)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=4, collate_fn=lambda xs: [x["text"] for x in xs])
+    uninterrupted = [batch for _, batch in zip(range(12), loader)]
+    state = dataset.state_dict(num_samples=5 * 4, from_beginning=False)
+    del loader, dataset
+    clean_stale_shared_memory()
+    resumed = TeacherGuidedDataset(local=str(tmp_path / "b"), **kwargs)
+    resumed.load_state_dict(state)
+    loader = torch.utils.data.DataLoader(resumed, batch_size=4, collate_fn=lambda xs: [x["text"] for x in xs])
+    replay = [batch for _, batch in zip(range(7), loader)]
+    assert replay == uninterrupted[5:]
+    del loader, resumed
+    clean_stale_shared_memory()
+
+
+NASTY_LINES = [
+    b'{"text": ""}',  # empty
+    b'{"text": "   \\n\\t  "}',  # whitespace only
+    b'{"body": "no text field here"}',  # missing text field
+    b'{"text": 42}',  # not a string
+    b'{"text": null}',
+    b'{"text": "broken JSON',  # invalid JSON
+    b'["a list, not an object"]',
+    b'{"text": "Caf\xe9 in Latin-1, not UTF-8: \xff\xfe"}',  # invalid UTF-8, repaired
+    b'{"text": "a lone surrogate \\ud800 here, and a pair \\ud83d\\ude00"}',  # repaired
+    b'{"text": "NUL \\u0000 characters \\u0000 inside"}',  # kept
+    b'{"text": "An ordinary document about 3/4 of a pizza."}',
+    b'{"text": "Cafe\\u0301 with a combining accent that Qwen folds"}',
+] + [b'{"text": "A long enough ordinary document, so that this file fills a sample of 128 student tokens: ' + b"the sum of the first n odd numbers is n squared, and the sum of the first n integers is n(n+1)/2. " * 2 + b'"}'] * 3
+
+
+def test_nasty_documents_are_all_accounted_for(tmp_path):
+    corpus = tmp_path / "nasty"
+    corpus.mkdir()
+    (corpus / "a.jsonl").write_bytes(b"\n".join(NASTY_LINES) + b"\n\n")
+    (corpus / "b.json").write_text(json.dumps([{"text": "from a JSON list"}, {"title": "no text"}]))
+    (corpus / "c.txt").write_bytes(b"A plain text file.\n\x00 with a NUL byte")
+    pq.write_table(pa.table({"text": ["parquet row one", None, "parquet row three"]}), corpus / "d.parquet")
+    words = "The integral of x squared is x cubed over three. "
+    (corpus / "e.txt").write_text((words * (20_000_000 // len(words) + 1))[:20_000_000], encoding="utf-8")
+    root = convert(tmp_path / "out", "--workers", "2", inputs=[corpus])
+    totals = ShardMetadata.read(root).totals
+    expected_skips = {
+        "skipped: empty or whitespace-only": 2,
+        "skipped: missing text field 'text'": 2,
+        "skipped: text field is int, not a string": 1,
+        "skipped: text field is NoneType, not a string": 1,
+        "skipped: invalid JSON line": 1,
+        "skipped: not a JSON object": 1,
+        "skipped: text field is not a string": 1,
+    }
+    for reason, count in expected_skips.items():
+        assert totals.get(reason) == count, reason
+    assert totals["repaired: invalid UTF-8 replaced by U+FFFD"] == 1
+    assert totals["repaired: lone surrogates replaced by U+FFFD"] == 1
+    assert totals["kept: contains NUL characters"] == 2
+    assert totals["repaired: longer than 1,000,000 characters, tokenized in pieces"] == 1
+    assert totals["documents read"] == len(NASTY_LINES) + 2 + 1 + 3 + 1
+    skipped = sum(v for k, v in totals.items() if k.startswith("skipped: "))
+    assert totals["documents converted"] + skipped == totals["documents read"]
+    assert totals["characters under student tokens that the teacher's normalizer folded away"] == 1
+    assert totals["student tokens"] > 4_000_000  # the 20 MB document made it through
+    samples = read_samples(root, tmp_path)
+    texts = "".join(s["text"] for s in samples[:50])
+    assert "Caf\ufffd in Latin-1" in texts and "surrogate \ufffd here, and a pair \U0001f600" in texts
+
+
+def test_inspect_shows_a_sample_and_the_corpus(sample_shards, tmp_path):
+    page = tmp_path / "sample.html"
+    result = subprocess.run(
+        [sys.executable, "-m", "vocagno.inspect", "--shards", str(sample_shards), "--index", "3", "--html", str(page),
+         "--max-samples", "50", "--rows", "5"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert f"samples of {SEQ_LEN} student tokens" in out and "sample 3:" in out
+    assert "statistics over 50 samples" in out and "unmapped others (folded chars):   0" in out
+    assert "vocabulary overlap:               9,587 / 151,643 = 6.32%" in out
+    assert "[SEP]" in out  # the separators between documents
+    html = page.read_text(encoding="utf-8")
+    data = json.loads(html.split("const data = ", 1)[1].split(";\n", 1)[0].replace("<\\/", "</"))
+    assert len(data["student"]) == SEQ_LEN
+    for token in data["student"]:
+        if token["first"] < token["last"]:
+            teacher = data["teacher"][token["first"] : token["last"]]
+            assert all(t["s"] < token["e"] and token["s"] < t["e"] for t in teacher)
+            assert 0 < token["iou"] <= 1
+    assert html.count("<script>") == 1 and "http" not in html.split("<body>")[1]  # self-contained

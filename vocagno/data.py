@@ -1,0 +1,144 @@
+"""Streaming vocagno shards into batches for a student and its teacher.
+
+``TeacherGuidedDataset`` reads shards written by ``conversion/convert_dataset.py`` (refusing shards made by other
+tokenizers) and ``TeacherGuidedCollator`` turns samples into a batch:
+
+    input_ids, attention_mask          [B, N]  student tokens
+    labels                             [B, N]  shifted: labels[:, i] = input_ids[:, i + 1]; -100 where none
+    align_start, align_end             [B, N]  teacher positions aligned to the label token (start == end: unmapped)
+    teacher_input_ids, teacher_attention_mask  [B, M]  teacher tokens, padded to the batch's longest (or a fixed M)
+
+which is what ``vocagno.loss.guided_loss`` takes. Resumption is Streaming's: the dataset's ``state_dict`` /
+``load_state_dict`` (carried by Composer checkpoints) make a resumed run see the batches an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+from streaming import StreamingDataset
+
+from vocagno.alignment import align
+from vocagno.shards import METADATA_FILE, ShardMetadata, TokenizerInfo, tokenizer_info
+from vocagno.tokenization import load_tokenizer
+
+__all__ = ["TeacherGuidedDataset", "TeacherGuidedCollator", "read_metadata"]
+
+ARRAY_COLUMNS = ("student_ids", "student_offsets", "teacher_ids", "teacher_offsets")
+
+
+def read_metadata(local: str, remote: str | None = None, split: str | None = None, timeout: float = 60) -> ShardMetadata:
+    """The shards' ``vocagno.json``, fetched from ``remote`` into ``local`` when it is not there yet."""
+    local_dir = os.path.join(local, split or "")
+    if remote is not None and not os.path.exists(os.path.join(local_dir, METADATA_FILE)):
+        from streaming.base.storage import CloudDownloader
+
+        os.makedirs(local_dir, exist_ok=True)
+        remote_path = os.path.join(remote, split or "", METADATA_FILE)
+        CloudDownloader.direct_download(remote_path, os.path.join(local_dir, METADATA_FILE), timeout)
+    return ShardMetadata.read(local_dir)
+
+
+def _info(tokenizer, role: str) -> TokenizerInfo | None:
+    if tokenizer is None or isinstance(tokenizer, TokenizerInfo):
+        return tokenizer
+    if isinstance(tokenizer, str):
+        return tokenizer_info(load_tokenizer(tokenizer), tokenizer)
+    return tokenizer_info(tokenizer, getattr(tokenizer, "name_or_path", role))
+
+
+class TeacherGuidedDataset(StreamingDataset):
+    """A ``StreamingDataset`` of vocagno shards whose samples are int64 tensors (and the sample's ``text``).
+
+    ``student_tokenizer`` / ``teacher_tokenizer`` (a tokenizer, a name or path, or a ``TokenizerInfo``): when given,
+    shards made by other tokenizers are refused with both names in the message. Other keyword arguments go to
+    ``StreamingDataset`` (``shuffle``, ``batch_size``, ``num_canonical_nodes``, ...).
+    """
+
+    def __init__(
+        self,
+        *,
+        local: str,
+        remote: str | None = None,
+        split: str | None = None,
+        student_tokenizer: Any = None,
+        teacher_tokenizer: Any = None,
+        **streaming_kwargs: Any,
+    ):
+        # Check the tokenizers before Streaming sets up its shared memory and downloads.
+        self.metadata = read_metadata(local, remote, split, streaming_kwargs.get("download_timeout", 60))
+        self.metadata.check_tokenizers(_info(student_tokenizer, "student"), _info(teacher_tokenizer, "teacher"))
+        super().__init__(local=local, remote=remote, split=split, **streaming_kwargs)
+
+    def get_item(self, idx: int, retry: int = 7) -> dict[str, Any]:
+        sample = super().get_item(idx, retry)
+        # Decoded arrays view the shard's memory: copy before handing them to torch.
+        out = {name: torch.from_numpy(np.array(sample[name], dtype=np.int64)) for name in ARRAY_COLUMNS}
+        out["text"] = sample["text"]
+        return out
+
+
+class TeacherGuidedCollator:
+    """Batch ``TeacherGuidedDataset`` samples for ``guided_loss`` (the module docstring lists the keys).
+
+    ``teacher_seq_len`` pads every teacher row to a fixed length (static shapes); a longer row is cut, its student
+    tokens aligned past the cut become unmapped, and the cut tokens are counted in ``truncated_teacher_tokens``.
+    """
+
+    def __init__(
+        self,
+        student_pad_id: int,
+        teacher_pad_id: int,
+        teacher_seq_len: int | None = None,
+        ignore_index: int = -100,
+    ):
+        self.student_pad_id = student_pad_id
+        self.teacher_pad_id = teacher_pad_id
+        self.teacher_seq_len = teacher_seq_len
+        self.ignore_index = ignore_index
+        self.truncated_teacher_tokens = 0
+
+    def __call__(self, samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        batch = len(samples)
+        n = max(len(s["student_ids"]) for s in samples)
+        m = self.teacher_seq_len or max(len(s["teacher_ids"]) for s in samples)
+        out = {
+            "input_ids": torch.full((batch, n), self.student_pad_id, dtype=torch.long),
+            "attention_mask": torch.zeros(batch, n, dtype=torch.long),
+            "labels": torch.full((batch, n), self.ignore_index, dtype=torch.long),
+            "align_start": torch.zeros(batch, n, dtype=torch.long),
+            "align_end": torch.zeros(batch, n, dtype=torch.long),
+            "teacher_input_ids": torch.full((batch, m), self.teacher_pad_id, dtype=torch.long),
+            "teacher_attention_mask": torch.zeros(batch, m, dtype=torch.long),
+        }
+        for b, sample in enumerate(samples):
+            ids, teacher_ids = sample["student_ids"], sample["teacher_ids"]
+            length = len(ids)
+            out["input_ids"][b, :length] = ids
+            out["attention_mask"][b, :length] = 1
+            out["labels"][b, : length - 1] = ids[1:]
+            # Label i is student token i + 1: align that token.
+            start, end = align(sample["student_offsets"][1:].numpy(), sample["teacher_offsets"].numpy())
+            if len(teacher_ids) > m:
+                self._warn_truncation(len(teacher_ids) - m)
+                cut = end > m
+                start[cut], end[cut] = 0, 0
+                teacher_ids = teacher_ids[:m]
+            out["align_start"][b, : length - 1] = torch.from_numpy(start)
+            out["align_end"][b, : length - 1] = torch.from_numpy(end)
+            out["teacher_input_ids"][b, : len(teacher_ids)] = teacher_ids
+            out["teacher_attention_mask"][b, : len(teacher_ids)] = 1
+        return out
+
+    def _warn_truncation(self, n_tokens: int) -> None:
+        if self.truncated_teacher_tokens == 0:
+            warnings.warn(
+                f"a sample has {n_tokens} teacher tokens more than teacher_seq_len={self.teacher_seq_len}: they are cut "
+                "and the student tokens aligned to them become unmapped; raise teacher_seq_len to avoid this",
+                stacklevel=3,
+            )
+        self.truncated_teacher_tokens += n_tokens

@@ -1,0 +1,251 @@
+"""The MDS shard format shared by the converter and the dataset, and the packing of documents into samples.
+
+A sample holds exactly ``seq_len`` student tokens and the teacher tokens over the same characters, with the raw text:
+
+    text             str                   the sample's characters; offsets index into it
+    student_ids      ndarray (n,)          student token ids
+    student_offsets  ndarray (n, 2)        [s, e) character spans; specials (separators) have empty spans
+    teacher_ids      ndarray (m,)
+    teacher_offsets  ndarray (m, 2)
+
+Arrays are stored at the smallest unsigned dtype that holds them (uint16 for a 32K vocabulary or a text under 64K
+characters, else uint32), so the MDS columns are plain ``ndarray`` with the dtype recorded per sample.
+
+Beside Streaming's ``index.json``, a dataset root holds ``vocagno.json``: the tokenizers that made it (name, a
+fingerprint of the vocabulary, size, separator token), the sequence length, and totals. Training refuses shards whose
+fingerprints differ from its tokenizers'.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from vocagno.alignment import align, uncovered_characters
+
+__all__ = [
+    "COLUMNS",
+    "METADATA_FILE",
+    "FORMAT_VERSION",
+    "TokenizerInfo",
+    "ShardMetadata",
+    "tokenizer_info",
+    "compact",
+    "EncodedDocuments",
+    "Packer",
+]
+
+COLUMNS = {
+    "text": "str",
+    "student_ids": "ndarray",
+    "student_offsets": "ndarray",
+    "teacher_ids": "ndarray",
+    "teacher_offsets": "ndarray",
+}
+METADATA_FILE = "vocagno.json"
+FORMAT_VERSION = 1
+
+
+def compact(array: np.ndarray) -> np.ndarray:
+    """The array as uint16 when its values fit, else uint32 (ids and offsets are never negative)."""
+    return array.astype(np.uint16 if array.size == 0 or array.max() < 2**16 else np.uint32)
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    name: str
+    fingerprint: str  # sha256 of the vocabulary (token -> id, added tokens included), first 16 hex digits
+    vocab_size: int
+    separator: str  # the token that follows every document
+    separator_id: int
+
+    def same_vocabulary(self, other: "TokenizerInfo") -> bool:
+        return self.fingerprint == other.fingerprint
+
+
+def tokenizer_info(tokenizer, name: str) -> TokenizerInfo:
+    """Describe a fast tokenizer; its document separator is its EOS token, else its BOS token."""
+    vocab = tokenizer.get_vocab()
+    digest = hashlib.sha256(json.dumps(sorted(vocab.items()), ensure_ascii=False).encode("utf-8")).hexdigest()
+    separator = tokenizer.eos_token or tokenizer.bos_token
+    if separator is None:
+        raise ValueError(f"tokenizer {name!r} has neither an EOS nor a BOS token to separate documents with")
+    return TokenizerInfo(
+        name=name,
+        fingerprint=digest[:16],
+        vocab_size=len(vocab),
+        separator=separator,
+        separator_id=int(tokenizer.convert_tokens_to_ids(separator)),
+    )
+
+
+@dataclass
+class ShardMetadata:
+    student: TokenizerInfo
+    teacher: TokenizerInfo
+    seq_len: int
+    totals: dict = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    def write(self, root: str | Path) -> None:
+        path = Path(root) / METADATA_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        tmp.replace(path)
+
+    @classmethod
+    def read(cls, root: str | Path) -> "ShardMetadata":
+        path = Path(root) / METADATA_FILE
+        if not path.exists():
+            raise FileNotFoundError(
+                f"{path} is missing: {root} is not a vocagno shard folder, or its conversion has not finished "
+                "(run the same conversion command again to finish it)"
+            )
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        if raw.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"{path}: format version {raw.get('format_version')}, this vocagno reads {FORMAT_VERSION}")
+        return cls(
+            student=TokenizerInfo(**raw["student"]),
+            teacher=TokenizerInfo(**raw["teacher"]),
+            seq_len=raw["seq_len"],
+            totals=raw.get("totals", {}),
+        )
+
+    def check_tokenizers(self, student: TokenizerInfo | None = None, teacher: TokenizerInfo | None = None) -> None:
+        """Refuse shards made by other tokenizers than the ones given, naming both."""
+        for role, made_by, wanted in (("student", self.student, student), ("teacher", self.teacher, teacher)):
+            if wanted is not None and not made_by.same_vocabulary(wanted):
+                raise ValueError(
+                    f"the shards' {role} tokenizer is {made_by.name!r} (vocabulary {made_by.fingerprint}, "
+                    f"{made_by.vocab_size} tokens), but this run's {role} tokenizer is {wanted.name!r} (vocabulary "
+                    f"{wanted.fingerprint}, {wanted.vocab_size} tokens): convert the corpus again with the run's tokenizers"
+                )
+
+
+@dataclass
+class EncodedDocuments:
+    """Documents tokenized by both tokenizers (each once), concatenated with no separators yet.
+
+    Offsets index into ``text``, the documents joined; ``doc_ends[d]`` is the character where document ``d`` ends, and
+    ``student_lengths[d]`` / ``teacher_lengths[d]`` are its token counts.
+    """
+
+    text: str
+    doc_ends: np.ndarray
+    student_ids: np.ndarray
+    student_offsets: np.ndarray
+    student_lengths: np.ndarray
+    teacher_ids: np.ndarray
+    teacher_offsets: np.ndarray
+    teacher_lengths: np.ndarray
+
+
+_NONE = np.iinfo(np.int64).max
+
+
+class Packer:
+    """Concatenate documents, each followed by the student's and the teacher's separator, and cut them into samples of
+    exactly ``seq_len`` student tokens.
+
+    A sample's teacher tokens are those aligned to its student tokens (a student separator is aligned to the teacher
+    separator of the same document), so a teacher token that straddles two samples' boundary is in both, and the
+    sample's text reaches far enough to hold it. Student tokens left over at the end (fewer than ``seq_len``) are
+    dropped and counted in ``tail_tokens`` once ``finish`` is called.
+    """
+
+    def __init__(self, seq_len: int, student_separator_id: int, teacher_separator_id: int):
+        if seq_len < 2:
+            raise ValueError(f"seq_len must be at least 2, got {seq_len}")
+        self.seq_len = seq_len
+        self.student_separator_id = student_separator_id
+        self.teacher_separator_id = teacher_separator_id
+        self.folded_characters = 0  # characters under student tokens that no teacher token covers
+        self.tail_tokens = 0
+        self._text = ""
+        self._s_ids = np.zeros(0, np.int64)
+        self._s_offsets = np.zeros((0, 2), np.int64)
+        self._s_first = np.zeros(0, np.int64)  # first aligned teacher token (index into the pending teacher tokens)
+        self._s_last = np.zeros(0, np.int64)  # one past the last
+        self._t_ids = np.zeros(0, np.int64)
+        self._t_offsets = np.zeros((0, 2), np.int64)
+
+    def add(self, docs: EncodedDocuments) -> list[dict]:
+        """Append documents; return the samples they complete. Aligns them in one call, not one per document."""
+        char_base, teacher_base = len(self._text), len(self._t_ids)
+        s_ids, s_offsets, s_seps = self._with_separators(
+            docs.student_ids, docs.student_offsets, docs.student_lengths, docs.doc_ends, self.student_separator_id)
+        t_ids, t_offsets, t_seps = self._with_separators(
+            docs.teacher_ids, docs.teacher_offsets, docs.teacher_lengths, docs.doc_ends, self.teacher_separator_id)
+        start, end = align(s_offsets, t_offsets)
+        self.folded_characters += uncovered_characters(s_offsets, t_offsets)
+        # Unmapped student tokens (folded characters) constrain no teacher range: they get (NONE, -1).
+        first = np.where(start < end, start + teacher_base, _NONE)
+        last = np.where(start < end, end + teacher_base, -1)
+        first[s_seps], last[s_seps] = t_seps + teacher_base, t_seps + teacher_base + 1
+        self._text += docs.text
+        self._s_ids = np.concatenate([self._s_ids, s_ids])
+        self._s_offsets = np.concatenate([self._s_offsets, s_offsets + char_base])
+        self._s_first = np.concatenate([self._s_first, first])
+        self._s_last = np.concatenate([self._s_last, last])
+        self._t_ids = np.concatenate([self._t_ids, t_ids])
+        self._t_offsets = np.concatenate([self._t_offsets, t_offsets + char_base])
+        return self._emit()
+
+    @staticmethod
+    def _with_separators(ids, offsets, lengths, doc_ends, separator_id):
+        """Insert a separator (an empty span where its document ends) after each document; return where they are."""
+        at = np.cumsum(lengths)
+        ids = np.insert(ids, at, separator_id)
+        offsets = np.insert(offsets, at, np.stack([doc_ends, doc_ends], axis=1), axis=0)
+        return ids, offsets, at + np.arange(len(at))
+
+    def finish(self) -> None:
+        self.tail_tokens = len(self._s_ids)
+
+    def _emit(self) -> list[dict]:
+        n_samples = len(self._s_ids) // self.seq_len
+        if n_samples == 0:
+            return []
+        cut = n_samples * self.seq_len
+        firsts = self._s_first[:cut].reshape(n_samples, self.seq_len).min(1)
+        lasts = self._s_last[:cut].reshape(n_samples, self.seq_len).max(1)
+        samples = []
+        for k in range(n_samples):
+            tokens = slice(k * self.seq_len, (k + 1) * self.seq_len)
+            first, last = (int(firsts[k]), int(lasts[k])) if lasts[k] >= 0 else (0, 0)
+            s_offsets, t_offsets = self._s_offsets[tokens], self._t_offsets[first:last]
+            begin = min(s_offsets[0, 0], t_offsets[0, 0]) if last > first else s_offsets[0, 0]
+            stop = max(s_offsets[-1, 1], t_offsets[-1, 1]) if last > first else s_offsets[-1, 1]
+            samples.append(
+                {
+                    "text": self._text[begin:stop],
+                    "student_ids": compact(self._s_ids[tokens]),
+                    "student_offsets": compact(s_offsets - begin),
+                    "teacher_ids": compact(self._t_ids[first:last]),
+                    "teacher_offsets": compact(t_offsets - begin),
+                }
+            )
+        self._drop(cut)
+        return samples
+
+    def _drop(self, n_tokens: int) -> None:
+        """Forget the first ``n_tokens`` student tokens and all that only they needed."""
+        rest_first = self._s_first[n_tokens:]
+        keep_teacher = int(rest_first.min()) if len(rest_first) else len(self._t_ids)
+        keep_teacher = min(keep_teacher, len(self._t_ids))
+        keep_char = len(self._text)
+        if len(rest_first):
+            keep_char = min(keep_char, int(self._s_offsets[n_tokens, 0]))
+        if keep_teacher < len(self._t_ids):
+            keep_char = min(keep_char, int(self._t_offsets[keep_teacher, 0]))
+        self._text = self._text[keep_char:]
+        self._s_ids = self._s_ids[n_tokens:]
+        self._s_offsets = self._s_offsets[n_tokens:] - keep_char
+        self._s_first = np.where(rest_first == _NONE, _NONE, rest_first - keep_teacher)
+        self._s_last = np.where(self._s_last[n_tokens:] < 0, -1, self._s_last[n_tokens:] - keep_teacher)
+        self._t_ids = self._t_ids[keep_teacher:]
+        self._t_offsets = self._t_offsets[keep_teacher:] - keep_char
