@@ -2,6 +2,7 @@
 
     python conversion/convert_dataset.py --out-root shards/owm                       # OpenWebMath from the hub
     python conversion/convert_dataset.py --input data/ more.jsonl --out-root shards/mine --workers 8
+    python conversion/convert_dataset.py --out-root s3://bucket/owm --num-jobs 64 --job-index $SLURM_ARRAY_TASK_ID
 
 The input is split into parts (``--docs-per-part`` documents of one source file each); every part is converted on
 its own into ``OUT_ROOT/part-SSSSS-BBBBBB/`` and renamed into place only when complete, so an interrupted run (Ctrl-C,
@@ -9,7 +10,9 @@ its own into ``OUT_ROOT/part-SSSSS-BBBBBB/`` and renamed into place only when co
 not depend on ``--workers``, so any number of workers gives the same samples in the same order. ``--num-jobs K
 --job-index i`` converts the source files ``f`` with ``f % K == i`` (a Slurm array, say); when the last job ends,
 it merges the parts' indexes with Streaming's ``merge_index`` and writes ``vocagno.json``. Until then the root has
-no ``index.json`` and never reads as a complete dataset. ``--merge-only`` repeats that final step.
+no ``index.json`` and never reads as a complete dataset. ``--merge-only`` repeats that final step. A remote
+``--out-root`` (any Streaming supports) is written through a local working folder; each part is uploaded when it is
+complete, its ``part.json`` last, so a rerun anywhere skips exactly the finished parts.
 
 Every document that is not converted is counted by reason in the summary, and repairs (invalid UTF-8, lone
 surrogates, documents split for length) are counted too.
@@ -27,11 +30,12 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterator
 
 # One core per worker: --workers is the parallelism, and tokenizers' own threads would blur it.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -41,7 +45,9 @@ from streaming import MDSWriter  # noqa: E402
 from streaming.base.util import merge_index  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from vocagno.shards import COLUMNS, EncodedDocuments, Packer, ShardMetadata, TokenizerInfo, tokenizer_info  # noqa: E402
+from vocagno.shards import (  # noqa: E402
+    COLUMNS, METADATA_FILE, EncodedDocuments, Packer, ShardMetadata, TokenizerInfo, tokenizer_info,
+)
 from vocagno.tokenization import load_tokenizer  # noqa: E402
 
 DEFAULT_INPUT = "open-web-math/open-web-math"
@@ -66,7 +72,7 @@ class Record:
 class Source:
     """One input file (or one shard of a Hugging Face dataset): the unit that jobs split and parts belong to."""
 
-    def __init__(self, name: str, read: callable):
+    def __init__(self, name: str, read: Callable[[], Iterator]):
         self.name = name
         self._read = read
 
@@ -327,10 +333,6 @@ def convert_part(records: list[Record | bytes], part_dir: str, config: dict, sep
     return dict(stats)
 
 
-def _convert_in_worker(records, part_dir, config, separators):
-    return convert_part(records, part_dir, config, separators)
-
-
 def parts_of(sources: list[tuple[int, Source]], docs_per_part: int) -> Iterator[tuple[str, list[Record | bytes]]]:
     """(part name, records) for every part of the given sources, in order."""
     for source_index, source in sources:
@@ -344,16 +346,61 @@ def parts_of(sources: list[tuple[int, Source]], docs_per_part: int) -> Iterator[
             yield f"part-{source_index:05d}-{block:06d}", records
 
 
+# ----------------------------------------------------------------------------------------------------------- output
+class Output:
+    """Where the dataset goes: a local folder, or any remote Streaming supports (s3://, gs://, ...) through a local
+    working folder. A part is complete when its ``part.json`` is there; for a remote it is uploaded after the part's
+    shards, so a run on another machine sees exactly the parts that are done."""
+
+    def __init__(self, out_root: str, local_root: str | None):
+        remote = "://" in out_root or local_root is not None
+        self.remote = out_root if remote else None
+        if remote and local_root is None:
+            local_root = Path(tempfile.gettempdir()) / "vocagno-convert" / re.sub(r"[^\w.-]+", "_", out_root)
+        self.local = Path(local_root if remote else out_root)
+        self.local.mkdir(parents=True, exist_ok=True)
+        self._uploader = None
+        if remote:
+            from streaming.base.storage import CloudUploader
+
+            self._uploader = CloudUploader.get((str(self.local), self.remote), keep_local=True, exist_ok=True)
+
+    def __str__(self) -> str:
+        return self.remote or str(self.local)
+
+    def fetch(self, relative: str) -> bool:
+        """Whether ``relative`` exists, fetched into the local folder first when the output is remote."""
+        path = self.local / relative
+        if path.exists() or self.remote is None:
+            return path.exists()
+        from streaming.base.storage import CloudDownloader
+
+        try:
+            CloudDownloader.direct_download(f"{self.remote.rstrip('/')}/{relative}", str(path))
+        except FileNotFoundError:
+            return False
+        return path.exists()
+
+    def publish(self, *relatives: str) -> None:
+        """Upload local files, in this order, when the output is remote."""
+        for relative in relatives if self._uploader else ():
+            if "://" not in self.remote:  # Streaming's local uploader does not make folders
+                (Path(self.remote) / relative).parent.mkdir(parents=True, exist_ok=True)
+            self._uploader.upload_file(relative)
+
+    def publish_part(self, name: str) -> None:
+        files = sorted(f.name for f in (self.local / name).iterdir() if f.name != PART_STATS)
+        self.publish(*(f"{name}/{f}" for f in files), f"{name}/{PART_STATS}")
+
+
 # ----------------------------------------------------------------------------------------------------------- driver
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    out_root = Path(args.out_root)
-    if "://" in args.out_root:
-        raise SystemExit("error: --out-root must be a local folder for now; copy the finished folder to object storage")
+    output = Output(args.out_root, args.local_root)
     if not args.merge_only:
-        convert(args, out_root)
-    if args.merge_only or all_jobs_done(out_root, args.num_jobs):
-        merge(out_root, force=args.merge_only)
+        convert(args, output)
+    if args.merge_only or all_jobs_done(output, args.num_jobs):
+        merge(output, force=args.merge_only)
     else:
         print(f"job {args.job_index} of {args.num_jobs} done; the last job to finish merges the parts")
     return 0
@@ -376,7 +423,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--teacher-tokenizer", default="Qwen/Qwen2.5-Math-7B-Instruct",
                         help="HF name, local folder or shipped name")
     parser.add_argument("--seq-len", type=int, default=2048, help="student tokens per sample")
-    parser.add_argument("--out-root", required=True, help="the output folder")
+    parser.add_argument("--out-root", required=True,
+                        help="the output: a local folder or a remote Streaming supports (s3://bucket/path, gs://, ...)")
+    parser.add_argument("--local-root", default=None,
+                        help="with a remote --out-root: the local working folder (unset: one under the temp dir)")
     parser.add_argument("--compression", default="zstd", help="MDS shard compression ('none' for none)")
     parser.add_argument("--workers", type=int, default=1, help="processes converting parts in parallel")
     parser.add_argument("--num-jobs", type=int, default=1, help="independent jobs the source files are split among")
@@ -396,7 +446,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def convert(args: argparse.Namespace, out_root: Path) -> None:
+def convert(args: argparse.Namespace, output: Output) -> None:
     student_tok, teacher_tok = load_tokenizer(args.student_tokenizer), load_tokenizer(args.teacher_tokenizer)
     student = tokenizer_info(student_tok, args.student_tokenizer)
     teacher = tokenizer_info(teacher_tok, args.teacher_tokenizer)
@@ -407,8 +457,8 @@ def convert(args: argparse.Namespace, out_root: Path) -> None:
         seq_len=args.seq_len, docs_per_part=args.docs_per_part, max_doc_chars=args.max_doc_chars,
         compression=args.compression,
     )
-    check_or_write_config(out_root, config, student, teacher)
-    for stale in out_root.glob(".tmp-part-*"):  # unfinished parts of an interrupted run
+    check_or_write_config(output, config, student, teacher)
+    for stale in output.local.glob(".tmp-part-*"):  # unfinished parts of an interrupted run
         shutil.rmtree(stale)
 
     sources = sources_of(args.input, args.split, args.text_field)
@@ -420,7 +470,9 @@ def convert(args: argparse.Namespace, out_root: Path) -> None:
     progress = tqdm(unit="doc", desc="converting", dynamic_ncols=True, mininterval=1.0)
     begin = time.perf_counter()
 
-    def finished(name: str, stats: dict) -> None:
+    def finished(name: str, stats: dict, converted_now: bool = True) -> None:
+        if converted_now:
+            output.publish_part(name)
         done_parts.append(name)
         totals.update({k: v for k, v in stats.items() if k != "seconds"})
         progress.update(stats["documents read"])
@@ -429,9 +481,8 @@ def convert(args: argparse.Namespace, out_root: Path) -> None:
 
     def todo() -> Iterator[tuple[str, list[Record | bytes]]]:
         for name, records in parts_of(mine, args.docs_per_part):
-            part = out_root / name
-            if (part / PART_STATS).exists():  # complete from an earlier run
-                finished(name, json.loads((part / PART_STATS).read_text()))
+            if output.fetch(f"{name}/{PART_STATS}"):  # complete from an earlier run
+                finished(name, json.loads((output.local / name / PART_STATS).read_text()), converted_now=False)
                 continue
             yield name, records
 
@@ -439,7 +490,7 @@ def convert(args: argparse.Namespace, out_root: Path) -> None:
     _encoder = Encoder(student_tok, teacher_tok)
     if args.workers == 1:
         for name, records in todo():
-            finished(name, convert_part(records, str(out_root / name), config_dict, separators))
+            finished(name, convert_part(records, str(output.local / name), config_dict, separators))
     else:
         # fork where there is one: workers start at once, with the modules already imported.
         context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
@@ -449,16 +500,16 @@ def convert(args: argparse.Namespace, out_root: Path) -> None:
         ) as pool:
             pending: dict = {}
             for name, records in todo():
-                pending[pool.submit(_convert_in_worker, records, str(out_root / name), config_dict, separators)] = name
+                pending[pool.submit(convert_part, records, str(output.local / name), config_dict, separators)] = name
                 if len(pending) >= 2 * args.workers:  # bounded read-ahead: the corpus never sits in memory
                     _collect(pending, finished, concurrent.futures.FIRST_COMPLETED)
             _collect(pending, finished, concurrent.futures.ALL_COMPLETED)
     progress.close()
-    (out_root / f"job-{args.job_index:04d}-of-{args.num_jobs:04d}.json").write_text(
-        json.dumps({"parts": sorted(done_parts)}, indent=1)
-    )
+    marker = f"job-{args.job_index:04d}-of-{args.num_jobs:04d}.json"
+    (output.local / marker).write_text(json.dumps({"parts": sorted(done_parts)}, indent=1))
+    output.publish(marker)
     if args.num_jobs > 1:
-        print_summary(f"job {args.job_index} of {args.num_jobs}", totals, out_root, sorted(done_parts))
+        print_summary(f"job {args.job_index} of {args.num_jobs}", totals, output, sorted(done_parts))
 
 
 def _collect(pending: dict, finished, return_when) -> None:
@@ -467,69 +518,73 @@ def _collect(pending: dict, finished, return_when) -> None:
         finished(pending.pop(future), future.result())
 
 
-def check_or_write_config(out_root: Path, config: Config, student: TokenizerInfo, teacher: TokenizerInfo) -> None:
-    path = out_root / CONFIG_FILE
+def check_or_write_config(output: Output, config: Config, student: TokenizerInfo, teacher: TokenizerInfo) -> None:
     wanted = {**config.__dict__, "student": student.__dict__, "teacher": teacher.__dict__}
-    if path.exists():
-        earlier = json.loads(path.read_text())
+    if output.fetch(CONFIG_FILE):
+        earlier = json.loads((output.local / CONFIG_FILE).read_text())
         changed = sorted(k for k in set(wanted) | set(earlier) if wanted.get(k) != earlier.get(k))
         if changed:
             raise SystemExit(
-                f"error: {out_root} holds a conversion made with other settings ({', '.join(changed)} differ); "
+                f"error: {output} holds a conversion made with other settings ({', '.join(changed)} differ); "
                 "use another --out-root, or delete it to start over"
             )
         return
-    out_root.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(wanted, indent=1, ensure_ascii=False))
+    (output.local / CONFIG_FILE).write_text(json.dumps(wanted, indent=1, ensure_ascii=False))
+    output.publish(CONFIG_FILE)
 
 
-def all_jobs_done(out_root: Path, num_jobs: int) -> bool:
-    return all((out_root / f"job-{i:04d}-of-{num_jobs:04d}.json").exists() for i in range(num_jobs))
+def all_jobs_done(output: Output, num_jobs: int) -> bool:
+    return all(output.fetch(f"job-{i:04d}-of-{num_jobs:04d}.json") for i in range(num_jobs))
 
 
-def merge(out_root: Path, force: bool = False) -> None:
+def merge(output: Output, force: bool = False) -> None:
     """Join the finished parts into one dataset: vocagno.json, then index.json (last, so the root reads as complete
     only now). Jobs that end together merge once: the first takes a lock, ``force`` (--merge-only) ignores it."""
-    lock = out_root / MERGE_LOCK
+    lock = output.local / MERGE_LOCK
     try:
         os.close(os.open(lock, os.O_CREAT | os.O_EXCL))
     except FileExistsError:
         if not force:
-            print(f"another job is merging {out_root} ({lock} exists; --merge-only merges regardless)")
+            print(f"another job is merging {output} ({lock} exists; --merge-only merges regardless)")
             return
     try:
-        _merge(out_root)
+        _merge(output)
     finally:
         lock.unlink(missing_ok=True)
 
 
-def _merge(out_root: Path) -> None:
-    config = json.loads((out_root / CONFIG_FILE).read_text())
-    job_files = sorted(out_root.glob("job-*-of-*.json"))
+def _merge(output: Output) -> None:
+    root = output.local
+    if not output.fetch(CONFIG_FILE):
+        raise SystemExit(f"error: cannot merge {output}: no conversion was started there")
+    config = json.loads((root / CONFIG_FILE).read_text())
+    job_files = sorted(root.glob("job-*-of-*.json"))
     parts = sorted({p for f in job_files for p in json.loads(f.read_text())["parts"]})
-    missing = [p for p in parts if not (out_root / p / PART_STATS).exists()]
+    missing = [p for p in parts if not (output.fetch(f"{p}/{PART_STATS}") and output.fetch(f"{p}/index.json"))]
     if not job_files or missing:
-        raise SystemExit(f"error: cannot merge {out_root}: parts not finished: {missing or 'no job has finished'}")
-    (out_root / "index.json").unlink(missing_ok=True)
+        raise SystemExit(f"error: cannot merge {output}: parts not finished: {missing or 'no job has finished'}")
+    (root / "index.json").unlink(missing_ok=True)
     totals = Counter()
     for part in parts:
-        totals.update({k: v for k, v in json.loads((out_root / part / PART_STATS).read_text()).items() if k != "seconds"})
+        totals.update({k: v for k, v in json.loads((root / part / PART_STATS).read_text()).items() if k != "seconds"})
     metadata = ShardMetadata(
         student=TokenizerInfo(**config["student"]),
         teacher=TokenizerInfo(**config["teacher"]),
         seq_len=config["seq_len"],
         totals=dict(totals),
     )
-    metadata.write(out_root)
+    metadata.write(root)
     logging.getLogger().setLevel(logging.ERROR)  # merge_index warns about its temporary folder
-    merge_index([str(out_root / p / "index.json") for p in parts], str(out_root), keep_local=True)
-    print_summary("dataset", totals, out_root, parts, merged=True)
+    merge_index([str(root / p / "index.json") for p in parts], str(root), keep_local=True)
+    output.publish(METADATA_FILE, "index.json")
+    print_summary("dataset", totals, output, parts, merged=True)
 
 
-def print_summary(title: str, totals: Counter, out_root: Path, parts: list[str], merged: bool = False) -> None:
-    shard_bytes = sum(
-        f.stat().st_size for p in parts for f in (out_root / p).iterdir() if f.name.startswith("shard.")
-    )
+def print_summary(title: str, totals: Counter, output: Output, parts: list[str], merged: bool = False) -> None:
+    shard_bytes = 0
+    for part in parts:
+        for shard in json.loads((output.local / part / "index.json").read_text())["shards"]:
+            shard_bytes += (shard.get("zip_data") or shard["raw_data"])["bytes"]
     tokens = totals["student tokens"]
     lines = [
         f"--- summary: {title} ({len(parts)} parts) ---",
@@ -547,7 +602,7 @@ def print_summary(title: str, totals: Counter, out_root: Path, parts: list[str],
         + (f" = {shard_bytes / tokens:.2f} bytes per student token" if tokens else ""),
     ]
     if merged:
-        lines.append(f"complete: {out_root} (index.json, vocagno.json)")
+        lines.append(f"complete: {output} (index.json, vocagno.json)")
     print("\n".join(lines), flush=True)
 
 
