@@ -189,15 +189,17 @@ def test_collator_builds_what_the_loss_takes(sample_samples, tokenizers):
     for b, sample in enumerate(samples):
         ids, n_teacher = sample["student_ids"], len(sample["teacher_ids"])
         assert torch.equal(batch["input_ids"][b], ids)
-        assert torch.equal(batch["labels"][b, :-1], ids[1:]) and batch["labels"][b, -1] == -100
-        start, end = align(sample["student_offsets"][1:].numpy(), sample["teacher_offsets"].numpy())
-        assert batch["align_start"][b, :-1].tolist() == start.tolist()
-        assert batch["align_end"][b, :-1].tolist() == end.tolist()
+        assert torch.equal(batch["labels"][b], ids)  # Hugging Face's convention: the model shifts
+        start, end = align(sample["student_offsets"].numpy(), sample["teacher_offsets"].numpy())
+        assert batch["align_start"][b].tolist() == start.tolist()
+        assert batch["align_end"][b].tolist() == end.tolist()
         assert batch["teacher_attention_mask"][b].sum() == n_teacher
+        text, offsets = sample["text"], sample["student_offsets"].tolist()
+        assert batch["token_bytes"][b].tolist() == [len(text[s:e].encode("utf-8")) for s, e in offsets]
         assert (batch["teacher_input_ids"][b, n_teacher:] == teacher.pad_token_id).all()
         # Separators (EOS labels) are unmapped; everything else in this text maps.
-        unmapped = batch["align_start"][b, :-1] == batch["align_end"][b, :-1]
-        assert torch.equal(unmapped, ids[1:] == student.eos_token_id)
+        unmapped = batch["align_start"][b] == batch["align_end"][b]
+        assert torch.equal(unmapped, ids == student.eos_token_id)
 
     fixed = TeacherGuidedCollator(student.eos_token_id, teacher.pad_token_id, teacher_seq_len=m + 7)(samples)
     assert fixed["teacher_input_ids"].shape == (3, m + 7)

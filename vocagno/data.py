@@ -4,11 +4,13 @@
 tokenizers) and ``TeacherGuidedCollator`` turns samples into a batch:
 
     input_ids, attention_mask          [B, N]  student tokens
-    labels                             [B, N]  shifted: labels[:, i] = input_ids[:, i + 1]; -100 where none
-    align_start, align_end             [B, N]  teacher positions aligned to the label token (start == end: unmapped)
+    labels                             [B, N]  input_ids, -100 at padding (Hugging Face's convention: the model shifts)
+    align_start, align_end             [B, N]  teacher positions aligned to student token i (start == end: unmapped)
+    token_bytes                        [B, N]  UTF-8 bytes of each student token's text (0 for specials, padding)
     teacher_input_ids, teacher_attention_mask  [B, M]  teacher tokens, padded to the batch's longest (or a fixed M)
 
-which is what ``vocagno.loss.guided_loss`` takes. Resumption is Streaming's: the dataset's ``state_dict`` /
+Every student tensor is per input position, as Hugging Face models and Composer's ``HuggingFaceModel`` expect; the
+``VocAgnoLM`` algorithm shifts logits, labels and alignment together before ``vocagno.loss.guided_loss``. Resumption is Streaming's: the dataset's ``state_dict`` /
 ``load_state_dict`` (carried by Composer checkpoints) make a resumed run see the batches an uninterrupted one would.
 """
 
@@ -23,8 +25,7 @@ import torch
 from streaming import StreamingDataset
 
 from vocagno.alignment import align
-from vocagno.shards import METADATA_FILE, ShardMetadata, TokenizerInfo, tokenizer_info
-from vocagno.tokenization import load_tokenizer
+from vocagno.shards import METADATA_FILE, ShardMetadata, describe_tokenizer
 
 __all__ = ["TeacherGuidedDataset", "TeacherGuidedCollator", "read_metadata"]
 
@@ -41,14 +42,6 @@ def read_metadata(local: str, remote: str | None = None, split: str | None = Non
         remote_path = os.path.join(remote, split or "", METADATA_FILE)
         CloudDownloader.direct_download(remote_path, os.path.join(local_dir, METADATA_FILE), timeout)
     return ShardMetadata.read(local_dir)
-
-
-def _info(tokenizer, role: str) -> TokenizerInfo | None:
-    if tokenizer is None or isinstance(tokenizer, TokenizerInfo):
-        return tokenizer
-    if isinstance(tokenizer, str):
-        return tokenizer_info(load_tokenizer(tokenizer), tokenizer)
-    return tokenizer_info(tokenizer, getattr(tokenizer, "name_or_path", role))
 
 
 class TeacherGuidedDataset(StreamingDataset):
@@ -71,7 +64,9 @@ class TeacherGuidedDataset(StreamingDataset):
     ):
         # Check the tokenizers before Streaming sets up its shared memory and downloads.
         self.metadata = read_metadata(local, remote, split, streaming_kwargs.get("download_timeout", 60))
-        self.metadata.check_tokenizers(_info(student_tokenizer, "student"), _info(teacher_tokenizer, "teacher"))
+        self.metadata.check_tokenizers(
+            describe_tokenizer(student_tokenizer, "student"), describe_tokenizer(teacher_tokenizer, "teacher")
+        )
         super().__init__(local=local, remote=remote, split=split, **streaming_kwargs)
 
     def get_item(self, idx: int, retry: int = 7) -> dict[str, Any]:
@@ -80,6 +75,13 @@ class TeacherGuidedDataset(StreamingDataset):
         out = {name: torch.from_numpy(np.array(sample[name], dtype=np.int64)) for name in ARRAY_COLUMNS}
         out["text"] = sample["text"]
         return out
+
+
+def _byte_offsets(text: str) -> np.ndarray:
+    """The UTF-8 byte offset of every character position 0 .. len(text)."""
+    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    sizes = 1 + (codes >= 0x80).astype(np.int64) + (codes >= 0x800) + (codes >= 0x10000)
+    return np.concatenate([[0], np.cumsum(sizes)])
 
 
 class TeacherGuidedCollator:
@@ -112,6 +114,7 @@ class TeacherGuidedCollator:
             "labels": torch.full((batch, n), self.ignore_index, dtype=torch.long),
             "align_start": torch.zeros(batch, n, dtype=torch.long),
             "align_end": torch.zeros(batch, n, dtype=torch.long),
+            "token_bytes": torch.zeros(batch, n, dtype=torch.long),
             "teacher_input_ids": torch.full((batch, m), self.teacher_pad_id, dtype=torch.long),
             "teacher_attention_mask": torch.zeros(batch, m, dtype=torch.long),
         }
@@ -120,16 +123,18 @@ class TeacherGuidedCollator:
             length = len(ids)
             out["input_ids"][b, :length] = ids
             out["attention_mask"][b, :length] = 1
-            out["labels"][b, : length - 1] = ids[1:]
-            # Label i is student token i + 1: align that token.
-            start, end = align(sample["student_offsets"][1:].numpy(), sample["teacher_offsets"].numpy())
+            out["labels"][b, :length] = ids
+            start, end = align(sample["student_offsets"].numpy(), sample["teacher_offsets"].numpy())
             if len(teacher_ids) > m:
                 self._warn_truncation(len(teacher_ids) - m)
                 cut = end > m
                 start[cut], end[cut] = 0, 0
                 teacher_ids = teacher_ids[:m]
-            out["align_start"][b, : length - 1] = torch.from_numpy(start)
-            out["align_end"][b, : length - 1] = torch.from_numpy(end)
+            out["align_start"][b, :length] = torch.from_numpy(start)
+            out["align_end"][b, :length] = torch.from_numpy(end)
+            offsets = sample["student_offsets"].numpy()
+            byte_at = _byte_offsets(sample["text"])
+            out["token_bytes"][b, :length] = torch.from_numpy(byte_at[offsets[:, 1]] - byte_at[offsets[:, 0]])
             out["teacher_input_ids"][b, : len(teacher_ids)] = teacher_ids
             out["teacher_attention_mask"][b, : len(teacher_ids)] = 1
         return out

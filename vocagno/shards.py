@@ -34,6 +34,7 @@ __all__ = [
     "TokenizerInfo",
     "ShardMetadata",
     "tokenizer_info",
+    "describe_tokenizer",
     "compact",
     "EncodedDocuments",
     "Packer",
@@ -81,6 +82,17 @@ def tokenizer_info(tokenizer, name: str) -> TokenizerInfo:
         separator=separator,
         separator_id=int(tokenizer.convert_tokens_to_ids(separator)),
     )
+
+
+def describe_tokenizer(tokenizer, role: str) -> TokenizerInfo | None:
+    """``TokenizerInfo`` of a tokenizer given as an object, a name or folder (loaded), or already described."""
+    if tokenizer is None or isinstance(tokenizer, TokenizerInfo):
+        return tokenizer
+    if isinstance(tokenizer, str):
+        from vocagno.tokenization import load_tokenizer
+
+        return tokenizer_info(load_tokenizer(tokenizer), tokenizer)
+    return tokenizer_info(tokenizer, getattr(tokenizer, "name_or_path", role))
 
 
 @dataclass

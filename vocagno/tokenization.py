@@ -60,6 +60,7 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerFast:
     if not Path(path).is_dir() and path in SHIPPED_TOKENIZERS:
         path = str(shipped_tokenizer_dir(path))
     tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True)
+    tokenizer.name_or_path = str(name_or_path)  # messages name what the user named, not the unpacked cache folder
     if not tokenizer.is_fast:
         raise ValueError(
             f"tokenizer {name_or_path!r} is a slow {type(tokenizer).__name__}: character offsets need a fast "

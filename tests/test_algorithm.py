@@ -1,0 +1,119 @@
+"""VocAgnoLM inside a real Composer Trainer: what it runs, what it leaves alone, what it refuses."""
+
+import pytest
+import torch
+from composer import Trainer
+from composer.models import HuggingFaceModel
+from streaming.base.util import clean_stale_shared_memory
+from torch.utils.data import DataLoader
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from conversion import convert_dataset
+from vocagno.algorithm import TeacherScorer, VocAgnoLM
+from vocagno.data import TeacherGuidedCollator, TeacherGuidedDataset
+from vocagno.loss import teacher_token_loss
+from vocagno.tokenization import ASSETS
+
+
+def tiny(config_class, model_class, vocab_size):
+    torch.manual_seed(0)
+    config = config_class(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
+    return model_class(config)
+
+
+@pytest.fixture(scope="module")
+def loader(tmp_path_factory, tokenizers):
+    root = tmp_path_factory.mktemp("shards")
+    convert_dataset.main(["--input", str(ASSETS / "text" / "gsm8k_heldout_100.jsonl"), "--student-tokenizer", "llama2",
+                          "--teacher-tokenizer", "qwen2.5", "--seq-len", "64", "--out-root", str(root)])
+    clean_stale_shared_memory()
+    dataset = TeacherGuidedDataset(local=str(root), batch_size=4, student_tokenizer=tokenizers["llama2"],
+                                   teacher_tokenizer=tokenizers["qwen2.5"])
+    collate = TeacherGuidedCollator(tokenizers["llama2"].eos_token_id, tokenizers["qwen2.5"].pad_token_id)
+    yield DataLoader(dataset, batch_size=4, collate_fn=collate)
+    clean_stale_shared_memory()
+
+
+def test_the_teacher_guides_and_stays_out_of_the_optimizer_and_checkpoints(loader, tokenizers, tmp_path):
+    student = tiny(LlamaConfig, LlamaForCausalLM, 32000)
+    teacher = tiny(Qwen2Config, Qwen2ForCausalLM, 152064)  # Qwen pads its embedding past the 151,665 tokens
+    forward_kwargs = []
+    student.register_forward_pre_hook(lambda module, args, kwargs: forward_kwargs.append(set(kwargs)), with_kwargs=True)
+    algorithm = VocAgnoLM(teacher=teacher, teacher_tokenizer=tokenizers["qwen2.5"], teacher_dtype="float32")
+    model = HuggingFaceModel(student, tokenizer=tokenizers["llama2"], use_logits=True)
+    trainer = Trainer(model=model, train_dataloader=loader, max_duration="2ba", algorithms=[algorithm],
+                      optimizers=torch.optim.SGD(model.parameters(), lr=0.1), device="cpu",
+                      save_folder=str(tmp_path / "ckpt"), save_interval="2ba", loggers=[], progress_bar=False)
+    trainer.fit()
+    assert forward_kwargs and all("labels" not in kwargs for kwargs in forward_kwargs)  # no HF loss computed
+    loss = trainer.state.loss
+    assert set(loss) == {"total", "kept_fraction", "mapped_fraction", "student_loss", "teacher_loss", "score"}
+    assert not any(p.requires_grad for p in teacher.parameters())
+    optimized = {id(p) for group in trainer.state.optimizers[0].param_groups for p in group["params"]}
+    assert not optimized & {id(p) for p in teacher.parameters()}
+    assert all(p.grad is None for p in teacher.parameters())
+    checkpoint = torch.load(tmp_path / "ckpt" / "ep0-ba2-rank0.pt", weights_only=False)
+    model_keys = checkpoint["state"]["model"].keys()
+    assert model_keys and not any("teacher" in k or "scorer" in k for k in model_keys)
+    assert sum(t.numel() for t in checkpoint["state"]["model"].values()) == sum(p.numel() for p in student.parameters())
+
+
+def test_teacher_scorer_equals_the_loss_of_the_full_logits():
+    teacher = tiny(Qwen2Config, Qwen2ForCausalLM, 300)
+    ids = torch.randint(0, 300, (2, 20))
+    mask = torch.ones_like(ids)
+    mask[1, 15:] = 0
+    scored = TeacherScorer(teacher, chunk_size=7)(ids, mask)
+    with torch.no_grad():
+        logits = teacher(input_ids=ids, attention_mask=mask).logits
+    want = teacher_token_loss(logits, torch.nn.Identity(), ids, mask)
+    torch.testing.assert_close(scored, want, equal_nan=True)
+    assert torch.isnan(scored[1, 15:]).all() and not torch.isnan(scored[0, 1:]).any()
+
+
+def test_a_teacher_too_small_for_the_shards_vocabulary_is_refused(loader, tokenizers):
+    student = tiny(LlamaConfig, LlamaForCausalLM, 32000)
+    teacher = tiny(Qwen2Config, Qwen2ForCausalLM, 32000)  # a Llama-sized embedding for Qwen's tokens
+    trainer = Trainer(model=HuggingFaceModel(student, use_logits=True), train_dataloader=loader, max_duration="1ba",
+                      algorithms=[VocAgnoLM(teacher=teacher, teacher_dtype="float32")], device="cpu", loggers=[],
+                      progress_bar=False)
+    with pytest.raises(ValueError, match="teacher's embedding has 32000 rows.*'qwen2.5' has 151665 tokens"):
+        trainer.fit()
+
+
+def test_a_teacher_tokenizer_other_than_the_shards_is_refused(loader, tokenizers):
+    student = tiny(LlamaConfig, LlamaForCausalLM, 32000)
+    teacher = tiny(Qwen2Config, Qwen2ForCausalLM, 152064)
+    trainer = Trainer(model=HuggingFaceModel(student, use_logits=True), train_dataloader=loader, max_duration="1ba",
+                      algorithms=[VocAgnoLM(teacher=teacher, teacher_tokenizer="deepseek-llm")], device="cpu",
+                      loggers=[], progress_bar=False)
+    with pytest.raises(ValueError, match="teacher tokenizer is 'qwen2.5'.*teacher tokenizer is 'deepseek-llm'"):
+        trainer.fit()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"topk_ratio": 2.0}, "topk_ratio"), ({"aggregation": "median"}, "aggregation"),
+    ({"unmapped": "keep"}, "unmapped"), ({"teacher_placement": "cpu"}, "teacher_placement"),
+    ({"teacher_dtype": "bf16"}, "teacher_dtype"),
+])
+def test_bad_options_are_refused_at_once(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        VocAgnoLM(teacher="Qwen/Qwen2.5-Math-7B-Instruct", **kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fsdp_run_shards_the_teacher(loader, tokenizers):
+    """With FSDP on (one GPU is enough), the teacher is wrapped in FSDP too and training runs in amp_bf16."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    student = tiny(LlamaConfig, LlamaForCausalLM, 32000)
+    teacher = tiny(Qwen2Config, Qwen2ForCausalLM, 152064).to(torch.bfloat16)
+    algorithm = VocAgnoLM(teacher=teacher, teacher_tokenizer=tokenizers["qwen2.5"])
+    trainer = Trainer(model=HuggingFaceModel(student, use_logits=True), train_dataloader=loader, max_duration="2ba",
+                      algorithms=[algorithm], device="gpu", precision="amp_bf16", loggers=[], progress_bar=False,
+                      parallelism_config={"fsdp": {"sharding_strategy": "FULL_SHARD", "mixed_precision": "PURE"}})
+    trainer.fit()
+    assert isinstance(algorithm.scorer, FullyShardedDataParallel)
+    assert torch.isfinite(trainer.state.loss["total"]) and 0.35 < trainer.state.loss["kept_fraction"] < 0.5

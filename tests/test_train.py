@@ -1,0 +1,147 @@
+"""train.py and the VocAgnoLM algorithm: the tiny run, kill and resume, two processes, the yamls, refusals."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from composer import Trainer
+from composer.models import HuggingFaceModel
+from streaming.base.util import clean_stale_shared_memory
+
+import train
+from vocagno.algorithm import VocAgnoLM
+from vocagno.shards import ShardMetadata
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = str(REPO / "yamls" / "tiny.yaml")
+
+
+def run_train(tmp_path, *overrides, launcher=(sys.executable,), check=True, timeout=900):
+    """train.py yamls/tiny.yaml in a subprocess, with its shards and logs under tmp_path."""
+    command = [*launcher, str(REPO / "train.py"), TINY, f"variables.data={tmp_path}/shards/train",
+               f"variables.heldout={tmp_path}/shards/heldout", "loggers.console=null", *overrides]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    if check:
+        assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+def read_log(path):
+    """step -> metrics, the last line written for a step winning (a resumed run writes its steps again)."""
+    steps = {}
+    for line in open(path, encoding="utf-8"):
+        row = json.loads(line)
+        steps.setdefault(row.pop("step"), {}).update(row)
+    return steps
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("tiny")
+    run_train(tmp, "max_duration=24ba", "eval_interval=24ba", f"loggers.jsonl.path={tmp}/log.jsonl")
+    return tmp, read_log(tmp / "log.jsonl")
+
+
+def test_tiny_run_trains_on_the_guided_tokens_and_its_loss_falls(tiny_run):
+    _, steps = tiny_run
+    losses = [steps[s]["loss/train/student_loss"] for s in sorted(steps) if "loss/train/student_loss" in steps[s]]
+    assert len(losses) == 24
+    assert losses[-1] < losses[0] - 1.0, losses  # ln(32000) = 10.4 falls by more than a nat
+    for s in sorted(steps):
+        row = steps[s]
+        if "loss/train/kept_fraction" not in row:
+            continue
+        mapped, kept = row["loss/train/mapped_fraction"], row["loss/train/kept_fraction"]
+        # 40% of the mapped tokens (rounded up per microbatch) plus every unmapped one (the separators).
+        assert 0.4 * mapped + (1 - mapped) - 1e-4 <= kept <= 0.4 * mapped + (1 - mapped) + 0.01
+        assert 0.95 < mapped < 1.0
+        assert row["loss/train/total"] > 0
+    assert all(steps[s]["vocagno/teacher_forward_seconds"] > 0 for s in range(1, 25))
+    bits_per_byte = steps[24]["metrics/eval/BitsPerByte"]
+    assert 0 < bits_per_byte < math.log2(32000) and math.isfinite(bits_per_byte)
+
+
+def test_the_run_converted_the_embedded_sample_first(tiny_run):
+    tmp, _ = tiny_run
+    meta = ShardMetadata.read(tmp / "shards" / "train")
+    assert (meta.student.name, meta.teacher.name, meta.seq_len) == ("llama2", "qwen2.5", 128)
+    assert meta.totals["documents read"] == 500
+
+
+def test_kill_and_autoresume_continue_with_the_same_losses(tiny_run, tmp_path):
+    common = ["max_duration=8ba", "save_interval=2ba", "autoresume=true", "eval_loader=null"]
+    straight = tmp_path / "straight"
+    run_train(tiny_run[0], *common, f"save_folder={straight}/ckpt", "run_name=straight",
+              f"loggers.jsonl.path={straight}/log.jsonl")
+    killed = tmp_path / "killed"
+    command = [sys.executable, str(REPO / "train.py"), TINY, f"variables.data={tiny_run[0]}/shards/train",
+               f"variables.heldout={tiny_run[0]}/shards/heldout", "loggers.console=null", *common,
+               f"save_folder={killed}/ckpt", "run_name=killed", f"loggers.jsonl.path={killed}/log.jsonl"]
+    process = subprocess.Popen(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    while not (killed / "ckpt" / "ep0-ba4-rank0.pt").exists() and time.time() < deadline and process.poll() is None:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    first = read_log(killed / "log.jsonl")
+    assert max(s for s in first if "loss/train/total" in first[s]) < 7, "the kill should land before the run ends"
+    result = subprocess.run(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    expected, resumed = read_log(straight / "log.jsonl"), read_log(killed / "log.jsonl")
+    trained = [s for s in sorted(expected) if "loss/train/total" in expected[s]]
+    assert len(trained) == 8 and trained == [s for s in sorted(resumed) if "loss/train/total" in resumed[s]]
+    for step in trained:
+        assert resumed[step]["loss/train/total"] == pytest.approx(expected[step]["loss/train/total"], rel=1e-6), step
+
+
+def test_two_processes_train_on_different_samples(tiny_run, tmp_path):
+    run_train(tiny_run[0], "max_duration=3ba", "eval_loader=null", f"callbacks.sample_log.path={tmp_path}/samples-{{rank}}.jsonl",
+              launcher=(str(Path(sys.executable).parent / "composer"), "-n", "2"))
+    ranks = []
+    for rank in (0, 1):
+        rows = [json.loads(line) for line in open(tmp_path / f"samples-{rank}.jsonl")]
+        assert [r["batch"] for r in rows] == [0, 1, 2]
+        ranks.append({tuple(sample) for r in rows for sample in r["samples"]})
+        assert len(ranks[-1]) == 3 * 4  # 8 per global batch, 4 per rank
+    assert not ranks[0] & ranks[1]
+
+
+@pytest.mark.parametrize("yaml", sorted((REPO / "yamls").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_yaml_loads_and_validates(yaml):
+    cfg = train.load_config(str(yaml), [])
+    if cfg.get("teacher") is not None:
+        algorithms = train.build_algorithms(cfg, teacher_tok=None) if cfg.teacher.get("name_or_path") else []
+        assert all(isinstance(a, VocAgnoLM) for a in algorithms)
+    else:
+        assert "vocagno" not in (cfg.get("algorithms") or {})
+    if "tiny" not in yaml.name:
+        assert cfg.tokenizer.name == "TinyLlama/TinyLlama_v1.1" and cfg.model.name_or_path == "TinyLlama/TinyLlama_v1.1"
+        assert cfg.global_train_batch_size * cfg.variables.seq_len == 1024 * 2048
+        assert cfg.optimizer.lr == 8e-5 and cfg.scheduler.alpha_f == pytest.approx(0.1)
+
+
+def test_misspelled_keys_are_errors(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown config key optimiser \(did you mean optimizer\?\)"):
+        train.load_config(TINY, ["optimiser.lr=1"])
+    with pytest.raises(ValueError, match=r"unknown config key teacher.dtyp \(did you mean teacher.dtype\?\)"):
+        train.load_config(TINY, ["teacher.dtyp=float32"])
+
+
+def test_shards_of_other_tokenizers_are_refused(tiny_run):
+    result = run_train(tiny_run[0], "tokenizer.name=mistral", "max_duration=1ba", check=False)
+    assert result.returncode != 0
+    assert "student tokenizer is 'llama2'" in result.stderr and "student tokenizer is 'mistral'" in result.stderr
+    result = run_train(tiny_run[0], "teacher.tokenizer=deepseek-llm", "max_duration=1ba", check=False)
+    assert result.returncode != 0
+    assert "teacher tokenizer is 'qwen2.5'" in result.stderr and "teacher tokenizer is 'deepseek-llm'" in result.stderr

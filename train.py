@@ -1,0 +1,264 @@
+"""Train a student with Composer, guided by a teacher of another vocabulary (VocAgnoLM), in llm-foundry's conventions.
+
+    composer train.py yamls/qwen_teacher.yaml [key=value ...]      # every GPU of the node
+    python train.py yamls/tiny.yaml max_duration=6ba save_folder=runs/x save_interval=3ba autoresume=true
+
+The yaml (omegaconf, ``${variables.x}`` interpolation, command-line overrides as dotted keys) has llm-foundry's keys;
+unknown or misspelled keys are an error. ``teacher:`` plus ``algorithms: {vocagno: {...}}`` train with the teacher;
+without both it is plain continual pretraining (``yamls/cpt_baseline.yaml``). Models are Hugging Face names or folders
+(``name_or_path``), or built with random weights from a ``config`` (``model_type`` and its fields).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+from composer import Evaluator, Trainer  # noqa: E402
+from composer.models import HuggingFaceModel  # noqa: E402
+from composer.optim import CosineAnnealingWithWarmupScheduler, DecoupledAdamW  # noqa: E402
+from composer.utils import dist, get_device, reproducibility  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+from streaming.base.util import clean_stale_shared_memory  # noqa: E402
+from omegaconf import OmegaConf as om  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+from vocagno.data import TeacherGuidedCollator, TeacherGuidedDataset  # noqa: E402
+from vocagno.loggers import JSONLinesLogger, SampleLog  # noqa: E402
+from vocagno.metrics import BitsPerByte  # noqa: E402
+from vocagno.tokenization import load_tokenizer  # noqa: E402
+
+ALGORITHM_GROUP = "llmfoundry_algorithms"  # the entry points llm-foundry's registry reads; vocagno registers there
+
+# The keys a yaml may hold; a nested dict names the keys of that section, None leaves a section free-form.
+MODEL_KEYS = {"name_or_path": None, "config": None, "dtype": None, "trust_remote_code": None, "tokenizer": None}
+LOADER_KEYS = {"dataset": None, "drop_last": None, "num_workers": None, "teacher_seq_len": None, "convert_if_missing": None}
+SCHEMA: dict[str, Any] = {
+    "variables": None,
+    "run_name": None,
+    "seed": None,
+    "tokenizer": {"name": None},
+    "model": MODEL_KEYS,
+    "teacher": {**MODEL_KEYS, "placement": None, "chunk_size": None},
+    "train_loader": LOADER_KEYS,
+    "eval_loader": LOADER_KEYS,
+    "optimizer": {"name": None, "lr": None, "betas": None, "eps": None, "weight_decay": None},
+    "scheduler": {"name": None, "t_warmup": None, "alpha_f": None},
+    "algorithms": None,
+    "precision": None,
+    "fsdp_config": None,
+    "max_duration": None,
+    "global_train_batch_size": None,
+    "device_train_microbatch_size": None,
+    "device_eval_batch_size": None,
+    "eval_interval": None,
+    "eval_subset_num_batches": None,
+    "save_folder": None,
+    "save_interval": None,
+    "save_num_checkpoints_to_keep": None,
+    "autoresume": None,
+    "loggers": {"console": None, "jsonl": None},
+    "callbacks": {"sample_log": None},
+    "console_log_interval": None,
+    "dist_timeout": None,
+}
+REQUIRED = ("run_name", "seed", "tokenizer", "model", "train_loader", "optimizer", "scheduler", "max_duration",
+            "global_train_batch_size", "device_train_microbatch_size")
+
+
+def load_config(yaml_path: str, overrides: list[str]) -> DictConfig:
+    cfg = om.merge(om.load(yaml_path), om.from_dotlist(overrides))
+    _check_keys(cfg, SCHEMA, "")
+    missing = [key for key in REQUIRED if cfg.get(key) is None]
+    if missing:
+        raise ValueError(f"{yaml_path}: missing required keys: {', '.join(missing)}")
+    om.resolve(cfg)
+    return cfg
+
+
+def _check_keys(cfg: DictConfig, schema: dict[str, Any], where: str) -> None:
+    for key in cfg:
+        if key not in schema:
+            close = difflib.get_close_matches(str(key), schema, n=1)
+            hint = f" (did you mean {where}{close[0]}?)" if close else ""
+            raise ValueError(f"unknown config key {where}{key}{hint}; allowed here: {', '.join(schema)}")
+        if isinstance(schema[key], dict) and isinstance(cfg[key], DictConfig):
+            _check_keys(cfg[key], schema[key], f"{where}{key}.")
+
+
+def build_causal_lm(section: DictConfig, vocab_size: int) -> torch.nn.Module:
+    """A pretrained model by name or folder, or a randomly initialized one from ``config`` (``model_type`` + fields)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    dtype = getattr(torch, section.get("dtype") or "float32")
+    trust = bool(section.get("trust_remote_code", False))
+    if section.get("name_or_path"):
+        return AutoModelForCausalLM.from_pretrained(section.name_or_path, torch_dtype=dtype, trust_remote_code=trust)
+    if section.get("config") is None:
+        raise ValueError("a model section needs name_or_path (pretrained) or config (random init)")
+    fields = om.to_container(section.config)
+    config = AutoConfig.for_model(fields.pop("model_type"), **{"vocab_size": vocab_size, **fields})
+    return AutoModelForCausalLM.from_config(config, torch_dtype=dtype)
+
+
+def build_loader(section: DictConfig, student_tok, teacher_tok, batch_size: int, seq_len_hint: int | None = None):
+    dataset_cfg = om.to_container(section.dataset)
+    convert = section.get("convert_if_missing")
+    local = dataset_cfg["local"]
+    if convert is not None and dataset_cfg.get("remote") is None:
+        _convert_if_missing(local, om.to_container(convert))
+    dataset = TeacherGuidedDataset(
+        student_tokenizer=student_tok, teacher_tokenizer=teacher_tok, batch_size=batch_size, **dataset_cfg
+    )
+    teacher_pad = teacher_tok.pad_token_id if teacher_tok is not None else None
+    collate = TeacherGuidedCollator(
+        student_pad_id=student_tok.pad_token_id if student_tok.pad_token_id is not None else student_tok.eos_token_id,
+        teacher_pad_id=teacher_pad if teacher_pad is not None else dataset.metadata.teacher.separator_id,
+        teacher_seq_len=section.get("teacher_seq_len"),
+    )
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        collate_fn=collate,
+        num_workers=section.get("num_workers", 0),
+        drop_last=section.get("drop_last", True),
+    )
+
+
+def _convert_if_missing(local: str, convert: dict[str, Any]) -> None:
+    """Convert the embedded corpus on the node's first rank when its shards are not there yet; others wait."""
+    if dist.get_local_rank() == 0 and not (Path(local) / "index.json").exists():
+        from conversion.convert_dataset import main as convert_main
+
+        args = ["--out-root", local]
+        for key, value in convert.items():
+            args += [f"--{key.replace('_', '-')}", *(map(str, value) if isinstance(value, list) else [str(value)])]
+        convert_main(args)
+    dist.barrier()
+
+
+def build_algorithms(cfg: DictConfig, teacher_tok) -> list:
+    chosen = _plain(cfg, "algorithms")
+    available = {ep.name: ep for ep in entry_points(group=ALGORITHM_GROUP)}
+    algorithms = []
+    for name, kwargs in chosen.items():
+        if name not in available:
+            raise ValueError(f"unknown algorithm {name!r}; registered ({ALGORITHM_GROUP}): {', '.join(available)}")
+        kwargs = dict(kwargs or {})
+        if name == "vocagno":
+            if cfg.get("teacher") is None:
+                raise ValueError("algorithms.vocagno needs a teacher: section")
+            kwargs.update(teacher_kwargs(cfg.teacher, teacher_tok))
+        algorithms.append(available[name].load()(**kwargs))
+    if cfg.get("teacher") is not None and "vocagno" not in chosen:
+        raise ValueError("a teacher: section without algorithms.vocagno would load a teacher and never use it")
+    return algorithms
+
+
+def teacher_kwargs(section: DictConfig, teacher_tok) -> dict[str, Any]:
+    pretrained = bool(section.get("name_or_path"))
+    return {
+        # A named teacher is loaded by the algorithm; a config-built one (random weights) is built here.
+        "teacher": section.name_or_path if pretrained else build_causal_lm(section, len(teacher_tok)),
+        "teacher_tokenizer": teacher_tok,
+        "teacher_dtype": section.get("dtype") or "bfloat16",
+        "teacher_placement": section.get("placement") or "auto",
+        "chunk_size": section.get("chunk_size") or 1024,
+        "trust_remote_code": bool(section.get("trust_remote_code", False)),
+    }
+
+
+def _plain(cfg: DictConfig, key: str) -> dict[str, Any]:
+    value = cfg.get(key)
+    return om.to_container(value) if value is not None else {}
+
+
+def build_loggers(cfg: DictConfig) -> tuple[list, list]:
+    loggers_cfg = _plain(cfg, "loggers")
+    loggers = [JSONLinesLogger(**loggers_cfg["jsonl"])] if loggers_cfg.get("jsonl") else []
+    callbacks_cfg = _plain(cfg, "callbacks")
+    callbacks = [SampleLog(**callbacks_cfg["sample_log"])] if callbacks_cfg.get("sample_log") else []
+    return loggers, callbacks
+
+
+def main(cfg: DictConfig) -> Trainer:
+    dist.initialize_dist(get_device(None), timeout=cfg.get("dist_timeout", 600))
+    clean_stale_shared_memory()  # what a killed run left behind would stop Streaming; every rank calls it
+    reproducibility.seed_all(cfg.seed)
+    world = dist.get_world_size()
+    if cfg.global_train_batch_size % world:
+        raise ValueError(f"global_train_batch_size {cfg.global_train_batch_size} is not divisible by {world} ranks")
+    device_batch = cfg.global_train_batch_size // world
+
+    student_tok = load_tokenizer(cfg.tokenizer.name)
+    teacher_tok = load_tokenizer(cfg.teacher.tokenizer) if cfg.get("teacher") is not None else None
+    train_loader = build_loader(cfg.train_loader, student_tok, teacher_tok, device_batch)
+    evaluators = []
+    if cfg.get("eval_loader") is not None:
+        eval_batch = cfg.get("device_eval_batch_size") or cfg.device_train_microbatch_size
+        evaluators.append(Evaluator(
+            label="eval",
+            dataloader=build_loader(cfg.eval_loader, student_tok, teacher_tok, eval_batch),
+            metric_names=["BitsPerByte"],
+        ))
+
+    student = build_causal_lm(cfg.model, len(student_tok))
+    model = HuggingFaceModel(
+        student, tokenizer=student_tok, use_logits=True, shift_labels=True, eval_metrics=[BitsPerByte()]
+    )
+    algorithms = build_algorithms(cfg, teacher_tok)
+
+    opt = cfg.optimizer
+    if opt.get("name", "decoupled_adamw") != "decoupled_adamw":
+        raise ValueError(f"optimizer.name: only decoupled_adamw is supported, got {opt.name!r}")
+    optimizer = DecoupledAdamW(
+        model.parameters(), lr=opt.lr, betas=tuple(opt.get("betas", (0.9, 0.95))), eps=opt.get("eps", 1e-8),
+        weight_decay=opt.get("weight_decay", 0.0),
+    )
+    sched = cfg.scheduler
+    if sched.get("name", "cosine_with_warmup") != "cosine_with_warmup":
+        raise ValueError(f"scheduler.name: only cosine_with_warmup is supported, got {sched.name!r}")
+    scheduler = CosineAnnealingWithWarmupScheduler(t_warmup=sched.t_warmup, alpha_f=sched.get("alpha_f", 0.0))
+
+    loggers, callbacks = build_loggers(cfg)
+    fsdp = om.to_container(cfg.fsdp_config) if cfg.get("fsdp_config") is not None else None
+    trainer = Trainer(
+        model=model,
+        train_dataloader=train_loader,
+        eval_dataloader=evaluators or None,
+        eval_interval=cfg.get("eval_interval", 1),
+        eval_subset_num_batches=cfg.get("eval_subset_num_batches", -1),
+        optimizers=optimizer,
+        schedulers=scheduler,
+        algorithms=algorithms,
+        max_duration=cfg.max_duration,
+        device_train_microbatch_size=cfg.device_train_microbatch_size,
+        precision=cfg.get("precision"),
+        parallelism_config={"fsdp": fsdp} if fsdp else None,
+        save_folder=cfg.get("save_folder"),
+        save_interval=cfg.get("save_interval", "1ep"),
+        save_num_checkpoints_to_keep=cfg.get("save_num_checkpoints_to_keep", -1),
+        autoresume=bool(cfg.get("autoresume", False)),
+        run_name=cfg.run_name,
+        loggers=loggers,
+        callbacks=callbacks,
+        log_to_console=_plain(cfg, "loggers").get("console") is not None,
+        console_log_interval=cfg.get("console_log_interval", "1ba"),
+        seed=cfg.seed,
+        device=None,
+    )
+    trainer.fit()
+    return trainer
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit("usage: composer train.py YAML [key=value ...]")
+    main(load_config(sys.argv[1], sys.argv[2:]))

@@ -1,0 +1,221 @@
+"""VocAgnoLM as a Composer algorithm: a frozen teacher of any vocabulary guides which student tokens to train on.
+
+    from vocagno.algorithm import VocAgnoLM
+    trainer = Trainer(..., algorithms=[VocAgnoLM(teacher="Qwen/Qwen2.5-Math-7B-Instruct", topk_ratio=0.4)])
+
+The batches must come from ``vocagno.data.TeacherGuidedCollator`` (student ``input_ids``/``labels`` plus
+``align_start``/``align_end`` and the teacher's ``teacher_input_ids``/``teacher_attention_mask``). Each microbatch:
+
+- BEFORE_FORWARD: ``labels`` leave the batch, so a Hugging Face student computes no loss of its own;
+- AFTER_FORWARD: the teacher scores its tokens under ``torch.no_grad()`` (``TeacherScorer``: chunked cross-entropy,
+  no fp32 logits over its whole vocabulary) and ``teacher_guided_loss`` computes the guided loss from the student's
+  logits; its total becomes ``outputs["loss"]``, which ``HuggingFaceModel.loss`` returns as it is (no second CE);
+- AFTER_LOSS: ``state.loss`` becomes the dict of ``vocagno.loss.guided_loss`` (``total`` and statistics, which
+  Composer logs as ``loss/train/kept_fraction`` etc.); the teacher's forward time is logged as
+  ``vocagno/teacher_forward_seconds``.
+
+The teacher lives in the algorithm, never in ``state.model``: not in the optimizer, not in checkpoints. It is placed
+on every device whole, or sharded with FSDP when the run uses FSDP (``teacher_placement``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from composer.core import Algorithm, Event, State
+from composer.loggers import Logger
+from torch import nn
+
+from vocagno.loss import AGGREGATIONS, guided_loss, teacher_token_loss
+from vocagno.shards import describe_tokenizer
+
+__all__ = ["TeacherScorer", "load_teacher", "teacher_guided_loss", "VocAgnoLM"]
+
+PLACEMENTS = ("auto", "replicate", "fsdp")
+
+
+class TeacherScorer(nn.Module):
+    """A frozen Hugging Face causal LM that returns the loss of each of its tokens: ``[B, M]``, NaN where undefined."""
+
+    def __init__(self, model: nn.Module, chunk_size: int = 1024):
+        super().__init__()
+        self.model = model.eval().requires_grad_(False)
+        self.chunk_size = chunk_size
+
+    def train(self, mode: bool = True) -> "TeacherScorer":
+        return super().train(False)  # always in eval mode, whatever the trainer asks of modules
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        # The base model's hidden states and the LM head in chunks: the full logits are never materialized.
+        hidden = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return teacher_token_loss(
+            hidden, self.model.get_output_embeddings(), input_ids, attention_mask, chunk_size=self.chunk_size
+        )
+
+
+def load_teacher(name_or_path: str, dtype: str = "bfloat16", trust_remote_code: bool = False) -> nn.Module:
+    """A pretrained causal LM by Hugging Face name or local folder, in ``dtype``."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        name_or_path, torch_dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
+    )
+
+
+def teacher_guided_loss(
+    student_logits: torch.Tensor,
+    labels: torch.Tensor,
+    batch: dict[str, torch.Tensor],
+    teacher_loss: torch.Tensor,
+    **options: Any,
+) -> dict[str, torch.Tensor]:
+    """The functional form: ``guided_loss``'s dict for a ``TeacherGuidedCollator`` batch.
+
+    ``student_logits`` ``[B, N, V]`` and ``labels`` ``[B, N]`` are per input position (Hugging Face's convention) and
+    ``teacher_loss`` is ``TeacherScorer``'s ``[B, M]``; logits, labels and the batch's ``align_start``/``align_end`` are
+    shifted together here, so that position i predicts student token i + 1.
+    """
+    return guided_loss(
+        student_logits[:, :-1],
+        labels[:, 1:],
+        teacher_loss,
+        batch["align_start"][:, 1:],
+        batch["align_end"][:, 1:],
+        **options,
+    )
+
+
+class VocAgnoLM(Algorithm):
+    """Teacher guided language modeling with a teacher of any vocabulary (Shin et al., ICML 2025).
+
+    Args:
+        teacher: a Hugging Face name or folder (loaded in ``teacher_dtype``), or a causal LM module.
+        topk_ratio, aggregation, unmapped, per_sequence: as in ``vocagno.loss.guided_loss``.
+        teacher_tokenizer: the teacher's tokenizer (name, folder or object). Given, or loaded from ``teacher`` when it
+            is a name, it must be the tokenizer the shards' teacher tokens were made with.
+        teacher_dtype: dtype of a teacher loaded by name.
+        teacher_placement: ``replicate`` (a whole copy per device), ``fsdp`` (sharded with PyTorch FSDP), or ``auto``
+            (``fsdp`` when the run uses FSDP, else ``replicate``).
+        chunk_size: teacher tokens per chunk of its LM head and cross-entropy.
+        trust_remote_code: for a teacher loaded by name; off unless asked.
+    """
+
+    def __init__(
+        self,
+        teacher: str | nn.Module,
+        topk_ratio: float = 0.4,
+        aggregation: str = "max",
+        unmapped: str = "include",
+        per_sequence: bool = False,
+        teacher_tokenizer: Any = None,
+        teacher_dtype: str = "bfloat16",
+        teacher_placement: str = "auto",
+        chunk_size: int = 1024,
+        trust_remote_code: bool = False,
+    ):
+        if not 0.0 <= topk_ratio <= 1.0:
+            raise ValueError(f"topk_ratio must be in [0, 1], got {topk_ratio}")
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+        if unmapped not in ("include", "exclude"):
+            raise ValueError(f"unmapped must be 'include' or 'exclude', got {unmapped!r}")
+        if teacher_placement not in PLACEMENTS:
+            raise ValueError(f"teacher_placement must be one of {PLACEMENTS}, got {teacher_placement!r}")
+        if not isinstance(getattr(torch, teacher_dtype, None), torch.dtype):
+            raise ValueError(f"teacher_dtype must name a torch dtype, got {teacher_dtype!r}")
+        self.options = dict(topk_ratio=topk_ratio, aggregation=aggregation, unmapped=unmapped, per_sequence=per_sequence)
+        self.teacher = teacher
+        self.teacher_tokenizer = teacher_tokenizer if teacher_tokenizer is not None else (
+            teacher if isinstance(teacher, str) else None)
+        self.teacher_dtype = teacher_dtype
+        self.teacher_placement = teacher_placement
+        self.chunk_size = chunk_size
+        self.trust_remote_code = trust_remote_code
+        self.scorer: nn.Module | None = None
+        self._labels: torch.Tensor | None = None
+        self._loss: dict[str, torch.Tensor] | None = None
+        self._teacher_seconds = 0.0
+
+    def __repr__(self) -> str:
+        name = self.teacher if isinstance(self.teacher, str) else type(self.teacher).__name__
+        return f"VocAgnoLM(teacher={name!r}, " + ", ".join(f"{k}={v!r}" for k, v in self.options.items()) + ")"
+
+    @staticmethod
+    def required_on_load() -> bool:
+        return False
+
+    def match(self, event: Event, state: State) -> bool:
+        return event in (Event.FIT_START, Event.BEFORE_FORWARD, Event.AFTER_FORWARD, Event.AFTER_LOSS, Event.BATCH_END)
+
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
+        if event == Event.FIT_START:
+            if self.scorer is None:
+                self.scorer = self._place(self._build_scorer(state), state)
+        elif event == Event.BEFORE_FORWARD:
+            if "labels" not in state.batch or "teacher_input_ids" not in state.batch:
+                raise KeyError("VocAgnoLM needs batches from vocagno.data.TeacherGuidedCollator (labels, teacher_input_ids, ...)")
+            self._labels = state.batch.pop("labels")
+        elif event == Event.AFTER_FORWARD:
+            begin = time.perf_counter()
+            teacher_loss = self.scorer(state.batch["teacher_input_ids"], state.batch["teacher_attention_mask"])
+            if teacher_loss.is_cuda:
+                torch.cuda.synchronize()  # so that the time is the teacher's forward, not its launch
+            self._teacher_seconds += time.perf_counter() - begin
+            logits = state.outputs.logits if hasattr(state.outputs, "logits") else state.outputs
+            self._loss = teacher_guided_loss(logits, self._labels, state.batch, teacher_loss, **self.options)
+            if hasattr(state.outputs, "logits"):
+                state.outputs["loss"] = self._loss["total"]  # HuggingFaceModel.loss returns it: no second CE
+        elif event == Event.AFTER_LOSS:
+            state.loss = self._loss
+            self._labels = self._loss = None
+        elif event == Event.BATCH_END:
+            logger.log_metrics({"vocagno/teacher_forward_seconds": self._teacher_seconds})
+            self._teacher_seconds = 0.0
+
+    def _build_scorer(self, state: State) -> TeacherScorer:
+        teacher = self.teacher
+        if isinstance(teacher, str):
+            teacher = load_teacher(teacher, self.teacher_dtype, self.trust_remote_code)
+        self._check_teacher(teacher, state)
+        return TeacherScorer(teacher, self.chunk_size)
+
+    def _check_teacher(self, teacher: nn.Module, state: State) -> None:
+        """The teacher must read the shards' teacher tokens: same tokenizer, and an embedding with a row for each
+        token (it may have more: Qwen2.5 pads 151,665 tokens to 152,064 rows)."""
+        dataset = getattr(getattr(state, "train_dataloader", None), "dataset", None)
+        metadata = getattr(dataset, "metadata", None)
+        if metadata is None:
+            return
+        rows = teacher.get_input_embeddings().num_embeddings
+        if rows < metadata.teacher.vocab_size:
+            raise ValueError(
+                f"the teacher's embedding has {rows} rows, but the shards' teacher tokenizer "
+                f"{metadata.teacher.name!r} has {metadata.teacher.vocab_size} tokens: this teacher can't read them"
+            )
+        if self.teacher_tokenizer is not None:
+            metadata.check_tokenizers(teacher=describe_tokenizer(self.teacher_tokenizer, "teacher"))
+
+    def _place(self, scorer: TeacherScorer, state: State) -> nn.Module:
+        placement = self.teacher_placement
+        if placement == "auto":
+            placement = "fsdp" if state.fsdp_enabled else "replicate"
+        if placement == "replicate":
+            return state.device.module_to_device(scorer)
+        # FSDP moves each shard to the device itself: no device ever holds the whole teacher.
+        from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        no_split = set(getattr(scorer.model, "_no_split_modules", None) or ())
+        layer_classes = {type(m) for m in scorer.modules() if type(m).__name__ in no_split}
+        strategy = getattr(state.fsdp_config, "sharding_strategy", "FULL_SHARD") if state.fsdp_config else "FULL_SHARD"
+        return FullyShardedDataParallel(
+            scorer,
+            auto_wrap_policy=ModuleWrapPolicy(layer_classes) if layer_classes else None,
+            sharding_strategy=ShardingStrategy[str(strategy).upper()],
+            device_id=torch.cuda.current_device() if torch.cuda.is_available() else None,
+            use_orig_params=True,
+            limit_all_gathers=True,
+        )

@@ -1,0 +1,44 @@
+"""Small Composer logger destinations and callbacks that write JSON lines, for runs to be read back by tools and tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from composer.core import Callback, State
+from composer.loggers import Logger, LoggerDestination
+from composer.utils import dist
+
+__all__ = ["JSONLinesLogger", "SampleLog"]
+
+
+def _rank_path(path: str) -> Path:
+    out = Path(path.format(rank=dist.get_global_rank()))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+class JSONLinesLogger(LoggerDestination):
+    """Appends ``{"step": ..., metric: value, ...}`` per ``log_metrics`` call; ``{rank}`` in the path is the rank."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        row = {"step": step, **{k: float(v) for k, v in metrics.items()}}
+        with open(_rank_path(self.path), "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+class SampleLog(Callback):
+    """Writes, per batch and rank, the first ``prefix`` student token ids of each sample: which data each rank saw."""
+
+    def __init__(self, path: str, prefix: int = 8):
+        self.path = path
+        self.prefix = prefix
+
+    def after_dataloader(self, state: State, logger: Logger) -> None:
+        row = {"batch": int(state.timestamp.batch), "samples": state.batch["input_ids"][:, : self.prefix].tolist()}
+        with open(_rank_path(self.path), "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
