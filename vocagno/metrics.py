@@ -13,7 +13,38 @@ from torchmetrics import Metric
 
 from vocagno.loss import token_cross_entropy
 
-__all__ = ["BitsPerByte"]
+__all__ = ["BitsPerByte", "bits_per_byte"]
+
+
+@torch.no_grad()
+def bits_per_byte(model, tokenizer, texts: list[str], max_length: int | None = None, stride: int | None = None) -> float:
+    """Total negative log-likelihood of ``texts`` in bits over their total UTF-8 bytes.
+
+    Each text is tokenized without specials and preceded by one context token (the tokenizer's BOS, else its EOS, the
+    document separator of our shards), so every token of the text is predicted and the bytes counted are exactly the
+    text's. A text longer than ``max_length`` tokens (default: the model's ``max_position_embeddings``) is scored in
+    windows: the first window scores its ``max_length`` tokens, every later one the next ``stride`` tokens (default
+    half the window) with the ``max_length - stride`` tokens before them as context.
+    """
+    context_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    config = getattr(model, "config", None)
+    max_length = max_length or getattr(config, "max_position_embeddings", None) or 2048
+    stride = stride or max(max_length // 2, 1)
+    device = next(iter(model.parameters()), torch.empty(0)).device
+    nats, n_bytes = 0.0, 0
+    for text in texts:
+        tokens = [context_id] + tokenizer(text, add_special_tokens=False)["input_ids"]
+        n_bytes += len(text.encode("utf-8"))
+        scored = 1  # tokens[:scored] are scored (token 0, the context token, never is)
+        while scored < len(tokens):
+            end = min(max_length if scored == 1 else scored + stride, len(tokens))
+            begin = max(0, end - max_length)
+            window = torch.tensor([tokens[begin:end]], device=device)
+            logits = model(input_ids=window).logits[0]
+            targets = window[0, scored - begin :]
+            nats += float(token_cross_entropy(logits[scored - begin - 1 : end - begin - 1], targets).double().sum())
+            scored = end
+    return nats / math.log(2) / max(n_bytes, 1)
 
 
 class BitsPerByte(Metric):

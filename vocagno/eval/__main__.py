@@ -1,0 +1,176 @@
+"""Evaluate a model on the paper's math benchmarks (few-shot chain of thought, greedy) and in bits per byte.
+
+    python -m vocagno.eval --model TinyLlama/TinyLlama_v1.1 --data-dir ../shared/assets/benchmarks --output results/
+    python -m vocagno.eval --model runs/x/ep0-ba100-rank0.pt --benchmarks gsm8k,math --limit 100
+    python -m vocagno.eval --gold --data-dir ../shared/assets/benchmarks        # the grader graded on gold answers
+    python -m vocagno.eval --model DIR --bpb held_out.jsonl                       # tokenizer-independent LM quality
+
+The protocol is described in ``vocagno/eval/benchmarks.py``; extraction and grading in ``vocagno/eval/grading.py``.
+Writes ``OUTPUT/BENCHMARK.jsonl`` (every prediction with its prompt's question, the output, the extracted and gold
+answers) and ``OUTPUT/results.md`` / ``results.json`` (Table 1's columns, GSM8K ... SAT, AVG). A requested benchmark
+whose data is missing is reported as such, never skipped silently; the average is over the benchmarks that ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from vocagno.eval.benchmarks import (
+    BENCHMARKS, SHIPPED_DATA, STOP_SEQUENCES, TITLES, BenchmarkUnavailable, Example, load_benchmark,
+)
+from vocagno.eval.grading import is_equivalent
+
+
+def load_model(name_or_path: str, device: str):
+    """An HF causal LM and its tokenizer from a name, a folder, or a Composer checkpoint of train.py (exported)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if str(name_or_path).endswith(".pt"):
+        from composer.models import HuggingFaceModel
+
+        # Composer's hf_from_composer_checkpoint builds the model from the saved config but leaves its weights
+        # random; the weights are the checkpoint's model state, under the wrapper's "model." prefix.
+        checkpoint = torch.load(name_or_path, map_location="cpu", weights_only=False)
+        saved = checkpoint["state"]["integrations"]["huggingface"]
+        tokenizer = HuggingFaceModel.load_huggingface_tokenizer_from_saved_state(saved)
+        model = HuggingFaceModel.load_huggingface_model_from_saved_state(saved, checkpoint, None, {})
+        model.load_state_dict({k.removeprefix("model."): v for k, v in checkpoint["state"]["model"].items()})
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, torch_dtype="auto")
+    if tokenizer is None:
+        raise ValueError(f"{name_or_path}: the checkpoint holds no tokenizer (train.py saves one with the model)")
+    return model.to(device).eval(), tokenizer
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompts: list[str], batch_size: int, max_new_tokens: int, desc: str) -> list[str]:
+    """Greedy continuations, batched with left padding, cut at the stop sequences (and the EOS token)."""
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))  # similar lengths share a batch
+    outputs: list[str] = [""] * len(prompts)
+    device = next(model.parameters()).device
+    for begin in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch"):
+        chosen = order[begin : begin + batch_size]
+        batch = tokenizer([prompts[i] for i in chosen], return_tensors="pt", padding=True).to(device)
+        generated = model.generate(
+            **batch, max_new_tokens=max_new_tokens, do_sample=False, stop_strings=list(STOP_SEQUENCES),
+            tokenizer=tokenizer, pad_token_id=tokenizer.pad_token_id,
+        )
+        texts = tokenizer.batch_decode(generated[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
+        for i, text in zip(chosen, texts):
+            outputs[i] = _cut(text)
+    return outputs
+
+
+def _cut(text: str) -> str:
+    for stop in STOP_SEQUENCES:
+        text = text.split(stop)[0]
+    return text.rstrip()
+
+
+def grade(examples: list[Example], outputs: list[str]) -> list[dict]:
+    rows = []
+    for example, output in zip(examples, outputs):
+        predicted = example.extract(output)
+        rows.append({
+            "index": example.index, "question": example.question, "output": output, "predicted": predicted,
+            "gold": example.gold, "correct": is_equivalent(predicted, example.gold), **example.extra,
+        })
+    return rows
+
+
+def table(results: dict[str, float | str]) -> str:
+    """Markdown in the shape of the paper's Table 1 (accuracy %, a missing benchmark as its reason's short form)."""
+    ran = [v for v in results.values() if isinstance(v, float)]
+    cells = [f"{results[b]:.1f}" if isinstance(results.get(b), float) else "n/a" for b in BENCHMARKS if b in results]
+    heads = [TITLES[b] for b in BENCHMARKS if b in results]
+    average = f"{sum(ran) / len(ran):.1f}" if ran else "n/a"
+    return "\n".join([
+        "| " + " | ".join(heads + ["AVG"]) + " |",
+        "|" + "---|" * (len(heads) + 1),
+        "| " + " | ".join(cells + [average]) + " |",
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vocagno.eval", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="HF name, local HF folder, or a Composer checkpoint (.pt) of train.py")
+    parser.add_argument("--benchmarks", default=",".join(BENCHMARKS), help="comma-separated, of: " + ",".join(BENCHMARKS))
+    parser.add_argument("--data-dir", default=str(SHIPPED_DATA),
+                        help="BENCHMARK/test.jsonl(.xz) files (default: the copies shipped in vocagno/assets)")
+    parser.add_argument("--output", default="eval_results", help="folder for predictions and the results table")
+    parser.add_argument("--limit", type=int, default=0, help="first N questions of each benchmark (0: all)")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=512)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--gold", action="store_true", help="grade the gold solutions as if a model wrote them")
+    parser.add_argument("--bpb", help="a .txt or .jsonl (field text) file: print the model's bits per byte on it")
+    args = parser.parse_args(argv)
+    names = [b.strip() for b in args.benchmarks.split(",") if b.strip()]
+    unknown = [b for b in names if b not in BENCHMARKS]
+    if unknown:
+        parser.error(f"unknown benchmarks {unknown}; known: {', '.join(BENCHMARKS)}")
+    if not args.gold and not args.model:
+        parser.error("--model is needed (or --gold, which grades the gold answers)")
+
+    model = tokenizer = None
+    if args.model:
+        model, tokenizer = load_model(args.model, args.device)
+    if args.bpb:
+        from vocagno.metrics import bits_per_byte
+
+        texts = _read_texts(Path(args.bpb))
+        print(f"bits per byte on {args.bpb} ({len(texts)} texts): {bits_per_byte(model, tokenizer, texts):.4f}")
+        return 0
+
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, float | str] = {}
+    for name in names:
+        try:
+            examples = load_benchmark(name, args.data_dir)
+        except BenchmarkUnavailable as error:
+            results[name] = f"unavailable: {error}"
+            print(f"{TITLES[name]}: NOT EVALUATED, {results[name]}", file=sys.stderr)
+            continue
+        if args.limit:
+            examples = examples[: args.limit]
+        if args.gold:
+            outputs = [e.gold_output for e in examples]
+        else:
+            outputs = generate(model, tokenizer, [e.prompt for e in examples], args.batch_size, args.max_new_tokens,
+                               desc=TITLES[name])
+        rows = grade(examples, outputs)
+        with open(out / f"{name}.jsonl", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+        correct = sum(r["correct"] for r in rows)
+        results[name] = 100.0 * correct / len(rows)
+        print(f"{TITLES[name]}: {results[name]:.2f}% ({correct}/{len(rows)})")
+    markdown = table(results)
+    (out / "results.md").write_text(markdown + "\n", encoding="utf-8")
+    (out / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
+    print("\n" + markdown)
+    missing = [n for n, v in results.items() if not isinstance(v, float)]
+    if missing:
+        print(f"\nnot evaluated: {', '.join(TITLES[n] for n in missing)} (see above); AVG is over the others")
+    return 0
+
+
+def _read_texts(path: Path) -> list[str]:
+    if path.suffix == ".jsonl":
+        with open(path, encoding="utf-8") as f:
+            return [json.loads(line)["text"] for line in f if line.strip()]
+    return [path.read_text(encoding="utf-8")]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
