@@ -15,7 +15,6 @@ import json
 import os
 import time
 
-import numpy as np
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -10,10 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-from composer import Trainer
-from composer.models import HuggingFaceModel
-from streaming.base.util import clean_stale_shared_memory
 
 import train
 from vocagno.algorithm import VocAgnoLM

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from vocagno.eval.grading import extract_answer, extract_choice, last_boxed, normalize_answer
 
-__all__ = ["BENCHMARKS", "TITLES", "Example", "load_benchmark", "STOP_SEQUENCES", "BenchmarkUnavailable", "SHIPPED_DATA"]
+__all__ = ["BENCHMARKS", "TITLES", "Example", "load_benchmark", "STOP_SEQUENCES", "BenchmarkUnavailable", "SHIPPED_DATA", "read_test_split"]
 
 BENCHMARKS = ("gsm8k", "math", "svamp", "asdiv", "mawps", "tabmwp", "mathqa", "mmlu_stem", "sat_math")
 TITLES = {"gsm8k": "GSM8K", "math": "MATH", "svamp": "SVAMP", "asdiv": "ASDiv", "mawps": "MAWPS", "tabmwp": "TabMWP",
@@ -166,7 +166,7 @@ class BenchmarkUnavailable(Exception):
 SHIPPED_DATA = Path(__file__).resolve().parent.parent / "assets" / "benchmarks"
 
 
-def _rows(data_dir: Path, name: str) -> list[dict]:
+def read_test_split(data_dir: Path, name: str) -> list[dict]:
     """``DATA_DIR/NAME/test.jsonl``, or its xz-compressed ``test.jsonl.xz`` (as shipped in ``vocagno/assets``)."""
     path = data_dir / name / "test.jsonl"
     packed = path.with_suffix(".jsonl.xz")
@@ -188,7 +188,7 @@ def load_benchmark(name: str, data_dir: str | Path) -> list[Example]:
     data_dir = Path(data_dir)
     if name == "gsm8k":
         out = []
-        for i, row in enumerate(_rows(data_dir, name)):
+        for i, row in enumerate(read_test_split(data_dir, name)):
             solution, answer = row["answer"].split("####")
             worked = re.sub(r"<<.*?>>", "", solution).strip()  # the calculator annotations are no model's text
             out.append(Example(name, i, row["question"], _gsm8k_prompt(row["question"]), normalize_answer(answer),
@@ -196,7 +196,7 @@ def load_benchmark(name: str, data_dir: str | Path) -> list[Example]:
         return out
     if name == "math":
         out = []
-        for i, row in enumerate(_rows(data_dir, name)):
+        for i, row in enumerate(read_test_split(data_dir, name)):
             gold = last_boxed(row["solution"]) or ""
             out.append(Example(name, i, row["problem"], _math_prompt(row["problem"]), normalize_answer(gold),
                                f"\n{row['solution']}",
@@ -204,7 +204,7 @@ def load_benchmark(name: str, data_dir: str | Path) -> list[Example]:
         return out
     if name == "svamp":
         out = []
-        for i, row in enumerate(_rows(data_dir, name)):
+        for i, row in enumerate(read_test_split(data_dir, name)):
             body = row["Body"].strip()
             question = f"{body if body.endswith('.') else body + '.'} {row['Question'].strip()}"
             answer = _number(row["Answer"])
@@ -213,7 +213,7 @@ def load_benchmark(name: str, data_dir: str | Path) -> list[Example]:
         return out
     if name == "asdiv":
         out = []
-        for i, row in enumerate(_rows(data_dir, name)):
+        for i, row in enumerate(read_test_split(data_dir, name)):
             question = f"{row['body'].strip()} {row['question'].strip()}"
             out.append(Example(name, i, question, _gsm8k_prompt(question), normalize_answer(row["answer"]),
                                f" {row['formula']}. The answer is {row['answer']}."))
@@ -222,13 +222,13 @@ def load_benchmark(name: str, data_dir: str | Path) -> list[Example]:
         return [
             Example(name, i, row["input"], _gsm8k_prompt(row["input"]), _number(row["target"]),
                     f" The answer is {row['target']}.", extra={"type": row.get("type")})
-            for i, row in enumerate(_rows(data_dir, name))
+            for i, row in enumerate(read_test_split(data_dir, name))
         ]
     if name == "tabmwp":
         return _load_tabmwp(data_dir)
     if name == "mathqa":
         out = []
-        for i, row in enumerate(_rows(data_dir, name)):
+        for i, row in enumerate(read_test_split(data_dir, name)):
             # "a ) 12 , b ) 16 , ...": a letter and ")" open an option at the start or after a comma
             choices = [c.strip(" ,") for c in re.split(r"(?:^|,)\s*[a-e]\s*\)\s*", row["options"].strip())[1:]]
             letter = row["correct"].upper()
@@ -239,7 +239,7 @@ def load_benchmark(name: str, data_dir: str | Path) -> list[Example]:
         return out
     if name == "mmlu_stem":
         out = []
-        for i, row in enumerate(_rows(data_dir, name)):
+        for i, row in enumerate(read_test_split(data_dir, name)):
             letter = "ABCD"[row["answer"]]
             out.append(Example(name, i, row["question"], _choice_prompt(row["question"], row["choices"], _MMLU_EXEMPLARS),
                                letter, f"\nFinal Answer: The final answer is ({letter}).", multiple_choice=True,
@@ -247,7 +247,7 @@ def load_benchmark(name: str, data_dir: str | Path) -> list[Example]:
         return out
     if name == "sat_math":
         out = []
-        for i, row in enumerate(_rows(data_dir, name)):
+        for i, row in enumerate(read_test_split(data_dir, name)):
             choices = [c.strip() for c in re.split(r"(?:^|\s)[A-D]\)\s*", row["options"].strip())[1:]]
             letter = row["Answer"].strip().upper()
             out.append(Example(name, i, row["question"], _choice_prompt(row["question"], choices, _MMLU_EXEMPLARS),
@@ -260,7 +260,7 @@ def _load_tabmwp(data_dir: Path) -> list[Example]:
     """TabMWP (Lu et al., 2023) test split: a local ``tabmwp/test.jsonl`` if there is one, else the Hugging Face hub.
     Not offline here; when neither can be had, ``BenchmarkUnavailable`` says why."""
     try:
-        rows = _rows(data_dir, "tabmwp")
+        rows = read_test_split(data_dir, "tabmwp")
     except BenchmarkUnavailable:
         try:
             import datasets
