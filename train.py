@@ -108,7 +108,7 @@ def build_causal_lm(section: DictConfig, vocab_size: int) -> torch.nn.Module:
     return AutoModelForCausalLM.from_config(config, torch_dtype=dtype)
 
 
-def build_loader(section: DictConfig, student_tok, teacher_tok, batch_size: int, seq_len_hint: int | None = None):
+def build_loader(section: DictConfig, student_tok, teacher_tok, batch_size: int):
     dataset_cfg = om.to_container(section.dataset)
     convert = section.get("convert_if_missing")
     local = dataset_cfg["local"]
