@@ -474,10 +474,11 @@ def convert(args: argparse.Namespace, output: Output) -> None:
         if converted_now:
             output.publish_part(name)
         done_parts.append(name)
-        totals.update({k: v for k, v in stats.items() if k != "seconds"})
+        _add_part_stats(totals, stats)
         progress.update(stats["documents read"])
         elapsed = max(time.perf_counter() - begin, 1e-9)
-        progress.set_postfix_str(f"{totals['student tokens'] / elapsed:,.0f} student tok/s, {totals['samples']} samples")
+        rate = totals["student tokens"] / elapsed
+        progress.set_postfix_str(f"{rate:,.0f} student tok/s, {totals['samples']} samples")
 
     def todo() -> Iterator[tuple[str, list[Record | bytes]]]:
         for name, records in parts_of(mine, args.docs_per_part):
@@ -510,6 +511,10 @@ def convert(args: argparse.Namespace, output: Output) -> None:
     output.publish(marker)
     if args.num_jobs > 1:
         print_summary(f"job {args.job_index} of {args.num_jobs}", totals, output, sorted(done_parts))
+
+
+def _add_part_stats(totals: Counter, stats: dict) -> None:
+    totals.update({k: v for k, v in stats.items() if k != "seconds"})  # counts add up; a part's seconds don't
 
 
 def _collect(pending: dict, finished, return_when) -> None:
@@ -566,7 +571,7 @@ def _merge(output: Output) -> None:
     (root / "index.json").unlink(missing_ok=True)
     totals = Counter()
     for part in parts:
-        totals.update({k: v for k, v in json.loads((root / part / PART_STATS).read_text()).items() if k != "seconds"})
+        _add_part_stats(totals, json.loads((root / part / PART_STATS).read_text()))
     metadata = ShardMetadata(
         student=TokenizerInfo(**config["student"]),
         teacher=TokenizerInfo(**config["teacher"]),

@@ -28,7 +28,7 @@ from composer.core import Algorithm, Event, State
 from composer.loggers import Logger
 from torch import nn
 
-from vocagno.loss import AGGREGATIONS, guided_loss, teacher_token_loss
+from vocagno.loss import check_options, guided_loss, teacher_token_loss
 from vocagno.shards import describe_tokenizer
 
 __all__ = ["TeacherScorer", "load_teacher", "teacher_guided_loss", "VocAgnoLM"]
@@ -116,17 +116,14 @@ class VocAgnoLM(Algorithm):
         chunk_size: int = 1024,
         trust_remote_code: bool = False,
     ):
-        if not 0.0 <= topk_ratio <= 1.0:
-            raise ValueError(f"topk_ratio must be in [0, 1], got {topk_ratio}")
-        if aggregation not in AGGREGATIONS:
-            raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
-        if unmapped not in ("include", "exclude"):
-            raise ValueError(f"unmapped must be 'include' or 'exclude', got {unmapped!r}")
+        check_options(topk_ratio, aggregation, unmapped)
         if teacher_placement not in PLACEMENTS:
             raise ValueError(f"teacher_placement must be one of {PLACEMENTS}, got {teacher_placement!r}")
         if not isinstance(getattr(torch, teacher_dtype, None), torch.dtype):
             raise ValueError(f"teacher_dtype must name a torch dtype, got {teacher_dtype!r}")
-        self.options = dict(topk_ratio=topk_ratio, aggregation=aggregation, unmapped=unmapped, per_sequence=per_sequence)
+        self.options = dict(
+            topk_ratio=topk_ratio, aggregation=aggregation, unmapped=unmapped, per_sequence=per_sequence
+        )
         self.teacher = teacher
         self.teacher_tokenizer = teacher_tokenizer if teacher_tokenizer is not None else (
             teacher if isinstance(teacher, str) else None)
@@ -156,7 +153,9 @@ class VocAgnoLM(Algorithm):
                 self.scorer = self._place(self._build_scorer(state), state)
         elif event == Event.BEFORE_FORWARD:
             if "labels" not in state.batch or "teacher_input_ids" not in state.batch:
-                raise KeyError("VocAgnoLM needs batches from vocagno.data.TeacherGuidedCollator (labels, teacher_input_ids, ...)")
+                raise KeyError(
+                    "VocAgnoLM needs batches from vocagno.data.TeacherGuidedCollator (labels, teacher_input_ids, ...)"
+                )
             self._labels = state.batch.pop("labels")
         elif event == Event.AFTER_FORWARD:
             begin = time.perf_counter()

@@ -107,7 +107,8 @@ def _columns_batch(offsets: torch.Tensor, name: str) -> tuple[torch.Tensor, ...]
     sorted_ends = torch.cummax(ends.masked_fill(empty, 0), dim=1).values
     sorted_starts = torch.cummin(starts.masked_fill(empty, _NO_START).flip(1), dim=1).values.flip(1)
     unsorted = ((sorted_ends != ends) | (sorted_starts != starts)) & ~empty
-    negative, reversed_span, unsorted = torch.stack([(starts < 0).any(), (starts > ends).any(), unsorted.any()]).tolist()
+    checks = torch.stack([(starts < 0).any(), (starts > ends).any(), unsorted.any()])
+    negative, reversed_span, unsorted = checks.tolist()
     if negative:
         raise ValueError(f"{name}: negative offset")
     if reversed_span:

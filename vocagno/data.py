@@ -10,8 +10,9 @@ tokenizers) and ``TeacherGuidedCollator`` turns samples into a batch:
     teacher_input_ids, teacher_attention_mask  [B, M]  teacher tokens, padded to the batch's longest (or a fixed M)
 
 Every student tensor is per input position, as Hugging Face models and Composer's ``HuggingFaceModel`` expect; the
-``VocAgnoLM`` algorithm shifts logits, labels and alignment together before ``vocagno.loss.guided_loss``. Resumption is Streaming's: the dataset's ``state_dict`` /
-``load_state_dict`` (carried by Composer checkpoints) make a resumed run see the batches an uninterrupted one would.
+``VocAgnoLM`` algorithm shifts logits, labels and alignment together before ``vocagno.loss.guided_loss``.
+Resumption is Streaming's: the dataset's ``state_dict`` / ``load_state_dict`` (carried by Composer checkpoints) make
+a resumed run see the batches an uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -124,7 +125,8 @@ class TeacherGuidedCollator:
             out["input_ids"][b, :length] = ids
             out["attention_mask"][b, :length] = 1
             out["labels"][b, :length] = ids
-            start, end = align(sample["student_offsets"].numpy(), sample["teacher_offsets"].numpy())
+            offsets = sample["student_offsets"].numpy()
+            start, end = align(offsets, sample["teacher_offsets"].numpy())
             if len(teacher_ids) > m:
                 self._warn_truncation(len(teacher_ids) - m)
                 cut = end > m
@@ -132,7 +134,6 @@ class TeacherGuidedCollator:
                 teacher_ids = teacher_ids[:m]
             out["align_start"][b, :length] = torch.from_numpy(start)
             out["align_end"][b, :length] = torch.from_numpy(end)
-            offsets = sample["student_offsets"].numpy()
             byte_at = _byte_offsets(sample["text"])
             out["token_bytes"][b, :length] = torch.from_numpy(byte_at[offsets[:, 1]] - byte_at[offsets[:, 0]])
             out["teacher_input_ids"][b, : len(teacher_ids)] = teacher_ids

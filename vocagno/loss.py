@@ -12,9 +12,21 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-__all__ = ["AGGREGATIONS", "token_cross_entropy", "teacher_token_loss", "aggregate_ranges", "guided_loss"]
+__all__ = [
+    "AGGREGATIONS", "check_options", "token_cross_entropy", "teacher_token_loss", "aggregate_ranges", "guided_loss",
+]
 
 AGGREGATIONS = ("max", "mean", "sum", "min")
+
+
+def check_options(topk_ratio: float = 0.4, aggregation: str = "max", unmapped: str = "include") -> None:
+    """Refuse options ``guided_loss`` doesn't know, naming the option (callers check them before training starts)."""
+    if not 0.0 <= topk_ratio <= 1.0:
+        raise ValueError(f"topk_ratio must be in [0, 1], got {topk_ratio}")
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    if unmapped not in ("include", "exclude"):
+        raise ValueError(f"unmapped must be 'include' or 'exclude', got {unmapped!r}")
 
 
 def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
@@ -66,8 +78,7 @@ def aggregate_ranges(values: torch.Tensor, start: torch.Tensor, end: torch.Tenso
     on the data: ``sum``/``mean`` by prefix sums (fp64), ``max``/``min`` by a sparse table (log2 M levels,
     two lookups per range).
     """
-    if how not in AGGREGATIONS:
-        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {how!r}")
+    check_options(aggregation=how)
     if values.dim() != 2 or start.shape != end.shape or start.dim() != 2 or start.shape[0] != values.shape[0]:
         raise ValueError(
             f"expected values [B, M] and start, end [B, N]; got {tuple(values.shape)}, "
@@ -131,10 +142,7 @@ def guided_loss(
     ``kept_fraction`` and ``mapped_fraction`` (of tokens with a label), ``student_loss`` (mean over tokens with a
     label), ``teacher_loss`` and ``score`` (means over mapped tokens).
     """
-    if not 0.0 <= topk_ratio <= 1.0:
-        raise ValueError(f"topk_ratio must be in [0, 1], got {topk_ratio}")
-    if unmapped not in ("include", "exclude"):
-        raise ValueError(f"unmapped must be 'include' or 'exclude', got {unmapped!r}")
+    check_options(topk_ratio, aggregation, unmapped)
     if student_logits.shape[:-1] != labels.shape or labels.shape != start.shape or start.shape != end.shape:
         raise ValueError(
             "expected student_logits [B, N, V] and labels, start, end [B, N]; got "

@@ -26,7 +26,10 @@ from pathlib import Path
 
 from vocagno.eval.grading import extract_answer, extract_choice, last_boxed, normalize_answer
 
-__all__ = ["BENCHMARKS", "TITLES", "Example", "load_benchmark", "STOP_SEQUENCES", "BenchmarkUnavailable", "SHIPPED_DATA", "read_test_split"]
+__all__ = [
+    "BENCHMARKS", "TITLES", "Example", "load_benchmark", "read_test_split", "STOP_SEQUENCES", "BenchmarkUnavailable",
+    "SHIPPED_DATA",
+]
 
 BENCHMARKS = ("gsm8k", "math", "svamp", "asdiv", "mawps", "tabmwp", "mathqa", "mmlu_stem", "sat_math")
 TITLES = {"gsm8k": "GSM8K", "math": "MATH", "svamp": "SVAMP", "asdiv": "ASDiv", "mawps": "MAWPS", "tabmwp": "TabMWP",

@@ -138,7 +138,8 @@ def is_equivalent(prediction: str, reference: str) -> bool:
     p, r = _as_float(prediction), _as_float(reference)
     if p is not None and r is not None:
         digits = len(reference.split(".")[1]) if "." in reference else 0
-        return any(_numeric_equal(p, candidate, d) for candidate, d in ((r, digits), (r / 100, digits + 2), (r * 100, max(digits - 2, 0))))
+        candidates = ((r, digits), (r / 100, digits + 2), (r * 100, max(digits - 2, 0)))
+        return any(_numeric_equal(p, candidate, d) for candidate, d in candidates)
     if prediction.lower() == reference.lower():
         return True
     try:
