@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -38,7 +39,9 @@ def load_model(name_or_path: str, device: str):
         # random; the weights are the checkpoint's model state, under the wrapper's "model." prefix.
         checkpoint = torch.load(name_or_path, map_location="cpu", weights_only=False)
         saved = checkpoint["state"]["integrations"]["huggingface"]
-        tokenizer = HuggingFaceModel.load_huggingface_tokenizer_from_saved_state(saved)
+        # Composer otherwise unpacks the tokenizer into a folder under the working directory and leaves it there.
+        with tempfile.TemporaryDirectory() as unpacked:
+            tokenizer = HuggingFaceModel.load_huggingface_tokenizer_from_saved_state(saved, tokenizer_save_dir=unpacked)
         model = HuggingFaceModel.load_huggingface_model_from_saved_state(saved, checkpoint, None, {})
         model.load_state_dict({k.removeprefix("model."): v for k, v in checkpoint["state"]["model"].items()})
     else:
