@@ -80,7 +80,23 @@ def load_config(yaml_path: str, overrides: list[str]) -> DictConfig:
     if missing:
         raise ValueError(f"{yaml_path}: missing required keys: {', '.join(missing)}")
     om.resolve(cfg)
+    _check_weight_decay(cfg.optimizer)
     return cfg
+
+
+# Composer's DecoupledAdamW multiplies the weights by (1 - weight_decay * lr / initial_lr) every step: its decay is
+# not scaled by the LR as torch's AdamW's is (lr * weight_decay), so AdamW's 0.1 at LR 8e-5 is 8e-6 here.
+MAX_DECOUPLED_DECAY = 1e-3
+
+
+def _check_weight_decay(optimizer: DictConfig) -> None:
+    decay = optimizer.get("weight_decay", 0.0)
+    if decay > MAX_DECOUPLED_DECAY:
+        raise ValueError(
+            f"optimizer.weight_decay={decay} would shrink every weight by {decay:.1%} per step: decoupled_adamw's decay "
+            "is not multiplied by the learning rate (torch AdamW's weight_decay=0.1 at lr=8e-5 is weight_decay=8e-6 "
+            f"here); values above {MAX_DECOUPLED_DECAY} are refused"
+        )
 
 
 def _check_keys(cfg: DictConfig, schema: dict[str, Any], where: str) -> None:

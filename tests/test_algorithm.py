@@ -117,3 +117,12 @@ def test_fsdp_run_shards_the_teacher(loader, tokenizers):
     trainer.fit()
     assert isinstance(algorithm.scorer, FullyShardedDataParallel)
     assert torch.isfinite(trainer.state.loss["total"]) and 0.35 < trainer.state.loss["kept_fraction"] < 0.5
+
+
+def test_the_teacher_builds_no_kv_cache():
+    teacher = tiny(LlamaConfig, LlamaForCausalLM, 300)  # Llama's config has use_cache=True
+    outputs = []
+    teacher.model.register_forward_hook(lambda module, args, output: outputs.append(output))
+    ids = torch.randint(0, 300, (2, 16))
+    TeacherScorer(teacher)(ids, torch.ones_like(ids))
+    assert len(outputs) == 1 and outputs[0].past_key_values is None

@@ -127,6 +127,12 @@ def test_every_yaml_loads_and_validates(yaml):
         assert cfg.optimizer.lr == 8e-5 and cfg.scheduler.alpha_f == pytest.approx(0.1)
 
 
+def test_a_decoupled_weight_decay_that_shrinks_weights_each_step_is_refused():
+    with pytest.raises(ValueError, match=r"optimizer.weight_decay=0.1 would shrink every weight by 10.0% per step"):
+        train.load_config(TINY, ["optimizer.weight_decay=0.1"])
+    assert train.load_config(TINY, ["optimizer.weight_decay=8e-6"]).optimizer.weight_decay == 8e-6
+
+
 def test_misspelled_keys_are_errors(tmp_path):
     with pytest.raises(ValueError, match=r"unknown config key optimiser \(did you mean optimizer\?\)"):
         train.load_config(TINY, ["optimiser.lr=1"])

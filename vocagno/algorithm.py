@@ -49,8 +49,11 @@ class TeacherScorer(nn.Module):
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        # The base model's hidden states and the LM head in chunks: the full logits are never materialized.
-        hidden = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        # The base model's hidden states and the LM head in chunks: the full logits are never materialized. No KV
+        # cache: nothing is generated, and a 7B teacher's cache is ~5 GB at 4 x 2560 tokens.
+        hidden = self.model.base_model(
+            input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+        ).last_hidden_state
         return teacher_token_loss(
             hidden, self.model.get_output_embeddings(), input_ids, attention_mask, chunk_size=self.chunk_size
         )
