@@ -204,6 +204,16 @@ def build_loggers(cfg: DictConfig) -> tuple[list, list]:
     return loggers, callbacks
 
 
+def build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> DecoupledAdamW:
+    opt = cfg.optimizer
+    if opt.get("name", "decoupled_adamw") != "decoupled_adamw":
+        raise ValueError(f"optimizer.name: only decoupled_adamw is supported, got {opt.name!r}")
+    return DecoupledAdamW(
+        model.parameters(), lr=opt.lr, betas=tuple(opt.get("betas", (0.9, 0.95))), eps=opt.get("eps", 1e-8),
+        weight_decay=opt.get("weight_decay", 0.0),
+    )
+
+
 def main(cfg: DictConfig) -> Trainer:
     dist.initialize_dist(get_device(None), timeout=cfg.get("dist_timeout", 600))
     clean_stale_shared_memory()  # what a killed run left behind would stop Streaming; every rank calls it
@@ -231,13 +241,7 @@ def main(cfg: DictConfig) -> Trainer:
     )
     algorithms = build_algorithms(cfg, teacher_tok)
 
-    opt = cfg.optimizer
-    if opt.get("name", "decoupled_adamw") != "decoupled_adamw":
-        raise ValueError(f"optimizer.name: only decoupled_adamw is supported, got {opt.name!r}")
-    optimizer = DecoupledAdamW(
-        model.parameters(), lr=opt.lr, betas=tuple(opt.get("betas", (0.9, 0.95))), eps=opt.get("eps", 1e-8),
-        weight_decay=opt.get("weight_decay", 0.0),
-    )
+    optimizer = build_optimizer(cfg, model)
     sched = cfg.scheduler
     if sched.get("name", "cosine_with_warmup") != "cosine_with_warmup":
         raise ValueError(f"scheduler.name: only cosine_with_warmup is supported, got {sched.name!r}")

@@ -1,15 +1,17 @@
 """VocAgnoLM inside a real Composer Trainer: what it runs, what it leaves alone, what it refuses."""
 
+import math
+
 import pytest
 import torch
-from composer import Trainer
+from composer import Callback, Trainer
 from composer.models import HuggingFaceModel
 from streaming.base.util import clean_stale_shared_memory
 from torch.utils.data import DataLoader
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from conversion import convert_dataset
-from vocagno.algorithm import TeacherScorer, VocAgnoLM
+from vocagno.algorithm import TeacherScorer, VocAgnoLM, teacher_guided_loss
 from vocagno.data import TeacherGuidedCollator, TeacherGuidedDataset
 from vocagno.loss import teacher_token_loss
 from vocagno.tokenization import ASSETS
@@ -28,10 +30,10 @@ def loader(tmp_path_factory, tokenizers):
     convert_dataset.main(["--input", str(ASSETS / "text" / "gsm8k_heldout_100.jsonl"), "--student-tokenizer", "llama2",
                           "--teacher-tokenizer", "qwen2.5", "--seq-len", "64", "--out-root", str(root)])
     clean_stale_shared_memory()
-    dataset = TeacherGuidedDataset(local=str(root), batch_size=4, student_tokenizer=tokenizers["llama2"],
+    dataset = TeacherGuidedDataset(local=str(root), batch_size=8, student_tokenizer=tokenizers["llama2"],
                                    teacher_tokenizer=tokenizers["qwen2.5"])
     collate = TeacherGuidedCollator(tokenizers["llama2"].eos_token_id, tokenizers["qwen2.5"].pad_token_id)
-    yield DataLoader(dataset, batch_size=4, collate_fn=collate)
+    yield DataLoader(dataset, batch_size=8, collate_fn=collate)
     clean_stale_shared_memory()
 
 
@@ -126,3 +128,63 @@ def test_the_teacher_builds_no_kv_cache():
     ids = torch.randint(0, 300, (2, 16))
     TeacherScorer(teacher)(ids, torch.ones_like(ids))
     assert len(outputs) == 1 and outputs[0].past_key_values is None
+
+
+class Capture(Callback):
+    """What the algorithm left in each batch and loss: the batch before its split, and every microbatch's loss dict."""
+
+    def __init__(self):
+        self.batches, self.losses = [], []
+
+    def after_dataloader(self, state, logger):
+        self.batches.append({k: v.clone() for k, v in state.batch.items() if isinstance(v, torch.Tensor)})
+
+    def after_loss(self, state, logger):
+        self.losses.append({k: v.detach().clone() for k, v in state.loss.items()})
+
+
+def guided_fit(loader, microbatch, scope, lr=0.5, batches=2):
+    student, teacher = tiny(LlamaConfig, LlamaForCausalLM, 32000), tiny(Qwen2Config, Qwen2ForCausalLM, 152064)
+    capture = Capture()
+    trainer = Trainer(model=HuggingFaceModel(student, use_logits=True), train_dataloader=loader,
+                      max_duration=f"{batches}ba", device_train_microbatch_size=microbatch, callbacks=[capture],
+                      algorithms=[VocAgnoLM(teacher=teacher, teacher_dtype="float32", selection_scope=scope)],
+                      optimizers=torch.optim.SGD(student.parameters(), lr=lr), device="cpu", loggers=[],
+                      progress_bar=False)
+    trainer.fit()
+    return student, teacher, capture
+
+
+def test_batch_scope_selects_the_same_tokens_and_takes_the_same_steps_however_the_batch_is_split(loader):
+    """1 x 8, 2 x 4 and 8 x 1 microbatches: the same kept tokens (one top-k over the batch) and the same update (the
+    loss is the mean over the batch's kept tokens, not a mean of microbatch means)."""
+    runs = {microbatch: guided_fit(loader, microbatch, "batch") for microbatch in (8, 4, 1)}
+    student, _, whole = runs[8]
+    for microbatch in (4, 1):
+        split_student, _, split = runs[microbatch]
+        assert len(split.losses) == 2 * 8 // microbatch
+        for one, other in zip(whole.batches, split.batches):
+            assert torch.equal(one["vocagno_selected"], other["vocagno_selected"])
+            torch.testing.assert_close(one["vocagno_teacher_loss"], other["vocagno_teacher_loss"], equal_nan=True)
+        for p, q in zip(student.parameters(), split_student.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
+    selected = whole.batches[0]["vocagno_selected"]
+    mapped = torch.isfinite(whole.batches[0]["vocagno_teacher_loss"]).any()  # the teacher scored something
+    assert mapped and selected.sum() == math.ceil(0.4 * (whole.losses[0]["mapped_fraction"] * 8 * 63).round())
+    # The selection is over the batch: sequences keep different shares of their tokens.
+    assert selected.sum(1).float().std() > 0
+
+
+@pytest.mark.parametrize("scope", ["microbatch", "sequence"])
+def test_microbatch_and_sequence_scopes_select_within_each_microbatch_or_sequence(loader, scope):
+    student, teacher, capture = guided_fit(loader, 4, scope, lr=0.0, batches=1)
+    assert "vocagno_selected" not in capture.batches[0]  # no scoring pass
+    scorer = TeacherScorer(teacher)
+    for index, begin in enumerate((0, 4)):
+        piece = {k: v[begin : begin + 4] for k, v in capture.batches[0].items()}
+        with torch.no_grad():
+            logits = student(input_ids=piece["input_ids"], attention_mask=piece["attention_mask"]).logits
+            teacher_loss = scorer(piece["teacher_input_ids"], piece["teacher_attention_mask"])
+        want = teacher_guided_loss(logits, piece["labels"], piece, teacher_loss, per_sequence=scope == "sequence")
+        for key, value in want.items():
+            torch.testing.assert_close(capture.losses[index][key], value, rtol=1e-5, atol=1e-6)

@@ -113,6 +113,26 @@ def test_two_processes_train_on_different_samples(tiny_run, tmp_path):
     assert not ranks[0] & ranks[1]
 
 
+def test_batch_scope_selects_the_same_tokens_on_one_rank_and_on_two(tiny_run, tmp_path):
+    """The global batch of 8 as 1 microbatch of 8 on one rank, or as 4 samples on each of two ranks."""
+    selections = []
+    composer = str(Path(sys.executable).parent / "composer")
+    for name, microbatch, launcher in (("one", 8, (sys.executable,)), ("two", 4, (composer, "-n", "2"))):
+        run_train(tiny_run[0], "max_duration=2ba", "eval_loader=null", "callbacks.sample_log.prefix=32",
+                  f"device_train_microbatch_size={microbatch}",
+                  f"callbacks.sample_log.path={tmp_path}/{name}-{{rank}}.jsonl", launcher=launcher)
+        by_batch = {}
+        for path in sorted(tmp_path.glob(f"{name}-*.jsonl")):
+            for row in map(json.loads, open(path)):
+                by_batch.setdefault(row["batch"], {}).update(zip(map(tuple, row["samples"]), row["selected"]))
+        selections.append(by_batch)
+    one, two = selections
+    assert sorted(one) == sorted(two) == [0, 1] and all(len(one[b]) == 8 for b in one)
+    assert one == two
+    kept = [len(positions) for positions in one[0].values()]
+    assert len(set(kept)) > 1  # one top-k over the batch, not 40% of each sequence
+
+
 @pytest.mark.parametrize("yaml", sorted((REPO / "yamls").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_yaml_loads_and_validates(yaml):
     cfg = train.load_config(str(yaml), [])

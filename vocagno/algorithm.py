@@ -4,12 +4,21 @@
     trainer = Trainer(..., algorithms=[VocAgnoLM(teacher="Qwen/Qwen2.5-Math-7B-Instruct", topk_ratio=0.4)])
 
 The batches must come from ``vocagno.data.TeacherGuidedCollator`` (student ``input_ids``/``labels`` plus
-``align_start``/``align_end`` and the teacher's ``teacher_input_ids``/``teacher_attention_mask``). Each microbatch:
+``align_start``/``align_end`` and the teacher's ``teacher_input_ids``/``teacher_attention_mask``).
+
+``selection_scope`` says over which tokens the top-k is taken. ``batch`` (the default, Rho-1's "tokens in a batch"):
+the whole global batch, every rank and every microbatch, so ``device_train_microbatch_size`` is only a memory knob.
+For that, AFTER_DATALOADER runs a scoring pass over the rank's batch, microbatch by microbatch: the teacher's token
+losses (computed once, kept in the batch for training) and a no-grad forward of the student give each token's score;
+the scores of all ranks are gathered and one top-k over them gives the selection, which travels in the batch as
+``vocagno_selected``. The pass costs one extra student forward per step (``benchmarks/bench_step.py``).
+``microbatch`` takes the top-k within each microbatch of each rank, ``sequence`` within each sequence: no scoring
+pass, the teacher scores each microbatch after the student's forward. Then each microbatch:
 
 - BEFORE_FORWARD: ``labels`` leave the batch, so a Hugging Face student computes no loss of its own;
-- AFTER_FORWARD: the teacher scores its tokens under ``torch.no_grad()`` (``TeacherScorer``: chunked cross-entropy,
-  no fp32 logits over its whole vocabulary) and ``teacher_guided_loss`` computes the guided loss from the student's
-  logits; its total becomes ``outputs["loss"]``, which ``HuggingFaceModel.loss`` returns as it is (no second CE);
+- AFTER_FORWARD: ``teacher_guided_loss`` computes the guided loss from the student's logits and the teacher's token
+  losses (``TeacherScorer`` under ``torch.no_grad()``: chunked cross-entropy, no fp32 logits over its whole
+  vocabulary); its total becomes ``outputs["loss"]``, which ``HuggingFaceModel.loss`` returns as it is (no second CE);
 - AFTER_LOSS: ``state.loss`` becomes the dict of ``vocagno.loss.guided_loss`` (``total`` and statistics, which
   Composer logs as ``loss/train/kept_fraction`` etc.); the teacher's forward time is logged as
   ``vocagno/teacher_forward_seconds``.
@@ -25,10 +34,12 @@ from typing import Any
 
 import torch
 from composer.core import Algorithm, Event, State
+from composer.core.precision import get_precision_context
 from composer.loggers import Logger
+from composer.utils import dist
 from torch import nn
 
-from vocagno.loss import check_options, guided_loss, teacher_token_loss
+from vocagno.loss import check_options, excess_loss, guided_loss, select_top, teacher_token_loss, token_cross_entropy
 from vocagno.shards import describe_tokenizer
 
 __all__ = ["TeacherScorer", "load_teacher", "teacher_guided_loss", "VocAgnoLM"]
@@ -79,7 +90,8 @@ def teacher_guided_loss(
 
     ``student_logits`` ``[B, N, V]`` and ``labels`` ``[B, N]`` are per input position (Hugging Face's convention) and
     ``teacher_loss`` is ``TeacherScorer``'s ``[B, M]``; logits, labels and the batch's ``align_start``/``align_end`` are
-    shifted together here, so that position i predicts student token i + 1.
+    shifted together here, so that position i predicts student token i + 1; so are ``selected`` ``[B, N - 1]`` and
+    ``token_counts`` (``guided_loss``'s), when given, already.
     """
     return guided_loss(
         student_logits[:, :-1],
@@ -91,12 +103,18 @@ def teacher_guided_loss(
     )
 
 
+def student_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-token cross-entropy ``[B, N - 1]`` of a student's logits per input position (position i predicts i + 1)."""
+    return token_cross_entropy(logits[:, :-1], labels[:, 1:])
+
+
 class VocAgnoLM(Algorithm):
     """Teacher guided language modeling with a teacher of any vocabulary (Shin et al., ICML 2025).
 
     Args:
         teacher: a Hugging Face name or folder (loaded in ``teacher_dtype``), or a causal LM module.
-        topk_ratio, aggregation, unmapped, per_sequence: as in ``vocagno.loss.guided_loss``.
+        topk_ratio, aggregation, unmapped: as in ``vocagno.loss.guided_loss``.
+        selection_scope: ``batch`` (the global batch), ``microbatch`` or ``sequence``: see the module's docstring.
         teacher_tokenizer: the teacher's tokenizer (name, folder or object). Given, or loaded from ``teacher`` when it
             is a name, it must be the tokenizer the shards' teacher tokens were made with.
         teacher_dtype: dtype of a teacher loaded by name.
@@ -112,21 +130,20 @@ class VocAgnoLM(Algorithm):
         topk_ratio: float = 0.4,
         aggregation: str = "max",
         unmapped: str = "include",
-        per_sequence: bool = False,
+        selection_scope: str = "batch",
         teacher_tokenizer: Any = None,
         teacher_dtype: str = "bfloat16",
         teacher_placement: str = "auto",
         chunk_size: int = 1024,
         trust_remote_code: bool = False,
     ):
-        check_options(topk_ratio, aggregation, unmapped)
+        check_options(topk_ratio, aggregation, unmapped, selection_scope)
         if teacher_placement not in PLACEMENTS:
             raise ValueError(f"teacher_placement must be one of {PLACEMENTS}, got {teacher_placement!r}")
         if not isinstance(getattr(torch, teacher_dtype, None), torch.dtype):
             raise ValueError(f"teacher_dtype must name a torch dtype, got {teacher_dtype!r}")
-        self.options = dict(
-            topk_ratio=topk_ratio, aggregation=aggregation, unmapped=unmapped, per_sequence=per_sequence
-        )
+        self.options = dict(topk_ratio=topk_ratio, aggregation=aggregation, unmapped=unmapped)
+        self.selection_scope = selection_scope
         self.teacher = teacher
         self.teacher_tokenizer = teacher_tokenizer if teacher_tokenizer is not None else (
             teacher if isinstance(teacher, str) else None)
@@ -137,37 +154,49 @@ class VocAgnoLM(Algorithm):
         self.scorer: nn.Module | None = None
         self._labels: torch.Tensor | None = None
         self._loss: dict[str, torch.Tensor] | None = None
+        self._global_counts: dict[str, torch.Tensor] = {}  # the global batch's labeled, mapped and kept tokens
+        self._global_samples = 0
         self._teacher_seconds = 0.0
 
     def __repr__(self) -> str:
         name = self.teacher if isinstance(self.teacher, str) else type(self.teacher).__name__
-        return f"VocAgnoLM(teacher={name!r}, " + ", ".join(f"{k}={v!r}" for k, v in self.options.items()) + ")"
+        options = {**self.options, "selection_scope": self.selection_scope}
+        return f"VocAgnoLM(teacher={name!r}, " + ", ".join(f"{k}={v!r}" for k, v in options.items()) + ")"
 
     @staticmethod
     def required_on_load() -> bool:
         return False
 
     def match(self, event: Event, state: State) -> bool:
-        return event in (Event.FIT_START, Event.BEFORE_FORWARD, Event.AFTER_FORWARD, Event.AFTER_LOSS, Event.BATCH_END)
+        return event in (Event.FIT_START, Event.AFTER_DATALOADER, Event.BEFORE_FORWARD, Event.AFTER_FORWARD,
+                         Event.AFTER_LOSS, Event.BATCH_END)
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         if event == Event.FIT_START:
             if self.scorer is None:
                 self.scorer = self._place(self._build_scorer(state), state)
-        elif event == Event.BEFORE_FORWARD:
+        elif event == Event.AFTER_DATALOADER:
             if "labels" not in state.batch or "teacher_input_ids" not in state.batch:
                 raise KeyError(
                     "VocAgnoLM needs batches from vocagno.data.TeacherGuidedCollator (labels, teacher_input_ids, ...)"
                 )
+            if self.selection_scope == "batch":
+                self._select_over_global_batch(state)
+        elif event == Event.BEFORE_FORWARD:
             self._labels = state.batch.pop("labels")
         elif event == Event.AFTER_FORWARD:
-            begin = time.perf_counter()
-            teacher_loss = self.scorer(state.batch["teacher_input_ids"], state.batch["teacher_attention_mask"])
-            if teacher_loss.is_cuda:
-                torch.cuda.synchronize()  # so that the time is the teacher's forward, not its launch
-            self._teacher_seconds += time.perf_counter() - begin
             logits = state.outputs.logits if hasattr(state.outputs, "logits") else state.outputs
-            self._loss = teacher_guided_loss(logits, self._labels, state.batch, teacher_loss, **self.options)
+            if self.selection_scope == "batch":
+                share = state.batch["input_ids"].shape[0] / self._global_samples
+                self._loss = teacher_guided_loss(
+                    logits, self._labels, state.batch, state.batch["vocagno_teacher_loss"],
+                    selected=state.batch["vocagno_selected"],
+                    token_counts={k: v * share for k, v in self._global_counts.items()}, **self.options,
+                )
+            else:
+                teacher_loss = self._teacher_loss(state.batch)
+                self._loss = teacher_guided_loss(logits, self._labels, state.batch, teacher_loss,
+                                                 per_sequence=self.selection_scope == "sequence", **self.options)
             if hasattr(state.outputs, "logits"):
                 state.outputs["loss"] = self._loss["total"]  # HuggingFaceModel.loss returns it: no second CE
         elif event == Event.AFTER_LOSS:
@@ -176,6 +205,61 @@ class VocAgnoLM(Algorithm):
         elif event == Event.BATCH_END:
             logger.log_metrics({"vocagno/teacher_forward_seconds": self._teacher_seconds})
             self._teacher_seconds = 0.0
+
+    def _teacher_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        begin = time.perf_counter()
+        teacher_loss = self.scorer(batch["teacher_input_ids"], batch["teacher_attention_mask"])
+        if teacher_loss.is_cuda:
+            torch.cuda.synchronize()  # so that the time is the teacher's forward, not its launch
+        self._teacher_seconds += time.perf_counter() - begin
+        return teacher_loss
+
+    @torch.no_grad()
+    def _select_over_global_batch(self, state: State) -> None:
+        """The scoring pass of ``selection_scope="batch"``: put ``vocagno_selected`` (the top-k over the scores of all
+        ranks' batches) and ``vocagno_teacher_loss`` into this rank's batch, and count the global batch's tokens.
+
+        Composer weights each microbatch's loss by its share of the rank's samples and averages gradients over ranks;
+        dividing each microbatch's sums by the global counts times its share of the global samples makes the step's
+        loss the mean over the global batch's kept tokens, however the batch is split.
+        """
+        batch = state.batch
+        size = batch["input_ids"].shape[0]
+        step = state.device_train_microbatch_size or size
+        teacher_losses, scores = [], []
+        for begin in range(0, size, step):
+            piece = state.device.batch_to_device(
+                {k: v[begin : begin + step] for k, v in batch.items() if isinstance(v, torch.Tensor)})
+            teacher_loss = self._teacher_loss(piece)
+            with get_precision_context(state.precision, state.precision_config):
+                outputs = state.model({k: v for k, v in piece.items() if k != "labels"})
+            logits = outputs.logits if hasattr(outputs, "logits") else outputs
+            score, _ = excess_loss(
+                student_token_loss(logits, piece["labels"]), piece["labels"][:, 1:], teacher_loss,
+                piece["align_start"][:, 1:], piece["align_end"][:, 1:], self.options["aggregation"],
+            )
+            teacher_losses.append(teacher_loss)
+            scores.append(score)
+        score = torch.cat(scores)
+        # Every rank's scores in rank order (rows padded to the longest rank's with -inf: never selected).
+        rows = torch.tensor([size], device=score.device)
+        dist.all_reduce(rows, reduce_operation="MAX")
+        padded = torch.full((int(rows), score.shape[1]), float("-inf"), device=score.device)
+        padded[:size] = score
+        everything = torch.cat(list(dist.all_gather(padded)))
+        rank = dist.get_global_rank()
+        selected = select_top(everything, self.options["topk_ratio"])[rank * int(rows) : rank * int(rows) + size]
+
+        labeled = batch["labels"][:, 1:].to(score.device) != -100
+        mapped = torch.isfinite(score)
+        counts = torch.stack([labeled.sum(), mapped.sum(), selected.sum(), torch.tensor(size, device=score.device)])
+        dist.all_reduce(counts, reduce_operation="SUM")
+        n_labeled, n_mapped, n_selected, n_samples = counts.float()
+        kept = n_selected + (n_labeled - n_mapped if self.options["unmapped"] == "include" else 0)
+        self._global_counts = {"labeled": n_labeled, "mapped": n_mapped, "kept": kept}
+        self._global_samples = int(n_samples)
+        batch["vocagno_selected"] = selected
+        batch["vocagno_teacher_loss"] = torch.cat(teacher_losses)
 
     def _build_scorer(self, state: State) -> TeacherScorer:
         teacher = self.teacher

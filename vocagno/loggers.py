@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
 from composer.core import Callback, State
 from composer.loggers import Logger, LoggerDestination
 from composer.utils import dist
@@ -32,7 +33,8 @@ class JSONLinesLogger(LoggerDestination):
 
 
 class SampleLog(Callback):
-    """Writes, per batch and rank, the first ``prefix`` student token ids of each sample: which data each rank saw."""
+    """Writes, per batch and rank, the first ``prefix`` student token ids of each sample: which data each rank saw;
+    and, when ``VocAgnoLM`` selects over the global batch, the label positions it selected in each sample."""
 
     def __init__(self, path: str, prefix: int = 8):
         self.path = path
@@ -40,5 +42,7 @@ class SampleLog(Callback):
 
     def after_dataloader(self, state: State, logger: Logger) -> None:
         row = {"batch": int(state.timestamp.batch), "samples": state.batch["input_ids"][:, : self.prefix].tolist()}
+        if "vocagno_selected" in state.batch:
+            row["selected"] = [torch.nonzero(kept).flatten().tolist() for kept in state.batch["vocagno_selected"]]
         with open(_rank_path(self.path), "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")

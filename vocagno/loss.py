@@ -13,14 +13,22 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "AGGREGATIONS", "check_options", "token_cross_entropy", "teacher_token_loss", "aggregate_ranges", "guided_loss",
+    "AGGREGATIONS", "SELECTION_SCOPES", "check_options", "token_cross_entropy", "teacher_token_loss",
+    "aggregate_ranges", "excess_loss", "select_top", "guided_loss",
 ]
 
 AGGREGATIONS = ("max", "mean", "sum", "min")
+# Over which tokens the top-k is taken: the whole global batch (every rank and microbatch), each microbatch on each
+# rank, or each sequence.
+SELECTION_SCOPES = ("batch", "microbatch", "sequence")
 
 
-def check_options(topk_ratio: float = 0.4, aggregation: str = "max", unmapped: str = "include") -> None:
+def check_options(
+    topk_ratio: float = 0.4, aggregation: str = "max", unmapped: str = "include", selection_scope: str = "batch"
+) -> None:
     """Refuse options ``guided_loss`` doesn't know, naming the option (callers check them before training starts)."""
+    if selection_scope not in SELECTION_SCOPES:
+        raise ValueError(f"selection_scope must be one of {SELECTION_SCOPES}, got {selection_scope!r}")
     if not 0.0 <= topk_ratio <= 1.0:
         raise ValueError(f"topk_ratio must be in [0, 1], got {topk_ratio}")
     if aggregation not in AGGREGATIONS:
@@ -118,6 +126,39 @@ def aggregate_ranges(values: torch.Tensor, start: torch.Tensor, end: torch.Tenso
     return torch.where((span > 0) & torch.isfinite(out), out, nan)
 
 
+def excess_loss(
+    student_loss: torch.Tensor,
+    labels: torch.Tensor,
+    teacher_token_loss: torch.Tensor,
+    start: torch.Tensor,
+    end: torch.Tensor,
+    aggregation: str = "max",
+    ignore_index: int = -100,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The score that selection ranks, and the teacher loss of each student token: both ``[B, N]``.
+
+    score = student loss - the teacher losses over the token's range, aggregated; ``-inf`` where the token is not
+    *mapped* (no label, or no defined teacher loss in its range), so a token is mapped exactly when its score is finite.
+    """
+    teacher_loss = aggregate_ranges(teacher_token_loss.detach().float(), start, end, aggregation)
+    mapped = (labels != ignore_index) & ~torch.isnan(teacher_loss)
+    return torch.where(mapped, student_loss.detach() - teacher_loss, float("-inf")), teacher_loss
+
+
+def select_top(score: torch.Tensor, ratio: float, per_sequence: bool = False) -> torch.Tensor:
+    """Mask of the ``ceil(ratio * count)`` highest finite scores, over the whole tensor or per row (``per_sequence``);
+    ties go to the earlier position (row-major). No host sync."""
+    eligible = torch.isfinite(score)
+    flat_score = score if per_sequence else score.reshape(1, -1)
+    flat_eligible = eligible if per_sequence else eligible.reshape(1, -1)
+    order = torch.sort(flat_score, dim=-1, descending=True, stable=True).indices
+    positions = torch.arange(order.shape[-1], device=order.device).expand_as(order)
+    rank = torch.empty_like(order).scatter_(-1, order, positions)
+    # fp64 and a hair below: 0.4 * 10 must give 4, not 5.
+    budget = torch.ceil(flat_eligible.sum(-1, keepdim=True).double() * ratio - 1e-9)
+    return (rank < budget).view(score.shape) & eligible
+
+
 def guided_loss(
     student_logits: torch.Tensor,
     labels: torch.Tensor,
@@ -129,14 +170,22 @@ def guided_loss(
     aggregation: str = "max",
     unmapped: str = "include",
     per_sequence: bool = False,
+    selected: torch.Tensor | None = None,
+    token_counts: dict[str, torch.Tensor] | None = None,
     ignore_index: int = -100,
 ) -> dict[str, torch.Tensor]:
     """Train only on the student tokens the teacher says are worth learning.
 
     score = student loss - teacher loss aggregated over the teacher tokens aligned to the student token (no gradient
-    through the score). Of the *mapped* tokens (a label and an aggregated teacher loss), the ``ceil(topk_ratio *
-    count)`` with the highest scores are kept, over the whole batch or per sequence (``per_sequence``); ties go to
-    the earlier position. Unmapped tokens with a label are kept (``"include"``) or dropped (``"exclude"``).
+    through the score; ``excess_loss``). Of the *mapped* tokens (a label and an aggregated teacher loss), the
+    ``ceil(topk_ratio * count)`` with the highest scores are kept, over the whole batch or per sequence
+    (``per_sequence``); ties go to the earlier position. Unmapped tokens with a label are kept (``"include"``) or
+    dropped (``"exclude"``).
+
+    A caller that trains a larger batch in pieces (microbatches, ranks) selects over the whole batch itself
+    (``select_top`` on every piece's ``excess_loss``) and passes each piece's part as ``selected``, with
+    ``token_counts``: the ``labeled``, ``mapped`` and ``kept`` token counts to divide by instead of this piece's own,
+    so that the pieces' results add up to the whole batch's means.
 
     Returns ``total`` (mean student cross-entropy over the kept tokens, the loss to train on) and detached statistics:
     ``kept_fraction`` and ``mapped_fraction`` (of tokens with a label), ``student_loss`` (mean over tokens with a
@@ -150,37 +199,26 @@ def guided_loss(
         )
     if teacher_token_loss.dim() != 2 or teacher_token_loss.shape[0] != labels.shape[0]:
         raise ValueError(f"expected teacher_token_loss [B, M], got {tuple(teacher_token_loss.shape)}")
+    if selected is not None and selected.shape != labels.shape:
+        raise ValueError(f"expected selected {tuple(labels.shape)}, got {tuple(selected.shape)}")
 
     student_loss = token_cross_entropy(student_logits, labels, ignore_index)
     has_label = labels != ignore_index
-    teacher_loss = aggregate_ranges(teacher_token_loss.detach().float(), start, end, aggregation)
-    mapped = has_label & ~torch.isnan(teacher_loss)
-    score = torch.where(mapped, student_loss.detach() - teacher_loss, float("-inf"))
-
-    kept = mapped & _top_fraction(score, mapped, topk_ratio, per_sequence)
+    score, teacher_loss = excess_loss(student_loss, labels, teacher_token_loss, start, end, aggregation, ignore_index)
+    mapped = torch.isfinite(score)
+    kept = mapped & (selected if selected is not None else select_top(score, topk_ratio, per_sequence))
     if unmapped == "include":
         kept = kept | (has_label & ~mapped)
 
     kept_f, labeled_f, mapped_f = kept.float(), has_label.float(), mapped.float()
-    total = (student_loss * kept_f).sum() / kept_f.sum().clamp(min=1)
-    n_labeled, n_mapped = labeled_f.sum().clamp(min=1), mapped_f.sum().clamp(min=1)
+    if token_counts is None:
+        token_counts = {"labeled": labeled_f.sum(), "mapped": mapped_f.sum(), "kept": kept_f.sum()}
+    n_labeled, n_mapped, n_kept = (token_counts[k].clamp(min=1) for k in ("labeled", "mapped", "kept"))
     return {
-        "total": total,
+        "total": (student_loss * kept_f).sum() / n_kept,
         "kept_fraction": kept_f.sum() / n_labeled,
         "mapped_fraction": mapped_f.sum() / n_labeled,
         "student_loss": (student_loss.detach() * labeled_f).sum() / n_labeled,
         "teacher_loss": torch.where(mapped, teacher_loss, 0).sum() / n_mapped,
         "score": torch.where(mapped, score, 0).sum() / n_mapped,
     }
-
-
-def _top_fraction(score: torch.Tensor, eligible: torch.Tensor, ratio: float, per_sequence: bool) -> torch.Tensor:
-    """Mask of the ``ceil(ratio * eligible count)`` highest scores among eligible positions, without a host sync."""
-    flat_score = score if per_sequence else score.reshape(1, -1)
-    flat_eligible = eligible if per_sequence else eligible.reshape(1, -1)
-    order = torch.sort(flat_score, dim=-1, descending=True, stable=True).indices
-    positions = torch.arange(order.shape[-1], device=order.device).expand_as(order)
-    rank = torch.empty_like(order).scatter_(-1, order, positions)
-    # fp64 and a hair below: 0.4 * 10 must give 4, not 5.
-    budget = torch.ceil(flat_eligible.sum(-1, keepdim=True).double() * ratio - 1e-9)
-    return (rank < budget).view(score.shape)
