@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import copy
 import itertools
 import json
 import logging
@@ -57,6 +58,7 @@ PART_STATS = "part.json"
 MERGE_LOCK = "merge.lock"
 TAIL = "student tokens dropped at parts' ends (< seq-len)"
 FOLDED = "characters under student tokens that the teacher's normalizer folded away"
+SPECIAL_STRINGS = "kept: special-token strings in documents, tokenized as text"
 ENCODE_BATCH = 64  # documents per encode_batch call
 
 
@@ -233,11 +235,22 @@ def clean(record: Record, max_doc_chars: int, stats: Counter) -> list[str]:
 
 
 class Encoder:
-    """Both tokenizers, encoding a batch of documents (each a list of pieces) into ``EncodedDocuments``."""
+    """Both tokenizers, encoding a batch of documents (each a list of pieces) into ``EncodedDocuments``.
+
+    Document text is text: a special token's string in a document ("</s>", "<|endoftext|>") is tokenized as the
+    characters it is, never as the special token (which would get a real id with a non-empty span, and end a
+    document inside a document). ``special_strings`` counts such strings, for the summary.
+    """
 
     def __init__(self, student, teacher):  # fast tokenizers, as load_tokenizer gives them
-        self.student = student.backend_tokenizer
-        self.teacher = teacher.backend_tokenizer
+        self.student = copy.deepcopy(student.backend_tokenizer)
+        self.teacher = copy.deepcopy(teacher.backend_tokenizer)
+        self.student.encode_special_tokens = self.teacher.encode_special_tokens = True
+        specials = {str(t) for tok in (student, teacher) for t in tok.added_tokens_decoder.values() if t.special}
+        self._special = re.compile("|".join(map(re.escape, sorted(specials, key=len, reverse=True))))
+
+    def special_strings(self, docs: list[list[str]]) -> int:
+        return sum(len(self._special.findall(piece)) for doc in docs for piece in doc)
 
     def encode(self, docs: list[list[str]]) -> EncodedDocuments:
         pieces = [piece for doc in docs for piece in doc]
@@ -298,14 +311,16 @@ def _worker_init(student: str, teacher: str) -> None:
         _encoder = Encoder(load_tokenizer(student), load_tokenizer(teacher))
 
 
-def convert_part(records: list[Record | bytes], part_dir: str, config: dict, separators: tuple[int, int]) -> dict:
+def convert_part(
+    records: list[Record | bytes], part_dir: str, config: dict, tokenizers: tuple[TokenizerInfo, TokenizerInfo]
+) -> dict:
     """Convert one part's records (raw JSON lines are parsed here) into an MDS folder, written beside it and renamed
     into place when complete."""
     final = Path(part_dir)
     staging = final.with_name(f".tmp-{final.name}")
     shutil.rmtree(staging, ignore_errors=True)
     stats: Counter = Counter()
-    packer = Packer(config["seq_len"], *separators)
+    packer = Packer(config["seq_len"], *tokenizers)
     begin = time.perf_counter()
     with MDSWriter(out=str(staging), columns=COLUMNS, compression=config["compression"], size_limit=1 << 26) as out:
         for batch_begin in range(0, len(records), ENCODE_BATCH):
@@ -315,6 +330,7 @@ def convert_part(records: list[Record | bytes], part_dir: str, config: dict, sep
             if not docs:
                 continue
             encoded = _encoder.encode(docs)
+            stats[SPECIAL_STRINGS] += _encoder.special_strings(docs)
             stats["documents converted"] += len(docs)
             stats["student tokens"] += len(encoded.student_ids)
             stats["teacher tokens"] += len(encoded.teacher_ids)
@@ -464,7 +480,7 @@ def convert(args: argparse.Namespace, output: Output) -> None:
     sources = sources_of(args.input, args.split, args.text_field)
     mine = [(i, s) for i, s in enumerate(sources) if i % args.num_jobs == args.job_index]
     print(f"{len(sources)} source file(s); this job (#{args.job_index} of {args.num_jobs}) converts {len(mine)}")
-    separators = (student.separator_id, teacher.separator_id)
+    tokenizers = (student, teacher)
     config_dict = config.__dict__
     done_parts, totals = [], Counter()
     progress = tqdm(unit="doc", desc="converting", dynamic_ncols=True, mininterval=1.0)
@@ -491,7 +507,7 @@ def convert(args: argparse.Namespace, output: Output) -> None:
     _encoder = Encoder(student_tok, teacher_tok)
     if args.workers == 1:
         for name, records in todo():
-            finished(name, convert_part(records, str(output.local / name), config_dict, separators))
+            finished(name, convert_part(records, str(output.local / name), config_dict, tokenizers))
     else:
         # fork where there is one: workers start at once, with the modules already imported.
         context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
@@ -501,7 +517,7 @@ def convert(args: argparse.Namespace, output: Output) -> None:
         ) as pool:
             pending: dict = {}
             for name, records in todo():
-                pending[pool.submit(convert_part, records, str(output.local / name), config_dict, separators)] = name
+                pending[pool.submit(convert_part, records, str(output.local / name), config_dict, tokenizers)] = name
                 if len(pending) >= 2 * args.workers:  # bounded read-ahead: the corpus never sits in memory
                     _collect(pending, finished, concurrent.futures.FIRST_COMPLETED)
             _collect(pending, finished, concurrent.futures.ALL_COMPLETED)

@@ -19,7 +19,7 @@ from conversion import convert_dataset
 from vocagno.alignment import align
 from vocagno.data import TeacherGuidedCollator, TeacherGuidedDataset
 from vocagno.shards import ShardMetadata
-from vocagno.tokenization import ASSETS
+from vocagno.tokenization import ASSETS, encode_with_offsets, load_tokenizer
 
 SAMPLE = str(ASSETS / "text" / "gsm8k_train_500.jsonl")
 SEQ_LEN = 128
@@ -75,9 +75,11 @@ def test_round_trip_invariants(sample_samples, sample_shards, tokenizers):
         assert len(s_ids) == SEQ_LEN and s_off.shape == (SEQ_LEN, 2) and t_off.shape == (len(t_ids), 2)
         for offsets in (s_off, t_off):
             assert ((0 <= offsets[:, 0]) & (offsets[:, 0] <= offsets[:, 1]) & (offsets[:, 1] <= len(text))).all()
-        # Separators: empty spans, the tokenizers' own EOS.
-        assert set(s_ids[s_off[:, 0] == s_off[:, 1]]) <= {student.eos_token_id}
-        assert set(t_ids[t_off[:, 0] == t_off[:, 1]]) <= {teacher.eos_token_id}
+        # Specials: empty spans. Llama's BOS starts each row (Qwen adds none); the tokenizers' own end of text
+        # separates documents.
+        assert s_ids[0] == student.bos_token_id and tuple(s_off[0]) == (0, 0)
+        assert set(s_ids[1:][s_off[1:, 0] == s_off[1:, 1]]) <= {student.eos_token_id}
+        assert set(t_ids[t_off[:, 0] == t_off[:, 1]]) <= {teacher.convert_tokens_to_ids("<|endoftext|>")}
         assert (s_ids == student.eos_token_id).sum() == (t_ids == teacher.eos_token_id).sum()
         # Teacher coverage: every character under a non-special student token is under a teacher token.
         covered = np.zeros(len(text), bool)
@@ -197,9 +199,9 @@ def test_collator_builds_what_the_loss_takes(sample_samples, tokenizers):
         text, offsets = sample["text"], sample["student_offsets"].tolist()
         assert batch["token_bytes"][b].tolist() == [len(text[s:e].encode("utf-8")) for s, e in offsets]
         assert (batch["teacher_input_ids"][b, n_teacher:] == teacher.pad_token_id).all()
-        # Separators (EOS labels) are unmapped; everything else in this text maps.
+        # The BOS and the separators (EOS labels) are unmapped; everything else in this text maps.
         unmapped = batch["align_start"][b] == batch["align_end"][b]
-        assert torch.equal(unmapped, ids == student.eos_token_id)
+        assert torch.equal(unmapped, (ids == student.eos_token_id) | (ids == student.bos_token_id))
 
     fixed = TeacherGuidedCollator(student.eos_token_id, teacher.pad_token_id, teacher_seq_len=m + 7)(samples)
     assert fixed["teacher_input_ids"].shape == (3, m + 7)
@@ -337,3 +339,67 @@ def test_hub_datasets_stream_one_source_per_file(tmp_path):
     assert [r.problem for r in convert_dataset.hub_sources(str(folder), "train", "body")[0].records()][:1] == [
         "missing text field 'body'"
     ]
+
+
+def small_corpus(path, extra=()):
+    docs = [json.loads(line)["text"] for line in open(SAMPLE, encoding="utf-8")][:40]
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({"text": d}) + "\n" for d in [*docs, *extra])
+    return path
+
+
+def test_a_teacher_whose_tokenizer_adds_bos_reads_rows_that_start_with_it(tmp_path, tokenizers):
+    """Mistral (like Llemma and DeepSeek) starts every text with <s>: each teacher row does too, as an unmapped
+    empty span, and the teacher's first real token gets a loss."""
+    corpus = small_corpus(tmp_path / "docs.jsonl")
+    root = tmp_path / "shards"
+    assert convert_dataset.main(["--input", str(corpus), "--student-tokenizer", "llama2", "--teacher-tokenizer",
+                                 "mistral", "--seq-len", "64", "--out-root", str(root)]) == 0
+    meta = ShardMetadata.read(root)
+    assert (meta.teacher.bos, meta.teacher.bos_id) == ("<s>", 1) and meta.student.bos == "<s>"
+    samples = read_samples(root, tmp_path)
+    assert len(samples) > 10
+    for sample in samples:
+        t_ids, t_off = sample["teacher_ids"], sample["teacher_offsets"]
+        assert t_ids[0] == 1 and t_off[0].tolist() == [0, 0] and (t_ids[1:] != 1).all()
+        start, end = align(sample["student_offsets"].numpy(), t_off.numpy())
+        assert not ((start == 0) & (end > 0)).any()  # no student token is aligned to the BOS
+    qwen = ShardMetadata.read(convert(tmp_path / "qwen", inputs=(corpus,)))
+    assert qwen.teacher.bos is None and qwen.student.bos == "<s>"  # Qwen2.5 adds no BOS
+
+
+def test_documents_end_with_end_of_text_also_for_an_instruct_teacher(tmp_path, tokenizers):
+    """Qwen2.5-Math-7B-Instruct's tokenizer says eos_token <|im_end|> (a chat turn's end); documents end with
+    <|endoftext|>, and vocagno.json says so."""
+    instruct = load_tokenizer("qwen2.5")
+    instruct.eos_token = "<|im_end|>"
+    instruct.save_pretrained(tmp_path / "qwen-instruct")
+    root = tmp_path / "shards"
+    assert convert_dataset.main(["--input", str(small_corpus(tmp_path / "docs.jsonl")), "--student-tokenizer", "llama2",
+                                 "--teacher-tokenizer", str(tmp_path / "qwen-instruct"), "--seq-len", "64",
+                                 "--out-root", str(root)]) == 0
+    teacher = json.loads((root / "vocagno.json").read_text())["teacher"]
+    assert (teacher["separator"], teacher["separator_id"]) == ("<|endoftext|>", 151643)
+    ids = np.concatenate([s["teacher_ids"].numpy() for s in read_samples(root, tmp_path)])
+    assert (ids == 151643).sum() > 10 and (ids == instruct.convert_tokens_to_ids("<|im_end|>")).sum() == 0
+
+
+def test_special_token_strings_in_documents_stay_text_and_are_counted(tmp_path, tokenizers):
+    tricky = ["Write </s> or <s> to end a Llama text.", "Qwen ends a document with <|endoftext|> and a turn with "
+              "<|im_end|>; <s></s> is two more."]
+    root = tmp_path / "shards"
+    assert convert_dataset.main(["--input", str(small_corpus(tmp_path / "docs.jsonl", tricky)), *BASE_ARGS[:4],
+                                 "--seq-len", "32", "--out-root", str(root)]) == 0
+    assert ShardMetadata.read(root).totals[convert_dataset.SPECIAL_STRINGS] == 6
+    student_specials = set(tokenizers["llama2"].all_special_ids)
+    teacher_specials = set(tokenizers["qwen2.5"].all_special_ids)
+    texts = []
+    for sample in read_samples(root, tmp_path):
+        for ids, offsets, specials in ((sample["student_ids"], sample["student_offsets"], student_specials),
+                                       (sample["teacher_ids"], sample["teacher_offsets"], teacher_specials)):
+            is_special = torch.tensor([int(i) in specials for i in ids])
+            assert torch.equal(is_special, offsets[:, 0] == offsets[:, 1])  # specials: exactly the empty spans
+        texts.append(sample["text"])
+    assert any("<|endoftext|> and a turn" in t for t in texts)
+    ids, offsets = encode_with_offsets(tokenizers["llama2"], tricky[0], add_special_tokens=True)
+    assert ids[0] == 1 and 2 not in ids and (offsets[1:, 0] < offsets[1:, 1]).all()

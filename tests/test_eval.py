@@ -3,6 +3,7 @@
 import json
 import math
 import random
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -77,9 +78,12 @@ def test_extraction_follows_the_harness(output, answer):
 
 @pytest.mark.parametrize("output, letter", [
     ("Final Answer: The final answer is (C).", "C"),
-    ("... = 855 answer : option d", "D"),
-    ("log 12 answer : a", "A"),
     ("(A) is wrong and (B) too; so the answer is (D)", "D"),
+    ("The correct choice is b, since 4 > 3.", "B"),
+    ("So the answer is (C).\n\nProblem:\nWhich is it?\nThe answer is (D).", "C"),  # text after "Problem:" is cut
+    ("The answer is (B), not (A); the answer is (C).", "B"),  # the first one, as the harness reads it
+    ("... = 855 answer : option d", ""),  # harness: only "answer is" counts
+    ("(A) 1, (B) 2, (C) 3, (D) 4: I would pick (D)", ""),  # a stray "(D)" is no answer
     ("nothing", ""),
 ])
 def test_choice_extraction(output, letter):
@@ -94,7 +98,7 @@ def test_choice_extraction(output, letter):
     ("(2,5]", "[2,5)", False),
     ("\\{1,2\\}", "\\{2,1\\}", True),
     ("18", "18", True),
-    ("18.004", "18", True),  # harness: integer references compare with the rounded prediction
+    ("18.001", "18", True),  # harness: isclose(reference, prediction, rel_tol=1e-4)
     ("17", "18", False),
     ("0.25", "25", True),  # harness: percentage leniency
     ("x^2+2x+1", "(x+1)^2", True),
@@ -103,6 +107,58 @@ def test_choice_extraction(output, letter):
 ])
 def test_equivalence(prediction, reference, equal):
     assert is_equivalent(normalize_answer(prediction), normalize_answer(reference)) is equal
+
+
+@pytest.mark.parametrize("prediction, reference", [
+    ("17.6", "18"),  # a rounded number is not the integer answer
+    ("18.004", "18"),
+    ("3.14", "3.14159"),
+    ("0.33", "\\frac{1}{3}"),
+    ("x(x+2)", "x(x+1)"),  # a different factor in parentheses
+    ("2x", "2x(15x^2-4x+10)"),  # a truncated expression
+    ("2x(15x^2-4x+11)", "2x(15x^2-4x+10)"),
+])
+def test_near_misses_are_graded_wrong(prediction, reference):
+    assert not is_equivalent(normalize_answer(prediction), normalize_answer(reference))
+
+
+def test_wrong_or_missing_letters_are_graded_wrong():
+    (example,) = [e for e in load_benchmark("mathqa", SHIPPED_DATA) if e.gold == "C"][:1]
+    for output in ("The answer is (B).", "Options (A), (B) and (C) are listed; none is chosen.", ""):
+        assert not is_equivalent(example.extract(output), example.gold), output
+    assert is_equivalent(example.extract("So the answer is (c)."), example.gold)
+
+
+def test_parenthesised_parts_of_answers_are_kept():
+    assert normalize_answer("2x(15x^2-4x+10)") == "2x(15x^2-4x+10)"
+    assert normalize_answer("f(x)") == "f(x)" and normalize_answer("9 (apples)") == "9"
+    from vocagno.eval.benchmarks import read_test_split
+    from vocagno.eval.grading import last_boxed
+
+    boxed = [last_boxed(row["solution"]) for row in read_test_split(SHIPPED_DATA, "math500")]
+    grouped = [b for b in boxed if re.search(r"\([^()]*[0-9+\-*/^\\][^()]*\)\s*$", b)]  # "(1,2)", "x(x+1)"
+    assert len(grouped) > 10 and all(normalize_answer(b).endswith(")") for b in grouped)
+
+
+def test_every_multiple_choice_prompt_lists_its_options():
+    """Option strings as the datasets write them ("a ) 1 , b ) 2", Python lists, "A) 1 B) 2", "A. 1 B. 2") all reach
+    the prompt, rewritten as the harness's parse_question does."""
+    for name in ("mathqa", "mmlu_stem", "sat_math"):
+        for example in load_benchmark(name, SHIPPED_DATA):
+            options = example.question.split("What of the following is the right choice? Explain your answer.\n")[1]
+            assert options.startswith("(A") and ("B)" in options or "B." in options), (name, example.index)
+            assert example.prompt.endswith(f"Problem:\n{example.question}\nSolution:")
+
+
+def test_prompts_are_the_harness_files():
+    math = load_benchmark("math", SHIPPED_DATA)
+    assert len(math) == 500  # harness math_oai: MATH-500, not all 5,000 problems
+    prompt = math[0].prompt
+    assert prompt.startswith("Problem:\nFind the domain of the expression $\\\\frac{\\\\sqrt{x-2}}{\\\\sqrt{5-x}}$.}\n")
+    assert prompt.count("\n\n\nProblem:\n") == 4
+    mathqa = load_benchmark("mathqa", SHIPPED_DATA)[0].prompt
+    assert "Explain your answer (a little concise).\n(A) 30, (B) 60" in mathqa  # the harness's exemplars as written
+    assert "$$x2 - y2 = 16(x - y)$$" in mathqa
 
 
 def tiny_llama(max_positions=2048):
@@ -183,6 +239,61 @@ def test_bits_per_byte_metric_matches_the_function(tokenizers):
     logits = torch.zeros(2, 5, 100)
     labels = torch.tensor([[3, 4, 5, 6, -100], [7, 8, -100, -100, -100]])  # shifted, as Composer passes them
     token_bytes = torch.tensor([[9, 2, 3, 1, 4], [9, 5, 6, 0, 0]])  # bytes of each input token
-    metric.update({"token_bytes": token_bytes}, logits, labels)
+    metric.update({"token_bytes": token_bytes, "special_tokens": torch.zeros(2, 5, dtype=torch.bool)}, logits, labels)
     predicted_bytes = 2 + 3 + 1 + 4 + 5 + 6  # the tokens labels point at: positions 1.. of each row
     assert metric.compute().item() == pytest.approx(6 * math.log2(100) / predicted_bytes)
+
+
+@pytest.mark.parametrize("student, text", [
+    ("llama2", "x 😀 y"),  # the emoji is four byte-fallback pieces, each spanning the whole character
+    ("llama2", "Résumé of 𝔽: ∫x²dx = x³/3 — done 😀👍🏽 and Ω≈Ω. Write </s> to end."),
+    ("deepseek-llm", "Byte-level BPE: 中文 😀👍🏽 and x²; <｜end▁of▁sentence｜> is text here."),
+])
+def test_bits_per_byte_metric_agrees_with_the_function_on_the_same_text(tokenizers, student, text):
+    """A one-document row through the converter's packing and the collator, scored by the metric, gives what
+    bits_per_byte gives for the document: every byte counted once, the separator not scored."""
+    from conversion.convert_dataset import Encoder
+    from vocagno.data import TeacherGuidedCollator
+    from vocagno.shards import Packer, tokenizer_info
+
+    tokenizer = tokenizers[student]
+    info, teacher = tokenizer_info(tokenizer, student), tokenizer_info(tokenizers["qwen2.5"], "qwen2.5")
+    encoded = Encoder(tokenizer, tokenizers["qwen2.5"]).encode([[text]])
+    length = len(encoded.student_ids) + 1 + (info.bos_id is not None)  # the document, its separator, a BOS
+    (sample,) = Packer(length, info, teacher).add(encoded)
+    batch = TeacherGuidedCollator(0, 0)([{k: torch.from_numpy(v.astype("int64")) if k != "text" else v
+                                          for k, v in sample.items()}])
+    assert batch["token_bytes"].sum() == len(text.encode("utf-8"))
+    model = tiny_llama(64) if student == "llama2" else LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=64))
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"]).logits
+    metric = BitsPerByte()
+    shifted = torch.cat([batch["labels"][:, 1:], torch.full((1, 1), -100)], dim=1)  # as HuggingFaceModel passes them
+    metric.update(batch, logits, shifted)
+    assert metric.compute().item() == pytest.approx(bits_per_byte(model, tokenizer, [text]), abs=1e-4)
+
+
+def test_bits_per_byte_refuses_a_stride_that_scores_nothing_new(tokenizers):
+    with pytest.raises(ValueError, match="stride must be in \\[1, max_length\\).*stride=16, max_length=16"):
+        bits_per_byte(tiny_llama(64), tokenizers["llama2"], ["some text"], max_length=16, stride=16)
+
+
+def test_prompts_keep_special_token_strings_as_text():
+    from vocagno.eval.__main__ import generate
+    from vocagno.tokenization import load_tokenizer
+
+    tokenizer = load_tokenizer("llama2")  # generate() sets padding on it: not the session's shared one
+    model, seen = tiny_llama(64), []
+    model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs["input_ids"]), with_kwargs=True)
+    generate(model, tokenizer, ["Question: what do </s> and <s> mean in a prompt?\nAnswer:"], 1, 1, "test")
+    prompt = seen[0][0].tolist()
+    assert prompt[0] == tokenizer.bos_token_id and tokenizer.eos_token_id not in prompt
+    assert tokenizer.bos_token_id not in prompt[1:]
+
+
+def test_generation_length_defaults_to_the_harness_1024_tokens(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "the harness's --max_tokens_per_call (default: 1024)" in " ".join(capsys.readouterr().out.split())

@@ -6,7 +6,8 @@ tokenizers) and ``TeacherGuidedCollator`` turns samples into a batch:
     input_ids, attention_mask          [B, N]  student tokens
     labels                             [B, N]  input_ids, -100 at padding (Hugging Face's convention: the model shifts)
     align_start, align_end             [B, N]  teacher positions aligned to student token i (start == end: unmapped)
-    token_bytes                        [B, N]  UTF-8 bytes of each student token's text (0 for specials, padding)
+    token_bytes                        [B, N]  UTF-8 bytes of the text each student token is the first to cover
+    special_tokens                     [B, N]  True at specials (BOS, separators: empty spans), which hold no text
     teacher_input_ids, teacher_attention_mask  [B, M]  teacher tokens, padded to the batch's longest (or a fixed M)
 
 Every student tensor is per input position, as Hugging Face models and Composer's ``HuggingFaceModel`` expect; the
@@ -28,7 +29,7 @@ from streaming import StreamingDataset
 from vocagno.alignment import align
 from vocagno.shards import METADATA_FILE, ShardMetadata, describe_tokenizer
 
-__all__ = ["TeacherGuidedDataset", "TeacherGuidedCollator", "read_metadata"]
+__all__ = ["TeacherGuidedDataset", "TeacherGuidedCollator", "read_metadata", "token_bytes"]
 
 ARRAY_COLUMNS = ("student_ids", "student_offsets", "teacher_ids", "teacher_offsets")
 
@@ -85,6 +86,18 @@ def _byte_offsets(text: str) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(sizes)])
 
 
+def token_bytes(text: str, offsets: np.ndarray) -> np.ndarray:
+    """UTF-8 bytes of ``text`` that each token is the first to cover, so every byte under the tokens counts once.
+
+    Byte-fallback pieces each span their whole character (the four ``<0xNN>`` pieces of an emoji): the first gets the
+    character's bytes, the others none. Specials (empty spans) get none.
+    """
+    byte_at = _byte_offsets(text)
+    covered = np.maximum.accumulate(np.concatenate([[offsets[0, 0] if len(offsets) else 0], offsets[:, 1]]))
+    begin = np.maximum(offsets[:, 0], covered[:-1])  # what earlier tokens covered is not counted again
+    return np.maximum(byte_at[np.maximum(offsets[:, 1], begin)] - byte_at[begin], 0)
+
+
 class TeacherGuidedCollator:
     """Batch ``TeacherGuidedDataset`` samples for ``guided_loss`` (the module docstring lists the keys).
 
@@ -116,6 +129,7 @@ class TeacherGuidedCollator:
             "align_start": torch.zeros(batch, n, dtype=torch.long),
             "align_end": torch.zeros(batch, n, dtype=torch.long),
             "token_bytes": torch.zeros(batch, n, dtype=torch.long),
+            "special_tokens": torch.zeros(batch, n, dtype=torch.bool),
             "teacher_input_ids": torch.full((batch, m), self.teacher_pad_id, dtype=torch.long),
             "teacher_attention_mask": torch.zeros(batch, m, dtype=torch.long),
         }
@@ -134,8 +148,8 @@ class TeacherGuidedCollator:
                 teacher_ids = teacher_ids[:m]
             out["align_start"][b, :length] = torch.from_numpy(start)
             out["align_end"][b, :length] = torch.from_numpy(end)
-            byte_at = _byte_offsets(sample["text"])
-            out["token_bytes"][b, :length] = torch.from_numpy(byte_at[offsets[:, 1]] - byte_at[offsets[:, 0]])
+            out["token_bytes"][b, :length] = torch.from_numpy(token_bytes(sample["text"], offsets))
+            out["special_tokens"][b, :length] = torch.from_numpy(offsets[:, 0] == offsets[:, 1])
             out["teacher_input_ids"][b, : len(teacher_ids)] = teacher_ids
             out["teacher_attention_mask"][b, : len(teacher_ids)] = 1
         return out

@@ -138,7 +138,7 @@ def statistics(dataset: TeacherGuidedDataset, max_samples: int, tokenizers) -> s
     lines = [
         f"statistics over {n:,} samples:",
         f"  mapped student tokens:            {counts['mapped'] / counts['student']:.2%}",
-        f"  unmapped specials (separators):   {counts['specials']:,}",
+        f"  unmapped specials (BOS, separators): {counts['specials']:,}",
         f"  unmapped others (folded chars):   {counts['unmapped non-special']:,}",
         f"  teacher tokens per student token: {counts['teacher'] / counts['student']:.3f} "
         f"(per mapped one's range: {counts['teacher per mapped'] / max(counts['mapped'], 1):.3f})",

@@ -4,16 +4,22 @@ A sample holds exactly ``seq_len`` student tokens and the teacher tokens over th
 
     text             str                   the sample's characters; offsets index into it
     student_ids      ndarray (n,)          student token ids
-    student_offsets  ndarray (n, 2)        [s, e) character spans; specials (separators) have empty spans
+    student_offsets  ndarray (n, 2)        [s, e) character spans; specials (BOS, separators) have empty spans
     teacher_ids      ndarray (m,)
     teacher_offsets  ndarray (m, 2)
+
+Each row starts as its tokenizer starts a text: with the tokenizer's BOS when it adds one by default (Llama-2,
+Mistral, CodeLlama/Llemma, DeepSeek: rows start mid-document, and a frozen Llama-family teacher needs its BOS there;
+the student reads its rows the way evaluation prompts start). Documents end with the tokenizer's end-of-text token
+(``document_separator``). Document text is tokenized as text: a "</s>" written in a document is three text tokens,
+never the special token (``Encoder`` in the converter).
 
 Arrays are stored at the smallest unsigned dtype that holds them (uint16 for a 32K vocabulary or a text under 64K
 characters, else uint32), so the MDS columns are plain ``ndarray`` with the dtype recorded per sample.
 
 Beside Streaming's ``index.json``, a dataset root holds ``vocagno.json``: the tokenizers that made it (name, a
-fingerprint of the vocabulary, size, separator token), the sequence length, and totals. Training refuses shards whose
-fingerprints differ from its tokenizers'.
+fingerprint of the vocabulary, size, separator and BOS tokens), the sequence length, and totals. Training refuses
+shards whose fingerprints differ from its tokenizers'.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ __all__ = [
     "TokenizerInfo",
     "ShardMetadata",
     "tokenizer_info",
+    "document_separator",
     "describe_tokenizer",
     "compact",
     "EncodedDocuments",
@@ -48,7 +55,10 @@ COLUMNS = {
     "teacher_offsets": "ndarray",
 }
 METADATA_FILE = "vocagno.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: a BOS starts each row (tokenizers that add one), end-of-text separators
+# Tokens that end a document in pretraining. A chat model's EOS ends a turn instead (Qwen2.5-Math-7B-Instruct's is
+# <|im_end|>), so these come first when the vocabulary has them.
+END_OF_TEXT_TOKENS = ("<|endoftext|>", "<|end_of_text|>")
 
 
 def compact(array: np.ndarray) -> np.ndarray:
@@ -63,24 +73,36 @@ class TokenizerInfo:
     vocab_size: int
     separator: str  # the token that follows every document
     separator_id: int
+    bos: str | None = None  # the token that starts every row: the BOS, when the tokenizer adds one by default
+    bos_id: int | None = None
 
     def same_vocabulary(self, other: "TokenizerInfo") -> bool:
         return self.fingerprint == other.fingerprint
 
 
+def document_separator(tokenizer) -> str:
+    """The token that ends a document: an end-of-text token of the vocabulary, else the EOS, else the BOS."""
+    vocab = tokenizer.get_vocab()
+    separator = next((t for t in END_OF_TEXT_TOKENS if t in vocab), None) or tokenizer.eos_token or tokenizer.bos_token
+    if separator is None:
+        raise ValueError(f"tokenizer {tokenizer.name_or_path!r} has no end-of-text, EOS or BOS token to end documents")
+    return separator
+
+
 def tokenizer_info(tokenizer, name: str) -> TokenizerInfo:
-    """Describe a fast tokenizer; its document separator is its EOS token, else its BOS token."""
+    """Describe a fast tokenizer: its vocabulary, document separator and the BOS it starts texts with (if any)."""
     vocab = tokenizer.get_vocab()
     digest = hashlib.sha256(json.dumps(sorted(vocab.items()), ensure_ascii=False).encode("utf-8")).hexdigest()
-    separator = tokenizer.eos_token or tokenizer.bos_token
-    if separator is None:
-        raise ValueError(f"tokenizer {name!r} has neither an EOS nor a BOS token to separate documents with")
+    separator = document_separator(tokenizer)
+    adds_bos = tokenizer.bos_token_id is not None and tokenizer("x")["input_ids"][:1] == [tokenizer.bos_token_id]
     return TokenizerInfo(
         name=name,
         fingerprint=digest[:16],
         vocab_size=len(vocab),
         separator=separator,
         separator_id=int(tokenizer.convert_tokens_to_ids(separator)),
+        bos=tokenizer.bos_token if adds_bos else None,
+        bos_id=int(tokenizer.bos_token_id) if adds_bos else None,
     )
 
 
@@ -119,7 +141,10 @@ class ShardMetadata:
             )
         raw = json.loads(path.read_text(encoding="utf-8"))
         if raw.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"{path}: format version {raw.get('format_version')}, this vocagno reads {FORMAT_VERSION}")
+            raise ValueError(
+                f"{path}: format version {raw.get('format_version')}, this vocagno reads {FORMAT_VERSION}: convert the "
+                "corpus again (conversion/convert_dataset.py) into a new --out-root"
+            )
         return cls(
             student=TokenizerInfo(**raw["student"]),
             teacher=TokenizerInfo(**raw["teacher"]),
@@ -161,7 +186,8 @@ _NONE = np.iinfo(np.int64).max
 
 class Packer:
     """Concatenate documents, each followed by the student's and the teacher's separator, and cut them into samples of
-    exactly ``seq_len`` student tokens.
+    exactly ``seq_len`` student tokens; each row starts with its tokenizer's BOS when it adds one
+    (``TokenizerInfo.bos``).
 
     A sample's teacher tokens are those aligned to its student tokens (a student separator is aligned to the teacher
     separator of the same document), so a teacher token that straddles two samples' boundary is in both, and the
@@ -169,12 +195,14 @@ class Packer:
     dropped and counted in ``tail_tokens`` once ``finish`` is called.
     """
 
-    def __init__(self, seq_len: int, student_separator_id: int, teacher_separator_id: int):
+    def __init__(self, seq_len: int, student: TokenizerInfo, teacher: TokenizerInfo):
         if seq_len < 2:
             raise ValueError(f"seq_len must be at least 2, got {seq_len}")
         self.seq_len = seq_len
-        self.student_separator_id = student_separator_id
-        self.teacher_separator_id = teacher_separator_id
+        self.student_separator_id = student.separator_id
+        self.teacher_separator_id = teacher.separator_id
+        self.student_bos_id, self.teacher_bos_id = student.bos_id, teacher.bos_id
+        self.tokens_per_row = seq_len - (student.bos_id is not None)  # student tokens of the text in each row
         self.folded_characters = 0  # characters under student tokens that no teacher token covers
         self.tail_tokens = 0
         self._text = ""
@@ -219,26 +247,29 @@ class Packer:
         self.tail_tokens = len(self._s_ids)
 
     def _emit(self) -> list[dict]:
-        n_samples = len(self._s_ids) // self.seq_len
+        width = self.tokens_per_row
+        n_samples = len(self._s_ids) // width
         if n_samples == 0:
             return []
-        cut = n_samples * self.seq_len
-        firsts = self._s_first[:cut].reshape(n_samples, self.seq_len).min(1)
-        lasts = self._s_last[:cut].reshape(n_samples, self.seq_len).max(1)
+        cut = n_samples * width
+        firsts = self._s_first[:cut].reshape(n_samples, width).min(1)
+        lasts = self._s_last[:cut].reshape(n_samples, width).max(1)
         samples = []
         for k in range(n_samples):
-            tokens = slice(k * self.seq_len, (k + 1) * self.seq_len)
+            tokens = slice(k * width, (k + 1) * width)
             first, last = (int(firsts[k]), int(lasts[k])) if lasts[k] >= 0 else (0, 0)
             s_offsets, t_offsets = self._s_offsets[tokens], self._t_offsets[first:last]
             begin = min(s_offsets[0, 0], t_offsets[0, 0]) if last > first else s_offsets[0, 0]
             stop = max(s_offsets[-1, 1], t_offsets[-1, 1]) if last > first else s_offsets[-1, 1]
+            s_ids, s_offsets = _start_row(self.student_bos_id, self._s_ids[tokens], s_offsets - begin)
+            t_ids, t_offsets = _start_row(self.teacher_bos_id, self._t_ids[first:last], t_offsets - begin)
             samples.append(
                 {
                     "text": self._text[begin:stop],
-                    "student_ids": compact(self._s_ids[tokens]),
-                    "student_offsets": compact(s_offsets - begin),
-                    "teacher_ids": compact(self._t_ids[first:last]),
-                    "teacher_offsets": compact(t_offsets - begin),
+                    "student_ids": compact(s_ids),
+                    "student_offsets": compact(s_offsets),
+                    "teacher_ids": compact(t_ids),
+                    "teacher_offsets": compact(t_offsets),
                 }
             )
         self._drop(cut)
@@ -261,3 +292,10 @@ class Packer:
         self._s_last = np.where(self._s_last[n_tokens:] < 0, -1, self._s_last[n_tokens:] - keep_teacher)
         self._t_ids = self._t_ids[keep_teacher:]
         self._t_offsets = self._t_offsets[keep_teacher:] - keep_char
+
+
+def _start_row(bos_id: int | None, ids: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The row with ``bos_id`` first (an empty span at the row's first character), or as it is without one."""
+    if bos_id is None:
+        return ids, offsets
+    return np.concatenate([[bos_id], ids]), np.concatenate([np.zeros((1, 2), offsets.dtype), offsets])

@@ -74,10 +74,12 @@ def encode_with_offsets(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Token ids (int64, shape (n,)) and character spans (int64, shape (n, 2)) of ``text``.
 
-    Specials the tokenizer adds get empty spans, so alignment leaves them unmapped.
+    Specials the tokenizer adds get empty spans, so alignment leaves them unmapped. A special token's string in the
+    text ("</s>") stays text (``split_special_tokens``): text never turns into a special token.
     """
     encoding = tokenizer(
-        text, add_special_tokens=add_special_tokens, return_offsets_mapping=True, return_attention_mask=False
+        text, add_special_tokens=add_special_tokens, return_offsets_mapping=True, return_attention_mask=False,
+        split_special_tokens=True,
     )
     ids = np.asarray(encoding["input_ids"], dtype=np.int64)
     offsets = np.asarray(encoding["offset_mapping"], dtype=np.int64).reshape(-1, 2)

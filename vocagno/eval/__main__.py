@@ -23,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 from vocagno.eval.benchmarks import (
-    BENCHMARKS, SHIPPED_DATA, STOP_SEQUENCES, TITLES, BenchmarkUnavailable, Example, load_benchmark,
+    BENCHMARKS, MAX_NEW_TOKENS, SHIPPED_DATA, STOP_SEQUENCES, TITLES, BenchmarkUnavailable, Example, load_benchmark,
 )
 from vocagno.eval.grading import is_equivalent
 
@@ -63,7 +63,9 @@ def generate(model, tokenizer, prompts: list[str], batch_size: int, max_new_toke
     device = next(model.parameters()).device
     for begin in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch"):
         chosen = order[begin : begin + batch_size]
-        batch = tokenizer([prompts[i] for i in chosen], return_tensors="pt", padding=True).to(device)
+        # A question's "</s>" or "<|endoftext|>" is text, not the special token (split_special_tokens).
+        batch = tokenizer([prompts[i] for i in chosen], return_tensors="pt", padding=True,
+                          split_special_tokens=True).to(device)
         generated = model.generate(
             **batch, max_new_tokens=max_new_tokens, do_sample=False, stop_strings=list(STOP_SEQUENCES),
             tokenizer=tokenizer, pad_token_id=tokenizer.pad_token_id,
@@ -113,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", default="eval_results", help="folder for predictions and the results table")
     parser.add_argument("--limit", type=int, default=0, help="first N questions of each benchmark (0: all)")
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=512)
+    parser.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS,
+                        help="the harness's --max_tokens_per_call (default: %(default)s)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--gold", action="store_true", help="grade the gold solutions as if a model wrote them")
     parser.add_argument("--bpb", help="a .txt or .jsonl (field text) file: print the model's bits per byte on it")

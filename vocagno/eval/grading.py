@@ -57,21 +57,14 @@ def extract_answer(output: str) -> str:
     return normalize_answer(answer)
 
 
-_CHOICE_PATTERNS = [
-    re.compile(r"answer is:?\s*\(?\$?\s*([A-Ea-e])\s*\$?\)?(?:\W|$)"),
-    re.compile(r"answer\s*:\s*(?:option\s*)?\(?([A-Ea-e])\)?(?:\W|$)"),
-    re.compile(r"\(([A-E])\)"),
-]
-
-
 def extract_choice(output: str) -> str:
-    """A multiple-choice letter: from "the answer is (X)" (the exemplars' last line), else "answer : x" (MathQA's
-    rationales), else the last "(X)" in the text. Uppercase; "" if none."""
-    for pattern in _CHOICE_PATTERNS:
-        found = pattern.findall(output)
-        if found:
-            return found[-1].upper()
-    return ""
+    """A multiple-choice letter as the harness's ``extract_multi_choice_answer`` reads it: in the text before any
+    "Problem:", with "choice is" read as "answer is", the first "answer is (x)" / "answer is x" (case-insensitive).
+    Uppercase; "" when there is none (graded wrong, like the harness's 'placeholder'): a letter elsewhere in the text
+    ("(D)" in a list of options) is no answer."""
+    text = output.split("Problem:", 1)[0].replace("choice is", "answer is").lower()
+    found = re.search(r"answer is \(?([abcde])\)?", text)
+    return found.group(1).upper() if found else ""
 
 
 # Units and words the harness strips from answers (parser.py ``unit_texts``, mostly MathQA's); a shorter list of the
@@ -96,7 +89,9 @@ def normalize_answer(answer: str) -> str:
     if without_text_unit:  # harness: a trailing \text{...} is a unit ("5\text{ cm}")
         s = without_text_unit
     s = re.sub(r"\\(?:text|mbox|mathrm)\{(.*?)\}", r"\1", s)
-    s = re.sub(r"\s*\([^()]*[A-Za-z][^()]*\)\s*$", "", s) or s  # ASDiv: "9 (apples)"; harness drops "(...)" anywhere
+    # A trailing unit word in parentheses ("9 (apples)", ASDiv's style): the harness strips unit words (``unit_texts``)
+    # and then ignores brackets. Only words of two or more letters go: "x(x+1)" and "f(x)" stay whole.
+    s = re.sub(r"\s*\((?:\s*[A-Za-z]{2,})+\s*\)\s*$", "", s) or s
     s = _UNIT_RE.sub(r"\1", s).strip() or s
     s = s.replace("\\$", "").replace("$", "").replace("\\%", "").replace("%", "")
     s = re.sub(r"^[a-zA-Z]\s*=\s*", "", s)  # "x = 5" -> "5" (harness: any "lhs=" of at most 2 characters)
@@ -115,20 +110,17 @@ def _as_float(s: str) -> float | None:
         return None
 
 
-def _numeric_equal(prediction: float, reference: float, digits: int) -> bool:
-    """harness grader.numeric_equal: an integer reference is compared with the rounded prediction; a decimal one at its
-    own precision, ``digits`` decimals. The harness counted them in ``str(float)``, which is "6.72e-05" for 0.0000672
-    (6 "decimals": MATH test #3404 failed against its own gold); we count them in the answer as written."""
-    if reference.is_integer():
-        return math.isclose(reference, round(prediction), abs_tol=1e-4)
-    return math.isclose(reference, round(prediction, digits), rel_tol=1e-6)
+def _numeric_equal(prediction: float, reference: float) -> bool:
+    """harness grader.numeric_equal (current): relative tolerance 1e-4, no rounding (an integer reference does not
+    accept a rounded prediction: "17.6" is not "18")."""
+    return math.isclose(reference, prediction, rel_tol=1e-4)
 
 
 def is_equivalent(prediction: str, reference: str) -> bool:
     """Whether a normalized predicted answer equals the reference.
 
     1. Both numbers: the harness's numeric rule, including its percentage leniency (the reference, /100 or x100).
-    2. Same string, ignoring case and brackets (harness).
+    2. Same string, ignoring case (harness).
     3. Else math-verify on both as LaTeX (fractions, radicals, intervals, sets, tuples, matrices, expressions).
        The harness used sympy's ``parse_latex`` and ``simplify`` here; math-verify also compares intervals and sets
        as such (the harness stripped brackets, so ``(2,5)`` equalled ``[2,5]``: here it does not).
@@ -137,9 +129,7 @@ def is_equivalent(prediction: str, reference: str) -> bool:
         return False
     p, r = _as_float(prediction), _as_float(reference)
     if p is not None and r is not None:
-        digits = len(reference.split(".")[1]) if "." in reference else 0
-        candidates = ((r, digits), (r / 100, digits + 2), (r * 100, max(digits - 2, 0)))
-        return any(_numeric_equal(p, candidate, d) for candidate, d in candidates)
+        return any(_numeric_equal(p, candidate) for candidate in (r / 100, r, r * 100))
     if prediction.lower() == reference.lower():
         return True
     try:
