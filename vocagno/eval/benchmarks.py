@@ -158,7 +158,7 @@ def load_benchmark(name: str, data_dir: str | Path) -> list[Example]:
             question = f"{row['body'].strip()} {row['question'].strip()}"
             gold = re.sub(r"\(.*?\)", "", row["answer"])  # harness parse_ground_truth: "9 (apples)" -> "9"
             out.append(Example(name, i, question, _question_answer(question), normalize_answer(gold),
-                               f" {row['formula']}. The answer is {row['answer']}."))
+                               f" {row['formula']}. The answer is {gold.strip()}."))  # as the exemplars end
         return out
     if name == "mawps":
         return [
