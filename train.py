@@ -80,8 +80,44 @@ def load_config(yaml_path: str, overrides: list[str]) -> DictConfig:
     if missing:
         raise ValueError(f"{yaml_path}: missing required keys: {', '.join(missing)}")
     om.resolve(cfg)
+    _check_values(cfg)
     _check_weight_decay(cfg.optimizer)
     return cfg
+
+
+def _is_dtype(value: Any) -> bool:
+    return isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype)
+
+
+def _is_positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+# Values checked before anything runs: a key given with the wrong kind of value is one line naming the key. Booleans
+# must be real booleans: the string "false" is truthy, and trust_remote_code: "false" would run a folder's code.
+VALUE_CHECKS: dict[str, tuple[Any, str]] = {
+    "model.trust_remote_code": (lambda v: isinstance(v, bool), "true or false"),
+    "teacher.trust_remote_code": (lambda v: isinstance(v, bool), "true or false"),
+    "autoresume": (lambda v: isinstance(v, bool), "true or false"),
+    "train_loader.drop_last": (lambda v: isinstance(v, bool), "true or false"),
+    "eval_loader.drop_last": (lambda v: isinstance(v, bool), "true or false"),
+    "train_loader.dataset.shuffle": (lambda v: isinstance(v, bool), "true or false"),
+    "model.dtype": (_is_dtype, "a torch dtype (float32, bfloat16, float16)"),
+    "teacher.dtype": (_is_dtype, "a torch dtype (float32, bfloat16, float16)"),
+    "optimizer.lr": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0, "a positive number"),
+    "optimizer.weight_decay": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0,
+                               "a number >= 0"),
+    "global_train_batch_size": (_is_positive_int, "a positive integer"),
+    "device_train_microbatch_size": (lambda v: _is_positive_int(v) or v == "auto", "a positive integer or auto"),
+    "variables.seq_len": (lambda v: _is_positive_int(v) and v >= 2, "an integer >= 2"),
+}
+
+
+def _check_values(cfg: DictConfig) -> None:
+    for key, (valid, expected) in VALUE_CHECKS.items():
+        value = om.select(cfg, key)
+        if value is not None and not valid(value):
+            raise ValueError(f"{key} must be {expected}, got {value!r}")
 
 
 # Composer's DecoupledAdamW multiplies the weights by (1 - weight_decay * lr / initial_lr) every step: its decay is
@@ -114,7 +150,7 @@ def build_causal_lm(section: DictConfig, vocab_size: int) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     dtype = getattr(torch, section.get("dtype") or "float32")
-    trust = bool(section.get("trust_remote_code", False))
+    trust = section.get("trust_remote_code", False)
     if section.get("name_or_path"):
         return AutoModelForCausalLM.from_pretrained(section.name_or_path, torch_dtype=dtype, trust_remote_code=trust)
     if section.get("config") is None:
@@ -187,7 +223,7 @@ def teacher_kwargs(section: DictConfig, teacher_tok) -> dict[str, Any]:
         "teacher_dtype": section.get("dtype") or "bfloat16",
         "teacher_placement": section.get("placement") or "auto",
         "chunk_size": section.get("chunk_size") or 1024,
-        "trust_remote_code": bool(section.get("trust_remote_code", False)),
+        "trust_remote_code": section.get("trust_remote_code", False),
     }
 
 
@@ -265,7 +301,7 @@ def main(cfg: DictConfig) -> Trainer:
         save_folder=cfg.get("save_folder"),
         save_interval=cfg.get("save_interval", "1ep"),
         save_num_checkpoints_to_keep=cfg.get("save_num_checkpoints_to_keep", -1),
-        autoresume=bool(cfg.get("autoresume", False)),
+        autoresume=cfg.get("autoresume", False),
         run_name=cfg.run_name,
         loggers=loggers,
         callbacks=callbacks,

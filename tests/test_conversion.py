@@ -297,7 +297,7 @@ def test_inspect_shows_a_sample_and_the_corpus(sample_shards, tmp_path):
     assert "vocabulary overlap:               9,587 / 151,643 = 6.32%" in out
     assert "[SEP]" in out  # the separators between documents
     html = page.read_text(encoding="utf-8")
-    data = json.loads(html.split("const data = ", 1)[1].split(";\n", 1)[0].replace("<\\/", "</"))
+    data = json.loads(html.split("const data = ", 1)[1].split(";\n", 1)[0])
     assert len(data["student"]) == SEQ_LEN
     for token in data["student"]:
         if token["first"] < token["last"]:
@@ -403,3 +403,23 @@ def test_special_token_strings_in_documents_stay_text_and_are_counted(tmp_path, 
     assert any("<|endoftext|> and a turn" in t for t in texts)
     ids, offsets = encode_with_offsets(tokenizers["llama2"], tricky[0], add_special_tokens=True)
     assert ids[0] == 1 and 2 not in ids and (offsets[1:, 0] < offsets[1:, 1]).all()
+
+
+def test_inspect_html_escapes_markup_in_documents(tmp_path):
+    doc = "Comment <!--<script>alert(1)</script> and </script><b>bold</b> & more"
+    root = tmp_path / "shards"
+    assert convert_dataset.main(["--input", str(small_corpus(tmp_path / "docs.jsonl", [doc] * 4)), *BASE_ARGS[:4],
+                                 "--seq-len", "64", "--out-root", str(root)]) == 0
+    samples = read_samples(root, tmp_path)
+    index = next(i for i, sample in enumerate(samples) if "<!--<script>" in sample["text"])
+    page = tmp_path / "sample.html"
+    result = subprocess.run([sys.executable, "-m", "vocagno.inspect", "--shards", str(root), "--index", str(index),
+                             "--html", str(page)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    html = page.read_text(encoding="utf-8")
+    script = html.split("<script>", 1)[1].split("</script>", 1)[0]
+    assert "const data = " in script and "render(" in script  # the whole script is one element
+    assert "<" not in script.split("const data = ", 1)[1].split(";\n", 1)[0]
+    assert html.count("<script>") == 1 and "<!--" not in html
+    data = json.loads(script.split("const data = ", 1)[1].split(";\n", 1)[0])
+    assert "<!--<script>alert(1)</script>" in data["text"]

@@ -203,6 +203,24 @@ def test_composer_checkpoints_are_exported(tmp_path, tokenizers):
         torch.testing.assert_close(model.state_dict()[name], tensor, msg=name)
 
 
+class RunsACommand:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_crafted_checkpoint_is_refused_and_runs_nothing(tmp_path):
+    marker = tmp_path / "pwned"
+    torch.save({"state": {"model": {}, "x": RunsACommand(marker)}}, tmp_path / "evil.pt")
+    with pytest.raises(ValueError, match="evil.pt: refused to load"):
+        load_model(str(tmp_path / "evil.pt"), "cpu")
+    assert not marker.exists()
+
+
 class Uniform(torch.nn.Module):
     """A language model that gives every token of a vocabulary of V the same probability."""
 

@@ -153,6 +153,25 @@ def test_a_decoupled_weight_decay_that_shrinks_weights_each_step_is_refused():
     assert train.load_config(TINY, ["optimizer.weight_decay=8e-6"]).optimizer.weight_decay == 8e-6
 
 
+@pytest.mark.parametrize("override, message", [
+    ("teacher.trust_remote_code='false'", "teacher.trust_remote_code must be true or false, got 'false'"),
+    ("model.trust_remote_code='no'", "model.trust_remote_code must be true or false, got 'no'"),
+    ("autoresume='true'", "autoresume must be true or false"),
+    ("optimizer.lr=fast", "optimizer.lr must be a positive number, got 'fast'"),
+    ("teacher.dtype=float128", "teacher.dtype must be a torch dtype .*, got 'float128'"),
+    ("variables.seq_len=1", "variables.seq_len must be an integer >= 2, got 1"),
+    ("global_train_batch_size=0", "global_train_batch_size must be a positive integer, got 0"),
+])
+def test_values_of_the_wrong_kind_are_refused_naming_the_key(override, message):
+    with pytest.raises(ValueError, match=message):
+        train.load_config(TINY, [override])
+
+
+def test_a_string_trust_remote_code_is_refused_by_the_algorithm():
+    with pytest.raises(ValueError, match="trust_remote_code must be True or False, got 'false'"):
+        VocAgnoLM(teacher="Qwen/Qwen2.5-Math-7B-Instruct", trust_remote_code="false")
+
+
 def test_misspelled_keys_are_errors(tmp_path):
     with pytest.raises(ValueError, match=r"unknown config key optimiser \(did you mean optimizer\?\)"):
         train.load_config(TINY, ["optimiser.lr=1"])

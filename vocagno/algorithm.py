@@ -140,6 +140,8 @@ class VocAgnoLM(Algorithm):
         check_options(topk_ratio, aggregation, unmapped, selection_scope)
         if teacher_placement not in PLACEMENTS:
             raise ValueError(f"teacher_placement must be one of {PLACEMENTS}, got {teacher_placement!r}")
+        if not isinstance(trust_remote_code, bool):  # the string "false" is truthy: it would run a folder's code
+            raise ValueError(f"trust_remote_code must be True or False, got {trust_remote_code!r}")
         if not isinstance(getattr(torch, teacher_dtype, None), torch.dtype):
             raise ValueError(f"teacher_dtype must name a torch dtype, got {teacher_dtype!r}")
         self.options = dict(topk_ratio=topk_ratio, aggregation=aggregation, unmapped=unmapped)

@@ -102,7 +102,10 @@ class SampleView:
             "teacher": [{"s": int(s), "e": int(e), "id": int(i), "piece": p}
                         for (s, e), i, p in zip(self.t_off, self.t_ids, self.t_pieces)],
         }
-        payload = json.dumps({"text": self.text, **tokens}, ensure_ascii=False).replace("</", "<\\/")
+        # No "<", ">" or "&" inside the script element: "</script>" or "<!--<script>" in a document would end it or
+        # switch the HTML parser's state. JSON's \u escapes give JavaScript the same characters.
+        payload = json.dumps({"text": self.text, **tokens}, ensure_ascii=False)
+        payload = payload.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
         return _PAGE.replace("__TITLE__", html.escape(f"sample {index}: {title}")).replace("__DATA__", payload)
 
 

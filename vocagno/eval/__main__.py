@@ -14,12 +14,16 @@ whose data is missing is reported as such, never skipped silently; the average i
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import pickle
 import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
+from torch.torch_version import TorchVersion
 from tqdm import tqdm
 
 from vocagno.eval.benchmarks import (
@@ -37,7 +41,7 @@ def load_model(name_or_path: str, device: str):
 
         # Composer's hf_from_composer_checkpoint builds the model from the saved config but leaves its weights
         # random; the weights are the checkpoint's model state, under the wrapper's "model." prefix.
-        checkpoint = torch.load(name_or_path, map_location="cpu", weights_only=False)
+        checkpoint = load_checkpoint(name_or_path)
         saved = checkpoint["state"]["integrations"]["huggingface"]
         # Composer otherwise unpacks the tokenizer into a folder under the working directory and leaves it there.
         with tempfile.TemporaryDirectory() as unpacked:
@@ -50,6 +54,26 @@ def load_model(name_or_path: str, device: str):
     if tokenizer is None:
         raise ValueError(f"{name_or_path}: the checkpoint holds no tokenizer (train.py saves one with the model)")
     return model.to(device).eval(), tokenizer
+
+
+# What a Composer checkpoint holds besides tensors and plain containers (its timestamps, the numpy RNG state, the
+# torch version): unpickling allows these and nothing else, so a crafted checkpoint can't run code when loaded.
+CHECKPOINT_GLOBALS = [
+    datetime.timedelta, TorchVersion, np.ndarray, np.dtype, np.ndarray.__reduce__(np.zeros(1))[0],
+    *{type(np.dtype(t)) for t in ("uint32", "int64", "float64")},
+]
+
+
+def load_checkpoint(path: str) -> dict:
+    """A Composer checkpoint, unpickled with ``weights_only=True`` and ``CHECKPOINT_GLOBALS`` allowed."""
+    with torch.serialization.safe_globals(CHECKPOINT_GLOBALS):
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as error:
+            raise ValueError(
+                f"{path}: refused to load: it holds objects that are not tensors, containers or the few types a "
+                f"Composer checkpoint needs, and unpickling them could run code ({str(error).splitlines()[0]})"
+            ) from error
 
 
 @torch.no_grad()
