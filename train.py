@@ -262,6 +262,13 @@ def main(cfg: DictConfig) -> Trainer:
     student_tok = load_tokenizer(cfg.tokenizer.name)
     teacher_tok = load_tokenizer(cfg.teacher.tokenizer) if cfg.get("teacher") is not None else None
     train_loader = build_loader(cfg.train_loader, student_tok, teacher_tok, device_batch)
+    samples = train_loader.dataset.size
+    if train_loader.drop_last and samples < cfg.global_train_batch_size:
+        # Every epoch would end before its first batch, and training would spin through empty epochs forever.
+        raise ValueError(
+            f"the training shards ({cfg.train_loader.dataset.local}) hold {samples} samples, fewer than one global "
+            f"batch of {cfg.global_train_batch_size}: convert more text, or lower global_train_batch_size"
+        )
     evaluators = []
     if cfg.get("eval_loader") is not None:
         eval_batch = cfg.get("device_eval_batch_size") or cfg.device_train_microbatch_size

@@ -193,7 +193,13 @@ def sources_of(inputs: list[str], split: str, text_field: str) -> list[Source]:
         return local_sources(inputs, text_field)
     if Path(inputs[0]).suffix in LOCAL_SUFFIXES:
         raise SystemExit(f"error: input {inputs[0]} does not exist")
-    return hub_sources(inputs[0], split, text_field)
+    try:
+        return hub_sources(inputs[0], split, text_field)
+    except Exception as error:  # datasets raises many kinds: offline, no such repo, no such split
+        raise SystemExit(
+            f"error: input {inputs[0]} is no local file or folder, and as a Hugging Face dataset it could not be "
+            f"loaded: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        ) from error
 
 
 # ------------------------------------------------------------------------------------------------------- converting

@@ -423,3 +423,9 @@ def test_inspect_html_escapes_markup_in_documents(tmp_path):
     assert html.count("<script>") == 1 and "<!--" not in html
     data = json.loads(script.split("const data = ", 1)[1].split(";\n", 1)[0])
     assert "<!--<script>alert(1)</script>" in data["text"]
+
+
+def test_a_missing_input_path_is_named_not_sent_to_the_hub(tmp_path):
+    with pytest.raises(SystemExit, match="error: input data/no_such_folder is no local file or folder, and as a "
+                                         "Hugging Face dataset it could not be loaded"):
+        convert(tmp_path / "out", inputs=("data/no_such_folder",))

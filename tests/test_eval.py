@@ -316,3 +316,24 @@ def test_generation_length_defaults_to_the_harness_1024_tokens(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "the harness's --max_tokens_per_call (default: 1024)" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--gold", "--limit", "-5"], "--limit must be 0 (all) or a positive number"),
+    (["--gold", "--batch-size", "0"], "--batch-size and --max-new-tokens must be positive"),
+    (["--gold", "--data-dir", "no/such/folder"], "--data-dir no/such/folder is not a folder"),
+    (["--model", "m", "--bpb", "EMPTY"], "holds no text"),
+    (["--model", "m", "--bpb", "no/such.jsonl"], "--bpb no/such.jsonl is not a file"),
+])
+def test_bad_arguments_are_refused_with_a_message(args, message, tmp_path, capsys):
+    (tmp_path / "empty.jsonl").write_text("\n")
+    args = [str(tmp_path / "empty.jsonl") if a == "EMPTY" else a for a in args]
+    with pytest.raises(SystemExit) as exit:
+        main(args)
+    assert exit.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_nothing_evaluated_is_a_failure(tmp_path):
+    (tmp_path / "data").mkdir()
+    assert main(["--gold", "--data-dir", str(tmp_path / "data"), "--benchmarks", "gsm8k,math",
+                 "--output", str(tmp_path / "out")]) == 1

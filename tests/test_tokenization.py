@@ -46,3 +46,9 @@ def test_slow_tokenizer_is_refused(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "CTRLTokenizer"}))
     with pytest.raises(ValueError, match="slow CTRLTokenizer: character offsets need a fast tokenizer"):
         load_tokenizer(str(tmp_path))
+
+
+def test_a_misspelled_tokenizer_name_says_what_is_shipped():
+    with pytest.raises(ValueError, match="tokenizer 'qwen2': no such folder or shipped tokenizer \\(did you mean "
+                                         "'qwen2.5'\\?\\); shipped: llama2, codellama"):
+        load_tokenizer("qwen2")

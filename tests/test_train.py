@@ -133,6 +133,20 @@ def test_batch_scope_selects_the_same_tokens_on_one_rank_and_on_two(tiny_run, tm
     assert len(set(kept)) > 1  # one top-k over the batch, not 40% of each sequence
 
 
+def test_fewer_samples_than_one_global_batch_is_refused_at_start(tmp_path):
+    from conversion import convert_dataset
+
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": f"Problem {i}: 2 + {i} = {2 + i}. " * 20}) + "\n" for i in range(3)))
+    assert convert_dataset.main(["--input", str(docs), "--student-tokenizer", "llama2", "--teacher-tokenizer",
+                                 "qwen2.5", "--seq-len", "128", "--out-root", str(tmp_path / "shards" / "train")]) == 0
+    samples = ShardMetadata.read(tmp_path / "shards" / "train").totals["samples"]
+    assert 0 < samples < 8
+    result = run_train(tmp_path, "eval_loader=null", check=False, timeout=300)
+    assert result.returncode != 0
+    assert f"hold {samples} samples, fewer than one global batch of 8" in result.stderr
+
+
 @pytest.mark.parametrize("yaml", sorted((REPO / "yamls").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_yaml_loads_and_validates(yaml):
     cfg = train.load_config(str(yaml), [])

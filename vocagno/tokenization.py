@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import lzma
 import os
@@ -59,7 +60,17 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerFast:
     path = str(name_or_path)
     if not Path(path).is_dir() and path in SHIPPED_TOKENIZERS:
         path = str(shipped_tokenizer_dir(path))
-    tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True)
+    except OSError as error:  # neither a folder nor a shipped name, and the hub has no such repo or is out of reach
+        if Path(path).is_dir():
+            raise
+        close = difflib.get_close_matches(path, SHIPPED_TOKENIZERS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(
+            f"tokenizer {path!r}: no such folder or shipped tokenizer{hint}; shipped: {', '.join(SHIPPED_TOKENIZERS)}. "
+            f"As a Hugging Face name it could not be loaded either: {str(error).splitlines()[0]}"
+        ) from error
     tokenizer.name_or_path = str(name_or_path)  # messages name what the user named, not the unpacked cache folder
     if not tokenizer.is_fast:
         raise ValueError(

@@ -151,6 +151,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown benchmarks {unknown}; known: {', '.join(BENCHMARKS)}")
     if not args.gold and not args.model:
         parser.error("--model is needed (or --gold, which grades the gold answers)")
+    if args.limit < 0:
+        parser.error(f"--limit must be 0 (all) or a positive number of questions, got {args.limit}")
+    if args.batch_size < 1 or args.max_new_tokens < 1:
+        parser.error(f"--batch-size and --max-new-tokens must be positive, got {args.batch_size}, {args.max_new_tokens}")
+    if not Path(args.data_dir).is_dir():
+        parser.error(f"--data-dir {args.data_dir} is not a folder (BENCHMARK/test.jsonl files)")
+    if args.bpb:
+        if not Path(args.bpb).is_file():
+            parser.error(f"--bpb {args.bpb} is not a file")
+        texts = [t for t in _read_texts(Path(args.bpb)) if t]
+        if not texts:
+            parser.error(f"--bpb {args.bpb} holds no text")
 
     model = tokenizer = None
     if args.model:
@@ -158,7 +170,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.bpb:
         from vocagno.metrics import bits_per_byte
 
-        texts = _read_texts(Path(args.bpb))
         print(f"bits per byte on {args.bpb} ({len(texts)} texts): {bits_per_byte(model, tokenizer, texts):.4f}")
         return 0
 
@@ -192,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     missing = [n for n, v in results.items() if not isinstance(v, float)]
     if missing:
         print(f"\nnot evaluated: {', '.join(TITLES[n] for n in missing)} (see above); AVG is over the others")
+    if len(missing) == len(results):
+        print("error: no benchmark was evaluated", file=sys.stderr)
+        return 1
     return 0
 
 
