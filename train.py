@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import sys
+import zipfile
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ import torch  # noqa: E402
 from composer import Evaluator, Trainer  # noqa: E402
 from composer.models import HuggingFaceModel  # noqa: E402
 from composer.optim import CosineAnnealingWithWarmupScheduler, DecoupledAdamW  # noqa: E402
-from composer.utils import dist, get_device, reproducibility  # noqa: E402
+from composer.utils import dist, format_name_with_dist, get_device, reproducibility  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 from streaming.base.util import clean_stale_shared_memory  # noqa: E402
 from omegaconf import OmegaConf as om  # noqa: E402
@@ -63,6 +65,7 @@ SCHEMA: dict[str, Any] = {
     "save_folder": None,
     "save_interval": None,
     "save_num_checkpoints_to_keep": None,
+    "save_overwrite": None,
     "autoresume": None,
     "loggers": {"console": None, "jsonl": None},
     "callbacks": {"sample_log": None},
@@ -99,6 +102,7 @@ VALUE_CHECKS: dict[str, tuple[Any, str]] = {
     "model.trust_remote_code": (lambda v: isinstance(v, bool), "true or false"),
     "teacher.trust_remote_code": (lambda v: isinstance(v, bool), "true or false"),
     "autoresume": (lambda v: isinstance(v, bool), "true or false"),
+    "save_overwrite": (lambda v: isinstance(v, bool), "true or false"),
     "train_loader.drop_last": (lambda v: isinstance(v, bool), "true or false"),
     "eval_loader.drop_last": (lambda v: isinstance(v, bool), "true or false"),
     "train_loader.dataset.shuffle": (lambda v: isinstance(v, bool), "true or false"),
@@ -250,6 +254,33 @@ def build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> DecoupledAdamW:
     )
 
 
+CHECKPOINT = re.compile(r"ep(\d+)-ba(\d+)-rank(\d+)\.pt$")  # Composer's default save_filename
+
+
+def repair_checkpoints(folder: str) -> None:
+    """Make a local checkpoint folder resumable after a kill or a full disk during a save: a checkpoint that is not a
+    complete file (torch.save writes a zip, whose directory comes last) is removed, and each rank's
+    ``latest-rank{r}.pt`` points to its newest complete checkpoint (one saved whole just before the kill included:
+    Composer would otherwise refuse to resume before it)."""
+    newest: dict[str, tuple[int, int, Path]] = {}
+    for path in sorted(Path(folder).glob("ep*-ba*-rank*.pt")):
+        found = CHECKPOINT.fullmatch(path.name)
+        if not found or path.is_symlink() or not path.is_file():
+            continue
+        if not zipfile.is_zipfile(path):
+            print(f"removing {path}: an incomplete checkpoint (its save was interrupted)", flush=True)
+            path.unlink()
+            continue
+        epoch, batch, rank = map(int, found.groups())
+        if (batch, epoch) > newest.get(rank, (-1, -1, None))[:2]:
+            newest[rank] = (batch, epoch, path)
+    for rank, (_, _, path) in newest.items():
+        latest = Path(folder) / f"latest-rank{rank}.pt"
+        if os.path.realpath(latest) != os.path.realpath(path):
+            latest.unlink(missing_ok=True)
+            latest.symlink_to(path.name)
+
+
 def main(cfg: DictConfig) -> Trainer:
     dist.initialize_dist(get_device(None), timeout=cfg.get("dist_timeout", 600))
     clean_stale_shared_memory()  # what a killed run left behind would stop Streaming; every rank calls it
@@ -279,6 +310,11 @@ def main(cfg: DictConfig) -> Trainer:
         ))
 
     student = build_causal_lm(cfg.model, len(student_tok))
+    positions = getattr(student.config, "max_position_embeddings", None)
+    seq_len = train_loader.dataset.metadata.seq_len
+    if positions is not None and positions < seq_len:
+        raise ValueError(f"the shards' samples hold {seq_len} student tokens, but the student (model) has "
+                         f"max_position_embeddings={positions}: convert with --seq-len {positions} or less")
     model = HuggingFaceModel(
         student, tokenizer=student_tok, use_logits=True, shift_labels=True, eval_metrics=[BitsPerByte()]
     )
@@ -290,6 +326,10 @@ def main(cfg: DictConfig) -> Trainer:
         raise ValueError(f"scheduler.name: only cosine_with_warmup is supported, got {sched.name!r}")
     scheduler = CosineAnnealingWithWarmupScheduler(t_warmup=sched.t_warmup, alpha_f=sched.get("alpha_f", 0.0))
 
+    save_folder = cfg.get("save_folder")
+    if cfg.get("autoresume", False) and save_folder and "://" not in save_folder and dist.get_local_rank() == 0:
+        repair_checkpoints(format_name_with_dist(save_folder, cfg.run_name))
+    dist.barrier()
     loggers, callbacks = build_loggers(cfg)
     fsdp = om.to_container(cfg.fsdp_config) if cfg.get("fsdp_config") is not None else None
     trainer = Trainer(
@@ -308,6 +348,7 @@ def main(cfg: DictConfig) -> Trainer:
         save_folder=cfg.get("save_folder"),
         save_interval=cfg.get("save_interval", "1ep"),
         save_num_checkpoints_to_keep=cfg.get("save_num_checkpoints_to_keep", -1),
+        save_overwrite=cfg.get("save_overwrite", False),
         autoresume=cfg.get("autoresume", False),
         run_name=cfg.run_name,
         loggers=loggers,

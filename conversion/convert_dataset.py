@@ -4,18 +4,20 @@
     python conversion/convert_dataset.py --input data/ more.jsonl --out-root shards/mine --workers 8
     python conversion/convert_dataset.py --out-root s3://bucket/owm --num-jobs 64 --job-index $SLURM_ARRAY_TASK_ID
 
-The input is split into parts (``--docs-per-part`` documents of one source file each); every part is converted on
-its own into ``OUT_ROOT/part-SSSSS-BBBBBB/`` and renamed into place only when complete, so an interrupted run (Ctrl-C,
-``kill -9``) finishes when the same command is run again: complete parts are kept, unfinished ones redone. Parts do
-not depend on ``--workers``, so any number of workers gives the same samples in the same order. ``--num-jobs K
---job-index i`` converts the source files ``f`` with ``f % K == i`` (a Slurm array, say); when the last job ends,
-it merges the parts' indexes with Streaming's ``merge_index`` and writes ``vocagno.json``. Until then the root has
-no ``index.json`` and never reads as a complete dataset. ``--merge-only`` repeats that final step. A remote
-``--out-root`` (any Streaming supports) is written through a local working folder; each part is uploaded when it is
-complete, its ``part.json`` last, so a rerun anywhere skips exactly the finished parts.
+The input (``conversion/sources.py``: local files, gzip or not, or a Hugging Face dataset) is split into parts of
+``--docs-per-part`` documents, taken in order from the job's source files (a part may span several small files);
+every part is converted on its own into ``OUT_ROOT/part-SSSSS-BBBBBB/`` and renamed into place only when complete,
+so an interrupted run (Ctrl-C, ``kill -9``) finishes when the same command is run again: complete parts are kept,
+unfinished ones redone, and a source file that changed since its parts were made is refused by name. Parts do not
+depend on ``--workers``, so any number of workers gives the same samples in the same order. ``--num-jobs K
+--job-index i`` converts the source files ``f`` with ``f % K == i`` (a Slurm array, say); when the last job ends, it
+merges the parts (``conversion/output.py``: every shard verified on the out-root, ``vocagno.json`` and ``index.json``
+written atomically). Until then the root has no ``index.json`` and never reads as a complete dataset.
+``--merge-only`` repeats that final step, and refuses while a job has not finished unless ``--allow-partial``.
 
 Every document that is not converted is counted by reason in the summary, and repairs (invalid UTF-8, lone
-surrogates, documents split for length) are counted too.
+surrogates, documents split for length) are counted too. The run exits non-zero when it made no sample, when fewer
+than ``--min-converted`` of the documents read were converted, or when a file could not be read.
 """
 
 from __future__ import annotations
@@ -25,181 +27,42 @@ import concurrent.futures
 import copy
 import itertools
 import json
-import logging
 import multiprocessing
 import os
 import re
 import shutil
 import sys
-import tempfile
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 # One core per worker: --workers is the parallelism, and tokenizers' own threads would blur it.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np  # noqa: E402
 from streaming import MDSWriter  # noqa: E402
-from streaming.base.util import merge_index  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from conversion.output import PART_STATS, OwnedLock, Output, merged_index, verify_shards  # noqa: E402
+from conversion.sources import Record, Source, parse_jsonl_line, sources_of  # noqa: E402
 from vocagno.shards import (  # noqa: E402
-    COLUMNS, METADATA_FILE, EncodedDocuments, Packer, ShardMetadata, TokenizerInfo, tokenizer_info,
+    COLUMNS, METADATA_FILE, SHARD_HASH, EncodedDocuments, Packer, ShardMetadata, TokenizerInfo, tokenizer_info,
+    write_atomically,
 )
 from vocagno.tokenization import load_tokenizer  # noqa: E402
 
 DEFAULT_INPUT = "open-web-math/open-web-math"
-LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt")
 CONFIG_FILE = "conversion.json"
-PART_STATS = "part.json"
 MERGE_LOCK = "merge.lock"
 TAIL = "student tokens dropped at parts' ends (< seq-len)"
 FOLDED = "characters under student tokens that the teacher's normalizer folded away"
 SPECIAL_STRINGS = "kept: special-token strings in documents, tokenized as text"
-ENCODE_BATCH = 64  # documents per encode_batch call
-
-
-# ----------------------------------------------------------------------------------------------------------- reading
-@dataclass
-class Record:
-    """A document as read, or the reason it can't be one."""
-
-    text: str | None
-    problem: str | None = None  # why text is None (skipped), or what was repaired while reading
-
-
-class Source:
-    """One input file (or one shard of a Hugging Face dataset): the unit that jobs split and parts belong to."""
-
-    def __init__(self, name: str, read: Callable[[], Iterator]):
-        self.name = name
-        self._read = read
-
-    def records(self) -> Iterator[Record | bytes]:
-        return self._read()
-
-
-def _record_from_object(obj, text_field: str) -> Record:
-    if not isinstance(obj, dict):
-        return Record(None, "not a JSON object")
-    if text_field not in obj:
-        return Record(None, f"missing text field {text_field!r}")
-    text = obj[text_field]
-    if not isinstance(text, str):
-        return Record(None, f"text field is {type(text).__name__}, not a string")
-    return Record(text)
-
-
-def _decode(raw: bytes) -> Record:
-    try:
-        return Record(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        return Record(raw.decode("utf-8", errors="replace"), "invalid UTF-8 replaced by U+FFFD")
-
-
-def _read_jsonl(path: Path) -> Iterator[bytes]:
-    """The raw lines: workers parse them (``parse_jsonl_line``), so the reading process stays light."""
-    with open(path, "rb") as f:
-        for raw in f:
-            if raw.strip():  # a blank line is no document
-                yield raw
-
-
-def parse_jsonl_line(raw: bytes, text_field: str) -> Record:
-    line = _decode(raw)
-    try:
-        record = _record_from_object(json.loads(line.text), text_field)
-    except json.JSONDecodeError:
-        return Record(None, "invalid JSON line")
-    if record.text is not None and line.problem:
-        record.problem = line.problem
-    return record
-
-
-def _read_json(path: Path, text_field: str) -> Iterator[Record | bytes]:
-    try:
-        rows = json.loads(_decode(path.read_bytes()).text)
-    except json.JSONDecodeError:
-        yield from _read_jsonl(path)  # JSON lines under a .json name
-        return
-    if not isinstance(rows, list):
-        yield Record(None, "a .json file that is not a list of objects")
-        return
-    for row in rows:
-        yield _record_from_object(row, text_field)
-
-
-def _read_parquet(path: Path, text_field: str) -> Iterator[Record]:
-    import pyarrow.parquet as pq
-
-    parquet = pq.ParquetFile(path)
-    if text_field not in parquet.schema_arrow.names:
-        for _ in range(parquet.metadata.num_rows):
-            yield Record(None, f"missing text field {text_field!r}")
-        return
-    for batch in parquet.iter_batches(columns=[text_field], batch_size=1024):
-        for text in batch.column(0).to_pylist():
-            yield Record(text) if isinstance(text, str) else Record(None, "text field is not a string")
-
-
-def _read_txt(path: Path) -> Iterator[Record]:
-    yield _decode(path.read_bytes())
-
-
-def local_sources(inputs: list[str], text_field: str) -> list[Source]:
-    files: list[Path] = []
-    for item in inputs:
-        path = Path(item)
-        if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in LOCAL_SUFFIXES)
-            if not found:
-                raise SystemExit(f"error: {path} holds no {', '.join(LOCAL_SUFFIXES)} files")
-            files += found
-        elif path.is_file():
-            if path.suffix not in LOCAL_SUFFIXES:
-                raise SystemExit(f"error: {path}: unsupported file type (use {', '.join(LOCAL_SUFFIXES)})")
-            files.append(path)
-        else:
-            raise SystemExit(f"error: input {item} does not exist")
-    readers = {
-        ".jsonl": lambda p: lambda: _read_jsonl(p),
-        ".json": lambda p: lambda: _read_json(p, text_field),
-        ".parquet": lambda p: lambda: _read_parquet(p, text_field),
-        ".txt": lambda p: lambda: _read_txt(p),
-    }
-    return [Source(str(p), readers[p.suffix](p)) for p in files]
-
-
-def hub_sources(name: str, split: str, text_field: str) -> list[Source]:
-    """A Hugging Face dataset, streamed (nothing lands on disk first), one source per file shard."""
-    import datasets
-
-    dataset = datasets.load_dataset(name, split=split, streaming=True)
-
-    def reader(index: int):
-        return lambda: (
-            _record_from_object(row, text_field) for row in dataset.shard(num_shards=dataset.n_shards, index=index)
-        )
-
-    return [Source(f"{name}[{split}] shard {i}", reader(i)) for i in range(dataset.n_shards)]
-
-
-def sources_of(inputs: list[str], split: str, text_field: str) -> list[Source]:
-    """Local files when any input names one (a missing one is then an error), else one Hugging Face dataset."""
-    if any(Path(item).exists() for item in inputs) or len(inputs) > 1:
-        return local_sources(inputs, text_field)
-    if Path(inputs[0]).suffix in LOCAL_SUFFIXES:
-        raise SystemExit(f"error: input {inputs[0]} does not exist")
-    try:
-        return hub_sources(inputs[0], split, text_field)
-    except Exception as error:  # datasets raises many kinds: offline, no such repo, no such split
-        raise SystemExit(
-            f"error: input {inputs[0]} is no local file or folder, and as a Hugging Face dataset it could not be "
-            f"loaded: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-        ) from error
+ENCODE_BATCH = 64  # documents read and cleaned at a time
+ENCODE_CHARS = 1 << 21  # characters encoded and packed at a time (``piece_groups``): bounds a worker's memory
+NOT_COUNTS = ("seconds", "sources")  # part.json entries that don't add up over parts
 
 
 # ------------------------------------------------------------------------------------------------------- converting
@@ -232,9 +95,10 @@ def clean(record: Record, max_doc_chars: int, stats: Counter) -> list[str]:
     pieces, begin = [], 0
     while begin < len(text):
         stop = min(begin + max_doc_chars, len(text))
-        if stop < len(text):  # cut after the last whitespace of the piece's final 1000 characters, if there is one
-            space = max(text.rfind(" ", stop - 1000, stop), text.rfind("\n", stop - 1000, stop))
-            stop = space + 1 if space > begin else stop
+        if stop < len(text):  # cut before the last whitespace of the piece's final 1000 characters, if there is one
+            window = max(begin, stop - 1000)  # a negative start would count from the end of the text
+            space = max(text.rfind(" ", window, stop), text.rfind("\n", window, stop))
+            stop = space if space > begin else stop
         pieces.append(text[begin:stop])
         begin = stop
     return pieces
@@ -246,25 +110,30 @@ class Encoder:
     Document text is text: a special token's string in a document ("</s>", "<|endoftext|>") is tokenized as the
     characters it is, never as the special token (which would get a real id with a non-empty span, and end a
     document inside a document). ``special_strings`` counts such strings, for the summary.
+
+    A piece that continues a document (``clean`` cut it for length, before a whitespace) is encoded without
+    SentencePiece's dummy prefix, so the pieces give the tokens of the whole document, not an extra "▁" per cut.
     """
 
     def __init__(self, student, teacher):  # fast tokenizers, as load_tokenizer gives them
-        self.student = copy.deepcopy(student.backend_tokenizer)
-        self.teacher = copy.deepcopy(teacher.backend_tokenizer)
-        self.student.encode_special_tokens = self.teacher.encode_special_tokens = True
+        self.student = _text_tokenizers(student.backend_tokenizer)
+        self.teacher = _text_tokenizers(teacher.backend_tokenizer)
         specials = {str(t) for tok in (student, teacher) for t in tok.added_tokens_decoder.values() if t.special}
         self._special = re.compile("|".join(map(re.escape, sorted(specials, key=len, reverse=True))))
 
     def special_strings(self, docs: list[list[str]]) -> int:
         return sum(len(self._special.findall(piece)) for doc in docs for piece in doc)
 
-    def encode(self, docs: list[list[str]]) -> EncodedDocuments:
+    def encode(self, docs: list[list[str]], continues_first: bool = False, open_last: bool = False) -> EncodedDocuments:
+        """``continues_first``: the first piece goes on from the last ``encode`` call's document; ``open_last``: the
+        last document goes on in the next call (``piece_groups``)."""
         pieces = [piece for doc in docs for piece in doc]
+        continues = [k > 0 or (d == 0 and continues_first) for d, doc in enumerate(docs) for k in range(len(doc))]
         piece_chars = np.array([len(p) for p in pieces], dtype=np.int64)
         piece_starts = np.cumsum(piece_chars) - piece_chars  # where each piece begins in the joined text
         first_piece = np.cumsum([0] + [len(doc) for doc in docs])[:-1]
-        s_ids, s_offsets, s_lengths = _encode(self.student, pieces, piece_starts)
-        t_ids, t_offsets, t_lengths = _encode(self.teacher, pieces, piece_starts)
+        s_ids, s_offsets, s_lengths = _encode(self.student, pieces, continues, piece_starts)
+        t_ids, t_offsets, t_lengths = _encode(self.teacher, pieces, continues, piece_starts)
         return EncodedDocuments(
             text="".join(pieces),
             doc_ends=np.add.reduceat(piece_chars, first_piece).cumsum(),
@@ -274,20 +143,86 @@ class Encoder:
             teacher_ids=t_ids,
             teacher_offsets=t_offsets,
             teacher_lengths=np.add.reduceat(t_lengths, first_piece),
+            open_last=open_last,
         )
 
 
-def _encode(tokenizer, texts: list[str], starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Ids, offsets into the joined texts, and token counts per text; one numpy conversion for the whole batch."""
-    encodings = tokenizer.encode_batch(texts, add_special_tokens=False)
-    ids = [e.ids for e in encodings]
-    lengths = np.array([len(i) for i in ids], dtype=np.int64)
-    total = int(lengths.sum())
-    flat_ids = np.fromiter(itertools.chain.from_iterable(ids), np.int64, total)
-    offsets = np.fromiter(
-        itertools.chain.from_iterable(itertools.chain.from_iterable(e.offsets for e in encodings)), np.int64, 2 * total
-    ).reshape(total, 2)
-    return flat_ids, offsets + np.repeat(starts, lengths)[:, None], lengths
+def piece_groups(docs: list[list[str]]) -> Iterator[tuple[list[list[str]], bool, bool]]:
+    """The documents' pieces in groups of at most ``ENCODE_CHARS`` characters (or one piece), as ``Encoder.encode``'s
+    arguments: a long document goes through encoding and packing a group at a time, so a worker's memory is bounded
+    by ``ENCODE_CHARS``, not by the longest document."""
+    group: list[list[str]] = []
+    characters, continues_first = 0, False
+    for doc in docs:
+        for k, piece in enumerate(doc):
+            if group and characters + len(piece) > ENCODE_CHARS:
+                yield group, continues_first, k > 0
+                group, characters, continues_first = [], 0, k > 0
+            if k == 0 or not group:
+                group.append([])
+            group[-1].append(piece)
+            characters += len(piece)
+    if group:
+        yield group, continues_first, False
+
+
+def _text_tokenizers(backend) -> tuple:
+    """Copies of a backend tokenizer that tokenize special tokens' strings as text: as it is, and without the dummy
+    prefix for pieces that continue a document (the same object where it has no dummy prefix)."""
+    plain = copy.deepcopy(backend)
+    plain.encode_special_tokens = True
+    continuing = _without_dummy_prefix(backend)
+    if continuing is None:
+        return plain, plain
+    continuing.encode_special_tokens = True
+    return plain, continuing
+
+
+def _without_dummy_prefix(backend):
+    """A copy of a backend tokenizer that prepends no "▁" to a text (SentencePiece's dummy prefix: a ``Prepend``
+    normalizer in Llama-2's tokenizer.json, a ``Metaspace`` pre-tokenizer's prepend scheme in Mistral's), or None
+    when it has none (byte-level BPE)."""
+    from tokenizers import Tokenizer
+
+    def strip(node):
+        if not isinstance(node, dict):
+            return node
+        if node.get("type") == "Prepend":
+            return None
+        if node.get("type") == "Metaspace":
+            node["prepend_scheme"] = "never"
+        for key in ("normalizers", "pretokenizers"):
+            if key in node:
+                node[key] = [n for n in map(strip, node[key]) if n is not None]
+        return node
+
+    spec = json.loads(backend.to_str())
+    before = (json.dumps(spec["normalizer"]), json.dumps(spec["pre_tokenizer"]))
+    spec["normalizer"], spec["pre_tokenizer"] = strip(spec["normalizer"]), strip(spec["pre_tokenizer"])
+    if (json.dumps(spec["normalizer"]), json.dumps(spec["pre_tokenizer"])) == before:
+        return None
+    return Tokenizer.from_str(json.dumps(spec))
+
+
+def _encode(tokenizers, texts: list[str], continues: list[bool], starts: np.ndarray):
+    """Ids, offsets into the joined texts, and token counts per text: ``tokenizers[1]`` for pieces that continue a
+    document, ``tokenizers[0]`` for the others."""
+    ids: list = [np.zeros(0, np.int64)] * len(texts)
+    offsets: list = [np.zeros((0, 2), np.int64)] * len(texts)
+    for continuing in (False, True):
+        chosen = [i for i in range(len(texts)) if continues[i] == continuing]
+        if not chosen:
+            continue
+        encodings = tokenizers[continuing].encode_batch([texts[i] for i in chosen], add_special_tokens=False)
+        lengths = np.array([len(e.ids) for e in encodings], dtype=np.int64)
+        total = int(lengths.sum())
+        flat_ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), np.int64, total)
+        flat_offsets = np.fromiter(itertools.chain.from_iterable(
+            itertools.chain.from_iterable(e.offsets for e in encodings)), np.int64, 2 * total).reshape(total, 2)
+        bounds = np.cumsum(lengths)[:-1]
+        for i, piece_ids, piece_offsets in zip(chosen, np.split(flat_ids, bounds), np.split(flat_offsets, bounds)):
+            ids[i], offsets[i] = piece_ids, piece_offsets + starts[i]
+    return np.concatenate(ids), np.concatenate(offsets), np.array([len(x) for x in ids], dtype=np.int64)
 
 
 @dataclass
@@ -311,121 +246,92 @@ _encoder: Encoder | None = None
 
 
 def _worker_init(student: str, teacher: str) -> None:
-    """Load the tokenizers in a spawned worker (a forked one inherits the parent's encoder)."""
+    """Load the tokenizers in a spawned worker (a forked one inherits the parent's encoder), and make the worker
+    exit when the converting process is gone (``kill -9`` leaves no orphans holding gigabytes)."""
     global _encoder
     if _encoder is None:
         _encoder = Encoder(load_tokenizer(student), load_tokenizer(teacher))
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+
+
+def _exit_with_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
 
 
 def convert_part(
-    records: list[Record | bytes], part_dir: str, config: dict, tokenizers: tuple[TokenizerInfo, TokenizerInfo]
+    records: list[Record | bytes], part_dir: str, config: dict, tokenizers: tuple[TokenizerInfo, TokenizerInfo],
+    sources: dict[str, dict],
 ) -> dict:
     """Convert one part's records (raw JSON lines are parsed here) into an MDS folder, written beside it and renamed
-    into place when complete."""
+    into place when complete. ``sources``: the fingerprints of the files the records come from, kept in part.json."""
     final = Path(part_dir)
     staging = final.with_name(f".tmp-{final.name}")
     shutil.rmtree(staging, ignore_errors=True)
     stats: Counter = Counter()
     packer = Packer(config["seq_len"], *tokenizers)
     begin = time.perf_counter()
-    with MDSWriter(out=str(staging), columns=COLUMNS, compression=config["compression"], size_limit=1 << 26) as out:
+    with MDSWriter(out=str(staging), columns=COLUMNS, compression=config["compression"], hashes=[SHARD_HASH],
+                   size_limit=1 << 26) as out:
         for batch_begin in range(0, len(records), ENCODE_BATCH):
             batch = records[batch_begin : batch_begin + ENCODE_BATCH]
             parsed = (parse_jsonl_line(r, config["text_field"]) if isinstance(r, bytes) else r for r in batch)
             docs = [pieces for pieces in (clean(r, config["max_doc_chars"], stats) for r in parsed) if pieces]
-            if not docs:
-                continue
-            encoded = _encoder.encode(docs)
             stats[SPECIAL_STRINGS] += _encoder.special_strings(docs)
             stats["documents converted"] += len(docs)
-            stats["student tokens"] += len(encoded.student_ids)
-            stats["teacher tokens"] += len(encoded.teacher_ids)
-            for sample in packer.add(encoded):
-                out.write(sample)
-                stats["samples"] += 1
+            for group, continues_first, open_last in piece_groups(docs):
+                encoded = _encoder.encode(group, continues_first, open_last)
+                stats["student tokens"] += len(encoded.student_ids)
+                stats["teacher tokens"] += len(encoded.teacher_ids)
+                for sample in packer.add(encoded):
+                    out.write(sample)
+                    stats["samples"] += 1
         packer.finish()
     stats["documents read"] = len(records)
     stats[TAIL] = packer.tail_tokens
     stats[FOLDED] = packer.folded_characters
     stats["seconds"] = round(time.perf_counter() - begin, 3)
-    (staging / PART_STATS).write_text(json.dumps(dict(stats), indent=1))
+    (staging / PART_STATS).write_text(json.dumps({**stats, "sources": sources}, indent=1))
     if final.exists():  # a complete part from an earlier run that we were asked to redo
         shutil.rmtree(final)
     os.rename(staging, final)
     return dict(stats)
 
 
-def parts_of(sources: list[tuple[int, Source]], docs_per_part: int) -> Iterator[tuple[str, list[Record | bytes]]]:
-    """(part name, records) for every part of the given sources, in order."""
+def parts_of(sources: list[tuple[int, Source]], docs_per_part: int) -> Iterator[tuple[str, list, list[Source]]]:
+    """(part name, records, the sources they come from) for every part of the given sources, in order.
+
+    A part takes the next ``docs_per_part`` records, crossing into the next file when one ends, so many small files
+    still make samples (each part drops its last < seq-len tokens). It is named by the source it starts in and its
+    place in the job: the same input always gives the same parts.
+    """
+    records: list = []
+    spanned: list[Source] = []
+    block, first = 0, None
     for source_index, source in sources:
-        block, records = 0, []
         for record in source.records():
+            if first is None:
+                first = source_index
+            if not spanned or spanned[-1] is not source:
+                spanned.append(source)
             records.append(record)
             if len(records) == docs_per_part:
-                yield f"part-{source_index:05d}-{block:06d}", records
-                block, records = block + 1, []
-        if records or block == 0:
-            yield f"part-{source_index:05d}-{block:06d}", records
-
-
-# ----------------------------------------------------------------------------------------------------------- output
-class Output:
-    """Where the dataset goes: a local folder, or any remote Streaming supports (s3://, gs://, ...) through a local
-    working folder. A part is complete when its ``part.json`` is there; for a remote it is uploaded after the part's
-    shards, so a run on another machine sees exactly the parts that are done."""
-
-    def __init__(self, out_root: str, local_root: str | None):
-        remote = "://" in out_root or local_root is not None
-        self.remote = out_root if remote else None
-        if remote and local_root is None:
-            local_root = Path(tempfile.gettempdir()) / "vocagno-convert" / re.sub(r"[^\w.-]+", "_", out_root)
-        self.local = Path(local_root if remote else out_root)
-        self.local.mkdir(parents=True, exist_ok=True)
-        self._uploader = None
-        if remote:
-            from streaming.base.storage import CloudUploader
-
-            self._uploader = CloudUploader.get((str(self.local), self.remote), keep_local=True, exist_ok=True)
-
-    def __str__(self) -> str:
-        return self.remote or str(self.local)
-
-    def fetch(self, relative: str) -> bool:
-        """Whether ``relative`` exists, fetched into the local folder first when the output is remote."""
-        path = self.local / relative
-        if path.exists() or self.remote is None:
-            return path.exists()
-        from streaming.base.storage import CloudDownloader
-
-        try:
-            CloudDownloader.direct_download(f"{self.remote.rstrip('/')}/{relative}", str(path))
-        except FileNotFoundError:
-            return False
-        return path.exists()
-
-    def publish(self, *relatives: str) -> None:
-        """Upload local files, in this order, when the output is remote."""
-        for relative in relatives if self._uploader else ():
-            if "://" not in self.remote:  # Streaming's local uploader does not make folders
-                (Path(self.remote) / relative).parent.mkdir(parents=True, exist_ok=True)
-            self._uploader.upload_file(relative)
-
-    def publish_part(self, name: str) -> None:
-        files = sorted(f.name for f in (self.local / name).iterdir() if f.name != PART_STATS)
-        self.publish(*(f"{name}/{f}" for f in files), f"{name}/{PART_STATS}")
+                yield f"part-{first:05d}-{block:06d}", records, spanned
+                block, records, spanned, first = block + 1, [], [], None
+    if records or block == 0:
+        yield f"part-{first if first is not None else 0:05d}-{block:06d}", records, spanned
 
 
 # ----------------------------------------------------------------------------------------------------------- driver
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     output = Output(args.out_root, args.local_root)
-    if not args.merge_only:
-        convert(args, output)
+    unreadable = {} if args.merge_only else convert(args, output)
     if args.merge_only or all_jobs_done(output, args.num_jobs):
-        merge(output, force=args.merge_only)
-    else:
-        print(f"job {args.job_index} of {args.num_jobs} done; the last job to finish merges the parts")
-    return 0
+        return merge(output, args)
+    print(f"job {args.job_index} of {args.num_jobs} done; the last job to finish merges the parts")
+    return 1 if unreadable else 0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -436,7 +342,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--input", nargs="+", default=[DEFAULT_INPUT],
-        help="a Hugging Face dataset name (streamed), or local .jsonl/.json/.parquet/.txt files or folders of them",
+        help="a Hugging Face dataset name (streamed), or local .jsonl/.json/.parquet/.txt files (any case, gzip or "
+             "not) or folders of them",
     )
     parser.add_argument("--split", default="train", help="the Hugging Face dataset's split")
     parser.add_argument("--text-field", default="text", help="the field holding each document's text (.txt: the file)")
@@ -457,18 +364,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="documents per part (the unit of resumption; each part drops its last < seq-len tokens)")
     parser.add_argument("--max-doc-chars", type=int, default=1_000_000,
                         help="longer documents are tokenized in pieces of at most this many characters")
-    parser.add_argument("--merge-only", action="store_true", help="only merge the finished parts' indexes")
+    parser.add_argument("--min-converted", type=float, default=0.5,
+                        help="fail (exit 1, nothing published) when a smaller fraction of the documents read converts")
+    parser.add_argument("--merge-only", action="store_true", help="only merge the finished parts")
+    parser.add_argument("--allow-partial", action="store_true",
+                        help="merge even though some jobs have not finished (vocagno.json records which did)")
     args = parser.parse_args(argv)
     if not 0 <= args.job_index < args.num_jobs:
         parser.error(f"--job-index must be in [0, {args.num_jobs}), got {args.job_index}")
-    for flag in ("seq_len", "workers", "docs_per_part", "max_doc_chars"):
+    for flag in ("workers", "docs_per_part", "max_doc_chars"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be positive")
+    if args.seq_len < 2:
+        parser.error(f"--seq-len must be at least 2 (a token and the one it predicts), got {args.seq_len}")
+    if not 0 <= args.min_converted <= 1:
+        parser.error(f"--min-converted is a fraction in [0, 1], got {args.min_converted}")
     args.compression = None if args.compression == "none" else args.compression
     return args
 
 
-def convert(args: argparse.Namespace, output: Output) -> None:
+def _part_source(name: str) -> int:
+    """The index of the source file a part starts in (``part-SSSSS-BBBBBB``)."""
+    return int(name.split("-")[1])
+
+
+def convert(args: argparse.Namespace, output: Output) -> dict[str, str]:
+    """Convert this job's parts that are not done on the out-root; return the files that could not be read."""
     student_tok, teacher_tok = load_tokenizer(args.student_tokenizer), load_tokenizer(args.teacher_tokenizer)
     student = tokenizer_info(student_tok, args.student_tokenizer)
     teacher = tokenizer_info(teacher_tok, args.teacher_tokenizer)
@@ -479,18 +400,44 @@ def convert(args: argparse.Namespace, output: Output) -> None:
         seq_len=args.seq_len, docs_per_part=args.docs_per_part, max_doc_chars=args.max_doc_chars,
         compression=args.compression,
     )
-    check_or_write_config(output, config, student, teacher)
-    for stale in output.local.glob(".tmp-part-*"):  # unfinished parts of an interrupted run
-        shutil.rmtree(stale)
+    marker = f"job-{args.job_index:04d}-of-{args.num_jobs:04d}"
+    lock = OwnedLock(output.local / f"{marker}.lock", f"job {args.job_index} of {args.num_jobs} into {output}")
+    if not lock.acquire():
+        raise SystemExit(f"error: another conversion is running job {args.job_index} into {output}: wait for it, "
+                         "or give this one another --out-root")
+    try:
+        check_or_write_config(output, config, student, teacher)
+        for stale in output.local.glob(".tmp-part-*"):  # this job's unfinished parts of an interrupted run
+            if _part_source(stale.name.removeprefix(".tmp-")) % args.num_jobs == args.job_index:
+                shutil.rmtree(stale)
+        sources = sources_of(args.input, args.split, args.text_field)
+        mine = [(i, s) for i, s in enumerate(sources) if i % args.num_jobs == args.job_index]
+        print(f"{len(sources)} source file(s); this job (#{args.job_index} of {args.num_jobs}) converts {len(mine)}")
+        global _encoder
+        _encoder = Encoder(student_tok, teacher_tok)
+        done_parts = _convert_parts(args, output, mine, config.__dict__, (student, teacher))
+        unreadable = {s.name: s.error for _, s in mine if s.error}
+        write_atomically(output.local / f"{marker}.json",
+                         json.dumps({"parts": sorted(done_parts), "unreadable": unreadable}, indent=1))
+        output.publish(f"{marker}.json")
+    finally:
+        lock.release()
+    for name, error in unreadable.items():
+        print(f"error: could not read {name}: {error}", file=sys.stderr)
+    return unreadable
 
-    sources = sources_of(args.input, args.split, args.text_field)
-    mine = [(i, s) for i, s in enumerate(sources) if i % args.num_jobs == args.job_index]
-    print(f"{len(sources)} source file(s); this job (#{args.job_index} of {args.num_jobs}) converts {len(mine)}")
-    tokenizers = (student, teacher)
-    config_dict = config.__dict__
+
+def _convert_parts(args, output: Output, mine: list[tuple[int, Source]], config: dict, tokenizers) -> list[str]:
     done_parts, totals = [], Counter()
     progress = tqdm(unit="doc", desc="converting", dynamic_ncols=True, mininterval=1.0)
     begin = time.perf_counter()
+    fingerprints: dict[str, dict] = {}
+
+    def fingerprint(spanned: list[Source]) -> dict[str, dict]:
+        for source in spanned:
+            if source.name not in fingerprints:
+                fingerprints[source.name] = source.fingerprint()
+        return {source.name: fingerprints[source.name] for source in spanned}
 
     def finished(name: str, stats: dict, converted_now: bool = True) -> None:
         if converted_now:
@@ -502,18 +449,23 @@ def convert(args: argparse.Namespace, output: Output) -> None:
         rate = totals["student tokens"] / elapsed
         progress.set_postfix_str(f"{rate:,.0f} student tok/s, {totals['samples']} samples")
 
-    def todo() -> Iterator[tuple[str, list[Record | bytes]]]:
-        for name, records in parts_of(mine, args.docs_per_part):
-            if output.fetch(f"{name}/{PART_STATS}"):  # complete from an earlier run
-                finished(name, json.loads((output.local / name / PART_STATS).read_text()), converted_now=False)
+    def todo() -> Iterator[tuple[str, list, dict]]:
+        for name, records, spanned in parts_of(mine, args.docs_per_part):
+            sources = fingerprint(spanned)
+            done_there = output.on_out_root(f"{name}/{PART_STATS}")
+            if done_there or (output.local / name / PART_STATS).exists():
+                output.fetch(f"{name}/{PART_STATS}")
+                stats = json.loads((output.local / name / PART_STATS).read_text())
+                _check_same_sources(output, name, stats.get("sources", {}), sources)
+                if not done_there:  # finished here, but its upload broke off: upload it again
+                    output.publish_part(name)
+                finished(name, stats, converted_now=False)
                 continue
-            yield name, records
+            yield name, records, sources
 
-    global _encoder
-    _encoder = Encoder(student_tok, teacher_tok)
     if args.workers == 1:
-        for name, records in todo():
-            finished(name, convert_part(records, str(output.local / name), config_dict, tokenizers))
+        for name, records, sources in todo():
+            finished(name, convert_part(records, str(output.local / name), config, tokenizers, sources))
     else:
         # fork where there is one: workers start at once, with the modules already imported.
         context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
@@ -522,21 +474,38 @@ def convert(args: argparse.Namespace, output: Output) -> None:
             initargs=(args.student_tokenizer, args.teacher_tokenizer),
         ) as pool:
             pending: dict = {}
-            for name, records in todo():
-                pending[pool.submit(convert_part, records, str(output.local / name), config_dict, tokenizers)] = name
+            for name, records, sources in todo():
+                future = pool.submit(convert_part, records, str(output.local / name), config, tokenizers, sources)
+                pending[future] = name
                 if len(pending) >= 2 * args.workers:  # bounded read-ahead: the corpus never sits in memory
                     _collect(pending, finished, concurrent.futures.FIRST_COMPLETED)
             _collect(pending, finished, concurrent.futures.ALL_COMPLETED)
     progress.close()
-    marker = f"job-{args.job_index:04d}-of-{args.num_jobs:04d}.json"
-    (output.local / marker).write_text(json.dumps({"parts": sorted(done_parts)}, indent=1))
-    output.publish(marker)
     if args.num_jobs > 1:
         print_summary(f"job {args.job_index} of {args.num_jobs}", totals, output, sorted(done_parts))
+    return done_parts
+
+
+def _check_same_sources(output: Output, part: str, made_from: dict, now: dict) -> None:
+    """Refuse to resume when a part's source files are not what they were when it was made."""
+    def same(a: dict, b: dict) -> bool:  # the content; a file copied elsewhere keeps it, and a new mtime
+        return {k: v for k, v in a.items() if k != "mtime"} == {k: v for k, v in b.items() if k != "mtime"}
+
+    if made_from.keys() != now.keys():
+        raise SystemExit(
+            f"error: the input changed: {part} in {output} was made from {sorted(made_from)}, but the same part is "
+            f"now {sorted(now)} (files added, removed or reordered); convert into a new --out-root"
+        )
+    for name, earlier in made_from.items():
+        if not same(earlier, now[name]):
+            raise SystemExit(
+                f"error: {name} changed since {part} in {output} was made from it ({earlier.get('bytes'):,} bytes "
+                f"then, {now[name].get('bytes'):,} now, or other content): restore it, or convert into a new --out-root"
+            )
 
 
 def _add_part_stats(totals: Counter, stats: dict) -> None:
-    totals.update({k: v for k, v in stats.items() if k != "seconds"})  # counts add up; a part's seconds don't
+    totals.update({k: v for k, v in stats.items() if k not in NOT_COUNTS})  # counts add up; a part's seconds don't
 
 
 def _collect(pending: dict, finished, return_when) -> None:
@@ -556,58 +525,93 @@ def check_or_write_config(output: Output, config: Config, student: TokenizerInfo
                 "use another --out-root, or delete it to start over"
             )
         return
-    (output.local / CONFIG_FILE).write_text(json.dumps(wanted, indent=1, ensure_ascii=False))
+    if output.fetch("index.json"):
+        raise SystemExit(f"error: {output} holds a dataset (index.json) that no vocagno conversion made: it would be "
+                         "overwritten; use another --out-root")
+    write_atomically(output.local / CONFIG_FILE, json.dumps(wanted, indent=1, ensure_ascii=False))
     output.publish(CONFIG_FILE)
 
 
 def all_jobs_done(output: Output, num_jobs: int) -> bool:
-    return all(output.fetch(f"job-{i:04d}-of-{num_jobs:04d}.json") for i in range(num_jobs))
+    return all(output.on_out_root(f"job-{i:04d}-of-{num_jobs:04d}.json") for i in range(num_jobs))
 
 
-def merge(output: Output, force: bool = False) -> None:
-    """Join the finished parts into one dataset: vocagno.json, then index.json (last, so the root reads as complete
-    only now). Jobs that end together merge once: the first takes a lock, ``force`` (--merge-only) ignores it."""
-    lock = output.local / MERGE_LOCK
+def merge(output: Output, args: argparse.Namespace) -> int:
+    """Join the finished parts into one dataset. Jobs that end together merge once: the first takes the lock."""
+    lock = OwnedLock(output.local / MERGE_LOCK, f"merging {output}")
+    if not lock.acquire():
+        return 0  # a live job is merging: it publishes the dataset
     try:
-        os.close(os.open(lock, os.O_CREAT | os.O_EXCL))
-    except FileExistsError:
-        if not force:
-            print(f"another job is merging {output} ({lock} exists; --merge-only merges regardless)")
-            return
-    try:
-        _merge(output)
+        return _merge(output, args)
     finally:
-        lock.unlink(missing_ok=True)
+        lock.release()
 
 
-def _merge(output: Output) -> None:
+def _merge(output: Output, args: argparse.Namespace) -> int:
     root = output.local
     if not output.fetch(CONFIG_FILE):
         raise SystemExit(f"error: cannot merge {output}: no conversion was started there")
     config = json.loads((root / CONFIG_FILE).read_text())
-    job_files = sorted(root.glob("job-*-of-*.json"))
-    parts = sorted({p for f in job_files for p in json.loads(f.read_text())["parts"]})
-    missing = [p for p in parts if not (output.fetch(f"{p}/{PART_STATS}") and output.fetch(f"{p}/index.json"))]
-    if not job_files or missing:
-        raise SystemExit(f"error: cannot merge {output}: parts not finished: {missing or 'no job has finished'}")
-    (root / "index.json").unlink(missing_ok=True)
+    markers = {i: f"job-{i:04d}-of-{args.num_jobs:04d}.json" for i in range(args.num_jobs)}
+    done = [i for i, marker in markers.items() if output.on_out_root(marker) and output.fetch(marker)]
+    unfinished = [i for i in markers if i not in done]
+    if not done or (unfinished and not args.allow_partial):
+        raise SystemExit(
+            f"error: cannot merge {output}: job(s) {unfinished} of {args.num_jobs} have not finished; run them (the "
+            "same command with their --job-index), or add --allow-partial to publish what the others made"
+        )
+    jobs = [json.loads((root / markers[i]).read_text()) for i in done]
+    parts = sorted({p for job in jobs for p in job["parts"]})
+    unreadable = {name: error for job in jobs for name, error in job.get("unreadable", {}).items()}
+    missing = [p for p in parts if not (output.on_out_root(f"{p}/{PART_STATS}") and output.fetch(f"{p}/index.json"))]
+    if missing:
+        raise SystemExit(f"error: cannot merge {output}: parts not finished there: {missing}")
     totals = Counter()
     for part in parts:
+        output.fetch(f"{part}/{PART_STATS}")
         _add_part_stats(totals, json.loads((root / part / PART_STATS).read_text()))
+    totals["unreadable files"] = len(unreadable)
+    too_little = _too_little(totals, args.min_converted, config["seq_len"])
+    if too_little:
+        print_summary("dataset (not published)", totals, output, parts, unreadable=unreadable)
+        raise SystemExit(f"error: nothing published to {output}: {too_little}")
+    problems = verify_shards(output, parts)
+    if problems:
+        raise SystemExit(f"error: cannot merge {output}: {len(problems)} shard(s) on it are not as written: "
+                         + "; ".join(problems[:10]) + ". Delete those parts there and run the same command again.")
     metadata = ShardMetadata(
         student=TokenizerInfo(**config["student"]),
         teacher=TokenizerInfo(**config["teacher"]),
         seq_len=config["seq_len"],
         totals=dict(totals),
+        partial={"jobs_done": done, "num_jobs": args.num_jobs} if unfinished else None,
     )
     metadata.write(root)
-    logging.getLogger().setLevel(logging.ERROR)  # merge_index warns about its temporary folder
-    merge_index([str(root / p / "index.json") for p in parts], str(root), keep_local=True)
+    write_atomically(root / "index.json", json.dumps(merged_index(root, parts)))
     output.publish(METADATA_FILE, "index.json")
-    print_summary("dataset", totals, output, parts, merged=True)
+    print_summary("dataset", totals, output, parts, merged=True, unreadable=unreadable)
+    if unfinished:
+        print(f"PARTIAL: jobs {unfinished} of {args.num_jobs} had not finished (--allow-partial; vocagno.json says so)")
+    return 1 if unreadable else 0
 
 
-def print_summary(title: str, totals: Counter, output: Output, parts: list[str], merged: bool = False) -> None:
+def _too_little(totals: Counter, min_converted: float, seq_len: int) -> str | None:
+    """Why the converted data is too little to publish, or None."""
+    read, converted = totals["documents read"], totals["documents converted"]
+    skipped = ", ".join(f"{k.removeprefix('skipped: ')}: {v:,}" for k, v in totals.most_common() if k.startswith("skipped"))
+    if read == 0:
+        return "the input holds no documents"
+    if converted < min_converted * read:
+        return (f"only {converted:,} of {read:,} documents converted (--min-converted {min_converted}); skipped: "
+                f"{skipped or 'none'}")
+    if totals["samples"] == 0:
+        return (f"{converted:,} documents converted, but their {totals['student tokens']:,} student tokens make no "
+                f"sample of --seq-len {seq_len} (fewer than that per part)")
+    return None
+
+
+def print_summary(title: str, totals: Counter, output: Output, parts: list[str], merged: bool = False,
+                  unreadable: dict[str, str] | None = None) -> None:
     shard_bytes = 0
     for part in parts:
         for shard in json.loads((output.local / part / "index.json").read_text())["shards"]:
@@ -628,8 +632,10 @@ def print_summary(title: str, totals: Counter, output: Output, parts: list[str],
         f"bytes on disk (shards): {shard_bytes:,}"
         + (f" = {shard_bytes / tokens:.2f} bytes per student token" if tokens else ""),
     ]
+    lines += [f"UNREADABLE: {name}: {error}" for name, error in (unreadable or {}).items()]
     if merged:
-        lines.append(f"complete: {output} (index.json, vocagno.json)")
+        lines.append(f"complete: {output} (index.json, vocagno.json)"
+                     + (f", without the {len(unreadable)} unreadable file(s) above" if unreadable else ""))
     print("\n".join(lines), flush=True)
 
 

@@ -16,6 +16,7 @@ import torch
 from streaming.base.util import clean_stale_shared_memory
 
 from conversion import convert_dataset
+from conversion.sources import hub_sources
 from vocagno.alignment import align
 from vocagno.data import TeacherGuidedCollator, TeacherGuidedDataset
 from vocagno.shards import ShardMetadata
@@ -332,11 +333,11 @@ def test_hub_datasets_stream_one_source_per_file(tmp_path):
     folder.mkdir()
     (folder / "train-0.jsonl").write_text("".join(lines[:30]), encoding="utf-8")
     (folder / "train-1.jsonl").write_text("".join(lines[30:50]), encoding="utf-8")
-    sources = convert_dataset.hub_sources(str(folder), "train", "text")
+    sources = hub_sources(str(folder), "train", "text")
     assert len(sources) == 2
     texts = [r.text for source in sources for r in source.records()]
     assert sorted(texts) == sorted(json.loads(line)["text"] for line in lines[:50])
-    assert [r.problem for r in convert_dataset.hub_sources(str(folder), "train", "body")[0].records()][:1] == [
+    assert [r.problem for r in hub_sources(str(folder), "train", "body")[0].records()][:1] == [
         "missing text field 'body'"
     ]
 
@@ -429,3 +430,249 @@ def test_a_missing_input_path_is_named_not_sent_to_the_hub(tmp_path):
     with pytest.raises(SystemExit, match="error: input data/no_such_folder is no local file or folder, and as a "
                                          "Hugging Face dataset it could not be loaded"):
         convert(tmp_path / "out", inputs=("data/no_such_folder",))
+
+
+# ------------------------------------------------------------------------------------------ faults and careless input
+def converts(out_root, *args, inputs):
+    """convert_dataset.main's exit code (or SystemExit's message) for a small conversion at seq-len 64."""
+    try:
+        return convert_dataset.main(["--input", *map(str, inputs), *BASE_ARGS[:4], "--seq-len", "64",
+                                     "--out-root", str(out_root), *args])
+    except SystemExit as error:
+        return str(error.code)
+
+
+def test_a_part_whose_upload_broke_off_is_uploaded_again(tmp_path, monkeypatch):
+    """The part finished locally; its last shard reached the remote half-way and part.json never did. The rerun with
+    the same --local-root uploads it again instead of trusting the local copy, and the dataset reads whole."""
+    from conversion.output import Output
+
+    corpus, remote, work = small_corpus(tmp_path / "docs.jsonl"), tmp_path / "remote", tmp_path / "work"
+    upload = Output.publish_part
+
+    def breaks_off(self, name):
+        if name == "part-00000-000001":
+            shard = sorted((self.local / name).glob("shard.*"))[0]
+            self.publish(f"{name}/{shard.name}")
+            data = (Path(self.remote) / name / shard.name).read_bytes()
+            (Path(self.remote) / name / shard.name).write_bytes(data[: len(data) // 2])
+            raise ConnectionResetError("the upload broke off")
+        upload(self, name)
+
+    monkeypatch.setattr(Output, "publish_part", breaks_off)
+    with pytest.raises(ConnectionResetError):
+        converts(remote, "--docs-per-part", "15", "--local-root", str(work), inputs=[corpus])
+    monkeypatch.setattr(Output, "publish_part", upload)
+    assert converts(remote, "--docs-per-part", "15", "--local-root", str(work), inputs=[corpus]) == 0
+    whole = read_samples(convert(tmp_path / "whole", "--seq-len", "64", "--docs-per-part", "15", inputs=[corpus]),
+                         tmp_path)
+    same_samples(read_samples(remote, tmp_path), whole)
+
+
+def test_the_merge_verifies_every_shard_on_the_out_root(tmp_path):
+    corpus, remote = small_corpus(tmp_path / "docs.jsonl"), tmp_path / "remote"
+    assert converts(remote, "--local-root", str(tmp_path / "work"), inputs=[corpus]) == 0
+    shard = sorted(remote.glob("part-*/shard.*"))[0]
+    data = shard.read_bytes()
+    shard.write_bytes(data[:-100])  # truncated on the remote
+    message = converts(remote, "--local-root", str(tmp_path / "work"), "--merge-only", inputs=[corpus])
+    assert f"{shard.parent.name}/{shard.name} has {len(data) - 100:,} bytes, its index says {len(data):,}" in message
+    shard.write_bytes(data[:50] + bytes([data[50] ^ 1]) + data[51:])  # one flipped bit
+    message = converts(remote, "--local-root", str(tmp_path / "work"), "--merge-only", inputs=[corpus])
+    assert f"{shard.parent.name}/{shard.name} does not match its xxh3_64 hash" in message
+
+
+def test_a_flipped_bit_in_a_shard_is_an_error_naming_it(tmp_path):
+    root = tmp_path / "shards"
+    assert converts(root, inputs=[small_corpus(tmp_path / "docs.jsonl")]) == 0
+    shard = sorted(root.glob("part-*/shard.*.zstd"))[0]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=f"Checksum failure: .*{shard.parent.name}/{shard.name}"):
+        read_samples(root, tmp_path)
+
+
+def test_an_input_changed_under_an_existing_root_is_refused_by_name(tmp_path):
+    corpus, root = small_corpus(tmp_path / "docs.jsonl"), tmp_path / "shards"
+    assert converts(root, inputs=[corpus]) == 0
+    with open(corpus, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"text": "An appended document."}) + "\n")
+    assert f"error: {corpus} changed since part-00000-000000" in converts(root, inputs=[corpus])
+
+
+def test_a_stale_merge_lock_is_taken_over(tmp_path):
+    corpus, root = small_corpus(tmp_path / "docs.jsonl"), tmp_path / "shards"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    root.mkdir()
+    import socket
+
+    (root / "merge.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": int(dead.stdout)}))
+    assert converts(root, inputs=[corpus]) == 0
+    assert (root / "index.json").exists() and not (root / "merge.lock").exists()
+
+
+def test_writes_are_atomic_on_a_full_disk(tmp_path, monkeypatch):
+    from vocagno.shards import write_atomically
+
+    path = tmp_path / "index.json"
+    path.write_text('{"version": 2, "shards": []}')
+
+    def disk_full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        write_atomically(path, '{"version": 2, "shards": [' + "x" * 10000)
+    assert path.read_text() == '{"version": 2, "shards": []}'  # the old file, whole
+
+
+def test_merge_only_refuses_a_partial_dataset_unless_told(tmp_path):
+    files = []
+    for i in range(2):
+        files.append(small_corpus(tmp_path / f"docs{i}.jsonl"))
+    root = tmp_path / "shards"
+    assert converts(root, "--num-jobs", "2", "--job-index", "0", inputs=files) == 0
+    assert not (root / "index.json").exists()
+    message = converts(root, "--num-jobs", "2", "--merge-only", inputs=files)
+    assert "job(s) [1] of 2 have not finished" in message and not (root / "index.json").exists()
+    assert converts(root, "--num-jobs", "2", "--merge-only", "--allow-partial", inputs=files) == 0
+    assert ShardMetadata.read(root).partial == {"jobs_done": [0], "num_jobs": 2}
+
+
+def test_many_small_files_still_make_samples(tmp_path):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    docs = [json.loads(line)["text"] for line in open(SAMPLE, encoding="utf-8")][:60]
+    for i, doc in enumerate(docs):
+        (folder / f"{i:03d}.txt").write_text(doc, encoding="utf-8")
+    root = tmp_path / "shards"
+    assert convert_dataset.main(["--input", str(folder), *BASE_ARGS[:4], "--seq-len", "512",
+                                 "--out-root", str(root)]) == 0
+    meta = ShardMetadata.read(root)
+    assert meta.totals["documents converted"] == 60 and meta.totals["samples"] == meta.totals["student tokens"] // 512
+
+
+@pytest.mark.parametrize("content, reason", [
+    ("", "the input holds no documents"),
+    ('[{"text": "a"}, {"text": "b"},]', "only 0 of 1 documents converted (--min-converted 0.5); skipped: invalid JSON"),
+    ('{"text": "Short."}\n', "make no sample of --seq-len 64"),
+])
+def test_nothing_converted_is_a_failure_that_says_why(tmp_path, content, reason):
+    path = tmp_path / ("in.json" if content.startswith("[") else "in.jsonl")
+    path.write_text(content)
+    message = converts(tmp_path / "shards", inputs=[path])
+    assert reason in message and not (tmp_path / "shards" / "index.json").exists()
+
+
+def test_bom_case_gzip_and_ignored_files(tmp_path, capsys):
+    import gzip
+
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    docs = [json.loads(line)["text"] for line in open(SAMPLE, encoding="utf-8")][:30]
+    lines = [json.dumps({"text": d}) + "\n" for d in docs]
+    (folder / "a.JSONL").write_bytes(b"\xef\xbb\xbf" + "".join(lines[:10]).encode())
+    (folder / "b.jsonl.gz").write_bytes(gzip.compress("".join(lines[10:20]).encode()))
+    (folder / "c.jsonl").write_bytes(gzip.compress("".join(lines[20:]).encode()))  # gzip under a plain name
+    (folder / "notes.csv").write_text("a,b\n")
+    root = tmp_path / "shards"
+    assert converts(root, inputs=[folder]) == 0
+    assert "ignored 1 file(s) that are not .jsonl/.json/.parquet/.txt[.gz]: notes.csv" in capsys.readouterr().out
+    meta = ShardMetadata.read(root)
+    assert meta.totals["documents read"] == meta.totals["documents converted"] == 30
+    assert read_samples(root, tmp_path)[0]["text"].startswith(docs[0][:40])  # no BOM, the first document whole
+
+
+def test_one_bad_record_or_file_does_not_abort_the_conversion(tmp_path, capsys):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    small_corpus(folder / "a.jsonl")
+    with open(folder / "a.jsonl", "a") as f:
+        f.write("[" * 100000 + "]" * 100000 + "\n")  # a JSON line nested 100,000 deep
+    (folder / "b.parquet").write_bytes(b"PAR1" + os.urandom(1000) + b"PAR1")  # corrupt
+    root = tmp_path / "shards"
+    assert converts(root, inputs=[folder]) == 1  # published, and an error at the end
+    out = capsys.readouterr()
+    assert f"UNREADABLE: {folder / 'b.parquet'}: " in out.out and "could not read" in out.err
+    totals = ShardMetadata.read(root).totals
+    assert totals["skipped: JSON nested too deeply"] == 1 and totals["unreadable files"] == 1
+    assert totals["documents converted"] == 40
+
+
+def test_a_foreign_index_or_a_second_run_of_the_same_job_is_refused(tmp_path):
+    import socket
+
+    corpus = small_corpus(tmp_path / "docs.jsonl")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "index.json").write_text('{"version": 2, "shards": []}')
+    assert "holds a dataset (index.json) that no vocagno conversion made" in converts(foreign, inputs=[corpus])
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "job-0000-of-0001.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+    assert "another conversion is running job 0" in converts(busy, inputs=[corpus])
+
+
+def test_bad_settings_are_refused_before_anything_is_written(tmp_path):
+    message = converts(tmp_path / "shards", "--seq-len", "1", inputs=[small_corpus(tmp_path / "docs.jsonl")])
+    assert message == "2" and not (tmp_path / "shards").exists()
+
+
+def test_killing_the_converter_leaves_no_worker_behind(tmp_path):
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text(open(SAMPLE, encoding="utf-8").read() * 6, encoding="utf-8")
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "conversion" / "convert_dataset.py"), "--input", str(corpus), *BASE_ARGS,
+         "--docs-per-part", "50", "--workers", "2", "--out-root", str(tmp_path / "shards")],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def children():
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == process.pid:
+                found.append(int(stat.parent.name))
+        return found
+
+    deadline = time.time() + 120
+    while len(children()) < 2 and time.time() < deadline:
+        time.sleep(0.2)
+    workers = children()
+    assert len(workers) >= 2
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    deadline = time.time() + 15
+    while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
+
+
+@pytest.mark.parametrize("student, teacher", [("llama2", "qwen2.5"), ("mistral", "deepseek-llm")])
+def test_a_long_document_cut_into_pieces_gives_the_tokens_of_the_whole(tokenizers, student, teacher):
+    """Cut before a whitespace, a piece that continues a document is encoded without SentencePiece's dummy prefix:
+    no spurious "▁" per cut, on either side."""
+    from collections import Counter
+
+    from conversion.convert_dataset import Encoder, clean
+    from conversion.sources import Record
+
+    text = "alpha beta gamma\nThe integral ∫x²dx = x³/3 — 中文 😀 and  two  spaces. " * 60
+    pieces = clean(Record(text), 97, Counter())
+    assert len(pieces) > 30 and "".join(pieces) == text
+    encoder = Encoder(tokenizers[student], tokenizers[teacher])
+    cut, whole = encoder.encode([pieces]), encoder.encode([[text]])
+    for key in ("student_ids", "student_offsets", "teacher_ids", "teacher_offsets"):
+        assert np.array_equal(getattr(cut, key), getattr(whole, key)), key
+
+
+def test_long_documents_are_packed_a_group_at_a_time_into_the_same_samples(tmp_path, monkeypatch):
+    long_doc = " ".join(json.loads(line)["text"] for line in open(SAMPLE, encoding="utf-8"))[:60000]
+    corpus = small_corpus(tmp_path / "docs.jsonl", [long_doc])
+    whole = read_samples(convert(tmp_path / "whole", inputs=[corpus]), tmp_path)
+    monkeypatch.setattr(convert_dataset, "ENCODE_CHARS", 5000)  # many groups, a document open across them
+    cut = read_samples(convert(tmp_path / "cut", "--max-doc-chars", "3000", inputs=[corpus]), tmp_path)
+    same_samples(cut, whole)

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -99,6 +100,37 @@ def test_kill_and_autoresume_continue_with_the_same_losses(tiny_run, tmp_path):
     assert len(trained) == 8 and trained == [s for s in sorted(resumed) if "loss/train/total" in resumed[s]]
     for step in trained:
         assert resumed[step]["loss/train/total"] == pytest.approx(expected[step]["loss/train/total"], rel=1e-6), step
+
+
+def test_an_interrupted_checkpoint_save_resumes_with_the_same_command(tiny_run, tmp_path):
+    """A kill or a full disk during a save leaves a truncated checkpoint (here the latest, ba4) and a partial one
+    past it (ba6): the same command falls back to ba2 and ends with the losses of an uninterrupted run."""
+    common = ["max_duration=6ba", "save_interval=2ba", "autoresume=true", "eval_loader=null"]
+    straight, broken = tmp_path / "straight", tmp_path / "broken"
+    run_train(tiny_run[0], *common, f"save_folder={straight}/ckpt", "run_name=straight",
+              f"loggers.jsonl.path={straight}/log.jsonl")
+    resume = [*common, f"save_folder={broken}/ckpt", "run_name=broken", f"loggers.jsonl.path={broken}/log.jsonl"]
+    run_train(tiny_run[0], *resume, "max_duration=4ba")
+    latest = broken / "ckpt" / "ep0-ba4-rank0.pt"
+    latest.write_bytes(latest.read_bytes()[: latest.stat().st_size // 2])
+    (broken / "ckpt" / "ep0-ba6-rank0.pt").write_bytes(b"PK\x03\x04 partial")
+    result = run_train(tiny_run[0], *resume)
+    assert "removing" in result.stdout and "ep0-ba4-rank0.pt: an incomplete checkpoint" in result.stdout
+    expected, resumed = read_log(straight / "log.jsonl"), read_log(broken / "log.jsonl")
+    trained = [s for s in sorted(expected) if "loss/train/total" in expected[s]]
+    assert len(trained) == 6 and trained == [s for s in sorted(resumed) if "loss/train/total" in resumed[s]]
+    for step in trained:
+        assert resumed[step]["loss/train/total"] == pytest.approx(expected[step]["loss/train/total"], rel=1e-6), step
+    assert os.path.realpath(broken / "ckpt" / "latest-rank0.pt").endswith("ep0-ba6-rank0.pt")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.config.max_position_embeddings=64", "hold 128 student tokens, but the student .* max_position_embeddings=64"),
+    ("teacher.config.max_position_embeddings=64", "hold 128 student tokens .* the teacher has max_position_embeddings=64"),
+])
+def test_models_too_short_for_the_shards_are_refused(tiny_run, override, message):
+    result = run_train(tiny_run[0], override, "max_duration=1ba", "eval_loader=null", check=False)
+    assert result.returncode != 0 and re.search(message, result.stderr)
 
 
 def test_two_processes_train_on_different_samples(tiny_run, tmp_path):

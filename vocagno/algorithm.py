@@ -271,12 +271,18 @@ class VocAgnoLM(Algorithm):
         return TeacherScorer(teacher, self.chunk_size)
 
     def _check_teacher(self, teacher: nn.Module, state: State) -> None:
-        """The teacher must read the shards' teacher tokens: same tokenizer, and an embedding with a row for each
-        token (it may have more: Qwen2.5 pads 151,665 tokens to 152,064 rows)."""
+        """The teacher must read the shards' teacher tokens: same tokenizer, positions for a row, and an embedding with
+        a row for each token (it may have more: Qwen2.5 pads 151,665 tokens to 152,064 rows)."""
         dataset = getattr(getattr(state, "train_dataloader", None), "dataset", None)
         metadata = getattr(dataset, "metadata", None)
         if metadata is None:
             return
+        positions = getattr(getattr(teacher, "config", None), "max_position_embeddings", None)
+        if positions is not None and positions < metadata.seq_len:  # teacher rows hold about as many tokens, or more
+            raise ValueError(
+                f"the shards' samples hold {metadata.seq_len} student tokens (and about as many teacher tokens or "
+                f"more), but the teacher has max_position_embeddings={positions}: it can't read them"
+            )
         rows = teacher.get_input_embeddings().num_embeddings
         if rows < metadata.teacher.vocab_size:
             raise ValueError(

@@ -27,7 +27,7 @@ import torch
 from streaming import StreamingDataset
 
 from vocagno.alignment import align
-from vocagno.shards import METADATA_FILE, ShardMetadata, describe_tokenizer
+from vocagno.shards import METADATA_FILE, SHARD_HASH, ShardMetadata, describe_tokenizer
 
 __all__ = ["TeacherGuidedDataset", "TeacherGuidedCollator", "read_metadata", "token_bytes"]
 
@@ -51,7 +51,8 @@ class TeacherGuidedDataset(StreamingDataset):
 
     ``student_tokenizer`` / ``teacher_tokenizer`` (a tokenizer, a name or path, or a ``TokenizerInfo``): when given,
     shards made by other tokenizers are refused with both names in the message. Other keyword arguments go to
-    ``StreamingDataset`` (``shuffle``, ``batch_size``, ``num_canonical_nodes``, ...).
+    ``StreamingDataset`` (``shuffle``, ``batch_size``, ``num_canonical_nodes``, ...). Each shard is checked against
+    the hash its index records when it is read (``validate_hash``): a corrupt shard is an error naming it.
     """
 
     def __init__(
@@ -69,7 +70,7 @@ class TeacherGuidedDataset(StreamingDataset):
         self.metadata.check_tokenizers(
             describe_tokenizer(student_tokenizer, "student"), describe_tokenizer(teacher_tokenizer, "teacher")
         )
-        super().__init__(local=local, remote=remote, split=split, **streaming_kwargs)
+        super().__init__(local=local, remote=remote, split=split, **{"validate_hash": SHARD_HASH, **streaming_kwargs})
 
     def get_item(self, idx: int, retry: int = 7) -> dict[str, Any]:
         sample = super().get_item(idx, retry)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from vocagno.alignment import align, uncovered_characters
 __all__ = [
     "COLUMNS",
     "METADATA_FILE",
+    "SHARD_HASH",
     "FORMAT_VERSION",
     "TokenizerInfo",
     "ShardMetadata",
@@ -45,6 +47,7 @@ __all__ = [
     "compact",
     "EncodedDocuments",
     "Packer",
+    "write_atomically",
 ]
 
 COLUMNS = {
@@ -55,10 +58,23 @@ COLUMNS = {
     "teacher_offsets": "ndarray",
 }
 METADATA_FILE = "vocagno.json"
+SHARD_HASH = "xxh3_64"  # every shard's hash in index.json: the merge checks it on the out-root, readers when they read
 FORMAT_VERSION = 2  # 2: a BOS starts each row (tokenizers that add one), end-of-text separators
 # Tokens that end a document in pretraining. A chat model's EOS ends a turn instead (Qwen2.5-Math-7B-Instruct's is
 # <|im_end|>), so these come first when the vocabulary has them.
 END_OF_TEXT_TOKENS = ("<|endoftext|>", "<|end_of_text|>")
+
+
+def write_atomically(path: str | Path, text: str) -> None:
+    """Write a file so that it is either its old self or complete (a full disk or a kill leaves no truncated file):
+    a temporary file beside it, flushed to disk, renamed over it."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def compact(array: np.ndarray) -> np.ndarray:
@@ -123,13 +139,11 @@ class ShardMetadata:
     teacher: TokenizerInfo
     seq_len: int
     totals: dict = field(default_factory=dict)
+    partial: dict | None = None  # set when published before every job finished (--allow-partial): which did
     format_version: int = FORMAT_VERSION
 
     def write(self, root: str | Path) -> None:
-        path = Path(root) / METADATA_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        tmp.replace(path)
+        write_atomically(Path(root) / METADATA_FILE, json.dumps(asdict(self), indent=2, ensure_ascii=False) + "\n")
 
     @classmethod
     def read(cls, root: str | Path) -> "ShardMetadata":
@@ -150,6 +164,7 @@ class ShardMetadata:
             teacher=TokenizerInfo(**raw["teacher"]),
             seq_len=raw["seq_len"],
             totals=raw.get("totals", {}),
+            partial=raw.get("partial"),
         )
 
     def check_tokenizers(self, student: TokenizerInfo | None = None, teacher: TokenizerInfo | None = None) -> None:
@@ -168,7 +183,8 @@ class EncodedDocuments:
     """Documents tokenized by both tokenizers (each once), concatenated with no separators yet.
 
     Offsets index into ``text``, the documents joined; ``doc_ends[d]`` is the character where document ``d`` ends, and
-    ``student_lengths[d]`` / ``teacher_lengths[d]`` are its token counts.
+    ``student_lengths[d]`` / ``teacher_lengths[d]`` are its token counts. ``open_last``: the last document goes on in
+    the next ``EncodedDocuments`` (a long document, fed in pieces cut at whitespace), so no separator follows it yet.
     """
 
     text: str
@@ -179,6 +195,7 @@ class EncodedDocuments:
     teacher_ids: np.ndarray
     teacher_offsets: np.ndarray
     teacher_lengths: np.ndarray
+    open_last: bool = False
 
 
 _NONE = np.iinfo(np.int64).max
@@ -216,10 +233,13 @@ class Packer:
     def add(self, docs: EncodedDocuments) -> list[dict]:
         """Append documents; return the samples they complete. Aligns them in one call, not one per document."""
         char_base, teacher_base = len(self._text), len(self._t_ids)
+        closed = len(docs.doc_ends) - docs.open_last  # documents that end here: a separator follows each
         s_ids, s_offsets, s_seps = self._with_separators(
-            docs.student_ids, docs.student_offsets, docs.student_lengths, docs.doc_ends, self.student_separator_id)
+            docs.student_ids, docs.student_offsets, docs.student_lengths[:closed], docs.doc_ends[:closed],
+            self.student_separator_id)
         t_ids, t_offsets, t_seps = self._with_separators(
-            docs.teacher_ids, docs.teacher_offsets, docs.teacher_lengths, docs.doc_ends, self.teacher_separator_id)
+            docs.teacher_ids, docs.teacher_offsets, docs.teacher_lengths[:closed], docs.doc_ends[:closed],
+            self.teacher_separator_id)
         start, end = align(s_offsets, t_offsets)
         self.folded_characters += uncovered_characters(s_offsets, t_offsets)
         # Unmapped student tokens (folded characters) constrain no teacher range: they get (NONE, -1).

@@ -1,0 +1,172 @@
+"""Where a conversion writes: the out-root (a local folder, or any remote Streaming supports through a local working
+folder), what counts as done there, and the merge that publishes the dataset.
+
+Guarantees:
+- A part is done only when its ``part.json`` is on the out-root itself (uploaded after its shards): a part finished
+  locally whose upload broke off is uploaded again, never trusted from the local copy.
+- The merge verifies every shard it lists on the out-root (size and xxh3 hash, as recorded when it was written),
+  then writes ``vocagno.json`` and ``index.json`` atomically (write, fsync, rename), ``index.json`` last, so a root
+  reads as complete only when it is.
+- One process converts a job, and one job merges, at a time: their locks name their owner (host, pid), and a lock
+  whose owner is gone is taken over.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+from streaming.base.hashing import get_hash
+
+from vocagno.shards import SHARD_HASH, write_atomically
+
+__all__ = ["Output", "PART_STATS", "OwnedLock", "merged_index", "verify_shards"]
+
+PART_STATS = "part.json"
+
+
+class Output:
+    """The out-root. ``local`` is where parts are written; for a remote, ``remote`` is where they are uploaded."""
+
+    def __init__(self, out_root: str, local_root: str | None):
+        remote = "://" in out_root or local_root is not None
+        self.remote = out_root if remote else None
+        if remote and local_root is None:
+            local_root = Path(tempfile.gettempdir()) / "vocagno-convert" / re.sub(r"[^\w.-]+", "_", out_root)
+        self.local = Path(local_root if remote else out_root)
+        self.local.mkdir(parents=True, exist_ok=True)
+        self._uploader = None
+        if remote:
+            from streaming.base.storage import CloudUploader
+
+            self._uploader = CloudUploader.get((str(self.local), self.remote), keep_local=True, exist_ok=True)
+
+    def __str__(self) -> str:
+        return self.remote or str(self.local)
+
+    def _download(self, relative: str, destination: Path) -> bool:
+        from streaming.base.storage import CloudDownloader
+
+        try:
+            CloudDownloader.direct_download(f"{self.remote.rstrip('/')}/{relative}", str(destination))
+        except FileNotFoundError:
+            return False
+        return destination.exists()
+
+    def fetch(self, relative: str) -> bool:
+        """Whether ``relative`` exists, fetched into the local folder first when the output is remote and the local
+        folder lacks it. For files written once and never changed (settings, a finished part's index)."""
+        path = self.local / relative
+        if path.exists() or self.remote is None:
+            return path.exists()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return self._download(relative, path)
+
+    def on_out_root(self, relative: str) -> bool:
+        """Whether ``relative`` is on the out-root itself: for a remote, looked up there, not in the local copy."""
+        if self.remote is None:
+            return (self.local / relative).exists()
+        with tempfile.TemporaryDirectory() as scratch:
+            return self._download(relative, Path(scratch) / "file")
+
+    def read_from_out_root(self, relative: str) -> bytes | None:
+        """The bytes of ``relative`` as the out-root holds them, or None when it is missing."""
+        if self.remote is None:
+            path = self.local / relative
+            return path.read_bytes() if path.exists() else None
+        with tempfile.TemporaryDirectory() as scratch:
+            copy = Path(scratch) / "file"
+            return copy.read_bytes() if self._download(relative, copy) else None
+
+    def publish(self, *relatives: str) -> None:
+        """Upload local files, in this order, when the output is remote."""
+        for relative in relatives if self._uploader else ():
+            if "://" not in self.remote:  # Streaming's local uploader does not make folders
+                (Path(self.remote) / relative).parent.mkdir(parents=True, exist_ok=True)
+            self._uploader.upload_file(relative)
+
+    def publish_part(self, name: str) -> None:
+        """Upload a finished part: its shards and index first, its ``part.json`` (what makes it done) last."""
+        files = sorted(f.name for f in (self.local / name).iterdir() if f.name != PART_STATS)
+        self.publish(*(f"{name}/{f}" for f in files), f"{name}/{PART_STATS}")
+
+
+def verify_shards(output: Output, parts: list[str]) -> list[str]:
+    """What is wrong with the shards the parts' indexes list, as the out-root holds them (empty: nothing)."""
+    problems = []
+    for part in parts:
+        for shard in json.loads((output.local / part / "index.json").read_text())["shards"]:
+            info = shard.get("zip_data") or shard["raw_data"]
+            relative = f"{part}/{info['basename']}"
+            data = output.read_from_out_root(relative)
+            if data is None:
+                problems.append(f"{relative} is missing")
+            elif len(data) != info["bytes"]:
+                problems.append(f"{relative} has {len(data):,} bytes, its index says {info['bytes']:,}")
+            elif SHARD_HASH in info.get("hashes", {}) and get_hash(SHARD_HASH, data) != info["hashes"][SHARD_HASH]:
+                problems.append(f"{relative} does not match its {SHARD_HASH} hash")
+    return problems
+
+
+def merged_index(root: Path, parts: list[str]) -> dict:
+    """Streaming's index of the parts' shards as one dataset (what ``streaming.base.util.merge_index`` writes),
+    built here so that it can be written atomically."""
+    shards = []
+    for part in parts:
+        for shard in json.loads((root / part / "index.json").read_text())["shards"]:
+            for key in ("raw_data", "zip_data", "raw_meta", "zip_meta"):
+                if shard.get(key):
+                    shard[key]["basename"] = f"{part}/{shard[key]['basename']}"
+            shards.append(shard)
+    return {"version": 2, "shards": shards}
+
+
+class OwnedLock:
+    """A lock file holding its owner (host, pid) and what it guards. A lock whose owner process is gone (same host),
+    or older than ``stale_after`` seconds (another host, whose processes can't be seen), is taken over."""
+
+    def __init__(self, path: Path, what: str, stale_after: float = 3600.0):
+        self.path = path
+        self.what = what
+        self.stale_after = stale_after
+
+    def acquire(self) -> bool:
+        owner = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()})
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            held = self._holder()
+            if held is not None and not self._gone(held):
+                print(f"{self.what}: held by pid {held.get('pid')} on {held.get('host')} ({self.path})")
+                return False
+            print(f"{self.what}: taking over {self.path.name} from a process that is gone ({held})")
+            write_atomically(self.path, owner)
+            return True
+        with os.fdopen(fd, "w") as f:
+            f.write(owner)
+        return True
+
+    def release(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def _holder(self) -> dict | None:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):  # killed between creating the lock and writing its owner
+            return None
+
+    def _gone(self, held: dict) -> bool:
+        if held.get("host") == socket.gethostname():
+            try:
+                os.kill(int(held["pid"]), 0)
+            except ProcessLookupError:
+                return True
+            except PermissionError:  # alive, another user's
+                return False
+            return False
+        return time.time() - float(held.get("since", 0)) > self.stale_after
