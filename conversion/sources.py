@@ -1,8 +1,8 @@
-"""Reading a corpus: local files (.jsonl, .json, .parquet, .txt, any of them gzip-compressed) or a Hugging Face
-dataset, as ``Source`` objects that yield ``Record``s, with a fingerprint of each file for resumption.
+"""Reading a corpus: local files (.jsonl, .json, .parquet, .txt, any of them gzip- or zstd-compressed) or a Hugging
+Face dataset, as ``Source`` objects that yield ``Record``s, with a fingerprint of each file for resumption.
 
 Nothing read aborts a conversion: a bad record is a ``Record`` with a ``problem`` (counted by reason), and a file
-that can't be read at all (a corrupt .parquet, a zstd file) ends in one such record and is named in
+that can't be read at all (a corrupt .parquet or .gz) ends in one such record and is named in
 ``Source.error``, for the summary and a non-zero exit.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import json
 import os
 from dataclasses import dataclass
@@ -18,7 +19,8 @@ from typing import Callable, Iterator
 
 __all__ = ["Record", "Source", "LOCAL_SUFFIXES", "sources_of", "hub_sources", "parse_jsonl_line"]
 
-LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt")  # in any case, optionally followed by .gz
+LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt")  # in any case, optionally followed by .gz or .zst
+COMPRESSED_SUFFIXES = (".gz", ".zst", ".zstd")
 _GZIP_MAGIC, _ZSTD_MAGIC = b"\x1f\x8b", b"\x28\xb5\x2f\xfd"
 _BOM = b"\xef\xbb\xbf"
 
@@ -82,13 +84,15 @@ def _decode(raw: bytes) -> Record:
 
 
 def _open(path: Path):
-    """The file's bytes, gunzipped when it is gzip-compressed, whatever its name says."""
+    """The file's bytes, decompressed as they are read when it is gzip- or zstd-compressed, whatever its name says."""
     with open(path, "rb") as f:
         magic = f.read(4)
     if magic.startswith(_GZIP_MAGIC):
         return gzip.open(path, "rb")
     if magic == _ZSTD_MAGIC:
-        raise ValueError("the file is zstd-compressed: decompress it first (zstd -d), or use gzip")
+        import zstandard
+
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
     return open(path, "rb")
 
 
@@ -152,8 +156,10 @@ def _read_txt(path: Path) -> Iterator[Record]:
 
 
 def _format(path: Path) -> str | None:
-    """The reader a file name asks for (``.JSONL``, ``.jsonl.gz``: ``.jsonl``), or None."""
-    name = path.name.lower().removesuffix(".gz")
+    """The reader a file name asks for (``.JSONL``, ``.jsonl.gz``, ``.jsonl.zst``: ``.jsonl``), or None."""
+    name, compression = os.path.splitext(path.name.lower())
+    if compression not in COMPRESSED_SUFFIXES:
+        name = path.name.lower()
     suffix = os.path.splitext(name)[1]
     return suffix if suffix in LOCAL_SUFFIXES else None
 
@@ -167,14 +173,14 @@ def local_sources(inputs: list[str], text_field: str) -> list[Source]:
             ignored = [p for p in found if _format(p) is None]
             if ignored:
                 names = ", ".join(str(p.relative_to(path)) for p in ignored[:10])
-                print(f"{path}: ignored {len(ignored)} file(s) that are not {'/'.join(LOCAL_SUFFIXES)}[.gz]: {names}"
+                print(f"{path}: ignored {len(ignored)} file(s) that are not {'/'.join(LOCAL_SUFFIXES)}[.gz/.zst]: {names}"
                       + (", ..." if len(ignored) > 10 else ""))
             if len(ignored) == len(found):
-                raise SystemExit(f"error: {path} holds no {', '.join(LOCAL_SUFFIXES)} files (or .gz of them)")
+                raise SystemExit(f"error: {path} holds no {', '.join(LOCAL_SUFFIXES)} files (or .gz/.zst of them)")
             files += [p for p in found if _format(p) is not None]
         elif path.is_file():
             if _format(path) is None:
-                raise SystemExit(f"error: {path}: unsupported file type (use {', '.join(LOCAL_SUFFIXES)}, or .gz)")
+                raise SystemExit(f"error: {path}: unsupported file type (use {', '.join(LOCAL_SUFFIXES)}, or .gz/.zst)")
             files.append(path)
         else:
             raise SystemExit(f"error: input {item} does not exist")

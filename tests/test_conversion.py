@@ -565,8 +565,10 @@ def test_nothing_converted_is_a_failure_that_says_why(tmp_path, content, reason)
     assert reason in message and not (tmp_path / "shards" / "index.json").exists()
 
 
-def test_bom_case_gzip_and_ignored_files(tmp_path, capsys):
+def test_bom_case_compression_and_ignored_files(tmp_path, capsys):
     import gzip
+
+    import zstandard
 
     folder = tmp_path / "docs"
     folder.mkdir()
@@ -574,11 +576,12 @@ def test_bom_case_gzip_and_ignored_files(tmp_path, capsys):
     lines = [json.dumps({"text": d}) + "\n" for d in docs]
     (folder / "a.JSONL").write_bytes(b"\xef\xbb\xbf" + "".join(lines[:10]).encode())
     (folder / "b.jsonl.gz").write_bytes(gzip.compress("".join(lines[10:20]).encode()))
-    (folder / "c.jsonl").write_bytes(gzip.compress("".join(lines[20:]).encode()))  # gzip under a plain name
+    (folder / "c.jsonl").write_bytes(gzip.compress("".join(lines[20:25]).encode()))  # gzip under a plain name
+    (folder / "d.Jsonl.ZST").write_bytes(zstandard.ZstdCompressor().compress("".join(lines[25:]).encode()))
     (folder / "notes.csv").write_text("a,b\n")
     root = tmp_path / "shards"
     assert converts(root, inputs=[folder]) == 0
-    assert "ignored 1 file(s) that are not .jsonl/.json/.parquet/.txt[.gz]: notes.csv" in capsys.readouterr().out
+    assert "ignored 1 file(s) that are not .jsonl/.json/.parquet/.txt[.gz/.zst]: notes.csv" in capsys.readouterr().out
     meta = ShardMetadata.read(root)
     assert meta.totals["documents read"] == meta.totals["documents converted"] == 30
     assert read_samples(root, tmp_path)[0]["text"].startswith(docs[0][:40])  # no BOM, the first document whole
