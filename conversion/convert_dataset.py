@@ -452,9 +452,8 @@ def _convert_parts(args, output: Output, mine: list[tuple[int, Source]], config:
     def todo() -> Iterator[tuple[str, list, dict]]:
         for name, records, spanned in parts_of(mine, args.docs_per_part):
             sources = fingerprint(spanned)
-            done_there = output.on_out_root(f"{name}/{PART_STATS}")
+            done_there = output.pull(f"{name}/{PART_STATS}")
             if done_there or (output.local / name / PART_STATS).exists():
-                output.fetch(f"{name}/{PART_STATS}")
                 stats = json.loads((output.local / name / PART_STATS).read_text())
                 _check_same_sources(output, name, stats.get("sources", {}), sources)
                 if not done_there:  # finished here, but its upload broke off: upload it again
@@ -533,7 +532,7 @@ def check_or_write_config(output: Output, config: Config, student: TokenizerInfo
 
 
 def all_jobs_done(output: Output, num_jobs: int) -> bool:
-    return all(output.on_out_root(f"job-{i:04d}-of-{num_jobs:04d}.json") for i in range(num_jobs))
+    return all(output.pull(f"job-{i:04d}-of-{num_jobs:04d}.json") for i in range(num_jobs))
 
 
 def merge(output: Output, args: argparse.Namespace) -> int:
@@ -553,7 +552,7 @@ def _merge(output: Output, args: argparse.Namespace) -> int:
         raise SystemExit(f"error: cannot merge {output}: no conversion was started there")
     config = json.loads((root / CONFIG_FILE).read_text())
     markers = {i: f"job-{i:04d}-of-{args.num_jobs:04d}.json" for i in range(args.num_jobs)}
-    done = [i for i, marker in markers.items() if output.on_out_root(marker) and output.fetch(marker)]
+    done = [i for i, marker in markers.items() if output.pull(marker)]
     unfinished = [i for i in markers if i not in done]
     if not done or (unfinished and not args.allow_partial):
         raise SystemExit(
@@ -563,12 +562,11 @@ def _merge(output: Output, args: argparse.Namespace) -> int:
     jobs = [json.loads((root / markers[i]).read_text()) for i in done]
     parts = sorted({p for job in jobs for p in job["parts"]})
     unreadable = {name: error for job in jobs for name, error in job.get("unreadable", {}).items()}
-    missing = [p for p in parts if not (output.on_out_root(f"{p}/{PART_STATS}") and output.fetch(f"{p}/index.json"))]
+    missing = [p for p in parts if not (output.pull(f"{p}/{PART_STATS}") and output.fetch(f"{p}/index.json"))]
     if missing:
         raise SystemExit(f"error: cannot merge {output}: parts not finished there: {missing}")
     totals = Counter()
     for part in parts:
-        output.fetch(f"{part}/{PART_STATS}")
         _add_part_stats(totals, json.loads((root / part / PART_STATS).read_text()))
     totals["unreadable files"] = len(unreadable)
     too_little = _too_little(totals, args.min_converted, config["seq_len"])

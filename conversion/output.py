@@ -50,13 +50,21 @@ class Output:
         return self.remote or str(self.local)
 
     def _download(self, relative: str, destination: Path) -> bool:
+        """Download from the remote, replacing ``destination``. Streaming's downloaders skip a file that exists
+        locally, so the download goes to a fresh scratch file first."""
         from streaming.base.storage import CloudDownloader
 
-        try:
-            CloudDownloader.direct_download(f"{self.remote.rstrip('/')}/{relative}", str(destination))
-        except FileNotFoundError:
-            return False
-        return destination.exists()
+        with tempfile.TemporaryDirectory(dir=self.local) as scratch:
+            copy = Path(scratch) / "file"
+            try:
+                CloudDownloader.direct_download(f"{self.remote.rstrip('/')}/{relative}", str(copy))
+            except FileNotFoundError:
+                return False
+            if not copy.exists():
+                return False
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(copy, destination)
+        return True
 
     def fetch(self, relative: str) -> bool:
         """Whether ``relative`` exists, fetched into the local folder first when the output is remote and the local
@@ -64,22 +72,22 @@ class Output:
         path = self.local / relative
         if path.exists() or self.remote is None:
             return path.exists()
-        path.parent.mkdir(parents=True, exist_ok=True)
         return self._download(relative, path)
 
-    def on_out_root(self, relative: str) -> bool:
-        """Whether ``relative`` is on the out-root itself: for a remote, looked up there, not in the local copy."""
+    def pull(self, relative: str) -> bool:
+        """Whether ``relative`` is on the out-root itself (for a remote, looked up there, not in the local copy), and
+        if so, the out-root's copy in the local folder."""
+        path = self.local / relative
         if self.remote is None:
-            return (self.local / relative).exists()
-        with tempfile.TemporaryDirectory() as scratch:
-            return self._download(relative, Path(scratch) / "file")
+            return path.exists()
+        return self._download(relative, path)
 
     def read_from_out_root(self, relative: str) -> bytes | None:
         """The bytes of ``relative`` as the out-root holds them, or None when it is missing."""
         if self.remote is None:
             path = self.local / relative
             return path.read_bytes() if path.exists() else None
-        with tempfile.TemporaryDirectory() as scratch:
+        with tempfile.TemporaryDirectory(dir=self.local) as scratch:
             copy = Path(scratch) / "file"
             return copy.read_bytes() if self._download(relative, copy) else None
 
