@@ -20,6 +20,7 @@ ProX used and VocAgnoLM follows:
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import lzma
 import re
@@ -42,10 +43,15 @@ SHIPPED_DATA = Path(__file__).resolve().parent.parent / "assets" / "benchmarks"
 CHOICE_INSTRUCTION = "What of the following is the right choice? Explain your answer."
 
 
+@functools.cache
+def _demos(name: str) -> str:
+    """harness ``load_prompt``: a prompt file, stripped, and three newlines (read once, not once per question)."""
+    return (SHIPPED_DATA / "prompts" / f"{name}.md").read_text(encoding="utf-8").strip() + "\n\n\n"
+
+
 def _prompt(demos: str, query: str) -> str:
-    """harness ``construct_prompt``: the demo file, stripped, three newlines, then the query."""
-    shots = (SHIPPED_DATA / "prompts" / f"{demos}.md").read_text(encoding="utf-8").strip()
-    return f"{shots}\n\n\n{query}"
+    """harness ``construct_prompt``: the demo file's text, then the query."""
+    return _demos(demos) + query
 
 
 def _question_answer(question: str) -> str:
