@@ -92,25 +92,32 @@ def _is_dtype(value: Any) -> bool:
     return isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype)
 
 
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _is_positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+    return _is_number(value) and isinstance(value, int) and value > 0
 
 
 # Values checked before anything runs: a key given with the wrong kind of value is one line naming the key. Booleans
 # must be real booleans: the string "false" is truthy, and trust_remote_code: "false" would run a folder's code.
 VALUE_CHECKS: dict[str, tuple[Any, str]] = {
-    "model.trust_remote_code": (lambda v: isinstance(v, bool), "true or false"),
-    "teacher.trust_remote_code": (lambda v: isinstance(v, bool), "true or false"),
-    "autoresume": (lambda v: isinstance(v, bool), "true or false"),
-    "save_overwrite": (lambda v: isinstance(v, bool), "true or false"),
-    "train_loader.drop_last": (lambda v: isinstance(v, bool), "true or false"),
-    "eval_loader.drop_last": (lambda v: isinstance(v, bool), "true or false"),
-    "train_loader.dataset.shuffle": (lambda v: isinstance(v, bool), "true or false"),
+    "model.trust_remote_code": (_is_bool, "true or false"),
+    "teacher.trust_remote_code": (_is_bool, "true or false"),
+    "autoresume": (_is_bool, "true or false"),
+    "save_overwrite": (_is_bool, "true or false"),
+    "train_loader.drop_last": (_is_bool, "true or false"),
+    "eval_loader.drop_last": (_is_bool, "true or false"),
+    "train_loader.dataset.shuffle": (_is_bool, "true or false"),
     "model.dtype": (_is_dtype, "a torch dtype (float32, bfloat16, float16)"),
     "teacher.dtype": (_is_dtype, "a torch dtype (float32, bfloat16, float16)"),
-    "optimizer.lr": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0, "a positive number"),
-    "optimizer.weight_decay": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0,
-                               "a number >= 0"),
+    "optimizer.lr": (lambda v: _is_number(v) and v > 0, "a positive number"),
+    "optimizer.weight_decay": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
     "global_train_batch_size": (_is_positive_int, "a positive integer"),
     "device_train_microbatch_size": (lambda v: _is_positive_int(v) or v == "auto", "a positive integer or auto"),
     "variables.seq_len": (lambda v: _is_positive_int(v) and v >= 2, "an integer >= 2"),
