@@ -30,9 +30,8 @@ from composer.utils import dist, format_name_with_dist, get_device, reproducibil
 from omegaconf import DictConfig  # noqa: E402
 from streaming.base.util import clean_stale_shared_memory  # noqa: E402
 from omegaconf import OmegaConf as om  # noqa: E402
-from torch.utils.data import DataLoader  # noqa: E402
 
-from vocagno.data import TeacherGuidedCollator, TeacherGuidedDataset  # noqa: E402
+from vocagno.data import teacher_guided_loader  # noqa: E402
 from vocagno.loggers import JSONLinesLogger, SampleLog  # noqa: E402
 from vocagno.metrics import BitsPerByte  # noqa: E402
 from vocagno.tokenization import load_tokenizer  # noqa: E402
@@ -177,21 +176,9 @@ def build_loader(section: DictConfig, student_tok, teacher_tok, batch_size: int)
     local = dataset_cfg["local"]
     if convert is not None and dataset_cfg.get("remote") is None:
         _convert_if_missing(local, om.to_container(convert))
-    dataset = TeacherGuidedDataset(
-        student_tokenizer=student_tok, teacher_tokenizer=teacher_tok, batch_size=batch_size, **dataset_cfg
-    )
-    teacher_pad = teacher_tok.pad_token_id if teacher_tok is not None else None
-    collate = TeacherGuidedCollator(
-        student_pad_id=student_tok.pad_token_id if student_tok.pad_token_id is not None else student_tok.eos_token_id,
-        teacher_pad_id=teacher_pad if teacher_pad is not None else dataset.metadata.teacher.separator_id,
-        teacher_seq_len=section.get("teacher_seq_len"),
-    )
-    return DataLoader(
-        dataset,
-        batch_size=batch_size,
-        collate_fn=collate,
-        num_workers=section.get("num_workers", 0),
-        drop_last=section.get("drop_last", True),
+    return teacher_guided_loader(
+        dataset_cfg, student_tok, teacher_tok, batch_size, teacher_seq_len=section.get("teacher_seq_len"),
+        num_workers=section.get("num_workers", 0), drop_last=section.get("drop_last", True),
     )
 
 

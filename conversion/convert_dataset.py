@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import copy
 import ctypes
 import itertools
 import json
@@ -55,7 +54,7 @@ from vocagno.shards import (  # noqa: E402
     COLUMNS, METADATA_FILE, SHARD_HASH, EncodedDocuments, Packer, ShardMetadata, TokenizerInfo, tokenizer_info,
     write_atomically,
 )
-from vocagno.tokenization import load_tokenizer  # noqa: E402
+from vocagno.tokenization import load_tokenizer, text_tokenizers  # noqa: E402
 
 DEFAULT_INPUT = "open-web-math/open-web-math"
 CONFIG_FILE = "conversion.json"
@@ -119,8 +118,8 @@ class Encoder:
     """
 
     def __init__(self, student, teacher):  # fast tokenizers, as load_tokenizer gives them
-        self.student = _text_tokenizers(student.backend_tokenizer)
-        self.teacher = _text_tokenizers(teacher.backend_tokenizer)
+        self.student = text_tokenizers(student.backend_tokenizer)
+        self.teacher = text_tokenizers(teacher.backend_tokenizer)
         specials = {str(t) for tok in (student, teacher) for t in tok.added_tokens_decoder.values() if t.special}
         self._special = re.compile("|".join(map(re.escape, sorted(specials, key=len, reverse=True))))
 
@@ -167,44 +166,6 @@ def piece_groups(docs: list[list[str]]) -> Iterator[tuple[list[list[str]], bool,
             characters += len(piece)
     if group:
         yield group, continues_first, False
-
-
-def _text_tokenizers(backend) -> tuple:
-    """Copies of a backend tokenizer that tokenize special tokens' strings as text: as it is, and without the dummy
-    prefix for pieces that continue a document (the same object where it has no dummy prefix)."""
-    plain = copy.deepcopy(backend)
-    plain.encode_special_tokens = True
-    continuing = _without_dummy_prefix(backend)
-    if continuing is None:
-        return plain, plain
-    continuing.encode_special_tokens = True
-    return plain, continuing
-
-
-def _without_dummy_prefix(backend):
-    """A copy of a backend tokenizer that prepends no "▁" to a text (SentencePiece's dummy prefix: a ``Prepend``
-    normalizer in Llama-2's tokenizer.json, a ``Metaspace`` pre-tokenizer's prepend scheme in Mistral's), or None
-    when it has none (byte-level BPE)."""
-    from tokenizers import Tokenizer
-
-    def strip(node):
-        if not isinstance(node, dict):
-            return node
-        if node.get("type") == "Prepend":
-            return None
-        if node.get("type") == "Metaspace":
-            node["prepend_scheme"] = "never"
-        for key in ("normalizers", "pretokenizers"):
-            if key in node:
-                node[key] = [n for n in map(strip, node[key]) if n is not None]
-        return node
-
-    spec = json.loads(backend.to_str())
-    before = (json.dumps(spec["normalizer"]), json.dumps(spec["pre_tokenizer"]))
-    spec["normalizer"], spec["pre_tokenizer"] = strip(spec["normalizer"]), strip(spec["pre_tokenizer"])
-    if (json.dumps(spec["normalizer"]), json.dumps(spec["pre_tokenizer"])) == before:
-        return None
-    return Tokenizer.from_str(json.dumps(spec))
 
 
 def _encode(tokenizers, texts: list[str], continues: list[bool], starts: np.ndarray):

@@ -188,3 +188,41 @@ def test_microbatch_and_sequence_scopes_select_within_each_microbatch_or_sequenc
         want = teacher_guided_loss(logits, piece["labels"], piece, teacher_loss, per_sequence=scope == "sequence")
         for key, value in want.items():
             torch.testing.assert_close(capture.losses[index][key], value, rtol=1e-5, atol=1e-6)
+
+
+def test_batches_of_student_tokens_alone_get_their_teacher_side_made(loader, tokenizers):
+    """A recipe's loader that gives only ``input_ids``/``attention_mask`` (no conversion): the algorithm makes the
+    teacher's tokens and the alignment at AFTER_DATALOADER, from the model's tokenizer, and trains as on shards."""
+    shard_batches = [batch for batch, _ in zip(loader, range(2))]
+    plain = DataLoader([{"input_ids": b["input_ids"], "attention_mask": b["attention_mask"]} for b in shard_batches],
+                       batch_size=None)
+    student, teacher = tiny(LlamaConfig, LlamaForCausalLM, 32000), tiny(Qwen2Config, Qwen2ForCausalLM, 152064)
+    capture = Capture()
+    trainer = Trainer(model=HuggingFaceModel(student, tokenizer=tokenizers["llama2"], use_logits=True),
+                      train_dataloader=plain, max_duration="2ba", device_train_microbatch_size=4, callbacks=[capture],
+                      algorithms=[VocAgnoLM(teacher=teacher, teacher_tokenizer="qwen2.5", teacher_dtype="float32")],
+                      optimizers=torch.optim.SGD(student.parameters(), lr=0.1), device="cpu", loggers=[],
+                      progress_bar=False)
+    trainer.fit()
+    made = capture.batches[0]
+    assert {"labels", "align_start", "align_end", "teacher_input_ids", "vocagno_selected"} <= set(made)
+    # The shards' rows start with a BOS mid-document, read here as a document's start: compare inside the rows.
+    shard = shard_batches[0]
+    for row in range(8):
+        got = made["teacher_input_ids"][row][made["teacher_attention_mask"][row].bool()]
+        want = shard["teacher_input_ids"][row][shard["teacher_attention_mask"][row].bool()]
+        assert torch.equal(got[4:-4], want[4:-4]), row
+    kept = [loss["kept_fraction"] for loss in capture.losses]
+    assert len(kept) == 4 and all(0.3 < k < 0.6 for k in kept)
+
+
+def test_student_tokens_alone_without_a_student_tokenizer_are_refused(loader):
+    batch = next(iter(loader))
+    plain = DataLoader([{"input_ids": batch["input_ids"]}], batch_size=None)
+    student, teacher = tiny(LlamaConfig, LlamaForCausalLM, 32000), tiny(Qwen2Config, Qwen2ForCausalLM, 152064)
+    trainer = Trainer(model=HuggingFaceModel(student, use_logits=True), train_dataloader=plain, max_duration="1ba",
+                      algorithms=[VocAgnoLM(teacher=teacher, teacher_tokenizer="qwen2.5", teacher_dtype="float32")],
+                      optimizers=torch.optim.SGD(student.parameters(), lr=0.1), device="cpu", loggers=[],
+                      progress_bar=False)
+    with pytest.raises(ValueError, match="give it student_tokenizer"):
+        trainer.fit()

@@ -3,8 +3,11 @@
     from vocagno.algorithm import VocAgnoLM
     trainer = Trainer(..., algorithms=[VocAgnoLM(teacher="Qwen/Qwen2.5-Math-7B-Instruct", topk_ratio=0.4)])
 
-The batches must come from ``vocagno.data.TeacherGuidedCollator`` (student ``input_ids``/``labels`` plus
-``align_start``/``align_end`` and the teacher's ``teacher_input_ids``/``teacher_attention_mask``).
+Batches from ``vocagno.data.TeacherGuidedCollator`` (shards made by the converter: student ``input_ids``/``labels``
+plus ``align_start``/``align_end`` and the teacher's ``teacher_input_ids``/``teacher_attention_mask``) are used as
+they are. A batch of student ``input_ids`` alone (llm-foundry's ``text`` loader, any recipe's) gets its teacher side
+made at AFTER_DATALOADER, on the CPU (``vocagno.teacher_side.TeacherSide``: the text of the student's tokens, the
+teacher's tokens of it, the alignment), from the student's tokenizer (``student_tokenizer``, or the model's).
 
 ``selection_scope`` says over which tokens the top-k is taken. ``batch`` (the default, Rho-1's "tokens in a batch"):
 the whole global batch, every rank and every microbatch, so ``device_train_microbatch_size`` is only a memory knob.
@@ -41,6 +44,7 @@ from torch import nn
 
 from vocagno.loss import check_options, excess_loss, guided_loss, select_top, teacher_token_loss, token_cross_entropy
 from vocagno.shards import describe_tokenizer
+from vocagno.teacher_side import TeacherSide
 
 __all__ = ["TeacherScorer", "load_teacher", "teacher_guided_loss", "VocAgnoLM"]
 
@@ -108,6 +112,12 @@ def student_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tens
     return token_cross_entropy(logits[:, :-1], labels[:, 1:])
 
 
+def _tokenizer(tokenizer: Any):
+    from vocagno.tokenization import load_tokenizer
+
+    return load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+
+
 class VocAgnoLM(Algorithm):
     """Teacher guided language modeling with a teacher of any vocabulary (Shin et al., ICML 2025).
 
@@ -117,6 +127,8 @@ class VocAgnoLM(Algorithm):
         selection_scope: ``batch`` (the global batch), ``microbatch`` or ``sequence``: see the module's docstring.
         teacher_tokenizer: the teacher's tokenizer (name, folder or object). Given, or loaded from ``teacher`` when it
             is a name, it must be the tokenizer the shards' teacher tokens were made with.
+        student_tokenizer: for batches of student tokens alone: the student's tokenizer (name, folder or object);
+            unset, the model's (``HuggingFaceModel.tokenizer``).
         teacher_dtype: dtype of a teacher loaded by name.
         teacher_placement: ``replicate`` (a whole copy per device), ``fsdp`` (sharded with PyTorch FSDP), or ``auto``
             (``fsdp`` when the run uses FSDP, else ``replicate``).
@@ -132,6 +144,7 @@ class VocAgnoLM(Algorithm):
         unmapped: str = "include",
         selection_scope: str = "batch",
         teacher_tokenizer: Any = None,
+        student_tokenizer: Any = None,
         teacher_dtype: str = "bfloat16",
         teacher_placement: str = "auto",
         chunk_size: int = 1024,
@@ -149,6 +162,8 @@ class VocAgnoLM(Algorithm):
         self.teacher = teacher
         self.teacher_tokenizer = teacher_tokenizer if teacher_tokenizer is not None else (
             teacher if isinstance(teacher, str) else None)
+        self.student_tokenizer = student_tokenizer
+        self.teacher_side: TeacherSide | None = None  # made on the first batch that has no teacher tokens
         self.teacher_dtype = teacher_dtype
         self.teacher_placement = teacher_placement
         self.chunk_size = chunk_size
@@ -178,10 +193,8 @@ class VocAgnoLM(Algorithm):
             if self.scorer is None:
                 self.scorer = self._place(self._build_scorer(state), state)
         elif event == Event.AFTER_DATALOADER:
-            if "labels" not in state.batch or "teacher_input_ids" not in state.batch:
-                raise KeyError(
-                    "VocAgnoLM needs batches from vocagno.data.TeacherGuidedCollator (labels, teacher_input_ids, ...)"
-                )
+            if "teacher_input_ids" not in state.batch:
+                state.batch = self._make_teacher_side(state)(state.batch)
             if self.selection_scope == "batch":
                 self._select_over_global_batch(state)
         elif event == Event.BEFORE_FORWARD:
@@ -207,6 +220,22 @@ class VocAgnoLM(Algorithm):
         elif event == Event.BATCH_END:
             logger.log_metrics({"vocagno/teacher_forward_seconds": self._teacher_seconds})
             self._teacher_seconds = 0.0
+
+    def _make_teacher_side(self, state: State) -> TeacherSide:
+        if self.teacher_side is None:
+            if "input_ids" not in state.batch:
+                raise KeyError(f"VocAgnoLM needs the student's input_ids; the batch has {sorted(state.batch)}")
+            student = self.student_tokenizer or getattr(state.model, "tokenizer", None)
+            if student is None or self.teacher_tokenizer is None:
+                missing = "student_tokenizer (or a HuggingFaceModel with its tokenizer)" if student is None else \
+                    "teacher_tokenizer"
+                raise ValueError(
+                    "VocAgnoLM got a batch of student tokens alone (no teacher_input_ids): it makes the teacher's side "
+                    f"from their text, which needs the tokenizers; give it {missing}, or train on shards made by "
+                    "conversion/convert_dataset.py"
+                )
+            self.teacher_side = TeacherSide(_tokenizer(student), _tokenizer(self.teacher_tokenizer))
+        return self.teacher_side
 
     def _teacher_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         begin = time.perf_counter()

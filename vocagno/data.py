@@ -25,11 +25,12 @@ from typing import Any
 import numpy as np
 import torch
 from streaming import StreamingDataset
+from torch.utils.data import DataLoader
 
 from vocagno.alignment import align
 from vocagno.shards import METADATA_FILE, SHARD_HASH, ShardMetadata, describe_tokenizer
 
-__all__ = ["TeacherGuidedDataset", "TeacherGuidedCollator", "read_metadata", "token_bytes"]
+__all__ = ["TeacherGuidedDataset", "TeacherGuidedCollator", "teacher_guided_loader", "read_metadata", "token_bytes"]
 
 ARRAY_COLUMNS = ("student_ids", "student_offsets", "teacher_ids", "teacher_offsets")
 
@@ -163,3 +164,34 @@ class TeacherGuidedCollator:
                 stacklevel=3,
             )
         self.truncated_teacher_tokens += n_tokens
+
+
+def teacher_guided_loader(
+    dataset: dict[str, Any],
+    student_tokenizer,
+    teacher_tokenizer,
+    batch_size: int,
+    teacher_seq_len: int | None = None,
+    **loader_kwargs: Any,
+) -> DataLoader:
+    """A ``DataLoader`` of ``TeacherGuidedCollator`` batches over the shards ``dataset`` names (``local``, ``remote``,
+    ``split``, ``shuffle``, ... as ``TeacherGuidedDataset`` takes them). The tokenizers (objects, names or folders)
+    are checked against the ones the shards were made with; ``teacher_tokenizer`` None: the shards' teacher tokens
+    are taken as they are (padded with the separator ``vocagno.json`` names). Other keyword arguments go to the
+    ``DataLoader``."""
+    from vocagno.tokenization import load_tokenizer
+
+    if isinstance(student_tokenizer, str):
+        student_tokenizer = load_tokenizer(student_tokenizer)
+    if isinstance(teacher_tokenizer, str):
+        teacher_tokenizer = load_tokenizer(teacher_tokenizer)
+    shards = TeacherGuidedDataset(
+        student_tokenizer=student_tokenizer, teacher_tokenizer=teacher_tokenizer, batch_size=batch_size, **dataset)
+    student_pad = student_tokenizer.pad_token_id
+    teacher_pad = teacher_tokenizer.pad_token_id if teacher_tokenizer is not None else None
+    collate = TeacherGuidedCollator(
+        student_pad_id=student_pad if student_pad is not None else student_tokenizer.eos_token_id,
+        teacher_pad_id=teacher_pad if teacher_pad is not None else shards.metadata.teacher.separator_id,
+        teacher_seq_len=teacher_seq_len,
+    )
+    return DataLoader(shards, batch_size=batch_size, collate_fn=collate, **loader_kwargs)

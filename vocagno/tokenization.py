@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import difflib
 import hashlib
+import json
 import lzma
 import os
 import shutil
@@ -13,7 +15,10 @@ from pathlib import Path
 import numpy as np
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-__all__ = ["SHIPPED_TOKENIZERS", "ASSETS", "load_tokenizer", "shipped_tokenizer_dir", "encode_with_offsets"]
+__all__ = [
+    "SHIPPED_TOKENIZERS", "ASSETS", "load_tokenizer", "shipped_tokenizer_dir", "encode_with_offsets", "text_tokenizers",
+    "without_dummy_prefix",
+]
 
 ASSETS = Path(__file__).parent / "assets"
 
@@ -95,3 +100,42 @@ def encode_with_offsets(
     ids = np.asarray(encoding["input_ids"], dtype=np.int64)
     offsets = np.asarray(encoding["offset_mapping"], dtype=np.int64).reshape(-1, 2)
     return ids, offsets
+
+
+def text_tokenizers(backend) -> tuple:
+    """Copies of a backend tokenizer that tokenize special tokens' strings as text: as it is, and without the dummy
+    prefix for pieces that continue a document (the same object where it has no dummy prefix). Text is text: a
+    "</s>" in a document is the characters it is, never the special token."""
+    plain = copy.deepcopy(backend)
+    plain.encode_special_tokens = True
+    continuing = without_dummy_prefix(backend)
+    if continuing is None:
+        return plain, plain
+    continuing.encode_special_tokens = True
+    return plain, continuing
+
+
+def without_dummy_prefix(backend):
+    """A copy of a backend tokenizer that prepends no "▁" to a text (SentencePiece's dummy prefix: a ``Prepend``
+    normalizer in Llama-2's tokenizer.json, a ``Metaspace`` pre-tokenizer's prepend scheme in Mistral's), or None
+    when it has none (byte-level BPE)."""
+    from tokenizers import Tokenizer
+
+    def strip(node):
+        if not isinstance(node, dict):
+            return node
+        if node.get("type") == "Prepend":
+            return None
+        if node.get("type") == "Metaspace":
+            node["prepend_scheme"] = "never"
+        for key in ("normalizers", "pretokenizers"):
+            if key in node:
+                node[key] = [n for n in map(strip, node[key]) if n is not None]
+        return node
+
+    spec = json.loads(backend.to_str())
+    before = (json.dumps(spec["normalizer"]), json.dumps(spec["pre_tokenizer"]))
+    spec["normalizer"], spec["pre_tokenizer"] = strip(spec["normalizer"]), strip(spec["pre_tokenizer"])
+    if (json.dumps(spec["normalizer"]), json.dumps(spec["pre_tokenizer"])) == before:
+        return None
+    return Tokenizer.from_str(json.dumps(spec))

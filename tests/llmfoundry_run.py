@@ -1,0 +1,96 @@
+"""Run by tests/test_llmfoundry.py with the Python of a venv holding llm-foundry 0.22 and vocagno (one resolve).
+
+    python tests/llmfoundry_run.py WORKDIR
+
+Builds a tiny random-init Llama student (TinyLlama's tokenizer) and Qwen2 teacher (Qwen2.5's tokenizer) as Hugging
+Face folders, makes a token MDS with llm-foundry's own ``convert_dataset_json`` and vocagno shards with
+``conversion/convert_dataset.py`` from the same GSM8K text, then trains with llm-foundry's ``train_from_yaml``:
+(a) its ``text`` loader plus ``algorithms: {vocagno: {teacher: DIR}}``, (b) ``train_loader: {name: vocagno}``.
+Prints one JSON line per run: the logged ``loss/train/kept_fraction`` values and the installed versions.
+"""
+
+import json
+import os
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `conversion` is a folder of the repo
+
+import torch  # noqa: E402
+from composer.loggers import InMemoryLogger  # noqa: E402
+from llmfoundry.command_utils import train_from_yaml  # noqa: E402
+from llmfoundry.command_utils.data_prep.convert_dataset_json import convert_dataset_json  # noqa: E402
+from omegaconf import OmegaConf as om  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+
+from conversion import convert_dataset  # noqa: E402
+from vocagno.tokenization import ASSETS, load_tokenizer  # noqa: E402
+
+SEQ_LEN = 128
+TEXT = ASSETS / "text" / "gsm8k_train_500.jsonl"
+
+
+def tiny_model(config_class, model_class, tokenizer_name: str, folder: Path) -> str:
+    torch.manual_seed(0)
+    tokenizer = load_tokenizer(tokenizer_name)
+    config = config_class(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    model_class(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def run(work: Path, name: str, train_loader: dict, student: str, teacher: str) -> dict:
+    config = {
+        "run_name": name,
+        "seed": 0,
+        "max_seq_len": SEQ_LEN,
+        "model": {"name": "hf_causal_lm", "pretrained_model_name_or_path": student, "pretrained": True},
+        "tokenizer": {"name": student, "kwargs": {"model_max_length": SEQ_LEN}},
+        "train_loader": train_loader,
+        "algorithms": {"vocagno": {"teacher": teacher, "teacher_dtype": "float32"}},
+        "optimizer": {"name": "decoupled_adamw", "lr": 1.0e-3, "weight_decay": 0.0},
+        "scheduler": {"name": "constant_with_warmup", "t_warmup": "0ba"},
+        "max_duration": "3ba",
+        "eval_interval": 1,
+        "global_train_batch_size": 4,
+        "device_train_microbatch_size": 2,
+        "device_eval_batch_size": 2,
+        "precision": "fp32",
+        "progress_bar": False,
+        "log_to_console": False,
+        "loggers": {"inmemory": {}},
+    }
+    yaml = work / f"{name}.yaml"
+    yaml.write_text(om.to_yaml(config))
+    trainer = train_from_yaml(str(yaml))
+    memory = next(d for d in trainer.logger.destinations if isinstance(d, InMemoryLogger))
+    kept = [float(value) for _, value in memory.data.get("loss/train/kept_fraction", [])]
+    return {"run": name, "kept_fraction": kept, "batches": int(trainer.state.timestamp.batch)}
+
+
+def main(work: Path) -> None:
+    student = tiny_model(LlamaConfig, LlamaForCausalLM, "llama2", work / "student")
+    teacher = tiny_model(Qwen2Config, Qwen2ForCausalLM, "qwen2.5", work / "teacher")
+    convert_dataset_json(path=str(TEXT), out_root=str(work / "tokens"), compression=None, concat_tokens=SEQ_LEN,
+                         split="train", tokenizer=student, eos_text="</s>")
+    convert_dataset.main(["--input", str(TEXT), "--student-tokenizer", student, "--teacher-tokenizer", teacher,
+                          "--seq-len", str(SEQ_LEN), "--out-root", str(work / "shards")])
+    versions = {p: version(p) for p in ("llm-foundry", "mosaicml-streaming", "transformers", "datasets")}
+    runs = [
+        run(work, "text-loader", {"name": "text", "dataset": {"local": str(work / "tokens"), "split": None,
+            "shuffle": False, "max_seq_len": SEQ_LEN}, "drop_last": True, "num_workers": 0, "prefetch_factor": None,
+            "persistent_workers": False}, student, teacher),
+        run(work, "vocagno-loader", {"name": "vocagno", "dataset": {"local": str(work / "shards"), "shuffle": False},
+            "drop_last": True, "num_workers": 0}, student, teacher),
+    ]
+    for result in runs:
+        print(json.dumps({**result, "versions": versions}), flush=True)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

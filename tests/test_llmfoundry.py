@@ -1,0 +1,68 @@
+"""vocagno inside llm-foundry 0.22 itself: installed beside it in one resolve, trained by its ``train_from_yaml``.
+
+The venv is built once (``pip install -e REPO llm-foundry==0.22.0``: a single resolve, so our pins and llm-foundry's
+must agree; it gets Streaming 0.12, transformers 4.51, datasets 3.6, the low ends of our ranges) and kept under
+``$VOCAGNO_TEST_VENVS`` (default ``~/.cache/vocagno-test-venvs``) until ``pyproject.toml`` changes. Where it can't be
+installed (no package registry) the test is skipped, saying so; in CI (``CI`` set) that is a failure instead.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FOUNDRY = "llm-foundry==0.22.0"
+
+
+def _run(command: list[str], timeout: int, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def foundry_python() -> str:
+    venvs = Path(os.environ.get("VOCAGNO_TEST_VENVS", Path.home() / ".cache" / "vocagno-test-venvs"))
+    venv = venvs / FOUNDRY.replace("==", "-")
+    python = venv / "bin" / "python"
+    stamp = venv / "made-from"
+    wanted = hashlib.sha256((FOUNDRY + (REPO / "pyproject.toml").read_text()).encode()).hexdigest()
+    if not (python.exists() and stamp.exists() and stamp.read_text() == wanted):
+        shutil.rmtree(venv, ignore_errors=True)
+        made = _run([sys.executable, "-m", "venv", str(venv)], 300)
+        if made.returncode == 0:
+            made = _run([str(python), "-m", "pip", "install", "-q", "-e", str(REPO), FOUNDRY], 1800)
+        if made.returncode != 0:
+            message = f"could not install vocagno beside {FOUNDRY}:\n{made.stdout[-3000:]}\n{made.stderr[-3000:]}"
+            if os.environ.get("CI"):
+                pytest.fail(message)
+            pytest.skip(message)
+        stamp.write_text(wanted)
+    # The venv may have been made from another checkout: point its editable vocagno at this one.
+    where = _run([str(python), "-c", "import vocagno; print(vocagno.__file__)"], 120)
+    if Path(where.stdout.strip()).parent.parent != REPO:
+        relinked = _run([str(python), "-m", "pip", "install", "-q", "--no-deps", "-e", str(REPO)], 600)
+        assert relinked.returncode == 0, relinked.stderr
+    return str(python)
+
+
+def test_llmfoundry_trains_with_vocagno_on_its_own_text_loader_and_on_ours(foundry_python, tmp_path):
+    """(a) llm-foundry's ``text`` loader on a token MDS from its ``convert_dataset_json``, the teacher side made per
+    batch; (b) ``train_loader: {name: vocagno}`` on our shards. Both log ``loss/train/kept_fraction`` (tokenizers:
+    TinyLlama's and Qwen2.5's, models: tiny random-init)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VOCAGNO_CACHE")}
+    result = _run([foundry_python, str(REPO / "tests" / "llmfoundry_run.py"), str(tmp_path)], 1200, cwd=tmp_path,
+                  env={**env, "VOCAGNO_CACHE": str(tmp_path / "cache")})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    runs = {r["run"]: r for r in map(json.loads, (line for line in result.stdout.splitlines() if line.startswith("{")))}
+    assert set(runs) == {"text-loader", "vocagno-loader"}
+    for run in runs.values():
+        assert run["batches"] == 3 and len(run["kept_fraction"]) == 3, run
+        assert all(0.35 < kept < 0.5 for kept in run["kept_fraction"]), run  # 40% of the mapped, plus the unmapped
+        assert run["versions"]["llm-foundry"] == "0.22.0"
+        assert run["versions"]["mosaicml-streaming"].startswith("0.12.")
+        assert run["versions"]["transformers"].startswith("4.51.")
