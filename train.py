@@ -12,6 +12,7 @@ without both it is plain continual pretraining (``yamls/cpt_baseline.yaml``). Mo
 from __future__ import annotations
 
 import difflib
+import importlib
 import os
 import re
 import sys
@@ -37,6 +38,19 @@ from vocagno.metrics import BitsPerByte  # noqa: E402
 from vocagno.tokenization import load_tokenizer  # noqa: E402
 
 ALGORITHM_GROUP = "llmfoundry_algorithms"  # the entry points llm-foundry's registry reads; vocagno registers there
+# llm-foundry's names for Composer's loggers and callbacks (its registries), and vocagno's own.
+LOGGERS: dict[str, Any] = {
+    "wandb": "WandBLogger", "mlflow": "MLFlowLogger", "tensorboard": "TensorboardLogger", "inmemory": "InMemoryLogger",
+    "jsonl": JSONLinesLogger,
+}
+CALLBACKS: dict[str, Any] = {
+    "speed_monitor": "SpeedMonitor", "lr_monitor": "LRMonitor", "memory_monitor": "MemoryMonitor",
+    "memory_snapshot": "MemorySnapshot", "runtime_estimator": "RuntimeEstimator",
+    "optimizer_monitor": "OptimizerMonitor", "nan_monitor": "NaNMonitor", "system_metrics_monitor": "SystemMetricsMonitor",
+    "early_stopper": "EarlyStopper", "oom_observer": "OOMObserver", "generate_callback": "Generate",
+    "load_checkpoint": "LoadCheckpoint",
+    "sample_log": SampleLog,
+}
 
 # The keys a yaml may hold; a nested dict names the keys of that section, None leaves a section free-form.
 MODEL_KEYS = {"name_or_path": None, "config": None, "dtype": None, "trust_remote_code": None, "tokenizer": None}
@@ -66,8 +80,9 @@ SCHEMA: dict[str, Any] = {
     "save_num_checkpoints_to_keep": None,
     "save_overwrite": None,
     "autoresume": None,
-    "loggers": {"console": None, "jsonl": None},
-    "callbacks": {"sample_log": None},
+    "loggers": None,  # names checked by build_loggers
+    "callbacks": None,
+    "progress_bar": None,
     "console_log_interval": None,
     "dist_timeout": None,
 }
@@ -225,17 +240,51 @@ def teacher_kwargs(section: DictConfig, teacher_tok) -> dict[str, Any]:
     }
 
 
+def student_flops_per_batch(student: torch.nn.Module):
+    """A batch's training FLOPs for the student, counted as llm-foundry counts them for MFU: 6 per parameter and
+    token (forward and backward) plus attention's 12 x layers x width x sequence length per token. The teacher's
+    forward and the batch scope's scoring pass are not counted: the MFU is the student's, comparable with a plain
+    run's."""
+    params = sum(p.numel() for p in student.parameters())
+    layers, width = student.config.num_hidden_layers, student.config.hidden_size
+
+    def flops(batch: dict[str, torch.Tensor]) -> int:
+        rows, seq_len = batch["input_ids"].shape[:2]
+        return rows * seq_len * (6 * params + 12 * layers * width * seq_len)
+
+    return flops
+
+
 def _plain(cfg: DictConfig, key: str) -> dict[str, Any]:
     value = cfg.get(key)
     return om.to_container(value) if value is not None else {}
 
 
 def build_loggers(cfg: DictConfig) -> tuple[list, list]:
-    loggers_cfg = _plain(cfg, "loggers")
-    loggers = [JSONLinesLogger(**loggers_cfg["jsonl"])] if loggers_cfg.get("jsonl") else []
-    callbacks_cfg = _plain(cfg, "callbacks")
-    callbacks = [SampleLog(**callbacks_cfg["sample_log"])] if callbacks_cfg.get("sample_log") else []
+    """``loggers:`` and ``callbacks:`` by llm-foundry's names (``LOGGERS``, ``CALLBACKS``) with their kwargs; a null
+    entry is off (``loggers.console=null`` on the command line). ``loggers.console`` is Composer's console logging
+    (every ``console_log_interval``), not a destination."""
+    chosen = {section: {k: v for k, v in _plain(cfg, section).items() if v is not None}
+              for section in ("loggers", "callbacks")}
+    loggers = [_build("loggers", name, kwargs) for name, kwargs in chosen["loggers"].items() if name != "console"]
+    callbacks = [_build("callbacks", name, kwargs) for name, kwargs in chosen["callbacks"].items()]
     return loggers, callbacks
+
+
+def _build(section: str, name: str, kwargs: dict[str, Any] | None):
+    known = LOGGERS if section == "loggers" else CALLBACKS
+    if name not in known:
+        close = difflib.get_close_matches(name, list(known) + ["console"] * (section == "loggers"), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        names = ", ".join(sorted(list(known) + ["console"] * (section == "loggers")))
+        raise ValueError(f"unknown {section[:-1]} {section}.{name}{hint}; known: {names}")
+    made = known[name]
+    if isinstance(made, str):  # Composer's class of that name, imported when asked for (wandb, mlflow: optional)
+        made = getattr(importlib.import_module(f"composer.{section}"), made)
+    try:
+        return made(**kwargs)
+    except TypeError as error:
+        raise ValueError(f"{section}.{name}: {error}") from error
 
 
 def build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> DecoupledAdamW:
@@ -312,6 +361,7 @@ def main(cfg: DictConfig) -> Trainer:
     model = HuggingFaceModel(
         student, tokenizer=student_tok, use_logits=True, shift_labels=True, eval_metrics=[BitsPerByte()]
     )
+    model.flops_per_batch = student_flops_per_batch(student)  # SpeedMonitor's MFU
     algorithms = build_algorithms(cfg, teacher_tok)
 
     optimizer = build_optimizer(cfg, model)
@@ -325,6 +375,7 @@ def main(cfg: DictConfig) -> Trainer:
         repair_checkpoints(format_name_with_dist(save_folder, cfg.run_name))
     dist.barrier()
     loggers, callbacks = build_loggers(cfg)
+    console = _plain(cfg, "loggers").get("console") is not None
     fsdp = om.to_container(cfg.fsdp_config) if cfg.get("fsdp_config") is not None else None
     trainer = Trainer(
         model=model,
@@ -347,7 +398,8 @@ def main(cfg: DictConfig) -> Trainer:
         run_name=cfg.run_name,
         loggers=loggers,
         callbacks=callbacks,
-        log_to_console=_plain(cfg, "loggers").get("console") is not None,
+        log_to_console=console,
+        progress_bar=cfg.get("progress_bar", not console),  # not both: they print the same metrics
         console_log_interval=cfg.get("console_log_interval", "1ba"),
         seed=cfg.seed,
         device=None,

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf as om
 
 import train
 from vocagno.algorithm import VocAgnoLM
@@ -43,7 +44,9 @@ def read_log(path):
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tiny")
-    run_train(tmp, "max_duration=24ba", "eval_interval=24ba", f"loggers.jsonl.path={tmp}/log.jsonl")
+    result = run_train(tmp, "max_duration=24ba", "eval_interval=24ba", f"loggers.jsonl.path={tmp}/log.jsonl",
+                       "loggers.console={}", "console_log_interval=12ba")
+    (tmp / "output.txt").write_text(result.stdout + result.stderr)
     return tmp, read_log(tmp / "log.jsonl")
 
 
@@ -64,6 +67,35 @@ def test_tiny_run_trains_on_the_guided_tokens_and_its_loss_falls(tiny_run):
     assert all(steps[s]["vocagno/teacher_forward_seconds"] > 0 for s in range(1, 25))
     bits_per_byte = steps[24]["metrics/eval/BitsPerByte"]
     assert 0 < bits_per_byte < math.log2(32000) and math.isfinite(bits_per_byte)
+
+
+def test_llmfoundry_named_callbacks_log_throughput_and_the_learning_rate_once_on_the_console(tiny_run):
+    """tiny.yaml's callbacks (speed_monitor, lr_monitor: llm-foundry's names for Composer's classes) log; with the
+    console logger on, there is no progress bar printing the same metrics again."""
+    tmp, steps = tiny_run
+    assert all("lr-DecoupledAdamW/group0" in steps[s] for s in range(1, 25))
+    assert all(steps[s]["throughput/device/tokens_per_sec"] > 0 for s in range(11, 25))  # after a 10-batch window
+    assert all(steps[s]["throughput/device/flops_per_sec"] > 0 for s in range(11, 25))  # MFU's numerator
+    output = (tmp / "output.txt").read_text()
+    assert output.count("[batch=12/24]") == 1 and output.count("[batch=24/24]") == 1
+    assert "Epoch" not in output and "ba/s" not in output  # Composer's progress bar
+
+
+def test_loggers_and_callbacks_take_llmfoundrys_names_and_refuse_unknown_ones():
+    loggers, callbacks = train.build_loggers(om.create({
+        "loggers": {"console": {}, "inmemory": {}, "tensorboard": None},  # null: off
+        "callbacks": {"speed_monitor": {"window_size": 5}, "lr_monitor": {}, "nan_monitor": {}, "optimizer_monitor": {},
+                      "runtime_estimator": {}, "memory_monitor": {}},
+    }))
+    assert [type(x).__name__ for x in loggers] == ["InMemoryLogger"]
+    assert [type(x).__name__ for x in callbacks] == ["SpeedMonitor", "LRMonitor", "NaNMonitor", "OptimizerMonitor",
+                                                     "RuntimeEstimator", "MemoryMonitor"]
+    with pytest.raises(ValueError, match=r"speed_monitr \(did you mean speed_monitor\?\); known: .*lr_monitor"):
+        train.build_loggers(om.create({"callbacks": {"speed_monitr": {}}}))
+    with pytest.raises(ValueError, match="loggers.wandbb .*known: console, inmemory, jsonl, mlflow, tensorboard, wandb"):
+        train.build_loggers(om.create({"loggers": {"wandbb": {}}}))
+    with pytest.raises(ValueError, match="callbacks.speed_monitor: .*windw_size"):
+        train.build_loggers(om.create({"callbacks": {"speed_monitor": {"windw_size": 5}}}))
 
 
 def test_the_run_converted_the_embedded_sample_first(tiny_run):
