@@ -1,13 +1,20 @@
-"""Seconds per training step through Composer's Trainer, plain and guided by VocAgnoLM, on the tiny setup.
+"""Seconds per training step through Composer's Trainer, plain and guided by VocAgnoLM.
 
-    python benchmarks/bench_step.py [--preset tiny] [--steps 12] [--scopes batch,microbatch,sequence]
+    python benchmarks/bench_step.py [--preset tiny|paper] [--steps 12] [--scopes batch,microbatch,sequence]
 
 Builds everything from ``yamls/tiny.yaml`` as ``train.py`` does (real llama2 / qwen2.5 tokenizers, the shipped GSM8K
-sample converted to shards under a temporary folder, tiny random-init models, global batch 8 in microbatches of 4)
-and prints one JSON line per run: ``plain_step_s`` (no teacher), ``teacher_forward_s`` (the teacher's share of a
-guided step), ``guided_step_s``, ``overhead`` = guided / (plain + teacher forward), ``student_tokens_per_s`` and
-``selection_scope``. Medians over the steps after two warm-up steps. ``batch`` scope adds a no-grad student forward
-per step (its scoring pass): the figure to compare with ``microbatch``.
+sample converted to shards under a temporary folder) with the preset's models:
+
+- ``tiny``: the yaml's tiny random-init models, global batch 8 in microbatches of 4, seq 128, fp32 on the CPU;
+- ``paper`` (a GPU): TinyLlama-1.1B student and Qwen2.5-Math-7B teacher architectures, random init, bf16
+  (``amp_bf16``, the teacher in bfloat16), one microbatch of 4 x 2048 per step.
+
+Prints one JSON line per run: ``plain_step_s`` (no teacher), ``teacher_forward_s`` (the teacher's share of a guided
+step), ``guided_step_s``, ``overhead`` = guided / (plain + teacher forward), ``student_tokens_per_s``, ``mfu`` (the
+student's training FLOPs as ``train.student_flops_per_batch`` counts them over the device's bf16 peak; null on a
+CPU), ``peak_gib`` (CUDA memory allocated at most; null on a CPU) and ``selection_scope``. Medians over the steps after
+two warm-up steps. ``batch`` scope adds a no-grad student forward per step (its scoring pass): the figure to compare
+with ``microbatch``.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import torch  # noqa: E402
 from composer import Trainer  # noqa: E402
 from composer.loggers import LoggerDestination  # noqa: E402
 from composer.models import HuggingFaceModel  # noqa: E402
@@ -33,6 +41,20 @@ import train  # noqa: E402
 from vocagno.tokenization import load_tokenizer  # noqa: E402
 
 WARMUP = 2
+H100_BF16_FLOPS = 989e12  # dense bf16 peak of an H100 SXM: the MFU's denominator
+
+# Overrides of yamls/tiny.yaml per preset: the paper's architectures (TinyLlama-1.1B; Qwen2.5-Math-7B) at random init.
+PRESETS = {
+    "tiny": [],
+    "paper": [
+        "variables.seq_len=2048", "global_train_batch_size=4", "device_train_microbatch_size=4", "precision=amp_bf16",
+        "model.config={model_type: llama, hidden_size: 2048, intermediate_size: 5632, num_hidden_layers: 22, "
+        "num_attention_heads: 32, num_key_value_heads: 4, max_position_embeddings: 2048, tie_word_embeddings: false}",
+        "teacher.dtype=bfloat16",
+        "teacher.config={model_type: qwen2, hidden_size: 3584, intermediate_size: 18944, num_hidden_layers: 28, "
+        "num_attention_heads: 28, num_key_value_heads: 4, max_position_embeddings: 4096, tie_word_embeddings: false}",
+    ],
+}
 
 
 class StepTimes(LoggerDestination):
@@ -42,12 +64,16 @@ class StepTimes(LoggerDestination):
     def __init__(self):
         self.steps, self.teacher = [], []
         self._begin = 0.0
+        self.flops, self.peak_bytes = 0, 0
 
     def before_dataloader(self, state, logger):
         self._begin = time.perf_counter()
 
     def batch_end(self, state, logger):
         self.steps.append(time.perf_counter() - self._begin)
+        self.flops = state.model.flops_per_batch(state.batch)  # the rank's batch, restored after microbatches
+        if torch.cuda.is_available():
+            self.peak_bytes = max(self.peak_bytes, torch.cuda.max_memory_allocated())
 
     def log_metrics(self, metrics, step=None):
         if "vocagno/teacher_forward_seconds" in metrics:
@@ -64,8 +90,13 @@ def run(cfg, guided: bool, scope: str | None, steps: int) -> StepTimes:
         cfg.algorithms.vocagno.selection_scope = scope
         algorithms = train.build_algorithms(cfg, teacher_tok)
     timer = StepTimes()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    model = HuggingFaceModel(student, tokenizer=student_tok, use_logits=True)
+    model.flops_per_batch = train.student_flops_per_batch(student)
     Trainer(
-        model=HuggingFaceModel(student, tokenizer=student_tok, use_logits=True), train_dataloader=loader,
+        model=model, train_dataloader=loader,
         algorithms=algorithms, max_duration=f"{steps + WARMUP}ba", optimizers=train.build_optimizer(cfg, student),
         device_train_microbatch_size=cfg.device_train_microbatch_size, precision=cfg.get("precision"),
         loggers=[timer], progress_bar=False, seed=cfg.seed,  # a logger destination gets every event too
@@ -75,23 +106,30 @@ def run(cfg, guided: bool, scope: str | None, steps: int) -> StepTimes:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", choices=["tiny"], default="tiny")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
     parser.add_argument("--steps", type=int, default=12, help="timed steps (after two warm-up steps)")
     parser.add_argument("--scopes", default="batch,microbatch,sequence")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        overrides = [f"variables.data={tmp}/train", "eval_loader=null", "train_loader.dataset.shuffle=false"]
+        overrides = [f"variables.data={tmp}/train", "eval_loader=null", "train_loader.dataset.shuffle=false",
+                     *PRESETS[args.preset]]
         cfg = train.load_config(str(REPO / "yamls" / "tiny.yaml"), overrides)
-        plain = statistics.median(run(cfg, False, None, args.steps).steps[WARMUP:])
+        plain_timer = run(cfg, False, None, args.steps)
+        plain = statistics.median(plain_timer.steps[WARMUP:])
         for scope in args.scopes.split(","):
             timer = run(cfg, True, scope, args.steps)
             guided = statistics.median(timer.steps[WARMUP:])
             teacher = statistics.median(timer.teacher[WARMUP:])
             tokens = cfg.global_train_batch_size * cfg.variables.seq_len
+            cuda = torch.cuda.is_available()
             print(json.dumps({
                 "preset": args.preset, "selection_scope": scope, "plain_step_s": round(plain, 4),
                 "teacher_forward_s": round(teacher, 4), "guided_step_s": round(guided, 4),
                 "overhead": round(guided / (plain + teacher), 3), "student_tokens_per_s": round(tokens / guided),
+                "mfu": round(plain_timer.flops / plain / H100_BF16_FLOPS, 3) if cuda else None,
+                "guided_mfu": round(plain_timer.flops / guided / H100_BF16_FLOPS, 3) if cuda else None,
+                "peak_gib": round(timer.peak_bytes / 2**30, 2) if cuda else None,
+                "plain_peak_gib": round(plain_timer.peak_bytes / 2**30, 2) if cuda else None,
             }), flush=True)
 
 
