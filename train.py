@@ -33,6 +33,7 @@ from streaming.base.util import clean_stale_shared_memory  # noqa: E402
 from omegaconf import OmegaConf as om  # noqa: E402
 
 from vocagno.data import teacher_guided_loader  # noqa: E402
+from vocagno.fsdp import wrap_per_decoder_layer  # noqa: E402
 from vocagno.loggers import JSONLinesLogger, SampleLog  # noqa: E402
 from vocagno.metrics import BitsPerByte  # noqa: E402
 from vocagno.tokenization import load_tokenizer  # noqa: E402
@@ -359,7 +360,8 @@ def main(cfg: DictConfig) -> Trainer:
         raise ValueError(f"the shards' samples hold {seq_len} student tokens, but the student (model) has "
                          f"max_position_embeddings={positions}: convert with --seq-len {positions} or less")
     model = HuggingFaceModel(
-        student, tokenizer=student_tok, use_logits=True, shift_labels=True, eval_metrics=[BitsPerByte()]
+        wrap_per_decoder_layer(student), tokenizer=student_tok, use_logits=True, shift_labels=True,
+        eval_metrics=[BitsPerByte()],
     )
     model.flops_per_batch = student_flops_per_batch(student)  # SpeedMonitor's MFU
     algorithms = build_algorithms(cfg, teacher_tok)

@@ -226,3 +226,80 @@ def test_student_tokens_alone_without_a_student_tokenizer_are_refused(loader):
                       progress_bar=False)
     with pytest.raises(ValueError, match="give it student_tokenizer"):
         trainer.fit()
+
+
+@pytest.mark.parametrize("config_class, model_class",
+                         [(LlamaConfig, LlamaForCausalLM), (Qwen2Config, Qwen2ForCausalLM)])
+def test_fsdp_units_and_activation_checkpoints_are_the_decoder_layers(config_class, model_class):
+    from vocagno.fsdp import wrap_per_decoder_layer
+
+    model = wrap_per_decoder_layer(tiny(config_class, model_class, 300))
+    layers = [m for m in model.modules() if model.fsdp_wrap_fn(m)]
+    assert layers == list(model.model.layers) and len(layers) == 1
+    assert [m for m in model.modules() if model.activation_checkpointing_fn(m)] == layers
+    with pytest.raises(ValueError, match="no decoder layer class"):
+        wrap_per_decoder_layer(torch.nn.Linear(2, 2))
+
+
+def _fit_on_gpu(loader, tokenizers, fsdp, placement, tmp_path=None, batches=2, **kwargs):
+    from vocagno.fsdp import wrap_per_decoder_layer
+
+    student = wrap_per_decoder_layer(tiny(LlamaConfig, LlamaForCausalLM, 32000))
+    teacher = tiny(Qwen2Config, Qwen2ForCausalLM, 152064).to(torch.bfloat16)
+    algorithm = VocAgnoLM(teacher=teacher, teacher_tokenizer=tokenizers["qwen2.5"], teacher_placement=placement)
+    capture = Capture()
+    trainer = Trainer(model=HuggingFaceModel(student, use_logits=True), train_dataloader=loader,
+                      max_duration=f"{batches}ba", algorithms=[algorithm], device="gpu", precision="amp_bf16",
+                      callbacks=[capture], loggers=[], progress_bar=False, seed=0,
+                      optimizers=torch.optim.SGD(student.parameters(), lr=0.1),
+                      parallelism_config={"fsdp": fsdp} if fsdp else None,
+                      save_folder=str(tmp_path) if tmp_path else None, save_interval="1ba", **kwargs)
+    trainer.fit()
+    return trainer, algorithm, capture
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fsdp_on_one_gpu_gives_the_loss_of_no_fsdp_with_the_teacher_sharded_or_replicated(loader, tokenizers):
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    fsdp = {"sharding_strategy": "FULL_SHARD", "mixed_precision": "PURE", "activation_checkpointing": True}
+    _, _, plain = _fit_on_gpu(loader, tokenizers, None, "replicate", batches=1)
+    for placement in ("fsdp", "replicate"):
+        trainer, algorithm, sharded = _fit_on_gpu(loader, tokenizers, fsdp, placement, batches=1)
+        assert isinstance(algorithm.scorer, FullyShardedDataParallel) == (placement == "fsdp")
+        units = [m for m in trainer.state.model.modules() if isinstance(m, FullyShardedDataParallel)]
+        assert len(units) == 1 + 1  # the root and the one decoder layer: a unit per layer
+        for ours, want in zip(sharded.losses, plain.losses):
+            torch.testing.assert_close(ours["total"], want["total"], rtol=2e-2, atol=2e-2)  # bf16
+            assert ours["kept_fraction"] == want["kept_fraction"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_checkpoint_saved_under_fsdp_resumes(loader, tokenizers, tmp_path):
+    fsdp = {"sharding_strategy": "FULL_SHARD", "mixed_precision": "PURE", "state_dict_type": "sharded"}
+    first, _, _ = _fit_on_gpu(loader, tokenizers, fsdp, "fsdp", tmp_path=tmp_path / "ckpt", batches=1,
+                              autoresume=True, run_name="fsdp")
+    resumed, _, capture = _fit_on_gpu(loader, tokenizers, fsdp, "fsdp", tmp_path=tmp_path / "ckpt", batches=2,
+                                      autoresume=True, run_name="fsdp")
+    assert int(first.state.timestamp.batch) == 1 and int(resumed.state.timestamp.batch) == 2
+    assert len(capture.batches) == 1  # only the second batch ran: the first came from the checkpoint
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_teacher_scoring_stays_within_2_gib_above_its_weights():
+    """Qwen2.5-Math-7B's head (3584 x 152064) over 4 x 2048 tokens: full fp32 logits would be 11.6 GiB."""
+    config = Qwen2Config(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=2,
+                         num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=4096)
+    teacher = Qwen2ForCausalLM(config).to("cuda", torch.bfloat16)
+    scorer = TeacherScorer(teacher)
+    ids = torch.randint(0, 151665, (4, 2048), device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    weights = torch.cuda.memory_allocated()
+    scorer(ids, torch.ones_like(ids))
+    torch.cuda.synchronize()
+    above = (torch.cuda.max_memory_allocated() - weights) / 2**30
+    assert above <= 2.0, f"{above:.2f} GiB above the weights"

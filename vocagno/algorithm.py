@@ -42,6 +42,7 @@ from composer.loggers import Logger
 from composer.utils import dist
 from torch import nn
 
+from vocagno.fsdp import decoder_layer_classes
 from vocagno.loss import check_options, excess_loss, guided_loss, select_top, teacher_token_loss, token_cross_entropy
 from vocagno.shards import describe_tokenizer
 from vocagno.teacher_side import TeacherSide
@@ -331,8 +332,7 @@ class VocAgnoLM(Algorithm):
         from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-        no_split = set(getattr(scorer.model, "_no_split_modules", None) or ())
-        layer_classes = {type(m) for m in scorer.modules() if type(m).__name__ in no_split}
+        layer_classes = set(decoder_layer_classes(scorer.model))
         strategy = getattr(state.fsdp_config, "sharding_strategy", "FULL_SHARD") if state.fsdp_config else "FULL_SHARD"
         return FullyShardedDataParallel(
             scorer,
