@@ -303,3 +303,18 @@ def test_teacher_scoring_stays_within_2_gib_above_its_weights():
     torch.cuda.synchronize()
     above = (torch.cuda.max_memory_allocated() - weights) / 2**30
     assert above <= 2.0, f"{above:.2f} GiB above the weights"
+
+
+def test_student_and_teacher_attend_with_sdpa(tmp_path):
+    """What the README says: PyTorch's SDPA attention for both, as transformers gives by default."""
+    from omegaconf import OmegaConf
+
+    import train
+    from vocagno.algorithm import load_teacher
+
+    student = train.build_causal_lm(OmegaConf.create({"config": {
+        "model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+        "num_attention_heads": 2}}), 300)
+    tiny(Qwen2Config, Qwen2ForCausalLM, 300).save_pretrained(tmp_path / "teacher")
+    teacher = load_teacher(str(tmp_path / "teacher"), "float32")
+    assert student.config._attn_implementation == "sdpa" and teacher.config._attn_implementation == "sdpa"
