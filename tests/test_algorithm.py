@@ -143,12 +143,13 @@ class Capture(Callback):
         self.losses.append({k: v.detach().clone() for k, v in state.loss.items()})
 
 
-def guided_fit(loader, microbatch, scope, lr=0.5, batches=2):
+def guided_fit(loader, microbatch, scope, lr=0.5, batches=2, **options):
     student, teacher = tiny(LlamaConfig, LlamaForCausalLM, 32000), tiny(Qwen2Config, Qwen2ForCausalLM, 152064)
     capture = Capture()
+    algorithm = VocAgnoLM(teacher=teacher, teacher_dtype="float32", selection_scope=scope, **options)
     trainer = Trainer(model=HuggingFaceModel(student, use_logits=True), train_dataloader=loader,
                       max_duration=f"{batches}ba", device_train_microbatch_size=microbatch, callbacks=[capture],
-                      algorithms=[VocAgnoLM(teacher=teacher, teacher_dtype="float32", selection_scope=scope)],
+                      algorithms=[algorithm],
                       optimizers=torch.optim.SGD(student.parameters(), lr=lr), device="cpu", loggers=[],
                       progress_bar=False)
     trainer.fit()
@@ -318,3 +319,19 @@ def test_student_and_teacher_attend_with_sdpa(tmp_path):
     tiny(Qwen2Config, Qwen2ForCausalLM, 300).save_pretrained(tmp_path / "teacher")
     teacher = load_teacher(str(tmp_path / "teacher"), "float32")
     assert student.config._attn_implementation == "sdpa" and teacher.config._attn_implementation == "sdpa"
+
+
+def test_random_selection_keeps_as_many_tokens_drawn_by_a_seed_however_the_batch_is_split(loader):
+    """The control: as many tokens as the top-k keeps, at random among the mapped ones; the same draw for 1 x 8 and
+    2 x 4 microbatches (one draw over the global batch, seeded by the batch index), another with another seed."""
+    _, _, topk = guided_fit(loader, 8, "batch", lr=0.0, batches=1)
+    _, _, whole = guided_fit(loader, 8, "batch", lr=0.0, batches=1, selection="random")
+    _, _, split = guided_fit(loader, 4, "batch", lr=0.0, batches=1, selection="random")
+    _, _, other = guided_fit(loader, 8, "batch", lr=0.0, batches=1, selection="random", seed=1)
+    chosen = whole.batches[0]["vocagno_selected"]
+    assert torch.equal(chosen, split.batches[0]["vocagno_selected"])
+    assert chosen.sum() == topk.batches[0]["vocagno_selected"].sum()
+    assert not torch.equal(chosen, topk.batches[0]["vocagno_selected"])
+    assert not torch.equal(chosen, other.batches[0]["vocagno_selected"])
+    assert torch.isfinite(whole.batches[0]["vocagno_teacher_loss"]).any()
+    torch.testing.assert_close(whole.losses[0]["kept_fraction"], topk.losses[0]["kept_fraction"])

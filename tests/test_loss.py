@@ -6,7 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vocagno.loss import AGGREGATIONS, aggregate_ranges, guided_loss, teacher_token_loss, token_cross_entropy
+from vocagno.loss import (
+    AGGREGATIONS, aggregate_ranges, guided_loss, select_random, select_top, teacher_token_loss, token_cross_entropy,
+)
 
 NAN = float("nan")
 
@@ -246,6 +248,7 @@ def test_gradients_reach_only_the_kept_student_logits():
         ({"topk_ratio": 1.5}, "topk_ratio must be in"),
         ({"aggregation": "median"}, "aggregation must be one of"),
         ({"unmapped": "drop"}, "unmapped must be"),
+        ({"selection": "best"}, "selection must be one of"),
     ],
 )
 def test_bad_options_are_refused(kwargs, message):
@@ -262,3 +265,22 @@ def test_bad_shapes_are_refused():
     with pytest.raises(ValueError, match="expected teacher_token_loss"):
         guided_loss(torch.zeros(2, 2, 5), torch.zeros(2, 2, dtype=torch.long), torch.zeros(1, 4),
                     torch.zeros(2, 2, dtype=torch.long), torch.zeros(2, 2, dtype=torch.long))
+
+
+@pytest.mark.parametrize("per_sequence", [False, True])
+def test_random_selection_keeps_as_many_mapped_tokens_as_the_top_k(per_sequence):
+    torch.manual_seed(0)
+    score = torch.randn(4, 50)
+    score[score < -1] = float("-inf")  # unmapped or unlabeled
+    top = select_top(score, 0.4, per_sequence)
+    draws = [select_random(score, 0.4, per_sequence, torch.Generator().manual_seed(seed)) for seed in (0, 0, 1)]
+    for drawn in draws:
+        assert torch.equal(drawn.sum(-1 if per_sequence else None), top.sum(-1 if per_sequence else None))
+        assert not (drawn & ~torch.isfinite(score)).any()
+    assert torch.equal(draws[0], draws[1]) and not torch.equal(draws[0], draws[2])
+    assert not torch.equal(draws[0], top)
+    # Over many draws every mapped token is kept about 40% of the time, whatever its score.
+    rate = torch.stack([select_random(score, 0.4, per_sequence, torch.Generator().manual_seed(s))
+                        for s in range(400)]).float().mean(0)
+    mapped = torch.isfinite(score)
+    assert (rate[mapped] - 0.4).abs().max() < 0.12 and (rate[~mapped] == 0).all()

@@ -43,7 +43,9 @@ from composer.utils import dist
 from torch import nn
 
 from vocagno.fsdp import decoder_layer_classes
-from vocagno.loss import check_options, excess_loss, guided_loss, select_top, teacher_token_loss, token_cross_entropy
+from vocagno.loss import (
+    check_options, excess_loss, guided_loss, select_random, select_top, teacher_token_loss, token_cross_entropy,
+)
 from vocagno.shards import describe_tokenizer
 from vocagno.teacher_side import TeacherSide
 
@@ -126,6 +128,8 @@ class VocAgnoLM(Algorithm):
         teacher: a Hugging Face name or folder (loaded in ``teacher_dtype``), or a causal LM module.
         topk_ratio, aggregation, unmapped: as in ``vocagno.loss.guided_loss``.
         selection_scope: ``batch`` (the global batch), ``microbatch`` or ``sequence``: see the module's docstring.
+        selection: ``topk`` (by score), or ``random``: as many mapped tokens drawn at random (a control), from a
+            generator seeded with ``seed`` and the batch index (the same draws on every rank, and after a resume).
         teacher_tokenizer: the teacher's tokenizer (name, folder or object). Given, or loaded from ``teacher`` when it
             is a name, it must be the tokenizer the shards' teacher tokens were made with.
         student_tokenizer: for batches of student tokens alone: the student's tokenizer (name, folder or object);
@@ -144,6 +148,8 @@ class VocAgnoLM(Algorithm):
         aggregation: str = "max",
         unmapped: str = "include",
         selection_scope: str = "batch",
+        selection: str = "topk",
+        seed: int = 0,
         teacher_tokenizer: Any = None,
         student_tokenizer: Any = None,
         teacher_dtype: str = "bfloat16",
@@ -151,7 +157,7 @@ class VocAgnoLM(Algorithm):
         chunk_size: int = 1024,
         trust_remote_code: bool = False,
     ):
-        check_options(topk_ratio, aggregation, unmapped, selection_scope)
+        check_options(topk_ratio, aggregation, unmapped, selection_scope, selection)
         if teacher_placement not in PLACEMENTS:
             raise ValueError(f"teacher_placement must be one of {PLACEMENTS}, got {teacher_placement!r}")
         if not isinstance(trust_remote_code, bool):  # the string "false" is truthy: it would run a folder's code
@@ -160,6 +166,8 @@ class VocAgnoLM(Algorithm):
             raise ValueError(f"teacher_dtype must name a torch dtype, got {teacher_dtype!r}")
         self.options = dict(topk_ratio=topk_ratio, aggregation=aggregation, unmapped=unmapped)
         self.selection_scope = selection_scope
+        self.selection, self.seed = selection, seed
+        self._generator: torch.Generator | None = None  # for selection="random", seeded per batch
         self.teacher = teacher
         self.teacher_tokenizer = teacher_tokenizer if teacher_tokenizer is not None else (
             teacher if isinstance(teacher, str) else None)
@@ -178,7 +186,7 @@ class VocAgnoLM(Algorithm):
 
     def __repr__(self) -> str:
         name = self.teacher if isinstance(self.teacher, str) else type(self.teacher).__name__
-        options = {**self.options, "selection_scope": self.selection_scope}
+        options = {**self.options, "selection_scope": self.selection_scope, "selection": self.selection}
         return f"VocAgnoLM(teacher={name!r}, " + ", ".join(f"{k}={v!r}" for k, v in options.items()) + ")"
 
     @staticmethod
@@ -196,6 +204,10 @@ class VocAgnoLM(Algorithm):
         elif event == Event.AFTER_DATALOADER:
             if "teacher_input_ids" not in state.batch:
                 state.batch = self._make_teacher_side(state)(state.batch)
+            if self.selection == "random":  # on the batch's device, which Composer has moved it to
+                if self._generator is None:
+                    self._generator = torch.Generator(device=state.batch["input_ids"].device)
+                self._generator.manual_seed(self.seed * 1_000_003 + int(state.timestamp.batch))
             if self.selection_scope == "batch":
                 self._select_over_global_batch(state)
         elif event == Event.BEFORE_FORWARD:
@@ -212,7 +224,8 @@ class VocAgnoLM(Algorithm):
             else:
                 teacher_loss = self._teacher_loss(state.batch)
                 self._loss = teacher_guided_loss(logits, self._labels, state.batch, teacher_loss,
-                                                 per_sequence=self.selection_scope == "sequence", **self.options)
+                                                 per_sequence=self.selection_scope == "sequence",
+                                                 selection=self.selection, generator=self._generator, **self.options)
             if hasattr(state.outputs, "logits"):
                 state.outputs["loss"] = self._loss["total"]  # HuggingFaceModel.loss returns it: no second CE
         elif event == Event.AFTER_LOSS:
@@ -280,7 +293,10 @@ class VocAgnoLM(Algorithm):
         padded[:size] = score
         everything = torch.cat(list(dist.all_gather(padded)))
         rank = dist.get_global_rank()
-        selected = select_top(everything, self.options["topk_ratio"])[rank * int(rows) : rank * int(rows) + size]
+        ratio = self.options["topk_ratio"]
+        choose = select_top(everything, ratio) if self.selection == "topk" else \
+            select_random(everything, ratio, generator=self._generator)  # seeded alike on every rank: the same draw
+        selected = choose[rank * int(rows) : rank * int(rows) + size]
 
         labeled = batch["labels"][:, 1:].to(score.device) != -100
         mapped = torch.isfinite(score)

@@ -13,20 +13,25 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "AGGREGATIONS", "SELECTION_SCOPES", "check_options", "token_cross_entropy", "teacher_token_loss",
-    "aggregate_ranges", "excess_loss", "select_top", "guided_loss",
+    "AGGREGATIONS", "SELECTION_SCOPES", "SELECTIONS", "check_options", "token_cross_entropy", "teacher_token_loss",
+    "aggregate_ranges", "excess_loss", "select_top", "select_random", "guided_loss",
 ]
 
 AGGREGATIONS = ("max", "mean", "sum", "min")
 # Over which tokens the top-k is taken: the whole global batch (every rank and microbatch), each microbatch on each
 # rank, or each sequence.
 SELECTION_SCOPES = ("batch", "microbatch", "sequence")
+# Which tokens are kept: the top-k by score, or (a control) as many drawn uniformly at random among the mapped ones.
+SELECTIONS = ("topk", "random")
 
 
 def check_options(
-    topk_ratio: float = 0.4, aggregation: str = "max", unmapped: str = "include", selection_scope: str = "batch"
+    topk_ratio: float = 0.4, aggregation: str = "max", unmapped: str = "include", selection_scope: str = "batch",
+    selection: str = "topk",
 ) -> None:
     """Refuse options ``guided_loss`` doesn't know, naming the option (callers check them before training starts)."""
+    if selection not in SELECTIONS:
+        raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
     if selection_scope not in SELECTION_SCOPES:
         raise ValueError(f"selection_scope must be one of {SELECTION_SCOPES}, got {selection_scope!r}")
     if not 0.0 <= topk_ratio <= 1.0:
@@ -159,6 +164,15 @@ def select_top(score: torch.Tensor, ratio: float, per_sequence: bool = False) ->
     return (rank < budget).view(score.shape) & eligible
 
 
+def select_random(
+    score: torch.Tensor, ratio: float, per_sequence: bool = False, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """As many tokens as ``select_top`` keeps (``ceil(ratio * count)`` of the finite scores, over the tensor or per
+    row), drawn uniformly at random among them: the control that tells selection by score from selection at all."""
+    noise = torch.rand(score.shape, generator=generator, device=score.device)
+    return select_top(torch.where(torch.isfinite(score), noise, float("-inf")), ratio, per_sequence)
+
+
 def guided_loss(
     student_logits: torch.Tensor,
     labels: torch.Tensor,
@@ -170,6 +184,8 @@ def guided_loss(
     aggregation: str = "max",
     unmapped: str = "include",
     per_sequence: bool = False,
+    selection: str = "topk",
+    generator: torch.Generator | None = None,
     selected: torch.Tensor | None = None,
     token_counts: dict[str, torch.Tensor] | None = None,
     ignore_index: int = -100,
@@ -179,7 +195,8 @@ def guided_loss(
     score = student loss - teacher loss aggregated over the teacher tokens aligned to the student token (no gradient
     through the score; ``excess_loss``). Of the *mapped* tokens (a label and an aggregated teacher loss), the
     ``ceil(topk_ratio * count)`` with the highest scores are kept, over the whole batch or per sequence
-    (``per_sequence``); ties go to the earlier position. Unmapped tokens with a label are kept (``"include"``) or
+    (``per_sequence``); ties go to the earlier position. ``selection="random"`` keeps as many mapped tokens drawn at
+    random instead (``select_random``, from ``generator``). Unmapped tokens with a label are kept (``"include"``) or
     dropped (``"exclude"``).
 
     A caller that trains a larger batch in pieces (microbatches, ranks) selects over the whole batch itself
@@ -191,7 +208,7 @@ def guided_loss(
     ``kept_fraction`` and ``mapped_fraction`` (of tokens with a label), ``student_loss`` (mean over tokens with a
     label), ``teacher_loss`` and ``score`` (means over mapped tokens).
     """
-    check_options(topk_ratio, aggregation, unmapped)
+    check_options(topk_ratio, aggregation, unmapped, selection=selection)
     if student_logits.shape[:-1] != labels.shape or labels.shape != start.shape or start.shape != end.shape:
         raise ValueError(
             "expected student_logits [B, N, V] and labels, start, end [B, N]; got "
@@ -206,7 +223,10 @@ def guided_loss(
     has_label = labels != ignore_index
     score, teacher_loss = excess_loss(student_loss, labels, teacher_token_loss, start, end, aggregation, ignore_index)
     mapped = torch.isfinite(score)
-    kept = mapped & (selected if selected is not None else select_top(score, topk_ratio, per_sequence))
+    if selected is None:
+        selected = (select_top(score, topk_ratio, per_sequence) if selection == "topk"
+                    else select_random(score, topk_ratio, per_sequence, generator))
+    kept = mapped & selected
     if unmapped == "include":
         kept = kept | (has_label & ~mapped)
 
