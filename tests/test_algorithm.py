@@ -335,3 +335,21 @@ def test_random_selection_keeps_as_many_tokens_drawn_by_a_seed_however_the_batch
     assert not torch.equal(chosen, other.batches[0]["vocagno_selected"])
     assert torch.isfinite(whole.batches[0]["vocagno_teacher_loss"]).any()
     torch.testing.assert_close(whole.losses[0]["kept_fraction"], topk.losses[0]["kept_fraction"])
+
+
+def test_chunk_alignment_maps_every_token_to_its_chunk(loader):
+    from vocagno.alignment import chunk_align
+
+    _, _, capture = guided_fit(loader, 4, "batch", lr=0.0, batches=1, alignment="chunk", num_chunks=8,
+                               aggregation="mean")
+    batch = capture.batches[0]
+    start, end = chunk_align(batch["attention_mask"].sum(1), batch["teacher_attention_mask"].sum(1), 8,
+                             batch["input_ids"].shape[1])
+    assert torch.equal(batch["align_start"], start) and torch.equal(batch["align_end"], end)
+    assert len(set(batch["align_start"][0].tolist())) == 8  # 8 chunks, each its own teacher range
+    assert all(loss["mapped_fraction"] == 1 for loss in capture.losses)  # no token is unmapped at chunk level
+    assert all(abs(loss["kept_fraction"] - 0.4) < 0.02 for loss in capture.losses)
+    with pytest.raises(ValueError, match="num_chunks"):
+        VocAgnoLM(teacher="Qwen/Qwen2.5-Math-7B-Instruct", alignment="chunk", num_chunks=0)
+    with pytest.raises(ValueError, match="alignment must be"):
+        VocAgnoLM(teacher="Qwen/Qwen2.5-Math-7B-Instruct", alignment="chunks")

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vocagno.alignment import align, align_batch, align_reference, alignment_quality
+from vocagno.alignment import align, align_batch, align_reference, alignment_quality, chunk_align
 
 
 @st.composite
@@ -152,3 +152,16 @@ def test_empty_inputs():
     assert start.shape == end.shape == (0,)
     start, end = align([[0, 3]], [])
     assert start.tolist() == end.tolist() == [0]
+
+
+def test_chunk_alignment_pairs_the_kth_chunks_cut_by_token_count():
+    """10 student and 7 teacher tokens in 3 chunks: 4, 4, 2 student tokens against 3, 3, 1 teacher tokens; a padded
+    row's positions past its length are unmapped; one chunk maps everything to everything."""
+    start, end = chunk_align(torch.tensor([10, 5]), torch.tensor([7, 4]), 3, 12)
+    assert start[0].tolist() == [0] * 4 + [3] * 4 + [6] * 2 + [0] * 2
+    assert end[0].tolist() == [3] * 4 + [6] * 4 + [7] * 2 + [0] * 2
+    assert list(zip(start[1].tolist(), end[1].tolist()))[:6] == [(0, 2), (0, 2), (2, 4), (2, 4), (4, 4), (0, 0)]
+    start, end = chunk_align(torch.tensor([10]), torch.tensor([7]), 1, 10)
+    assert (start == 0).all() and (end == 7).all()
+    with pytest.raises(ValueError, match="num_chunks"):
+        chunk_align(torch.tensor([10]), torch.tensor([7]), 0, 10)

@@ -136,3 +136,20 @@ def test_vocab_overlap_matches_the_paper(tokenizers):
     assert f"{overlap.fraction:.2%}" == "6.32%"
     same = vocab_overlap(tokenizers["llama2"], tokenizers["llama2"])
     assert same.fraction == 1.0
+
+
+def test_chunk_overlap_falls_as_chunks_get_finer_while_token_level_ios_is_one(tokenizers, math_texts):
+    """Figures 3 and 6 of the paper, redrawn on real text: chunks cut by token count on each side cover less and
+    less of each other's characters as n grows; token-level alignment covers every mapped student character."""
+    from vocagno.alignment import chunk_overlap
+
+    text = "\n\n".join(math_texts[:20])
+    s_offsets = encode_with_offsets(tokenizers["llama2"], text)[1]
+    t_offsets = encode_with_offsets(tokenizers["qwen2.5"], text)[1]
+    overlap = {n: chunk_overlap(s_offsets, t_offsets, n) for n in (1, 4, 16, 64, 256)}
+    ios = [overlap[n][1] for n in (1, 4, 16, 64, 256)]
+    assert ios[0] > 0.99 and ios[-1] < 0.5 and all(a >= b for a, b in zip(ios, ios[1:])), overlap
+    assert all(overlap[n][0] <= overlap[n][1] for n in overlap)  # IoU <= IoS
+    start, end = align(s_offsets, t_offsets)
+    _, token_ios = alignment_quality(s_offsets, t_offsets, start, end)
+    assert np.nanmin(token_ios) == 1.0

@@ -26,8 +26,11 @@ def test_align_command_prints_tokens_unmapped_and_overlap():
 def test_align_command_reads_a_file(tmp_path):
     path = tmp_path / "a.txt"
     path.write_text("Natalia sold 48/2 = 24 clips in May.\n", encoding="utf-8")
-    out = run_align("--student", "deepseek-llm", "--teacher", "mistral", "--file", str(path), "--no-special-tokens")
+    out = run_align("--student", "deepseek-llm", "--teacher", "mistral", "--file", str(path), "--no-special-tokens",
+                    "--chunks", "1,4")
     assert "unmapped, empty span (specials): 0" in out
+    assert "token level: mean IoU" in out and "mean IoS 1.000" in out
+    assert "   1 chunks:  mean IoU 1.000, mean IoS 1.000" in out and "   4 chunks:" in out
     assert "unmapped, overlapping no teacher token: 0" in out
     assert "IoS = 1 for" in out
 

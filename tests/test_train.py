@@ -264,3 +264,19 @@ def test_shards_of_other_tokenizers_are_refused(tiny_run):
     result = run_train(tiny_run[0], "teacher.tokenizer=deepseek-llm", "max_duration=1ba", check=False)
     assert result.returncode != 0
     assert "teacher tokenizer is 'qwen2.5'" in result.stderr and "teacher tokenizer is 'deepseek-llm'" in result.stderr
+
+
+@pytest.mark.parametrize("overrides", [
+    ["algorithms.vocagno.selection=random"],
+    ["algorithms.vocagno.alignment=chunk", "algorithms.vocagno.num_chunks=8", "algorithms.vocagno.aggregation=mean"],
+], ids=["random", "chunk"])
+def test_tiny_variants_of_the_method_train(tiny_run, tmp_path, overrides):
+    """The controls and baselines that are options of the vocagno algorithm train from tiny.yaml plus overrides."""
+    run_train(tiny_run[0], "max_duration=3ba", "eval_loader=null", f"loggers.jsonl.path={tmp_path}/log.jsonl",
+              *overrides)
+    steps = read_log(tmp_path / "log.jsonl")
+    logged = [row for _, row in sorted(steps.items()) if "loss/train/kept_fraction" in row]
+    kept, mapped = ([row[f"loss/train/{key}"] for row in logged] for key in ("kept_fraction", "mapped_fraction"))
+    assert len(logged) == 3
+    assert all(0.35 < k < 0.5 for k in kept), kept
+    assert all(m == 1.0 for m in mapped) == ("algorithms.vocagno.alignment=chunk" in overrides), mapped

@@ -42,6 +42,7 @@ from composer.loggers import Logger
 from composer.utils import dist
 from torch import nn
 
+from vocagno.alignment import chunk_align
 from vocagno.fsdp import decoder_layer_classes
 from vocagno.loss import (
     check_options, excess_loss, guided_loss, select_random, select_top, teacher_token_loss, token_cross_entropy,
@@ -130,6 +131,10 @@ class VocAgnoLM(Algorithm):
         selection_scope: ``batch`` (the global batch), ``microbatch`` or ``sequence``: see the module's docstring.
         selection: ``topk`` (by score), or ``random``: as many mapped tokens drawn at random (a control), from a
             generator seeded with ``seed`` and the batch index (the same draws on every rank, and after a resume).
+        alignment: ``token`` (each student token to the teacher tokens over its characters), or ``chunk``: the
+            paper's Table 2 baseline as reconstructed (``vocagno.alignment.chunk_align``: each row cut into
+            ``num_chunks`` chunks by token count on each side, chunk k to chunk k; every token is mapped, so
+            ``unmapped`` has nothing to act on; the reconstruction takes the chunk's mean: ``aggregation: mean``).
         teacher_tokenizer: the teacher's tokenizer (name, folder or object). Given, or loaded from ``teacher`` when it
             is a name, it must be the tokenizer the shards' teacher tokens were made with.
         student_tokenizer: for batches of student tokens alone: the student's tokenizer (name, folder or object);
@@ -150,6 +155,8 @@ class VocAgnoLM(Algorithm):
         selection_scope: str = "batch",
         selection: str = "topk",
         seed: int = 0,
+        alignment: str = "token",
+        num_chunks: int = 1,
         teacher_tokenizer: Any = None,
         student_tokenizer: Any = None,
         teacher_dtype: str = "bfloat16",
@@ -158,6 +165,10 @@ class VocAgnoLM(Algorithm):
         trust_remote_code: bool = False,
     ):
         check_options(topk_ratio, aggregation, unmapped, selection_scope, selection)
+        if alignment not in ("token", "chunk"):
+            raise ValueError(f"alignment must be 'token' or 'chunk', got {alignment!r}")
+        if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 1:
+            raise ValueError(f"num_chunks must be a positive integer, got {num_chunks!r}")
         if teacher_placement not in PLACEMENTS:
             raise ValueError(f"teacher_placement must be one of {PLACEMENTS}, got {teacher_placement!r}")
         if not isinstance(trust_remote_code, bool):  # the string "false" is truthy: it would run a folder's code
@@ -167,6 +178,7 @@ class VocAgnoLM(Algorithm):
         self.options = dict(topk_ratio=topk_ratio, aggregation=aggregation, unmapped=unmapped)
         self.selection_scope = selection_scope
         self.selection, self.seed = selection, seed
+        self.alignment, self.num_chunks = alignment, num_chunks
         self._generator: torch.Generator | None = None  # for selection="random", seeded per batch
         self.teacher = teacher
         self.teacher_tokenizer = teacher_tokenizer if teacher_tokenizer is not None else (
@@ -186,7 +198,8 @@ class VocAgnoLM(Algorithm):
 
     def __repr__(self) -> str:
         name = self.teacher if isinstance(self.teacher, str) else type(self.teacher).__name__
-        options = {**self.options, "selection_scope": self.selection_scope, "selection": self.selection}
+        options = {**self.options, "selection_scope": self.selection_scope, "selection": self.selection,
+                   **({"alignment": "chunk", "num_chunks": self.num_chunks} if self.alignment == "chunk" else {})}
         return f"VocAgnoLM(teacher={name!r}, " + ", ".join(f"{k}={v!r}" for k, v in options.items()) + ")"
 
     @staticmethod
@@ -204,6 +217,13 @@ class VocAgnoLM(Algorithm):
         elif event == Event.AFTER_DATALOADER:
             if "teacher_input_ids" not in state.batch:
                 state.batch = self._make_teacher_side(state)(state.batch)
+            if self.alignment == "chunk":
+                batch = state.batch
+                ids = batch["input_ids"]
+                lengths = batch["attention_mask"].sum(1) if "attention_mask" in batch else \
+                    torch.full(ids.shape[:1], ids.shape[1], device=ids.device)
+                batch["align_start"], batch["align_end"] = chunk_align(
+                    lengths, batch["teacher_attention_mask"].sum(1), self.num_chunks, ids.shape[1])
             if self.selection == "random":  # on the batch's device, which Composer has moved it to
                 if self._generator is None:
                     self._generator = torch.Generator(device=state.batch["input_ids"].device)

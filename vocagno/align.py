@@ -4,8 +4,9 @@
     python -m vocagno.align --student TinyLlama/TinyLlama_v1.1 --teacher Qwen/Qwen2.5-Math-7B-Instruct --file a.txt
 
 Tokenizers are local folders, the shipped copies (llama2, codellama, mistral, qwen2.5, deepseek-llm) or Hugging Face
-names. Prints each student token with its teacher tokens and IoU/IoS, the unmapped tokens, the corpus figures and
-the vocabulary overlap of the pair.
+names. Prints each student token with its teacher tokens and IoU/IoS, the unmapped tokens, the corpus figures, the
+vocabulary overlap of the pair, and the mean IoU/IoS at token level and of chunk-level alignment per number of chunks
+(``vocagno.alignment.chunk_overlap``: the data of the paper's Figures 3 and 6).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vocagno.alignment import align, alignment_quality, vocab_overlap
+from vocagno.alignment import align, alignment_quality, chunk_overlap, vocab_overlap
 from vocagno.tokenization import encode_with_offsets, load_tokenizer
 
 
@@ -31,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
         "--no-special-tokens", action="store_true", help="don't add the tokenizers' own specials (BOS, ...)"
     )
     parser.add_argument("--max-rows", type=int, default=200, help="print at most this many student tokens (0: all)")
+    parser.add_argument("--chunks", default="1,4,16,64,256",
+                        help="numbers of chunks whose chunk-level IoU/IoS to print (the paper's Figures 3 and 6)")
     args = parser.parse_args(argv)
 
     text = args.text if args.text is not None else args.file.read_text(encoding="utf-8")
@@ -67,6 +70,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mean IoU {np.nanmean(iou):.3f}; IoS = 1 for {int((ios[mapped] == 1).sum())} of {mapped.sum()} mapped")
         print(f"teacher tokens per mapped student token: {(end - start)[mapped].mean():.2f}")
     print(f"vocabulary overlap: {vocab_overlap(student, teacher)}")
+    if mapped.any():
+        print(f"token level: mean IoU {np.nanmean(iou):.3f}, mean IoS {np.nanmean(ios):.3f}")
+    for n in (int(c) for c in args.chunks.split(",") if c):
+        chunk_iou, chunk_ios = chunk_overlap(s_offsets, t_offsets, n)
+        print(f"{n:>4} chunks:  mean IoU {chunk_iou:.3f}, mean IoS {chunk_ios:.3f}")
     return 0
 
 

@@ -27,6 +27,8 @@ __all__ = [
     "align_batch",
     "align_reference",
     "alignment_quality",
+    "chunk_align",
+    "chunk_overlap",
     "uncovered_characters",
     "VocabOverlap",
     "vocab_overlap",
@@ -198,3 +200,55 @@ def vocab_overlap(student_tokenizer, teacher_tokenizer) -> VocabOverlap:
 def _model_vocab(tokenizer) -> set[str]:
     backend = getattr(tokenizer, "backend_tokenizer", tokenizer)  # a transformers fast tokenizer or a raw one
     return set(backend.get_vocab(with_added_tokens=False))
+
+
+# ------------------------------------------------------------------------------------------------------ chunk level
+# The paper's Table 2 baseline, as reconstructed in ../shared/reference/baselines-and-evaluation.md §4.3 (not the
+# paper's text): each side of a row is cut into n chunks by token count, chunk k paired with chunk k. Only a cut by
+# token count, done on each side on its own, lets the overlap fall as n grows, as the paper's Figures 3 and 6 show.
+
+
+def _chunk_size(length, num_chunks: int):
+    """Tokens per chunk when ``length`` tokens are cut into ``num_chunks`` chunks (the last one shorter)."""
+    return (length + num_chunks - 1) // num_chunks
+
+
+def chunk_align(
+    student_lengths: torch.Tensor, teacher_lengths: torch.Tensor, num_chunks: int, width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunk-level ``start, end`` ``[B, width]``: a row's ``N`` student tokens in chunks of ``ceil(N / n)``, its ``M``
+    teacher tokens in chunks of ``ceil(M / n)``; every student token of chunk k gets teacher chunk k's range.
+    Positions past a row's length are unmapped (``0, 0``)."""
+    if num_chunks < 1:
+        raise ValueError(f"num_chunks must be at least 1, got {num_chunks}")
+    positions = torch.arange(width, device=student_lengths.device).unsqueeze(0)
+    n, m = student_lengths.long().unsqueeze(1), teacher_lengths.long().unsqueeze(1)
+    chunk = positions // _chunk_size(n, num_chunks).clamp(min=1)
+    start = torch.minimum(chunk * _chunk_size(m, num_chunks), m)
+    end = torch.minimum((chunk + 1) * _chunk_size(m, num_chunks), m)
+    inside = positions < n
+    return torch.where(inside, start, 0), torch.where(inside, end, 0)
+
+
+def chunk_overlap(student_offsets, teacher_offsets, num_chunks: int) -> tuple[float, float]:
+    """Mean IoU and IoS over the chunks of one sequence cut as ``chunk_align`` cuts it: the characters under a
+    student chunk's tokens against those under its teacher chunk's (IoS: over the student chunk's). Chunks whose
+    student tokens cover no character are left out."""
+    s_offsets, t_offsets = np.asarray(student_offsets, np.int64), np.asarray(teacher_offsets, np.int64)
+    n_chars = int(max(s_offsets[:, 1].max(initial=0), t_offsets[:, 1].max(initial=0)))
+    s_size, t_size = _chunk_size(len(s_offsets), num_chunks), _chunk_size(len(t_offsets), num_chunks)
+
+    def characters(offsets: np.ndarray) -> np.ndarray:
+        covered = np.zeros(n_chars + 1, np.int64)
+        np.add.at(covered, offsets[:, 0], 1)
+        np.add.at(covered, offsets[:, 1], -1)
+        return np.cumsum(covered)[:n_chars] > 0
+
+    ious, ioss = [], []
+    for k in range(_chunk_size(len(s_offsets), max(s_size, 1))):
+        student = characters(s_offsets[k * s_size : (k + 1) * s_size])
+        teacher = characters(t_offsets[k * t_size : (k + 1) * t_size])
+        if student.any():
+            ious.append((student & teacher).sum() / (student | teacher).sum())
+            ioss.append((student & teacher).sum() / student.sum())
+    return float(np.mean(ious)), float(np.mean(ioss))
