@@ -120,6 +120,8 @@ class Encoder:
     def __init__(self, student, teacher):  # fast tokenizers, as load_tokenizer gives them
         self.student = text_tokenizers(student.backend_tokenizer)
         self.teacher = text_tokenizers(teacher.backend_tokenizer)
+        # One tokenizer on both sides (a Rho-1 reference model): tokenize once.
+        self.same = student.backend_tokenizer.to_str() == teacher.backend_tokenizer.to_str()
         specials = {str(t) for tok in (student, teacher) for t in tok.added_tokens_decoder.values() if t.special}
         self._special = re.compile("|".join(map(re.escape, sorted(specials, key=len, reverse=True))))
 
@@ -135,7 +137,8 @@ class Encoder:
         piece_starts = np.cumsum(piece_chars) - piece_chars  # where each piece begins in the joined text
         first_piece = np.cumsum([0] + [len(doc) for doc in docs])[:-1]
         s_ids, s_offsets, s_lengths = _encode(self.student, pieces, continues, piece_starts)
-        t_ids, t_offsets, t_lengths = _encode(self.teacher, pieces, continues, piece_starts)
+        t_ids, t_offsets, t_lengths = (s_ids, s_offsets, s_lengths) if self.same else \
+            _encode(self.teacher, pieces, continues, piece_starts)
         return EncodedDocuments(
             text="".join(pieces),
             doc_ends=np.add.reduceat(piece_chars, first_piece).cumsum(),

@@ -353,3 +353,37 @@ def test_chunk_alignment_maps_every_token_to_its_chunk(loader):
         VocAgnoLM(teacher="Qwen/Qwen2.5-Math-7B-Instruct", alignment="chunk", num_chunks=0)
     with pytest.raises(ValueError, match="alignment must be"):
         VocAgnoLM(teacher="Qwen/Qwen2.5-Math-7B-Instruct", alignment="chunks")
+
+
+def test_with_the_students_own_tokenizer_the_loss_is_rho1s_selective_language_modeling(tmp_path, tokenizers):
+    """Rho-1 is vocagno with a reference model of the student's vocabulary: the alignment is the identity (token i is
+    token i, specials included, detected without aligning) and the loss is SLM's by its definition (Rho-1 Eqs. 1-5):
+    the mean cross-entropy over the top 60% of the batch's tokens by student loss minus reference loss."""
+    import torch.nn.functional as F
+
+    root = tmp_path / "shards"
+    convert_dataset.main(["--input", str(ASSETS / "text" / "gsm8k_heldout_100.jsonl"), "--student-tokenizer", "llama2",
+                          "--teacher-tokenizer", "llama2", "--seq-len", "64", "--out-root", str(root)])
+    clean_stale_shared_memory()
+    dataset = TeacherGuidedDataset(local=str(root), batch_size=4)
+    eos = tokenizers["llama2"].eos_token_id
+    batch = TeacherGuidedCollator(eos, eos)([dataset[i] for i in range(4)])
+    positions = torch.arange(batch["input_ids"].shape[1]).expand_as(batch["input_ids"])
+    assert torch.equal(batch["align_start"], positions) and torch.equal(batch["align_end"], positions + 1)
+    assert torch.equal(batch["teacher_input_ids"][:, :64], batch["input_ids"])
+
+    student, reference = tiny(LlamaConfig, LlamaForCausalLM, 32000), tiny(LlamaConfig, LlamaForCausalLM, 32000)
+    noise = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in reference.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=noise))
+        ids = batch["input_ids"]
+        logits = student(input_ids=ids).logits
+        reference_loss = TeacherScorer(reference)(batch["teacher_input_ids"], batch["teacher_attention_mask"])
+        ours = teacher_guided_loss(logits, batch["labels"], batch, reference_loss, topk_ratio=0.6)
+        student_ce = F.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none").flatten()
+        reference_ce = F.cross_entropy(reference(input_ids=ids).logits[:, :-1].transpose(1, 2), ids[:, 1:],
+                                       reduction="none").flatten()
+    kept = (student_ce - reference_ce).topk(math.ceil(0.6 * student_ce.numel())).indices
+    torch.testing.assert_close(ours["total"], student_ce[kept].mean(), rtol=1e-5, atol=1e-6)
+    assert ours["mapped_fraction"] == 1

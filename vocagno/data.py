@@ -147,8 +147,13 @@ class TeacherGuidedCollator:
             out["input_ids"][b, :length] = ids
             out["attention_mask"][b, :length] = 1
             out["labels"][b, :length] = ids
-            offsets = sample["student_offsets"].numpy()
-            start, end = align(offsets, sample["teacher_offsets"].numpy())
+            offsets, teacher_offsets = sample["student_offsets"].numpy(), sample["teacher_offsets"].numpy()
+            if torch.equal(ids, teacher_ids) and np.array_equal(offsets, teacher_offsets):
+                # One tokenizer on both sides (Rho-1's reference model): token i is token i, specials included.
+                start = np.arange(length)
+                end = start + 1
+            else:
+                start, end = align(offsets, teacher_offsets)
             if len(teacher_ids) > m:
                 self._warn_truncation(len(teacher_ids) - m)
                 cut = end > m
