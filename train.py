@@ -39,6 +39,13 @@ from vocagno.metrics import BitsPerByte  # noqa: E402
 from vocagno.tokenization import load_tokenizer  # noqa: E402
 
 ALGORITHM_GROUP = "llmfoundry_algorithms"  # the entry points llm-foundry's registry reads; vocagno registers there
+# The algorithms that use the teacher: section, and which of its keyword arguments each takes.
+TEACHER_ALGORITHMS = {
+    "vocagno": ("teacher", "teacher_tokenizer", "teacher_dtype", "teacher_placement", "chunk_size",
+                "trust_remote_code"),
+    "uld": ("teacher", "teacher_dtype", "chunk_size", "trust_remote_code"),
+    "kld": ("teacher", "teacher_tokenizer", "teacher_dtype", "chunk_size", "trust_remote_code"),
+}
 # llm-foundry's names for Composer's loggers and callbacks (its registries), and vocagno's own.
 LOGGERS: dict[str, Any] = {
     "wandb": "WandBLogger", "mlflow": "MLFlowLogger", "tensorboard": "TensorboardLogger", "inmemory": "InMemoryLogger",
@@ -92,7 +99,7 @@ REQUIRED = ("run_name", "seed", "tokenizer", "model", "train_loader", "optimizer
 
 
 def load_config(yaml_path: str, overrides: list[str]) -> DictConfig:
-    cfg = om.merge(om.load(yaml_path), om.from_dotlist(overrides))
+    cfg = om.merge(_read_yaml(Path(yaml_path)), om.from_dotlist(overrides))
     _check_keys(cfg, SCHEMA, "")
     missing = [key for key in REQUIRED if cfg.get(key) is None]
     if missing:
@@ -101,6 +108,18 @@ def load_config(yaml_path: str, overrides: list[str]) -> DictConfig:
     _check_values(cfg)
     _check_weight_decay(cfg.optimizer)
     return cfg
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
+    """A yaml, merged over the yaml its ``base:`` names (a path beside it), so a variant says only what differs. A null
+    entry of ``algorithms``, ``loggers`` or ``callbacks`` turns the base's off."""
+    if path.resolve() in seen:
+        raise ValueError(f"{path}: its base: chain comes back to itself")
+    cfg = om.load(path)
+    base = cfg.pop("base", None)
+    if base is None:
+        return cfg
+    return om.merge(_read_yaml(path.parent / base, (*seen, path.resolve())), cfg)
 
 
 def _is_dtype(value: Any) -> bool:
@@ -214,23 +233,26 @@ def build_algorithms(cfg: DictConfig, teacher_tok) -> list:
     chosen = _plain(cfg, "algorithms")
     available = {ep.name: ep for ep in entry_points(group=ALGORITHM_GROUP)}
     algorithms = []
+    chosen = {name: kwargs for name, kwargs in chosen.items() if kwargs is not None}  # null: off
     for name, kwargs in chosen.items():
         if name not in available:
             raise ValueError(f"unknown algorithm {name!r}; registered ({ALGORITHM_GROUP}): {', '.join(available)}")
-        kwargs = dict(kwargs or {})
-        if name == "vocagno":
+        kwargs = dict(kwargs)
+        if name in TEACHER_ALGORITHMS:
             if cfg.get("teacher") is None:
-                raise ValueError("algorithms.vocagno needs a teacher: section")
-            kwargs.update(teacher_kwargs(cfg.teacher, teacher_tok))
+                raise ValueError(f"algorithms.{name} needs a teacher: section")
+            kwargs.update(teacher_kwargs(cfg.teacher, teacher_tok, TEACHER_ALGORITHMS[name]))
         algorithms.append(available[name].load()(**kwargs))
-    if cfg.get("teacher") is not None and "vocagno" not in chosen:
-        raise ValueError("a teacher: section without algorithms.vocagno would load a teacher and never use it")
+    if cfg.get("teacher") is not None and not set(chosen) & set(TEACHER_ALGORITHMS):
+        raise ValueError(f"a teacher: section without one of algorithms.{{{', '.join(TEACHER_ALGORITHMS)}}} would load "
+                         "a teacher and never use it")
     return algorithms
 
 
-def teacher_kwargs(section: DictConfig, teacher_tok) -> dict[str, Any]:
+def teacher_kwargs(section: DictConfig, teacher_tok, takes: tuple[str, ...]) -> dict[str, Any]:
+    """The ``teacher:`` section as the keyword arguments of an algorithm that ``takes`` them."""
     pretrained = bool(section.get("name_or_path"))
-    return {
+    kwargs = {
         # A named teacher is loaded by the algorithm; a config-built one (random weights) is built here.
         "teacher": section.name_or_path if pretrained else build_causal_lm(section, len(teacher_tok)),
         "teacher_tokenizer": teacher_tok,
@@ -239,6 +261,9 @@ def teacher_kwargs(section: DictConfig, teacher_tok) -> dict[str, Any]:
         "chunk_size": section.get("chunk_size") or 1024,
         "trust_remote_code": section.get("trust_remote_code", False),
     }
+    if section.get("placement") is not None and "teacher_placement" not in takes:
+        raise ValueError("teacher.placement: only algorithms.vocagno shards its teacher; the others replicate it")
+    return {key: value for key, value in kwargs.items() if key in takes}
 
 
 def student_flops_per_batch(student: torch.nn.Module):

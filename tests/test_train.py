@@ -15,15 +15,16 @@ from omegaconf import OmegaConf as om
 
 import train
 from vocagno.algorithm import VocAgnoLM
+from vocagno.baselines import KLD, ULD
 from vocagno.shards import ShardMetadata
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = str(REPO / "yamls" / "tiny.yaml")
 
 
-def run_train(tmp_path, *overrides, launcher=(sys.executable,), check=True, timeout=900):
-    """train.py yamls/tiny.yaml in a subprocess, with its shards and logs under tmp_path."""
-    command = [*launcher, str(REPO / "train.py"), TINY, f"variables.data={tmp_path}/shards/train",
+def run_train(tmp_path, *overrides, launcher=(sys.executable,), check=True, timeout=900, yaml=TINY):
+    """train.py yamls/tiny.yaml (or ``yaml``) in a subprocess, with its shards and logs under tmp_path."""
+    command = [*launcher, str(REPO / "train.py"), yaml, f"variables.data={tmp_path}/shards/train",
                f"variables.heldout={tmp_path}/shards/heldout", "loggers.console=null", *overrides]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -92,7 +93,7 @@ def test_loggers_and_callbacks_take_llmfoundrys_names_and_refuse_unknown_ones():
                                                      "RuntimeEstimator", "MemoryMonitor"]
     with pytest.raises(ValueError, match=r"speed_monitr \(did you mean speed_monitor\?\); known: .*lr_monitor"):
         train.build_loggers(om.create({"callbacks": {"speed_monitr": {}}}))
-    with pytest.raises(ValueError, match="loggers.wandbb .*known: console, inmemory, jsonl, mlflow, tensorboard, wandb"):
+    with pytest.raises(ValueError, match="wandbb .*known: console, inmemory, jsonl, mlflow, tensorboard, wandb"):
         train.build_loggers(om.create({"loggers": {"wandbb": {}}}))
     with pytest.raises(ValueError, match="callbacks.speed_monitor: .*windw_size"):
         train.build_loggers(om.create({"callbacks": {"speed_monitor": {"windw_size": 5}}}))
@@ -216,7 +217,7 @@ def test_every_yaml_loads_and_validates(yaml):
     cfg = train.load_config(str(yaml), [])
     if cfg.get("teacher") is not None:
         algorithms = train.build_algorithms(cfg, teacher_tok=None) if cfg.teacher.get("name_or_path") else []
-        assert all(isinstance(a, VocAgnoLM) for a in algorithms)
+        assert all(isinstance(a, (VocAgnoLM, ULD, KLD)) for a in algorithms)
     else:
         assert "vocagno" not in (cfg.get("algorithms") or {})
     if "tiny" not in yaml.name:
@@ -280,3 +281,23 @@ def test_tiny_variants_of_the_method_train(tiny_run, tmp_path, overrides):
     assert len(logged) == 3
     assert all(0.35 < k < 0.5 for k in kept), kept
     assert all(m == 1.0 for m in mapped) == ("algorithms.vocagno.alignment=chunk" in overrides), mapped
+
+
+@pytest.mark.parametrize("name, parts", [("uld", {"ce", "uld"}), ("kld", {"ce", "soft_ce", "kl"})])
+def test_tiny_baselines_train_from_their_yamls(tmp_path, name, parts):
+    """yamls/tiny_uld.yaml and tiny_kld.yaml (tiny.yaml as their base:, vocagno turned off): 3 batches, the
+    baseline's loss and its parts logged, the CE falling below the uniform guess over 32,000 tokens."""
+    run_train(tmp_path, "max_duration=3ba", "eval_loader=null", f"loggers.jsonl.path={tmp_path}/log.jsonl",
+              yaml=str(REPO / "yamls" / f"tiny_{name}.yaml"))
+    logged = [row for _, row in sorted(read_log(tmp_path / "log.jsonl").items()) if "loss/train/total" in row]
+    assert len(logged) == 3
+    assert all({f"loss/train/{part}" for part in parts} <= set(row) for row in logged)
+    assert all(0 < row["loss/train/ce"] < math.log(32000) + 0.5 for row in logged)
+    assert "loss/train/kept_fraction" not in logged[0]  # vocagno is off
+
+
+def test_kld_refuses_a_teacher_of_another_vocabulary(tiny_run, tmp_path):
+    result = run_train(tiny_run[0], "max_duration=1ba", "eval_loader=null", "algorithms.vocagno=null",
+                       "algorithms.kld={}", check=False)
+    assert result.returncode != 0
+    assert "KLD needs one vocabulary" in result.stderr and "'qwen2.5'" in result.stderr

@@ -1,0 +1,150 @@
+"""The paper's logit-distillation baselines as Composer algorithms: ``ULD`` (any two vocabularies) and ``KLD`` (one
+vocabulary), registered for yamls as ``uld`` and ``kld`` beside ``vocagno``.
+
+    algorithms: {uld: {teacher: Qwen/Qwen2.5-Math-7B-Instruct}}             # batches from TeacherGuidedCollator
+    algorithms: {kld: {teacher: EleutherAI/llemma_7b}}                     # any batch of student tokens
+
+Like ``VocAgnoLM``: the teacher is frozen, lives in the algorithm (never in the optimizer or checkpoints), runs with no
+KV cache; the student's Hugging Face loss is not computed (``labels`` leave the batch before the forward) and the
+baseline's loss takes its place, its parts logged as ``loss/train/...``. The teacher is replicated on each device
+(sharding it with FSDP is ``VocAgnoLM``'s alone so far). The losses: ``vocagno.distill``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from composer.core import Algorithm, Event, State
+from composer.loggers import Logger
+from torch import nn
+
+from vocagno.algorithm import load_teacher
+from vocagno.distill import kld_loss, uld_loss
+
+__all__ = ["ULD", "KLD"]
+
+
+class _Distillation(Algorithm):
+    """What ULD and KLD share: the frozen teacher, and the student's loss replaced by the baseline's."""
+
+    def __init__(self, teacher: str | nn.Module, teacher_dtype: str = "bfloat16", chunk_size: int = 1024,
+                 trust_remote_code: bool = False):
+        if not isinstance(trust_remote_code, bool):  # the string "false" is truthy: it would run a folder's code
+            raise ValueError(f"trust_remote_code must be True or False, got {trust_remote_code!r}")
+        if not isinstance(getattr(torch, teacher_dtype, None), torch.dtype):
+            raise ValueError(f"teacher_dtype must name a torch dtype, got {teacher_dtype!r}")
+        self.teacher, self.teacher_dtype = teacher, teacher_dtype
+        self.chunk_size, self.trust_remote_code = chunk_size, trust_remote_code
+        self.model: nn.Module | None = None
+        self._labels: torch.Tensor | None = None
+        self._loss: dict[str, torch.Tensor] | None = None
+
+    @staticmethod
+    def required_on_load() -> bool:
+        return False
+
+    def match(self, event: Event, state: State) -> bool:
+        return event in (Event.FIT_START, Event.BEFORE_FORWARD, Event.AFTER_FORWARD, Event.AFTER_LOSS)
+
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
+        if event == Event.FIT_START and self.model is None:
+            teacher = self.teacher
+            if isinstance(teacher, str):
+                teacher = load_teacher(teacher, self.teacher_dtype, self.trust_remote_code)
+            self._check_teacher(teacher, state)
+            self.model = state.device.module_to_device(teacher.eval().requires_grad_(False))
+        elif event == Event.BEFORE_FORWARD:
+            self._labels = state.batch.pop("labels")
+        elif event == Event.AFTER_FORWARD:
+            logits = state.outputs.logits if hasattr(state.outputs, "logits") else state.outputs
+            ids, mask = self._teacher_inputs(state.batch)
+            with torch.no_grad():
+                hidden = self.model.base_model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+            self._loss = self._distill(logits, self._labels, hidden, self.model.get_output_embeddings(), mask)
+            if hasattr(state.outputs, "logits"):
+                state.outputs["loss"] = self._loss["total"]  # HuggingFaceModel.loss returns it: no second CE
+        elif event == Event.AFTER_LOSS:
+            state.loss = self._loss
+            self._labels = self._loss = None
+
+    def _check_teacher(self, teacher: nn.Module, state: State) -> None:
+        pass
+
+    def _teacher_inputs(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def _distill(self, logits, labels, hidden, head, mask) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+
+class ULD(_Distillation):
+    """Universal Logit Distillation (Boizard et al.) with a teacher of any vocabulary: ``vocagno.distill.uld_loss``,
+    the teacher reading its own tokens of the same text (``teacher_input_ids`` from ``TeacherGuidedCollator``).
+
+    Args: ``teacher``, ``teacher_dtype``, ``chunk_size``, ``trust_remote_code`` as ``VocAgnoLM``'s; ``weight``,
+    ``student_temperature``, ``teacher_temperature``, ``skip_student_eos``: ``uld_loss``'s (the reference code's
+    defaults: 1.5, 1, 1, True).
+    """
+
+    def __init__(self, teacher: str | nn.Module, weight: float = 1.5, student_temperature: float = 1.0,
+                 teacher_temperature: float = 1.0, skip_student_eos: bool = True, **kwargs: Any):
+        super().__init__(teacher, **kwargs)
+        self.options = dict(weight=weight, student_temperature=student_temperature,
+                            teacher_temperature=teacher_temperature, skip_student_eos=skip_student_eos)
+
+    def _teacher_inputs(self, batch):
+        if "teacher_input_ids" not in batch:
+            raise KeyError("ULD needs the teacher's own tokens of the text: batches from "
+                           "vocagno.data.TeacherGuidedCollator (teacher_input_ids, teacher_attention_mask)")
+        return batch["teacher_input_ids"], batch["teacher_attention_mask"]
+
+    def _distill(self, logits, labels, hidden, head, mask):
+        return uld_loss(logits, labels, hidden, head, mask, chunk_size=self.chunk_size, **self.options)
+
+
+class KLD(_Distillation):
+    """Same-vocabulary logit distillation (MiniPLM's recipe): ``vocagno.distill.kld_loss``, the teacher reading the
+    student's token ids. A teacher whose vocabulary is not the student's (its first ids the student's ids, with the
+    same pieces) is refused, naming both.
+
+    Args: ``teacher``, ``teacher_dtype``, ``chunk_size``, ``trust_remote_code`` as ``VocAgnoLM``'s; ``kd_ratio``
+    (0.5); ``student_tokenizer``, ``teacher_tokenizer`` (names, folders or objects; unset, the model's and the
+    teacher's name) for the vocabulary check.
+    """
+
+    def __init__(self, teacher: str | nn.Module, kd_ratio: float = 0.5, student_tokenizer: Any = None,
+                 teacher_tokenizer: Any = None, **kwargs: Any):
+        super().__init__(teacher, **kwargs)
+        if not 0.0 <= kd_ratio <= 1.0:
+            raise ValueError(f"kd_ratio must be in [0, 1], got {kd_ratio}")
+        self.kd_ratio = kd_ratio
+        self.student_tokenizer = student_tokenizer
+        self.teacher_tokenizer = teacher_tokenizer if teacher_tokenizer is not None else (
+            teacher if isinstance(teacher, str) else None)
+
+    def _check_teacher(self, teacher, state):
+        from vocagno.tokenization import load_tokenizer
+
+        student = self.student_tokenizer or getattr(state.model, "tokenizer", None)
+        if student is None or self.teacher_tokenizer is None:
+            raise ValueError("KLD checks that the teacher shares the student's vocabulary: give it student_tokenizer "
+                             "(or a HuggingFaceModel with its tokenizer) and teacher_tokenizer")
+        student, teacher_tok = (load_tokenizer(t) if isinstance(t, str) else t
+                                for t in (student, self.teacher_tokenizer))
+        student_vocab = student.get_vocab()
+        teacher_pieces = {i: piece for piece, i in teacher_tok.get_vocab().items()}
+        different = [piece for piece, i in student_vocab.items() if teacher_pieces.get(i) != piece]
+        if different:
+            raise ValueError(
+                f"KLD needs one vocabulary: the student's tokenizer {student.name_or_path!r} and the teacher's "
+                f"{teacher_tok.name_or_path!r} differ at {len(different)} of the student's {len(student_vocab)} ids "
+                f"(e.g. {different[0]!r}); use vocagno or uld for a teacher of another vocabulary"
+            )
+
+    def _teacher_inputs(self, batch):
+        ids = batch["input_ids"]
+        return ids, batch.get("attention_mask", torch.ones_like(ids))
+
+    def _distill(self, logits, labels, hidden, head, mask):
+        return kld_loss(logits, labels, hidden, head, kd_ratio=self.kd_ratio, chunk_size=self.chunk_size)
