@@ -1,0 +1,35 @@
+"""python -m vocagno.report on evaluation folders as vocagno.eval writes them."""
+
+import json
+import subprocess
+import sys
+
+from vocagno.eval.benchmarks import BENCHMARKS
+
+
+def eval_folder(root, name, accuracy):
+    folder = root / name
+    folder.mkdir()
+    (folder / "results.json").write_text(json.dumps({b: accuracy + i for i, b in enumerate(BENCHMARKS)}))
+    return folder
+
+
+def test_the_report_prints_the_table_with_gains_over_cpt_and_plots_a_sweep(tmp_path):
+    runs = [eval_folder(tmp_path, "cpt", 10.0), eval_folder(tmp_path, "qwen-topk20", 13.0),
+            eval_folder(tmp_path, "qwen-topk40", 14.6)]
+    out = subprocess.run([sys.executable, "-m", "vocagno.report", *map(str, runs), "--plot", str(tmp_path / "k.png")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("| run | GSM8K | MATH | SVAMP |") and lines[0].endswith("| AVG | vs cpt |")
+    # AVG of cpt: 10 + mean(0..8) = 14.0; topk40: 18.6, a gain of +32.9%.
+    assert "| cpt | 10.0 | 11.0 |" in lines[2] and lines[2].endswith("| 14.0 | +0.0% |")
+    assert lines[4].startswith("| qwen-topk40 | 14.6 |") and lines[4].endswith("| 18.6 | +32.9% |")
+    assert (tmp_path / "k.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_folder_without_results_is_named(tmp_path):
+    (tmp_path / "empty").mkdir()
+    out = subprocess.run([sys.executable, "-m", "vocagno.report", str(tmp_path / "empty")], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode != 0 and "results.json is missing" in out.stderr

@@ -1,0 +1,107 @@
+"""The paper's tables from several runs' evaluations, and plots of accuracy against a swept option.
+
+    python -m vocagno.report evals/cpt evals/kld-llemma evals/vocagno-qwen ...            # a table, rows = runs
+    python -m vocagno.report evals/qwen-topk20 evals/qwen-topk40 ... --plot topk.png --x-label "top-k ratio (%)"
+
+Each RUN folder is a ``python -m vocagno.eval --output`` folder (its ``results.json``); the row is named by the folder.
+Prints a markdown table in the shape of the paper's Tables 1-3: the nine benchmarks (few-shot CoT accuracy, %) and
+their average, and the average's gain relative to the baseline row (``--baseline``, default the run whose name holds
+"cpt"), as the paper states "+46% over CPT". ``--plot`` draws the average against the last number in each run's
+name (``topk20`` -> 20, ``chunk16`` -> 16), for the top-k sweep and the chunk counts of Table 2 (Figures 3/6).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from vocagno.eval.benchmarks import BENCHMARKS, TITLES
+
+__all__ = ["read_run", "results_table", "main"]
+
+
+def read_run(folder: Path) -> dict[str, float]:
+    """A run's accuracies per benchmark (those evaluated) from its ``results.json``."""
+    path = folder / "results.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: give folders written by python -m vocagno.eval --output")
+    results = json.loads(path.read_text(encoding="utf-8"))
+    return {name: value for name, value in results.items() if isinstance(value, (int, float))}
+
+
+def _average(results: dict[str, float]) -> float:
+    return sum(results.values()) / len(results) if results else float("nan")
+
+
+def results_table(runs: dict[str, dict[str, float]], baseline: str | None) -> str:
+    """Markdown: a row per run, a column per benchmark any run has, AVG, and the AVG's gain over ``baseline``'s.
+
+    The average is over the benchmarks the run has; a run missing some of the columns says so in its AVG cell
+    (its average is not comparable with the others')."""
+    columns = [b for b in BENCHMARKS if any(b in r for r in runs.values())]
+    base_avg = _average(runs[baseline]) if baseline else None
+    head = "| run | " + " | ".join(TITLES[b] for b in columns) + " | AVG |" + (f" vs {baseline} |" if baseline else "")
+    lines = [head, "|---" * (len(columns) + 2 + bool(baseline)) + "|"]
+    for name, results in runs.items():
+        cells = [f"{results[b]:.1f}" if b in results else "-" for b in columns]
+        average = f"{_average(results):.1f}" + ("" if all(b in results for b in columns) else " (partial)")
+        row = f"| {name} | " + " | ".join(cells) + f" | {average} |"
+        if base_avg:
+            row += f" {100 * (_average(results) - base_avg) / base_avg:+.1f}% |"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def plot(runs: dict[str, dict[str, float]], path: Path, x_label: str) -> None:
+    """AVG against the last number in each run's name; a run with no number (the CPT baseline) is a dashed line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points, levels = [], []
+    for name, results in runs.items():
+        numbers = re.findall(r"\d+(?:\.\d+)?", name)
+        if numbers:
+            points.append((float(numbers[-1]), _average(results)))
+        else:
+            levels.append((name, _average(results)))
+    points.sort()
+    figure, axes = plt.subplots(figsize=(5, 3.5))
+    axes.plot([x for x, _ in points], [y for _, y in points], marker="o")
+    for name, level in levels:
+        axes.axhline(level, linestyle="--", color="gray")
+        axes.annotate(name, (points[0][0] if points else 0, level), va="bottom")
+    axes.set_xlabel(x_label)
+    axes.set_ylabel("average accuracy (%)")
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=150)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vocagno.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="python -m vocagno.eval --output folders")
+    parser.add_argument("--baseline", help="the run the gains are relative to (default: the one named *cpt*)")
+    parser.add_argument("--plot", type=Path, help="write a PNG of AVG against the number in each run's name")
+    parser.add_argument("--x-label", default="top-k ratio (%)", help="the plot's x axis")
+    args = parser.parse_args(argv)
+    try:
+        runs = {folder.name: read_run(folder) for folder in args.runs}
+    except FileNotFoundError as error:
+        parser.error(str(error))
+    baseline = args.baseline or next((name for name in runs if "cpt" in name.lower()), None)
+    if baseline is not None and baseline not in runs:
+        parser.error(f"--baseline {baseline} is not one of the runs: {', '.join(runs)}")
+    print(results_table(runs, baseline))
+    if args.plot:
+        plot(runs, args.plot, args.x_label)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
