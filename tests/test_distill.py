@@ -58,3 +58,23 @@ def test_kld_is_miniplms_mix_of_ce_and_soft_ce_over_the_shared_ids():
     torch.testing.assert_close(out["kl"], kl, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(out["soft_ce"], kl + entropy, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(out["total"], 0.5 * ce + 0.5 * (kl + entropy), rtol=1e-5, atol=1e-6)
+
+
+def test_uld_paired_through_the_alignment_compares_the_positions_it_names():
+    """The variant: student position i against the teacher position the alignment gives (-1: unpaired), at every
+    labeled student position, however the two sides' lengths differ."""
+    student_logits, teacher_logits, labels, teacher_mask = batch(7, 11)
+    aligned = torch.tensor([[0, 0, 2, -1, 3], [1, 2, 2, -1, -1]])  # row 1: its 4th label is padding anyway
+    out = uld_loss(student_logits, labels, teacher_logits, torch.nn.Identity(), teacher_mask,
+                   aligned_teacher_positions=aligned, chunk_size=2)
+    rows = []
+    for b in range(2):
+        pairs = []
+        for i in range(5):
+            if labels[b, i + 1] == -100 or aligned[b, i] < 0:
+                continue
+            p_s = sorted(F.softmax(student_logits[b, i], -1).tolist(), reverse=True) + [0.0] * 4
+            p_t = sorted(F.softmax(teacher_logits[b, aligned[b, i]], -1).tolist(), reverse=True)
+            pairs.append(sum(abs(x - y) for x, y in zip(p_s, p_t)))
+        rows.append(sum(pairs) / len(pairs))
+    torch.testing.assert_close(out["uld"], torch.tensor(sum(rows) / 2), rtol=1e-5, atol=1e-6)

@@ -38,6 +38,7 @@ class _Distillation(Algorithm):
         self.chunk_size, self.trust_remote_code = chunk_size, trust_remote_code
         self.model: nn.Module | None = None
         self._labels: torch.Tensor | None = None
+        self._batch: dict[str, Any] | None = None
         self._loss: dict[str, torch.Tensor] | None = None
 
     @staticmethod
@@ -58,6 +59,7 @@ class _Distillation(Algorithm):
             self._labels = state.batch.pop("labels")
         elif event == Event.AFTER_FORWARD:
             logits = state.outputs.logits if hasattr(state.outputs, "logits") else state.outputs
+            self._batch = state.batch
             ids, mask = self._teacher_inputs(state.batch)
             with torch.no_grad():
                 hidden = self.model.base_model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
@@ -66,7 +68,7 @@ class _Distillation(Algorithm):
                 state.outputs["loss"] = self._loss["total"]  # HuggingFaceModel.loss returns it: no second CE
         elif event == Event.AFTER_LOSS:
             state.loss = self._loss
-            self._labels = self._loss = None
+            self._labels = self._batch = self._loss = None
 
     def _check_teacher(self, teacher: nn.Module, state: State) -> None:
         pass
@@ -84,12 +86,17 @@ class ULD(_Distillation):
 
     Args: ``teacher``, ``teacher_dtype``, ``chunk_size``, ``trust_remote_code`` as ``VocAgnoLM``'s; ``weight``,
     ``student_temperature``, ``teacher_temperature``, ``skip_student_eos``: ``uld_loss``'s (the reference code's
-    defaults: 1.5, 1, 1, True).
+    defaults: 1.5, 1, 1, True); ``pairing``: ``position`` (ULD's) or ``alignment`` (each student position with the
+    teacher position predicting the first teacher token aligned to the student's next token; not in the references).
     """
 
     def __init__(self, teacher: str | nn.Module, weight: float = 1.5, student_temperature: float = 1.0,
-                 teacher_temperature: float = 1.0, skip_student_eos: bool = True, **kwargs: Any):
+                 teacher_temperature: float = 1.0, skip_student_eos: bool = True, pairing: str = "position",
+                 **kwargs: Any):
         super().__init__(teacher, **kwargs)
+        if pairing not in ("position", "alignment"):
+            raise ValueError(f"pairing must be 'position' (ULD's) or 'alignment' (through vocagno's), got {pairing!r}")
+        self.pairing = pairing
         self.options = dict(weight=weight, student_temperature=student_temperature,
                             teacher_temperature=teacher_temperature, skip_student_eos=skip_student_eos)
 
@@ -100,7 +107,12 @@ class ULD(_Distillation):
         return batch["teacher_input_ids"], batch["teacher_attention_mask"]
 
     def _distill(self, logits, labels, hidden, head, mask):
-        return uld_loss(logits, labels, hidden, head, mask, chunk_size=self.chunk_size, **self.options)
+        aligned = None
+        if self.pairing == "alignment":  # student position i predicts token i + 1: pair it with the teacher
+            start, end = self._batch["align_start"][:, 1:], self._batch["align_end"][:, 1:]  # position predicting
+            aligned = torch.where(end > start, start - 1, -1)  # that token's first teacher token (-1: unmapped)
+        return uld_loss(logits, labels, hidden, head, mask, aligned_teacher_positions=aligned,
+                        chunk_size=self.chunk_size, **self.options)
 
 
 class KLD(_Distillation):

@@ -37,6 +37,7 @@ def uld_loss(
     student_temperature: float = 1.0,
     teacher_temperature: float = 1.0,
     skip_student_eos: bool = True,
+    aligned_teacher_positions: torch.Tensor | None = None,
     chunk_size: int = 1024,
 ) -> dict[str, torch.Tensor]:
     """Universal Logit Distillation (Boizard et al.), as the reference code computes it, applied to pretraining rows.
@@ -48,25 +49,33 @@ def uld_loss(
     distributions sorted in decreasing order, the smaller vocabulary zero-padded to the larger. Total = CE (the
     student's, over all its labeled tokens) + ``weight`` x mean over rows of ``ULD_b`` (the code's defaults: weight
     1.5, temperatures 1). The rows' labeled positions must come first (no labels before the text starts: pretraining).
+
+    ``aligned_teacher_positions`` ``[B, N - 1]`` pairs through the token alignment instead, a variant none of the
+    references has: student position i with the teacher position given there (the one predicting the first teacher
+    token aligned to student token i + 1; -1: unpaired), at every labeled student position.
     """
     ce, labeled = _student_ce(student_logits, labels)
-    student_sizes = labeled.sum(1) - int(skip_student_eos)
-    teacher_sizes = teacher_mask.sum(1) - 1
-    sizes = torch.minimum(student_sizes, teacher_sizes).clamp(min=0)
     with torch.no_grad():
         vocab = max(student_logits.shape[-1], teacher_head(teacher_hidden[:1, :1]).shape[-1])
     per_row = []
     for b in range(student_logits.shape[0]):
-        size, distance = int(sizes[b]), student_logits.new_zeros((), dtype=torch.float32)
-        for begin in range(0, size, chunk_size):
-            chunk = slice(begin, min(begin + chunk_size, size))
-            student = F.softmax(student_logits[b, chunk].float() / student_temperature, dim=-1)
+        if aligned_teacher_positions is None:  # by position, up to the shorter side
+            size = min(int(labeled[b].sum()) - int(skip_student_eos), int(teacher_mask[b].sum()) - 1)
+            student_at = teacher_at = torch.arange(max(size, 0), device=labels.device)
+        else:
+            student_at = (labeled[b] & (aligned_teacher_positions[b] >= 0)).nonzero().squeeze(1)
+            teacher_at = aligned_teacher_positions[b, student_at]
+        distance = student_logits.new_zeros((), dtype=torch.float32)
+        for begin in range(0, len(student_at), chunk_size):
+            chunk = slice(begin, begin + chunk_size)
+            student = F.softmax(student_logits[b, student_at[chunk]].float() / student_temperature, dim=-1)
             with torch.no_grad():
-                teacher = F.softmax(teacher_head(teacher_hidden[b, chunk]).float() / teacher_temperature, dim=-1)
+                teacher = F.softmax(teacher_head(teacher_hidden[b, teacher_at[chunk]]).float() / teacher_temperature,
+                                    dim=-1)
                 teacher = F.pad(teacher.sort(dim=-1, descending=True).values, (0, vocab - teacher.shape[-1]))
             student = F.pad(student.sort(dim=-1, descending=True).values, (0, vocab - student.shape[-1]))
             distance = distance + (student - teacher).abs().sum()
-        per_row.append(distance / max(size, 1))
+        per_row.append(distance / max(len(student_at), 1))
     uld = torch.stack(per_row).mean()
     return {"total": ce + weight * uld, "ce": ce.detach(), "uld": uld.detach()}
 
