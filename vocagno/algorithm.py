@@ -131,6 +131,9 @@ class VocAgnoLM(Algorithm):
         selection_scope: ``batch`` (the global batch), ``microbatch`` or ``sequence``: see the module's docstring.
         selection: ``topk`` (by score), or ``random``: as many mapped tokens drawn at random (a control), from a
             generator seeded with ``seed`` and the batch index (the same draws on every rank, and after a resume).
+        teacher_losses: ``online`` (the teacher scores each batch), or ``cached``: the batches carry the teacher's
+            token losses (shards scored by ``python -m vocagno.score``) and no teacher is loaded; shards scored by
+            another teacher than ``teacher`` names are refused.
         alignment: ``token`` (each student token to the teacher tokens over its characters), or ``chunk``: the
             paper's Table 2 baseline as reconstructed (``vocagno.alignment.chunk_align``: each row cut into
             ``num_chunks`` chunks by token count on each side, chunk k to chunk k; every token is mapped, so
@@ -157,6 +160,7 @@ class VocAgnoLM(Algorithm):
         seed: int = 0,
         alignment: str = "token",
         num_chunks: int = 1,
+        teacher_losses: str = "online",
         teacher_tokenizer: Any = None,
         student_tokenizer: Any = None,
         teacher_dtype: str = "bfloat16",
@@ -165,6 +169,8 @@ class VocAgnoLM(Algorithm):
         trust_remote_code: bool = False,
     ):
         check_options(topk_ratio, aggregation, unmapped, selection_scope, selection)
+        if teacher_losses not in ("online", "cached"):
+            raise ValueError(f"teacher_losses must be 'online' or 'cached', got {teacher_losses!r}")
         if alignment not in ("token", "chunk"):
             raise ValueError(f"alignment must be 'token' or 'chunk', got {alignment!r}")
         if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 1:
@@ -179,6 +185,7 @@ class VocAgnoLM(Algorithm):
         self.selection_scope = selection_scope
         self.selection, self.seed = selection, seed
         self.alignment, self.num_chunks = alignment, num_chunks
+        self.cached = teacher_losses == "cached"
         self._generator: torch.Generator | None = None  # for selection="random", seeded per batch
         self.teacher = teacher
         self.teacher_tokenizer = teacher_tokenizer if teacher_tokenizer is not None else (
@@ -212,7 +219,9 @@ class VocAgnoLM(Algorithm):
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         if event == Event.FIT_START:
-            if self.scorer is None:
+            if self.cached:
+                self._check_scored_by(state)
+            elif self.scorer is None:
                 self.scorer = self._place(self._build_scorer(state), state)
         elif event == Event.AFTER_DATALOADER:
             if "teacher_input_ids" not in state.batch:
@@ -271,7 +280,22 @@ class VocAgnoLM(Algorithm):
             self.teacher_side = TeacherSide(_tokenizer(student), _tokenizer(self.teacher_tokenizer))
         return self.teacher_side
 
+    def _check_scored_by(self, state: State) -> None:
+        metadata = getattr(getattr(getattr(state, "train_dataloader", None), "dataset", None), "metadata", None)
+        scored_by = getattr(metadata, "scored_by", None)
+        if metadata is not None and scored_by is None:
+            raise ValueError("teacher_losses: cached, but the training shards carry no teacher losses: score them "
+                             "first (python -m vocagno.score)")
+        if scored_by is not None and isinstance(self.teacher, str) and scored_by["name"] != self.teacher:
+            raise ValueError(f"the shards were scored by {scored_by['name']!r}, but the teacher is {self.teacher!r}: "
+                             "score them with this teacher, or name the one that scored them")
+
     def _teacher_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.cached:
+            if "teacher_token_loss" not in batch:
+                raise KeyError("teacher_losses: cached, but the batch has no teacher_token_loss: train on shards "
+                               "scored by python -m vocagno.score")
+            return batch["teacher_token_loss"].float()
         begin = time.perf_counter()
         teacher_loss = self.scorer(batch["teacher_input_ids"], batch["teacher_attention_mask"])
         if teacher_loss.is_cuda:

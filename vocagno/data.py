@@ -9,6 +9,7 @@ tokenizers) and ``TeacherGuidedCollator`` turns samples into a batch:
     token_bytes                        [B, N]  UTF-8 bytes of the text each student token is the first to cover
     special_tokens                     [B, N]  True at specials (BOS, separators: empty spans), which hold no text
     teacher_input_ids, teacher_attention_mask  [B, M]  teacher tokens, padded to the batch's longest (or a fixed M)
+    teacher_token_loss                 [B, M]  scored shards only: the teacher's loss of each of its tokens (NaN: none)
 
 Every student tensor is per input position, as Hugging Face models and Composer's ``HuggingFaceModel`` expect; the
 ``VocAgnoLM`` algorithm shifts logits, labels and alignment together before ``vocagno.loss.guided_loss``.
@@ -78,6 +79,8 @@ class TeacherGuidedDataset(StreamingDataset):
         # Decoded arrays view the shard's memory: copy before handing them to torch.
         out = {name: torch.from_numpy(np.array(sample[name], dtype=np.int64)) for name in ARRAY_COLUMNS}
         out["text"] = sample["text"]
+        if "teacher_loss" in sample:  # scored shards (python -m vocagno.score)
+            out["teacher_loss"] = torch.from_numpy(np.array(sample["teacher_loss"], dtype=np.float32))
         return out
 
 
@@ -165,6 +168,9 @@ class TeacherGuidedCollator:
             out["special_tokens"][b, :length] = torch.from_numpy(offsets[:, 0] == offsets[:, 1])
             out["teacher_input_ids"][b, : len(teacher_ids)] = teacher_ids
             out["teacher_attention_mask"][b, : len(teacher_ids)] = 1
+            if "teacher_loss" in sample:
+                cached = out.setdefault("teacher_token_loss", torch.full((batch, m), float("nan")))
+                cached[b, : len(teacher_ids)] = sample["teacher_loss"][: len(teacher_ids)]
         return out
 
     def _warn_truncation(self, n_tokens: int) -> None:

@@ -36,6 +36,7 @@ from vocagno.alignment import align, uncovered_characters
 
 __all__ = [
     "COLUMNS",
+    "SCORED_COLUMNS",
     "METADATA_FILE",
     "SHARD_HASH",
     "FORMAT_VERSION",
@@ -57,6 +58,8 @@ COLUMNS = {
     "teacher_ids": "ndarray",
     "teacher_offsets": "ndarray",
 }
+# Shards scored by ``python -m vocagno.score`` add each teacher token's loss (float16, NaN where undefined).
+SCORED_COLUMNS = {**COLUMNS, "teacher_loss": "ndarray"}
 METADATA_FILE = "vocagno.json"
 SHARD_HASH = "xxh3_64"  # every shard's hash in index.json: the merge checks it on the out-root, readers when they read
 FORMAT_VERSION = 2  # 2: a BOS starts each row (tokenizers that add one), end-of-text separators
@@ -140,6 +143,7 @@ class ShardMetadata:
     seq_len: int
     totals: dict = field(default_factory=dict)
     partial: dict | None = None  # set when published before every job finished (--allow-partial): which did
+    scored_by: dict | None = None  # python -m vocagno.score: the teacher whose token losses the samples carry
     format_version: int = FORMAT_VERSION
 
     def write(self, root: str | Path) -> None:
@@ -165,6 +169,7 @@ class ShardMetadata:
             seq_len=raw["seq_len"],
             totals=raw.get("totals", {}),
             partial=raw.get("partial"),
+            scored_by=raw.get("scored_by"),
         )
 
     def check_tokenizers(self, student: TokenizerInfo | None = None, teacher: TokenizerInfo | None = None) -> None:
