@@ -49,6 +49,7 @@ from vocagno.loss import (
 )
 from vocagno.shards import describe_tokenizer
 from vocagno.teacher_side import TeacherSide
+from vocagno.tokenization import as_tokenizer
 
 __all__ = ["TeacherScorer", "load_teacher", "teacher_guided_loss", "VocAgnoLM"]
 
@@ -116,10 +117,12 @@ def student_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tens
     return token_cross_entropy(logits[:, :-1], labels[:, 1:])
 
 
-def _tokenizer(tokenizer: Any):
-    from vocagno.tokenization import load_tokenizer
-
-    return load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+def check_teacher_options(teacher_dtype: str, trust_remote_code: Any) -> None:
+    """Refuse teacher options every teacher algorithm takes, naming the option, before training starts."""
+    if not isinstance(trust_remote_code, bool):  # the string "false" is truthy: it would run a folder's code
+        raise ValueError(f"trust_remote_code must be True or False, got {trust_remote_code!r}")
+    if not isinstance(getattr(torch, teacher_dtype, None), torch.dtype):
+        raise ValueError(f"teacher_dtype must name a torch dtype, got {teacher_dtype!r}")
 
 
 class VocAgnoLM(Algorithm):
@@ -177,10 +180,7 @@ class VocAgnoLM(Algorithm):
             raise ValueError(f"num_chunks must be a positive integer, got {num_chunks!r}")
         if teacher_placement not in PLACEMENTS:
             raise ValueError(f"teacher_placement must be one of {PLACEMENTS}, got {teacher_placement!r}")
-        if not isinstance(trust_remote_code, bool):  # the string "false" is truthy: it would run a folder's code
-            raise ValueError(f"trust_remote_code must be True or False, got {trust_remote_code!r}")
-        if not isinstance(getattr(torch, teacher_dtype, None), torch.dtype):
-            raise ValueError(f"teacher_dtype must name a torch dtype, got {teacher_dtype!r}")
+        check_teacher_options(teacher_dtype, trust_remote_code)
         self.options = dict(topk_ratio=topk_ratio, aggregation=aggregation, unmapped=unmapped)
         self.selection_scope = selection_scope
         self.selection, self.seed = selection, seed
@@ -277,7 +277,7 @@ class VocAgnoLM(Algorithm):
                     f"from their text, which needs the tokenizers; give it {missing}, or train on shards made by "
                     "conversion/convert_dataset.py"
                 )
-            self.teacher_side = TeacherSide(_tokenizer(student), _tokenizer(self.teacher_tokenizer))
+            self.teacher_side = TeacherSide(as_tokenizer(student), as_tokenizer(self.teacher_tokenizer))
         return self.teacher_side
 
     def _check_scored_by(self, state: State) -> None:

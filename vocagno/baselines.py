@@ -19,8 +19,9 @@ from composer.core import Algorithm, Event, State
 from composer.loggers import Logger
 from torch import nn
 
-from vocagno.algorithm import load_teacher
+from vocagno.algorithm import check_teacher_options, load_teacher
 from vocagno.distill import kld_loss, uld_loss
+from vocagno.tokenization import as_tokenizer
 
 __all__ = ["ULD", "KLD"]
 
@@ -30,10 +31,7 @@ class _Distillation(Algorithm):
 
     def __init__(self, teacher: str | nn.Module, teacher_dtype: str = "bfloat16", chunk_size: int = 1024,
                  trust_remote_code: bool = False):
-        if not isinstance(trust_remote_code, bool):  # the string "false" is truthy: it would run a folder's code
-            raise ValueError(f"trust_remote_code must be True or False, got {trust_remote_code!r}")
-        if not isinstance(getattr(torch, teacher_dtype, None), torch.dtype):
-            raise ValueError(f"teacher_dtype must name a torch dtype, got {teacher_dtype!r}")
+        check_teacher_options(teacher_dtype, trust_remote_code)
         self.teacher, self.teacher_dtype = teacher, teacher_dtype
         self.chunk_size, self.trust_remote_code = chunk_size, trust_remote_code
         self.model: nn.Module | None = None
@@ -136,14 +134,11 @@ class KLD(_Distillation):
             teacher if isinstance(teacher, str) else None)
 
     def _check_teacher(self, teacher, state):
-        from vocagno.tokenization import load_tokenizer
-
         student = self.student_tokenizer or getattr(state.model, "tokenizer", None)
         if student is None or self.teacher_tokenizer is None:
             raise ValueError("KLD checks that the teacher shares the student's vocabulary: give it student_tokenizer "
                              "(or a HuggingFaceModel with its tokenizer) and teacher_tokenizer")
-        student, teacher_tok = (load_tokenizer(t) if isinstance(t, str) else t
-                                for t in (student, self.teacher_tokenizer))
+        student, teacher_tok = as_tokenizer(student), as_tokenizer(self.teacher_tokenizer)
         student_vocab = student.get_vocab()
         teacher_pieces = {i: piece for piece, i in teacher_tok.get_vocab().items()}
         different = [piece for piece, i in student_vocab.items() if teacher_pieces.get(i) != piece]

@@ -196,12 +196,9 @@ def teacher_guided_loader(
     are checked against the ones the shards were made with; ``teacher_tokenizer`` None: the shards' teacher tokens
     are taken as they are (padded with the separator ``vocagno.json`` names). Other keyword arguments go to the
     ``DataLoader``."""
-    from vocagno.tokenization import load_tokenizer
+    from vocagno.tokenization import as_tokenizer
 
-    if isinstance(student_tokenizer, str):
-        student_tokenizer = load_tokenizer(student_tokenizer)
-    if isinstance(teacher_tokenizer, str):
-        teacher_tokenizer = load_tokenizer(teacher_tokenizer)
+    student_tokenizer, teacher_tokenizer = as_tokenizer(student_tokenizer), as_tokenizer(teacher_tokenizer)
     shards = TeacherGuidedDataset(
         student_tokenizer=student_tokenizer, teacher_tokenizer=teacher_tokenizer, batch_size=batch_size, **dataset)
     student_pad = student_tokenizer.pad_token_id

@@ -16,8 +16,8 @@ import numpy as np
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 __all__ = [
-    "SHIPPED_TOKENIZERS", "ASSETS", "load_tokenizer", "shipped_tokenizer_dir", "encode_with_offsets", "text_tokenizers",
-    "without_dummy_prefix",
+    "SHIPPED_TOKENIZERS", "ASSETS", "load_tokenizer", "as_tokenizer", "shipped_tokenizer_dir", "encode_with_offsets",
+    "text_tokenizers", "without_dummy_prefix",
 ]
 
 ASSETS = Path(__file__).parent / "assets"
@@ -83,6 +83,11 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerFast:
             "tokenizer (a folder with tokenizer.json)"
         )
     return tokenizer
+
+
+def as_tokenizer(tokenizer):
+    """A tokenizer given as itself, or as a name or folder (loaded with ``load_tokenizer``)."""
+    return load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
 
 
 def encode_with_offsets(
