@@ -44,11 +44,13 @@ from conversion import convert_dataset  # noqa: E402
 from vocagno.algorithm import TeacherScorer, teacher_guided_loss  # noqa: E402
 from vocagno.data import teacher_guided_loader  # noqa: E402
 from vocagno.eval.benchmarks import SHIPPED_DATA, read_test_split  # noqa: E402
-from vocagno.loss import excess_loss, select_top, token_cross_entropy  # noqa: E402
+from vocagno.loss import token_cross_entropy  # noqa: E402
 from vocagno.metrics import bits_per_byte  # noqa: E402
 from vocagno.tokenization import ASSETS, load_tokenizer  # noqa: E402
 
 METHODS = ("plain", "vocagno", "random")
+# guided_loss's selection for each guided method: random keeps as many mapped tokens as the top-k, drawn at random.
+SELECTION = {"vocagno": "topk", "random": "random"}
 SIZES = {  # width, layers, heads, seq_len, batch, teacher steps, student steps, learning rate, held-out problems
     "toy": dict(width=32, layers=1, heads=2, seq_len=64, batch=8, teacher_steps=30, student_steps=20, lr=3e-3,
                 heldout=40),
@@ -123,14 +125,8 @@ def train_student(student, scorer, method: str, data, size: dict, device: str, s
             loss = loss[batch["labels"][:, 1:] != -100].mean()
         else:
             teacher_loss = scorer(batch["teacher_input_ids"], batch["teacher_attention_mask"])
-            selected = None
-            if method == "random":  # as many tokens as the top-k keeps, drawn at random among the mapped ones
-                score, _ = excess_loss(token_cross_entropy(logits[:, :-1], batch["labels"][:, 1:]).detach(),
-                                       batch["labels"][:, 1:], teacher_loss, batch["align_start"][:, 1:],
-                                       batch["align_end"][:, 1:])
-                noise = torch.rand(score.shape, generator=generator, device=device)
-                selected = select_top(torch.where(torch.isfinite(score), noise, float("-inf")), 0.4)
-            loss = teacher_guided_loss(logits, batch["labels"], batch, teacher_loss, selected=selected)["total"]
+            loss = teacher_guided_loss(logits, batch["labels"], batch, teacher_loss, selection=SELECTION[method],
+                                       generator=generator)["total"]
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -117,6 +117,11 @@ def student_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tens
     return token_cross_entropy(logits[:, :-1], labels[:, 1:])
 
 
+def _shard_metadata(state: State):
+    """The training shards' ``ShardMetadata`` (``vocagno.json``), or None when the loader reads no vocagno shards."""
+    return getattr(getattr(getattr(state, "train_dataloader", None), "dataset", None), "metadata", None)
+
+
 def check_teacher_options(teacher_dtype: str, trust_remote_code: Any) -> None:
     """Refuse teacher options every teacher algorithm takes, naming the option, before training starts."""
     if not isinstance(trust_remote_code, bool):  # the string "false" is truthy: it would run a folder's code
@@ -281,7 +286,7 @@ class VocAgnoLM(Algorithm):
         return self.teacher_side
 
     def _check_scored_by(self, state: State) -> None:
-        metadata = getattr(getattr(getattr(state, "train_dataloader", None), "dataset", None), "metadata", None)
+        metadata = _shard_metadata(state)
         scored_by = getattr(metadata, "scored_by", None)
         if metadata is not None and scored_by is None:
             raise ValueError("teacher_losses: cached, but the training shards carry no teacher losses: score them "
@@ -363,8 +368,7 @@ class VocAgnoLM(Algorithm):
     def _check_teacher(self, teacher: nn.Module, state: State) -> None:
         """The teacher must read the shards' teacher tokens: same tokenizer, positions for a row, and an embedding with
         a row for each token (it may have more: Qwen2.5 pads 151,665 tokens to 152,064 rows)."""
-        dataset = getattr(getattr(state, "train_dataloader", None), "dataset", None)
-        metadata = getattr(dataset, "metadata", None)
+        metadata = _shard_metadata(state)
         if metadata is None:
             return
         positions = getattr(getattr(teacher, "config", None), "max_position_embeddings", None)

@@ -36,7 +36,6 @@ class _Distillation(Algorithm):
         self.chunk_size, self.trust_remote_code = chunk_size, trust_remote_code
         self.model: nn.Module | None = None
         self._labels: torch.Tensor | None = None
-        self._batch: dict[str, Any] | None = None
         self._loss: dict[str, torch.Tensor] | None = None
 
     @staticmethod
@@ -57,16 +56,16 @@ class _Distillation(Algorithm):
             self._labels = state.batch.pop("labels")
         elif event == Event.AFTER_FORWARD:
             logits = state.outputs.logits if hasattr(state.outputs, "logits") else state.outputs
-            self._batch = state.batch
             ids, mask = self._teacher_inputs(state.batch)
             with torch.no_grad():
                 hidden = self.model.base_model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
-            self._loss = self._distill(logits, self._labels, hidden, self.model.get_output_embeddings(), mask)
+            self._loss = self._distill(logits, self._labels, state.batch, hidden, self.model.get_output_embeddings(),
+                                       mask)
             if hasattr(state.outputs, "logits"):
                 state.outputs["loss"] = self._loss["total"]  # HuggingFaceModel.loss returns it: no second CE
         elif event == Event.AFTER_LOSS:
             state.loss = self._loss
-            self._labels = self._batch = self._loss = None
+            self._labels = self._loss = None
 
     def _check_teacher(self, teacher: nn.Module, state: State) -> None:
         pass
@@ -74,7 +73,7 @@ class _Distillation(Algorithm):
     def _teacher_inputs(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
-    def _distill(self, logits, labels, hidden, head, mask) -> dict[str, torch.Tensor]:
+    def _distill(self, logits, labels, batch, hidden, head, mask) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
 
@@ -104,10 +103,10 @@ class ULD(_Distillation):
                            "vocagno.data.TeacherGuidedCollator (teacher_input_ids, teacher_attention_mask)")
         return batch["teacher_input_ids"], batch["teacher_attention_mask"]
 
-    def _distill(self, logits, labels, hidden, head, mask):
+    def _distill(self, logits, labels, batch, hidden, head, mask):
         aligned = None
         if self.pairing == "alignment":  # student position i predicts token i + 1: pair it with the teacher
-            start, end = self._batch["align_start"][:, 1:], self._batch["align_end"][:, 1:]  # position predicting
+            start, end = batch["align_start"][:, 1:], batch["align_end"][:, 1:]  # the position predicting
             aligned = torch.where(end > start, start - 1, -1)  # that token's first teacher token (-1: unmapped)
         return uld_loss(logits, labels, hidden, head, mask, aligned_teacher_positions=aligned,
                         chunk_size=self.chunk_size, **self.options)
@@ -153,5 +152,5 @@ class KLD(_Distillation):
         ids = batch["input_ids"]
         return ids, batch.get("attention_mask", torch.ones_like(ids))
 
-    def _distill(self, logits, labels, hidden, head, mask):
+    def _distill(self, logits, labels, batch, hidden, head, mask):
         return kld_loss(logits, labels, hidden, head, kd_ratio=self.kd_ratio, chunk_size=self.chunk_size)

@@ -33,24 +33,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
 
 from vocagno.data import TeacherGuidedCollator
 from vocagno.shards import document_separator, tokenizer_info
 from vocagno.tokenization import text_tokenizers, without_dummy_prefix
 
 __all__ = ["StudentText", "TeacherSide"]
-
-
-def _byte_level_alphabet() -> dict[str, int]:
-    """GPT-2's byte-to-unicode table, inverted: the character a byte-level BPE writes for each byte."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
-    codes, extra = list(printable), 0
-    for byte in range(256):
-        if byte not in printable:
-            printable.append(byte)
-            codes.append(256 + extra)
-            extra += 1
-    return {chr(code): byte for byte, code in zip(printable, codes)}
 
 
 class StudentText:
@@ -69,7 +58,7 @@ class StudentText:
         self.token_bytes: list[bytes] = [b""] * (max(vocab.values()) + 1)
         self.special = np.zeros(len(self.token_bytes), dtype=bool)
         if "ByteLevel" in kinds:
-            alphabet = _byte_level_alphabet()
+            alphabet = {char: byte for byte, char in bytes_to_unicode().items()}  # GPT-2's byte-to-unicode table
             for piece, i in vocab.items():
                 self.token_bytes[i] = bytes(alphabet[c] for c in piece) if all(c in alphabet for c in piece) else b""
         elif "ByteFallback" in kinds or "Replace" in kinds:
