@@ -32,6 +32,7 @@ from omegaconf import DictConfig  # noqa: E402
 from streaming.base.util import clean_stale_shared_memory  # noqa: E402
 from omegaconf import OmegaConf as om  # noqa: E402
 
+from vocagno.config import build_causal_lm, load_config  # noqa: E402
 from vocagno.data import teacher_guided_loader  # noqa: E402
 from vocagno.fsdp import wrap_per_decoder_layer  # noqa: E402
 from vocagno.loggers import JSONLinesLogger, SampleLog  # noqa: E402
@@ -59,151 +60,6 @@ CALLBACKS: dict[str, Any] = {
     "load_checkpoint": "LoadCheckpoint",
     "sample_log": SampleLog,
 }
-
-# The keys a yaml may hold; a nested dict names the keys of that section, None leaves a section free-form.
-MODEL_KEYS = {"name_or_path": None, "config": None, "dtype": None, "trust_remote_code": None, "tokenizer": None}
-LOADER_KEYS = {"dataset": None, "drop_last": None, "num_workers": None, "teacher_seq_len": None, "convert_if_missing": None}
-SCHEMA: dict[str, Any] = {
-    "variables": None,
-    "run_name": None,
-    "seed": None,
-    "tokenizer": {"name": None},
-    "model": MODEL_KEYS,
-    "teacher": {**MODEL_KEYS, "placement": None, "chunk_size": None},
-    "train_loader": LOADER_KEYS,
-    "eval_loader": LOADER_KEYS,
-    "optimizer": {"name": None, "lr": None, "betas": None, "eps": None, "weight_decay": None},
-    "scheduler": {"name": None, "t_warmup": None, "alpha_f": None},
-    "algorithms": None,
-    "precision": None,
-    "fsdp_config": None,
-    "max_duration": None,
-    "global_train_batch_size": None,
-    "device_train_microbatch_size": None,
-    "device_eval_batch_size": None,
-    "eval_interval": None,
-    "eval_subset_num_batches": None,
-    "save_folder": None,
-    "save_interval": None,
-    "save_num_checkpoints_to_keep": None,
-    "save_overwrite": None,
-    "autoresume": None,
-    "loggers": None,  # names checked by build_loggers
-    "callbacks": None,
-    "progress_bar": None,
-    "console_log_interval": None,
-    "dist_timeout": None,
-}
-REQUIRED = ("run_name", "seed", "tokenizer", "model", "train_loader", "optimizer", "scheduler", "max_duration",
-            "global_train_batch_size", "device_train_microbatch_size")
-
-
-def load_config(yaml_path: str, overrides: list[str]) -> DictConfig:
-    cfg = om.merge(_read_yaml(Path(yaml_path)), om.from_dotlist(overrides))
-    _check_keys(cfg, SCHEMA, "")
-    missing = [key for key in REQUIRED if cfg.get(key) is None]
-    if missing:
-        raise ValueError(f"{yaml_path}: missing required keys: {', '.join(missing)}")
-    om.resolve(cfg)
-    _check_values(cfg)
-    _check_weight_decay(cfg.optimizer)
-    return cfg
-
-
-def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
-    """A yaml, merged over the yaml its ``base:`` names (a path beside it), so a variant says only what differs. A null
-    entry of ``algorithms``, ``loggers`` or ``callbacks`` turns the base's off."""
-    if path.resolve() in seen:
-        raise ValueError(f"{path}: its base: chain comes back to itself")
-    cfg = om.load(path)
-    base = cfg.pop("base", None)
-    if base is None:
-        return cfg
-    return om.merge(_read_yaml(path.parent / base, (*seen, path.resolve())), cfg)
-
-
-def _is_dtype(value: Any) -> bool:
-    return isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype)
-
-
-def _is_bool(value: Any) -> bool:
-    return isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _is_positive_int(value: Any) -> bool:
-    return _is_number(value) and isinstance(value, int) and value > 0
-
-
-# Values checked before anything runs: a key given with the wrong kind of value is one line naming the key. Booleans
-# must be real booleans: the string "false" is truthy, and trust_remote_code: "false" would run a folder's code.
-VALUE_CHECKS: dict[str, tuple[Any, str]] = {
-    "model.trust_remote_code": (_is_bool, "true or false"),
-    "teacher.trust_remote_code": (_is_bool, "true or false"),
-    "autoresume": (_is_bool, "true or false"),
-    "save_overwrite": (_is_bool, "true or false"),
-    "train_loader.drop_last": (_is_bool, "true or false"),
-    "eval_loader.drop_last": (_is_bool, "true or false"),
-    "train_loader.dataset.shuffle": (_is_bool, "true or false"),
-    "model.dtype": (_is_dtype, "a torch dtype (float32, bfloat16, float16)"),
-    "teacher.dtype": (_is_dtype, "a torch dtype (float32, bfloat16, float16)"),
-    "optimizer.lr": (lambda v: _is_number(v) and v > 0, "a positive number"),
-    "optimizer.weight_decay": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
-    "global_train_batch_size": (_is_positive_int, "a positive integer"),
-    "device_train_microbatch_size": (lambda v: _is_positive_int(v) or v == "auto", "a positive integer or auto"),
-    "variables.seq_len": (lambda v: _is_positive_int(v) and v >= 2, "an integer >= 2"),
-}
-
-
-def _check_values(cfg: DictConfig) -> None:
-    for key, (valid, expected) in VALUE_CHECKS.items():
-        value = om.select(cfg, key)
-        if value is not None and not valid(value):
-            raise ValueError(f"{key} must be {expected}, got {value!r}")
-
-
-# Composer's DecoupledAdamW multiplies the weights by (1 - weight_decay * lr / initial_lr) every step: its decay is
-# not scaled by the LR as torch's AdamW's is (lr * weight_decay), so AdamW's 0.1 at LR 8e-5 is 8e-6 here.
-MAX_DECOUPLED_DECAY = 1e-3
-
-
-def _check_weight_decay(optimizer: DictConfig) -> None:
-    decay = optimizer.get("weight_decay", 0.0)
-    if decay > MAX_DECOUPLED_DECAY:
-        raise ValueError(
-            f"optimizer.weight_decay={decay} would shrink every weight by {decay:.1%} per step: decoupled_adamw's decay "
-            "is not multiplied by the learning rate (torch AdamW's weight_decay=0.1 at lr=8e-5 is weight_decay=8e-6 "
-            f"here); values above {MAX_DECOUPLED_DECAY} are refused"
-        )
-
-
-def _check_keys(cfg: DictConfig, schema: dict[str, Any], where: str) -> None:
-    for key in cfg:
-        if key not in schema:
-            close = difflib.get_close_matches(str(key), schema, n=1)
-            hint = f" (did you mean {where}{close[0]}?)" if close else ""
-            raise ValueError(f"unknown config key {where}{key}{hint}; allowed here: {', '.join(schema)}")
-        if isinstance(schema[key], dict) and isinstance(cfg[key], DictConfig):
-            _check_keys(cfg[key], schema[key], f"{where}{key}.")
-
-
-def build_causal_lm(section: DictConfig, vocab_size: int) -> torch.nn.Module:
-    """A pretrained model by name or folder, or a randomly initialized one from ``config`` (``model_type`` + fields)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    dtype = getattr(torch, section.get("dtype") or "float32")
-    trust = section.get("trust_remote_code", False)
-    if section.get("name_or_path"):
-        return AutoModelForCausalLM.from_pretrained(section.name_or_path, torch_dtype=dtype, trust_remote_code=trust)
-    if section.get("config") is None:
-        raise ValueError("a model section needs name_or_path (pretrained) or config (random init)")
-    fields = om.to_container(section.config)
-    config = AutoConfig.for_model(fields.pop("model_type"), **{"vocab_size": vocab_size, **fields})
-    return AutoModelForCausalLM.from_config(config, torch_dtype=dtype)
-
 
 def build_loader(section: DictConfig, student_tok, teacher_tok, batch_size: int):
     dataset_cfg = om.to_container(section.dataset)
@@ -241,7 +97,7 @@ def build_algorithms(cfg: DictConfig, teacher_tok) -> list:
         if name in TEACHER_ALGORITHMS:
             if cfg.get("teacher") is None:
                 raise ValueError(f"algorithms.{name} needs a teacher: section")
-            kwargs.update(teacher_kwargs(cfg.teacher, teacher_tok, TEACHER_ALGORITHMS[name]))
+            kwargs.update(teacher_kwargs(cfg.teacher, teacher_tok, TEACHER_ALGORITHMS[name], cfg.seed))
         algorithms.append(available[name].load()(**kwargs))
     if cfg.get("teacher") is not None and not set(chosen) & set(TEACHER_ALGORITHMS):
         raise ValueError(f"a teacher: section without one of algorithms.{{{', '.join(TEACHER_ALGORITHMS)}}} would load "
@@ -249,12 +105,12 @@ def build_algorithms(cfg: DictConfig, teacher_tok) -> list:
     return algorithms
 
 
-def teacher_kwargs(section: DictConfig, teacher_tok, takes: tuple[str, ...]) -> dict[str, Any]:
+def teacher_kwargs(section: DictConfig, teacher_tok, takes: tuple[str, ...], seed: int) -> dict[str, Any]:
     """The ``teacher:`` section as the keyword arguments of an algorithm that ``takes`` them."""
     pretrained = bool(section.get("name_or_path"))
     kwargs = {
         # A named teacher is loaded by the algorithm; a config-built one (random weights) is built here.
-        "teacher": section.name_or_path if pretrained else build_causal_lm(section, len(teacher_tok)),
+        "teacher": section.name_or_path if pretrained else build_causal_lm(section, len(teacher_tok), seed),
         "teacher_tokenizer": teacher_tok,
         "teacher_dtype": section.get("dtype") or "bfloat16",
         "teacher_placement": section.get("placement") or "auto",

@@ -1,6 +1,6 @@
 """Seconds per training step through Composer's Trainer, plain and guided by VocAgnoLM.
 
-    python benchmarks/bench_step.py [--preset tiny|paper] [--steps 12] [--scopes batch,microbatch,sequence]
+    python benchmarks/bench_step.py [--preset tiny|paper] [--steps 12] [--scopes batch,microbatch] [--no-cached]
 
 Builds everything from ``yamls/tiny.yaml`` as ``train.py`` does (real llama2 / qwen2.5 tokenizers, the shipped GSM8K
 sample converted to shards under a temporary folder) with the preset's models:
@@ -15,6 +15,12 @@ student's training FLOPs as ``train.student_flops_per_batch`` counts them over t
 CPU), ``peak_gib`` (CUDA memory allocated at most; null on a CPU) and ``selection_scope``. Medians over the steps after
 two warm-up steps. ``batch`` scope adds a no-grad student forward per step (its scoring pass): the figure to compare
 with ``microbatch``.
+
+Then (unless ``--no-cached``) the shards are scored once with the same teacher (``vocagno.score``): one line with
+``scoring_teacher_tokens_per_s`` (the scoring pass, one device) beside ``training_teacher_tokens_per_s`` (the
+teacher's forward inside a guided step) and the shards' ``bytes_per_student_token``, unscored and scored; and one
+line per scope trained from the cached losses: ``cached_step_s``, ``cached_over_plain`` (goal: at most 1.05; the
+``batch`` scope keeps its scoring pass, a student forward, which cached losses do not remove).
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ from composer.loggers import LoggerDestination  # noqa: E402
 from composer.models import HuggingFaceModel  # noqa: E402
 
 import train  # noqa: E402
+from vocagno import score  # noqa: E402
+from vocagno.output import Output  # noqa: E402
 from vocagno.tokenization import load_tokenizer  # noqa: E402
 
 WARMUP = 2
@@ -64,7 +72,7 @@ class StepTimes(LoggerDestination):
     def __init__(self):
         self.steps, self.teacher = [], []
         self._begin = 0.0
-        self.flops, self.peak_bytes = 0, 0
+        self.flops, self.peak_bytes, self.teacher_tokens = 0, 0, []
 
     def before_dataloader(self, state, logger):
         self._begin = time.perf_counter()
@@ -72,6 +80,7 @@ class StepTimes(LoggerDestination):
     def batch_end(self, state, logger):
         self.steps.append(time.perf_counter() - self._begin)
         self.flops = state.model.flops_per_batch(state.batch)  # the rank's batch, restored after microbatches
+        self.teacher_tokens.append(int(state.batch["teacher_attention_mask"].sum()))
         if torch.cuda.is_available():
             self.peak_bytes = max(self.peak_bytes, torch.cuda.max_memory_allocated())
 
@@ -109,19 +118,22 @@ def main() -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
     parser.add_argument("--steps", type=int, default=12, help="timed steps (after two warm-up steps)")
     parser.add_argument("--scopes", default="batch,microbatch,sequence")
+    parser.add_argument("--no-cached", action="store_true", help="skip the scoring pass and the cached-losses rows")
     args = parser.parse_args()
+    scopes = args.scopes.split(",")
+    cuda = torch.cuda.is_available()
     with tempfile.TemporaryDirectory() as tmp:
         overrides = [f"variables.data={tmp}/train", "eval_loader=null", "train_loader.dataset.shuffle=false",
                      *PRESETS[args.preset]]
         cfg = train.load_config(str(REPO / "yamls" / "tiny.yaml"), overrides)
         plain_timer = run(cfg, False, None, args.steps)
         plain = statistics.median(plain_timer.steps[WARMUP:])
-        for scope in args.scopes.split(","):
+        online: dict[str, float] = {}
+        for scope in scopes:
             timer = run(cfg, True, scope, args.steps)
-            guided = statistics.median(timer.steps[WARMUP:])
+            guided = online[scope] = statistics.median(timer.steps[WARMUP:])
             teacher = statistics.median(timer.teacher[WARMUP:])
             tokens = cfg.global_train_batch_size * cfg.variables.seq_len
-            cuda = torch.cuda.is_available()
             print(json.dumps({
                 "preset": args.preset, "selection_scope": scope, "plain_step_s": round(plain, 4),
                 "teacher_forward_s": round(teacher, 4), "guided_step_s": round(guided, 4),
@@ -131,6 +143,47 @@ def main() -> None:
                 "peak_gib": round(timer.peak_bytes / 2**30, 2) if cuda else None,
                 "plain_peak_gib": round(plain_timer.peak_bytes / 2**30, 2) if cuda else None,
             }), flush=True)
+        if args.no_cached:
+            return
+        scoring = score_once(cfg, f"{tmp}/train", f"{tmp}/scored")
+        in_training = sum(timer.teacher_tokens[WARMUP:]) / sum(timer.teacher[WARMUP:])  # the last guided run's
+        scoring["training_teacher_tokens_per_s"] = round(in_training)
+        print(json.dumps({"preset": args.preset, **scoring}), flush=True)
+        cfg.train_loader.dataset.local = f"{tmp}/scored"
+        cfg.algorithms.vocagno.teacher_losses = "cached"
+        for scope in scopes:
+            cached = statistics.median(run(cfg, True, scope, args.steps).steps[WARMUP:])
+            print(json.dumps({
+                "preset": args.preset, "selection_scope": scope, "teacher_losses": "cached",
+                "plain_step_s": round(plain, 4), "online_step_s": round(online[scope], 4),
+                "cached_step_s": round(cached, 4), "cached_over_plain": round(cached / plain, 3),
+            }), flush=True)
+
+
+def shard_bytes_per_student_token(root: str) -> float:
+    index = json.loads((Path(root) / "index.json").read_text())
+    stored = sum((shard.get("zip_data") or shard["raw_data"])["bytes"] for shard in index["shards"])
+    return stored / json.loads((Path(root) / "vocagno.json").read_text())["totals"]["student tokens"]
+
+
+def score_once(cfg, shards: str, scored: str) -> dict:
+    """Score ``shards`` into ``scored`` with the yaml's teacher (the weights its runs build): the pass's teacher
+    tokens/s on one device, and the shards' bytes per student token before and after."""
+    teacher_tok = load_tokenizer(cfg.teacher.tokenizer)
+    teacher = score.Teacher(train.build_causal_lm(cfg.teacher, len(teacher_tok), cfg.seed), "bench teacher",
+                            cfg.teacher.get("dtype") or "float32", cfg.teacher.get("chunk_size") or 1024)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    begin = time.perf_counter()
+    score.score(shards, Output(scored, None), teacher, device)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - begin
+    tokens = sum(json.loads(part.read_text())["teacher tokens"] for part in Path(scored).glob("part-*/part.json"))
+    return {
+        "scoring_s": round(seconds, 2), "scoring_teacher_tokens_per_s": round(tokens / seconds),
+        "bytes_per_student_token": {"unscored": round(shard_bytes_per_student_token(shards), 2),
+                                    "scored": round(shard_bytes_per_student_token(scored), 2)},
+    }
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ so an interrupted run (Ctrl-C, ``kill -9``) finishes when the same command is ru
 unfinished ones redone, and a source file that changed since its parts were made is refused by name. Parts do not
 depend on ``--workers``, so any number of workers gives the same samples in the same order. ``--num-jobs K
 --job-index i`` converts the source files ``f`` with ``f % K == i`` (a Slurm array, say); when the last job ends, it
-merges the parts (``conversion/output.py``: every shard verified on the out-root, ``vocagno.json`` and ``index.json``
+merges the parts (``vocagno/output.py``: every shard verified on the out-root, ``vocagno.json`` and ``index.json``
 written atomically). Until then the root has no ``index.json`` and never reads as a complete dataset.
 ``--merge-only`` repeats that final step, and refuses while a job has not finished unless ``--allow-partial``.
 
@@ -48,7 +48,7 @@ import numpy as np  # noqa: E402
 from streaming import MDSWriter  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from conversion.output import PART_STATS, OwnedLock, Output, merged_index, verify_shards  # noqa: E402
+from vocagno.output import PART_STATS, OwnedLock, Output, merged_index, verify_shards  # noqa: E402
 from conversion.sources import Record, Source, parse_jsonl_line, sources_of  # noqa: E402
 from vocagno.shards import (  # noqa: E402
     COLUMNS, METADATA_FILE, SHARD_HASH, EncodedDocuments, Packer, ShardMetadata, TokenizerInfo, tokenizer_info,

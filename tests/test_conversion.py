@@ -445,7 +445,7 @@ def converts(out_root, *args, inputs):
 def test_a_part_whose_upload_broke_off_is_uploaded_again(tmp_path, monkeypatch):
     """The part finished locally; its last shard reached the remote half-way and part.json never did. The rerun with
     the same --local-root uploads it again instead of trusting the local copy, and the dataset reads whole."""
-    from conversion.output import Output
+    from vocagno.output import Output
 
     corpus, remote, work = small_corpus(tmp_path / "docs.jsonl"), tmp_path / "remote", tmp_path / "work"
     upload = Output.publish_part

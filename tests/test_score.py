@@ -1,5 +1,15 @@
-"""Score once, train many: shards scored by python -m vocagno.score train as the online teacher does, loading none."""
+"""Score once, train many: shards scored by python -m vocagno.score train as the online teacher does, loading none;
+the scoring pass splits over ranks, resumes after a kill and writes to remote out-roots as the converter does."""
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 from composer import Trainer
@@ -11,22 +21,49 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from conversion import convert_dataset
 from tests.test_algorithm import Capture, tiny
 from vocagno import score
-from vocagno.algorithm import TeacherScorer, VocAgnoLM
+from vocagno.algorithm import TeacherScorer, VocAgnoLM, weights_fingerprint
 from vocagno.data import TeacherGuidedCollator, TeacherGuidedDataset
+from vocagno.output import Output
 from vocagno.shards import ShardMetadata
 from vocagno.tokenization import ASSETS
+
+REPO = Path(__file__).resolve().parents[1]
+PARTS = 20  # input shards, one per converter part of 5 documents
 
 
 @pytest.fixture(scope="module")
 def scored(tmp_path_factory, tokenizers):
     root = tmp_path_factory.mktemp("score")
     convert_dataset.main(["--input", str(ASSETS / "text" / "gsm8k_heldout_100.jsonl"), "--student-tokenizer", "llama2",
-                          "--teacher-tokenizer", "qwen2.5", "--seq-len", "64", "--out-root", str(root / "shards")])
+                          "--teacher-tokenizer", "qwen2.5", "--seq-len", "64", "--docs-per-part", "5",
+                          "--out-root", str(root / "shards")])
     tiny(Qwen2Config, Qwen2ForCausalLM, 152064).save_pretrained(root / "teacher")
     tokenizers["qwen2.5"].save_pretrained(root / "teacher")
     assert score.main(["--shards", str(root / "shards"), "--teacher", str(root / "teacher"), "--out",
-                       str(root / "scored"), "--dtype", "float32", "--batch-size", "5", "--device", "cpu"]) == 0
+                       str(root / "scored"), "--dtype", "float32", "--batch-tokens", "640", "--device", "cpu"]) == 0
     return root
+
+
+def read(root: Path) -> list[dict]:
+    clean_stale_shared_memory()
+    dataset = TeacherGuidedDataset(local=str(root), batch_size=1)
+    return [{k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in dataset[i].items()}
+            for i in range(len(dataset))]
+
+
+def shard_sizes(root: Path) -> list[int]:
+    return [shard["samples"] for shard in json.loads((root / "index.json").read_text())["shards"]]
+
+
+def same_samples(ours: list[dict], theirs: list[dict]) -> None:
+    assert len(ours) == len(theirs)
+    for one, other in zip(ours, theirs):
+        assert sorted(one) == sorted(other)
+        for key, value in one.items():
+            if isinstance(value, np.ndarray):
+                assert value.dtype == other[key].dtype and np.array_equal(value, other[key], equal_nan=True), key
+            else:
+                assert value == other[key], key
 
 
 def fit(shards, tokenizers, teacher, lr=0.5, **options):
@@ -43,30 +80,141 @@ def fit(shards, tokenizers, teacher, lr=0.5, **options):
     return algorithm, capture
 
 
-def test_cached_losses_give_the_online_teachers_training_without_a_teacher(scored, tokenizers, monkeypatch):
+def test_the_scored_shards_hold_the_inputs_samples_shard_for_shard_with_the_teachers_losses(scored):
+    """One shard per input shard, the same samples in the same order (a shuffled run sees the same order), each with
+    the teacher's loss of each teacher token: what TeacherScorer gives the sample's row alone, in float16."""
+    assert shard_sizes(scored / "scored") == shard_sizes(scored / "shards")
+    assert len(shard_sizes(scored / "shards")) == PARTS
+    meta = ShardMetadata.read(scored / "scored")
+    assert meta.scored_by == {"name": str(scored / "teacher"), "dtype": "float32",
+                              "fingerprint": weights_fingerprint(tiny(Qwen2Config, Qwen2ForCausalLM, 152064))}
+    plain, losses = read(scored / "shards"), read(scored / "scored")
+    same_samples([{k: v for k, v in s.items() if k != "teacher_loss"} for s in losses], plain)
+    scorer = TeacherScorer(tiny(Qwen2Config, Qwen2ForCausalLM, 152064))
+    for sample in losses[:: len(losses) // 7]:
+        ids = torch.from_numpy(sample["teacher_ids"].astype(np.int64))[None]
+        alone = scorer(ids, torch.ones_like(ids))[0].half().numpy()
+        assert len(sample["teacher_loss"]) == ids.shape[1]
+        assert np.array_equal(sample["teacher_loss"], sample["teacher_loss"].astype(np.float16), equal_nan=True)
+        assert np.isnan(sample["teacher_loss"][0]) and not np.isnan(sample["teacher_loss"][1:]).any()
+        np.testing.assert_allclose(sample["teacher_loss"], alone, rtol=2e-3, atol=2e-3, equal_nan=True)
+
+
+def test_length_batches_hold_similar_lengths_within_the_token_budget():
+    lengths = [130, 10, 500, 70, 64, 129, 700]
+    batches = score.length_batches(lengths, batch_tokens=512)
+    assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
+    assert batches == [[1, 4, 3], [5, 0], [2], [6]]  # 3 x 128 <= 512 up to 70; 129 and 130 pad to 192: 2 x 192
+    for batch in batches:
+        assert len(batch) == 1 or len(batch) * -(-max(lengths[i] for i in batch) // 64) * 64 <= 512
+
+
+# The Table 3 cells (unmapped x aggregation), the other selection scopes, the chunk alignment, another top-k.
+CELLS = [dict(unmapped=u, aggregation=a) for u in ("include", "exclude") for a in ("max", "mean", "min")] + [
+    dict(selection_scope="microbatch"), dict(selection_scope="sequence"), dict(alignment="chunk", num_chunks=4,
+                                                                               aggregation="mean"),
+    dict(topk_ratio=0.2)]
+
+
+@pytest.mark.parametrize("options", CELLS, ids=lambda o: "-".join(map(str, o.values())))
+def test_cached_losses_give_the_online_teachers_training_without_a_teacher(scored, tokenizers, monkeypatch, options):
     """Batch for batch, the same selection and loss as the online teacher whose losses are rounded to float16 as the
     shards store them (without the rounding, the tiny random models' scores, crowded around the top-k threshold,
-    would trade a few tokens across it)."""
-    meta = ShardMetadata.read(scored / "scored")
-    assert meta.scored_by["name"] == str(scored / "teacher") and meta.scored_by["dtype"] == "float32"
-    assert meta.scored_by["fingerprint"] == score.weights_fingerprint(tiny(Qwen2Config, Qwen2ForCausalLM, 152064))
+    would trade a few tokens across it). One scoring pass serves every cell."""
     teacher = str(scored / "teacher")
-    cached_algorithm, cached = fit(scored / "scored", tokenizers, teacher, teacher_losses="cached")
+    cached_algorithm, cached = fit(scored / "scored", tokenizers, teacher, teacher_losses="cached", **options)
     assert cached_algorithm.scorer is None  # no teacher was loaded
     online_forward = TeacherScorer.forward
     monkeypatch.setattr(TeacherScorer, "forward", lambda self, *a: online_forward(self, *a).half().float())
-    _, online = fit(scored / "shards", tokenizers, teacher)
+    _, online = fit(scored / "shards", tokenizers, teacher, **options)
     assert len(online.batches) == len(cached.batches) == 2 and len(online.losses) == len(cached.losses) == 4
-    for one, other in zip(online.batches, cached.batches):
-        torch.testing.assert_close(other["teacher_token_loss"], one["vocagno_teacher_loss"], equal_nan=True)
-        assert torch.equal(one["vocagno_selected"], other["vocagno_selected"])
+    if options.get("selection_scope", "batch") == "batch":
+        for one, other in zip(online.batches, cached.batches):
+            torch.testing.assert_close(other["teacher_token_loss"], one["vocagno_teacher_loss"], equal_nan=True)
+            assert torch.equal(one["vocagno_selected"], other["vocagno_selected"])
     for one, other in zip(online.losses, cached.losses):
         for key, value in one.items():
             torch.testing.assert_close(other[key], value, rtol=1e-5, atol=1e-6)
 
 
-def test_cached_mode_refuses_unscored_shards_and_another_teacher(scored, tokenizers):
+def test_cached_mode_refuses_unscored_shards_and_another_teacher(scored, tokenizers, capsys):
     with pytest.raises(ValueError, match="carry no teacher losses"):
         fit(scored / "shards", tokenizers, str(scored / "teacher"), teacher_losses="cached")
-    with pytest.raises(ValueError, match="scored by .* but the teacher is 'Qwen/Qwen2.5-Math-7B-Instruct'"):
+    with pytest.raises(ValueError, match="scored by .* but the teacher is 'Qwen/Qwen2.5-Math-7B-Instruct'.*check_sco"):
         fit(scored / "scored", tokenizers, "Qwen/Qwen2.5-Math-7B-Instruct", teacher_losses="cached")
+    torch.manual_seed(1)  # a teacher module of other weights than the one that scored
+    other = Qwen2ForCausalLM(tiny(Qwen2Config, Qwen2ForCausalLM, 152064).config)
+    with pytest.raises(ValueError, match="but this run's teacher has other weights"):
+        fit(scored / "scored", tokenizers, other, teacher_losses="cached")
+    # Told the name is only a label, the run takes the shards' losses and says whose they are.
+    algorithm, _ = fit(scored / "scored", tokenizers, "Qwen/Qwen2.5-Math-7B-Instruct", teacher_losses="cached",
+                       check_scored_by=False)
+    assert algorithm.scorer is None and f"cached by {{'name': '{scored / 'teacher'}'" in capsys.readouterr().out
+
+
+def test_ranks_score_their_own_parts_and_the_last_to_finish_publishes(scored, tmp_path):
+    teacher = score.Teacher(tiny(Qwen2Config, Qwen2ForCausalLM, 152064), str(scored / "teacher"), "float32", 1024)
+    out = Output(str(tmp_path / "ranks"), None)
+    assert score.score(str(scored / "shards"), out, teacher, "cpu", 640, rank=1, world=3) > 0
+    assert score.score(str(scored / "shards"), out, teacher, "cpu", 640, rank=0, world=3) > 0
+    assert sorted(p.name for p in (tmp_path / "ranks").glob("part-*")) == [f"part-{i:05d}" for i in range(PARTS)
+                                                                           if i % 3 != 2]
+    assert not (tmp_path / "ranks" / "index.json").exists()  # rank 2 has not finished
+    score.score(str(scored / "shards"), out, teacher, "cpu", 640, rank=2, world=3)
+    same_samples(read(tmp_path / "ranks"), read(scored / "scored"))
+    assert ShardMetadata.read(tmp_path / "ranks").scored_by == ShardMetadata.read(scored / "scored").scored_by
+
+
+def test_a_remote_out_root_gets_the_dataset_and_another_teacher_cannot_resume_it(scored, tmp_path):
+    teacher = score.Teacher(tiny(Qwen2Config, Qwen2ForCausalLM, 152064), str(scored / "teacher"), "float32", 1024)
+    remote, work = tmp_path / "remote", tmp_path / "work"
+    score.score(str(scored / "shards"), Output(str(remote), str(work)), teacher, "cpu", 640)
+    same_samples(read(remote), read(scored / "scored"))
+    other = score.Teacher(tiny(Qwen2Config, Qwen2ForCausalLM, 152064), "another", "float32", 1024)
+    with pytest.raises(SystemExit, match="scored_by differ"):
+        score.score(str(scored / "shards"), Output(str(remote), str(tmp_path / "work2")), other, "cpu", 640)
+
+
+def test_kill_and_resume_gives_the_uninterrupted_scores(scored, tmp_path):
+    out = tmp_path / "killed"
+    command = [sys.executable, "-m", "vocagno.score", "--shards", str(scored / "shards"), "--teacher",
+               str(scored / "teacher"), "--dtype", "float32", "--batch-tokens", "640", "--device", "cpu",
+               "--out", str(out)]
+    env = {**os.environ, "WORLD_SIZE": "1", "RANK": "0"}
+    process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not list(out.glob("part-*/part.json")) and time.time() < deadline and process.poll() is None:
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    done = len(list(out.glob("part-*/part.json")))
+    assert 1 <= done < PARTS, f"the kill should land mid-run ({done} of {PARTS} parts done)"
+    assert not (out / "index.json").exists()
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "complete:" in result.stdout and not list(out.glob(".tmp-*")) and not list(out.glob(".scratch-*"))
+    same_samples(read(out), read(scored / "scored"))
+
+
+def test_a_yamls_config_built_teacher_scores_what_its_training_run_would_use(scored, tokenizers, tmp_path):
+    """--config builds the teacher train.py builds for the same yaml (random weights from the yaml's seed), and a
+    cached run of that yaml accepts the shards: the whole Table 3 grid of tiny runs from one scoring pass."""
+    import train
+
+    overrides = ["variables.seq_len=64", f"train_loader.dataset.local={scored / 'shards'}", "eval_loader=null",
+                 "max_duration=2ba", "eval_interval=1", "loggers.console=null", "callbacks=null",
+                 "progress_bar=false"]
+    assert score.main(["--shards", str(scored / "shards"), "--config", str(REPO / "yamls" / "tiny.yaml"), *overrides,
+                       "--out", str(tmp_path / "scored"), "--batch-tokens", "2048", "--device", "cpu"]) == 0
+    cfg = train.load_config(str(REPO / "yamls" / "tiny.yaml"), overrides)
+    built = train.teacher_kwargs(cfg.teacher, tokenizers["qwen2.5"], ("teacher",), cfg.seed)["teacher"]
+    assert ShardMetadata.read(tmp_path / "scored").scored_by["fingerprint"] == weights_fingerprint(built)
+    for unmapped in ("include", "exclude"):
+        for aggregation in ("max", "mean", "min"):
+            cell = [*overrides, f"train_loader.dataset.local={tmp_path / 'scored'}",
+                    "algorithms.vocagno.teacher_losses=cached", f"algorithms.vocagno.unmapped={unmapped}",
+                    f"algorithms.vocagno.aggregation={aggregation}"]
+            trainer = train.main(train.load_config(str(REPO / "yamls" / "tiny.yaml"), cell))
+            algorithm = next(a for a in trainer.state.algorithms if isinstance(a, VocAgnoLM))
+            assert algorithm.scorer is None and algorithm.options["aggregation"] == aggregation
+            assert int(trainer.state.timestamp.batch) == 2

@@ -32,6 +32,7 @@ on every device whole, or sharded with FSDP when the run uses FSDP (``teacher_pl
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any
 
@@ -51,7 +52,7 @@ from vocagno.shards import describe_tokenizer
 from vocagno.teacher_side import TeacherSide
 from vocagno.tokenization import as_tokenizer
 
-__all__ = ["TeacherScorer", "load_teacher", "teacher_guided_loss", "VocAgnoLM"]
+__all__ = ["TeacherScorer", "load_teacher", "weights_fingerprint", "teacher_guided_loss", "VocAgnoLM"]
 
 PLACEMENTS = ("auto", "replicate", "fsdp")
 
@@ -86,6 +87,14 @@ def load_teacher(name_or_path: str, dtype: str = "bfloat16", trust_remote_code: 
     return AutoModelForCausalLM.from_pretrained(
         name_or_path, torch_dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
     )
+
+
+def weights_fingerprint(model: nn.Module) -> str:
+    """16 hex digits from every parameter's name, shape and sum: which weights scored shards, cheap on a GPU."""
+    digest = hashlib.sha256()
+    for name, parameter in model.named_parameters():
+        digest.update(f"{name}{tuple(parameter.shape)}{float(parameter.double().sum()):.10e}".encode())
+    return digest.hexdigest()[:16]
 
 
 def teacher_guided_loss(
@@ -141,7 +150,10 @@ class VocAgnoLM(Algorithm):
             generator seeded with ``seed`` and the batch index (the same draws on every rank, and after a resume).
         teacher_losses: ``online`` (the teacher scores each batch), or ``cached``: the batches carry the teacher's
             token losses (shards scored by ``python -m vocagno.score``) and no teacher is loaded; shards scored by
-            another teacher than ``teacher`` names are refused.
+            another teacher are refused: another name than ``teacher``, or for a teacher given as a module (a
+            config-built one), other weights.
+        check_scored_by: with ``cached``, False takes the shards' losses whoever scored them (``teacher`` is only a
+            label then: a teacher scored from a local copy and named by its hub name); the scorer is printed.
         alignment: ``token`` (each student token to the teacher tokens over its characters), or ``chunk``: the
             paper's Table 2 baseline as reconstructed (``vocagno.alignment.chunk_align``: each row cut into
             ``num_chunks`` chunks by token count on each side, chunk k to chunk k; every token is mapped, so
@@ -169,6 +181,7 @@ class VocAgnoLM(Algorithm):
         alignment: str = "token",
         num_chunks: int = 1,
         teacher_losses: str = "online",
+        check_scored_by: bool = True,
         teacher_tokenizer: Any = None,
         student_tokenizer: Any = None,
         teacher_dtype: str = "bfloat16",
@@ -191,6 +204,7 @@ class VocAgnoLM(Algorithm):
         self.selection, self.seed = selection, seed
         self.alignment, self.num_chunks = alignment, num_chunks
         self.cached = teacher_losses == "cached"
+        self.check_scored_by = check_scored_by
         self._generator: torch.Generator | None = None  # for selection="random", seeded per batch
         self.teacher = teacher
         self.teacher_tokenizer = teacher_tokenizer if teacher_tokenizer is not None else (
@@ -291,9 +305,19 @@ class VocAgnoLM(Algorithm):
         if metadata is not None and scored_by is None:
             raise ValueError("teacher_losses: cached, but the training shards carry no teacher losses: score them "
                              "first (python -m vocagno.score)")
-        if scored_by is not None and isinstance(self.teacher, str) and scored_by["name"] != self.teacher:
+        if scored_by is None:
+            return
+        if not self.check_scored_by:
+            print(f"VocAgnoLM: teacher losses cached by {scored_by} (check_scored_by: false)", flush=True)
+            return
+        label = "or set check_scored_by: false when the teacher's name is only a label"
+        if isinstance(self.teacher, str) and scored_by["name"] != self.teacher:
             raise ValueError(f"the shards were scored by {scored_by['name']!r}, but the teacher is {self.teacher!r}: "
-                             "score them with this teacher, or name the one that scored them")
+                             f"score them with this teacher, name the one that scored them, {label}")
+        if isinstance(self.teacher, nn.Module) and scored_by["fingerprint"] != weights_fingerprint(self.teacher):
+            raise ValueError(f"the shards were scored by {scored_by['name']!r} (weights {scored_by['fingerprint']}), "
+                             f"but this run's teacher has other weights ({weights_fingerprint(self.teacher)}): score "
+                             f"them with this teacher, {label}")
 
     def _teacher_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.cached:

@@ -1,25 +1,38 @@
 """Score once, train many: vocagno shards written again with the teacher's loss of each of its tokens.
 
     python -m vocagno.score --shards shards/owm-qwen --teacher Qwen/Qwen2.5-Math-7B-Instruct --out shards/scored
+    torchrun --nproc-per-node 8 -m vocagno.score ...         # or composer -n 8 -m vocagno.score ...
+    python -m vocagno.score --shards shards/gsm8k_sample_128 --config yamls/tiny.yaml --out shards/tiny-scored
 
 VocAgnoLM needs one scalar per teacher token from the teacher, and it does not depend on the student: scored once
 (``TeacherScorer``, exactly as in training: the sample's teacher row as context, chunked cross-entropy), the losses
 serve every run on these shards (a Table 3 grid, a top-k sweep, several seeds) with
 ``algorithms.vocagno.teacher_losses: cached``, and no teacher is loaded then. The output has the input's columns
-plus ``teacher_loss`` (float16, NaN where undefined: a row's first token), and its ``vocagno.json`` records the
-teacher (``scored_by``: name, a fingerprint of its weights, dtype).
+plus ``teacher_loss`` (float16: 2 bytes per teacher token, 3 significant digits for losses up to 65504; NaN where
+undefined: a row's first token), and its ``vocagno.json`` records the teacher (``scored_by``: name, a fingerprint of
+its weights, dtype).
 
-This first version scores on one device, from local shards into a local folder, written whole and renamed into place
-when complete (an interrupted run starts again; it does not resume).
+How it runs, as the converter does (``vocagno/output.py``):
+- Each input shard becomes one part (``part-NNNNN/``, one shard of the same samples in the same order), so the
+  scored dataset has the input's shards, sample for sample: a shuffled run sees the samples in the same order.
+- Rank r of W (``RANK``/``WORLD_SIZE``, as ``torchrun`` and ``composer`` set them) scores the parts i with
+  i % W == r on its own GPU; no process group is needed. Within a part, samples are scored in batches of similar
+  length (sorted by teacher tokens, ``--batch-tokens`` per batch) and written in their order.
+- A part is written beside its place and renamed into it when complete: after a kill, the same command scores only
+  what is missing. Settings that change the losses (input, teacher, chunk size) must be the same to resume.
+- ``--out`` may be a remote Streaming can write (``s3://...``), through ``--local-root``. The last rank to finish
+  verifies every shard there and publishes ``vocagno.json`` and ``index.json``, ``index.json`` last.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -28,77 +41,235 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from vocagno.algorithm import TeacherScorer, load_teacher
-from vocagno.shards import COLUMNS, METADATA_FILE, SCORED_COLUMNS, SHARD_HASH, ShardMetadata
+from vocagno.algorithm import TeacherScorer, load_teacher, weights_fingerprint
+from vocagno.output import PART_STATS, OwnedLock, Output, merged_index, verify_shards
+from vocagno.shards import COLUMNS, METADATA_FILE, SCORED_COLUMNS, SHARD_HASH, ShardMetadata, write_atomically
 
-__all__ = ["weights_fingerprint", "score_shards", "main"]
+__all__ = ["Teacher", "score", "main"]
+
+SETTINGS_FILE = "score.json"
+MERGE_LOCK = "merge.lock"
+PAD_TO = 64  # rows padded to a multiple of 64 tokens, as the training collator pads them
 
 
-def weights_fingerprint(model: torch.nn.Module) -> str:
-    """16 hex digits from every parameter's name, shape and sum: which weights scored the shards, cheap on a GPU."""
-    digest = hashlib.sha256()
-    for name, parameter in model.named_parameters():
-        digest.update(f"{name}{tuple(parameter.shape)}{float(parameter.double().sum()):.10e}".encode())
-    return digest.hexdigest()[:16]
+class Teacher:
+    """The scoring teacher and what ``scored_by`` records of it."""
+
+    def __init__(self, model: torch.nn.Module, name: str, dtype: str, chunk_size: int):
+        self.scorer = TeacherScorer(model, chunk_size)
+        self.scored_by = {"name": name, "fingerprint": weights_fingerprint(model), "dtype": dtype}
+        self.chunk_size = chunk_size
+
+    @classmethod
+    def from_yaml(cls, path: str, overrides: list[str]) -> "Teacher":
+        """The teacher of a training yaml's ``teacher:`` section, built as ``train.py`` builds it: a config-built
+        (random) one gets the same weights from the yaml's seed. Named by its ``name_or_path``, or else by the yaml."""
+        from vocagno.config import build_causal_lm, load_config
+        from vocagno.tokenization import load_tokenizer
+
+        cfg = load_config(path, overrides)
+        section = cfg.get("teacher")
+        if section is None:
+            raise SystemExit(f"error: {path} has no teacher: section")
+        chunk_size = section.get("chunk_size") or 1024
+        if section.get("name_or_path"):  # loaded as VocAgnoLM loads a teacher it is given by name
+            dtype = section.get("dtype") or "bfloat16"
+            model = load_teacher(section.name_or_path, dtype, section.get("trust_remote_code", False))
+            return cls(model, section.name_or_path, dtype, chunk_size)
+        model = build_causal_lm(section, len(load_tokenizer(section.tokenizer)), cfg.seed)
+        name = f"{path}: teacher (config, seed {cfg.seed})"
+        return cls(model, name, section.get("dtype") or "float32", chunk_size)
+
+
+def rank_and_world() -> tuple[int, int]:
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def score(shards: str, output: Output, teacher: Teacher, device: str, batch_tokens: int = 16384,
+          rank: int = 0, world: int = 1) -> int:
+    """Score this rank's parts of ``shards`` into ``output``; the last rank to finish publishes the dataset.
+    Return the number of samples this rank has scored (now or in an earlier, interrupted run)."""
+    shards_root = Path(shards)
+    index = json.loads((shards_root / "index.json").read_text())
+    metadata = ShardMetadata.read(shards_root)
+    if metadata.scored_by is not None:
+        raise SystemExit(f"error: {shards} is already scored (by {metadata.scored_by['name']})")
+    if not index["shards"]:
+        raise SystemExit(f"error: {shards} holds no shards")
+    _check_or_write_settings(output, {"shards": str(shards_root.resolve()), "index": _digest(index),
+                                      "scored_by": teacher.scored_by, "chunk_size": teacher.chunk_size})
+    marker = f"job-{rank:04d}-of-{world:04d}"
+    lock = OwnedLock(output.local / f"{marker}.lock", f"rank {rank} of {world} scoring into {output}")
+    if not lock.acquire():
+        raise SystemExit(f"error: another scoring pass is running rank {rank} of {world} into {output}")
+    try:
+        mine = [i for i in range(len(index["shards"])) if i % world == rank]
+        for i in mine:
+            shutil.rmtree(output.local / f".tmp-{_part(i)}", ignore_errors=True)  # what a kill left unfinished
+        scorer = teacher.scorer.to(device)
+        progress = tqdm(total=sum(index["shards"][i]["samples"] for i in mine), unit="sample", desc="scoring",
+                        dynamic_ncols=True, mininterval=1.0, disable=rank != 0)
+        begin, tokens, samples = time.perf_counter(), 0, 0
+        for i in mine:
+            name = _part(i)
+            done_there = output.pull(f"{name}/{PART_STATS}")
+            if not done_there and not (output.local / name / PART_STATS).exists():
+                _score_part(shards_root, index["shards"][i], output.local / name, scorer, device, batch_tokens)
+                tokens += json.loads((output.local / name / PART_STATS).read_text())["teacher tokens"]
+            if not done_there:  # scored now, or scored here before an upload broke off
+                output.publish_part(name)
+            samples += index["shards"][i]["samples"]
+            progress.update(index["shards"][i]["samples"])
+            progress.set_postfix_str(f"{tokens / (time.perf_counter() - begin):,.0f} teacher tok/s per device")
+        progress.close()
+        write_atomically(output.local / f"{marker}.json", json.dumps({"parts": [_part(i) for i in mine]}))
+        output.publish(f"{marker}.json")
+    finally:
+        lock.release()
+    if all(output.pull(f"job-{r:04d}-of-{world:04d}.json") for r in range(world)):
+        _merge(output, [_part(i) for i in range(len(index["shards"]))], replace(metadata, scored_by=teacher.scored_by))
+    else:
+        print(f"rank {rank} of {world} done; the last rank to finish publishes {output}")
+    return samples
+
+
+def _part(i: int) -> str:
+    return f"part-{i:05d}"
+
+
+def _digest(value: dict) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _check_or_write_settings(output: Output, settings: dict) -> None:
+    """A resumed pass must score as the interrupted one did: the same input shards, teacher and chunk size."""
+    if output.fetch(SETTINGS_FILE):
+        earlier = json.loads((output.local / SETTINGS_FILE).read_text())
+        changed = sorted(k for k in set(settings) | set(earlier) if settings.get(k) != earlier.get(k))
+        if changed:
+            raise SystemExit(f"error: {output} holds a scoring pass made with other settings ({', '.join(changed)} "
+                             "differ); give another --out, or delete it to start over")
+        return
+    if output.fetch("index.json"):
+        raise SystemExit(f"error: {output} already holds a dataset (index.json); give another --out")
+    write_atomically(output.local / SETTINGS_FILE, json.dumps(settings, indent=1))
+    output.publish(SETTINGS_FILE)
+
+
+def read_shard(shards_root: Path, info: dict, scratch: Path) -> list[dict]:
+    """The samples of one input shard, in order. A compressed shard is checked against its hash and decompressed
+    into ``scratch``: the input folder is only read."""
+    from streaming.base.compression import decompress
+    from streaming.base.format import reader_from_json
+    from streaming.base.hashing import get_hash
+
+    dirname = shards_root
+    if info.get("zip_data"):
+        zipped = info["zip_data"]
+        data = (shards_root / zipped["basename"]).read_bytes()
+        expected = zipped.get("hashes", {}).get(SHARD_HASH)
+        if expected is not None and get_hash(SHARD_HASH, data) != expected:
+            raise SystemExit(f"error: {shards_root / zipped['basename']} does not match its {SHARD_HASH} hash")
+        raw = scratch / info["raw_data"]["basename"]
+        raw.parent.mkdir(parents=True, exist_ok=True)
+        raw.write_bytes(decompress(info["compression"], data))
+        dirname = scratch
+    reader = reader_from_json(str(dirname), None, info)
+    return [reader.get_item(i) for i in range(info["samples"])]
+
+
+def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    """Sample indices in batches of similar length: sorted by length, each batch as many as fit ``batch_tokens``
+    padded tokens (at least one)."""
+    batches: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        padded = -(-lengths[i] // PAD_TO) * PAD_TO  # the longest so far: sorted
+        if batches and (len(batches[-1]) + 1) * padded <= batch_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
 
 
 @torch.no_grad()
-def score_shards(shards: str, out: str, scorer: TeacherScorer, scored_by: dict, batch_size: int = 8,
-                 device: str = "cpu") -> int:
-    """Write ``shards`` with each sample's ``teacher_loss`` into ``out``; return the number of samples."""
-    from streaming import MDSWriter, StreamingDataset
-    from streaming.base.util import clean_stale_shared_memory
+def _score_part(shards_root: Path, info: dict, final: Path, scorer: TeacherScorer, device: str,
+                batch_tokens: int) -> None:
+    from streaming import MDSWriter
 
-    metadata = ShardMetadata.read(shards)
-    final = Path(out)
-    if (final / "index.json").exists():
-        raise SystemExit(f"error: {out} already holds shards; give another --out")
+    begin = time.perf_counter()
     staging = final.with_name(f".tmp-{final.name}")
-    shutil.rmtree(staging, ignore_errors=True)
-    clean_stale_shared_memory()
-    dataset = StreamingDataset(local=shards, shuffle=False, batch_size=batch_size)
-    scorer = scorer.to(device)
-    begin, tokens = time.perf_counter(), 0
-    with MDSWriter(out=str(staging), columns=SCORED_COLUMNS, compression="zstd", hashes=[SHARD_HASH],
-                   size_limit=1 << 26) as writer, tqdm(total=len(dataset), unit="sample", desc="scoring") as progress:
-        for first in range(0, len(dataset), batch_size):
-            samples = [dataset[i] for i in range(first, min(first + batch_size, len(dataset)))]
-            rows = [np.asarray(sample["teacher_ids"], dtype=np.int64) for sample in samples]
-            ids = torch.zeros(len(rows), max(map(len, rows)), dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for b, row in enumerate(rows):
-                ids[b, : len(row)] = torch.from_numpy(row)
-                mask[b, : len(row)] = 1
-            losses = scorer(ids.to(device), mask.to(device)).float().cpu().numpy()
-            for sample, row, loss in zip(samples, rows, losses):
-                written = {name: np.array(sample[name]) if name != "text" else sample[name] for name in COLUMNS}
-                writer.write({**written, "teacher_loss": loss[: len(row)].astype(np.float16)})
-            tokens += sum(map(len, rows))
-            progress.update(len(samples))
-            progress.set_postfix_str(f"{tokens / (time.perf_counter() - begin):,.0f} teacher tok/s")
-    replace(metadata, scored_by=scored_by).write(staging)
+    with tempfile.TemporaryDirectory(dir=final.parent, prefix=".scratch-") as scratch:
+        samples = read_shard(shards_root, info, Path(scratch))
+    rows = [np.asarray(sample["teacher_ids"], dtype=np.int64) for sample in samples]
+    losses: list[np.ndarray] = [np.empty(0)] * len(rows)
+    for batch in length_batches([len(row) for row in rows], batch_tokens):
+        width = -(-max(len(rows[i]) for i in batch) // PAD_TO) * PAD_TO
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for b, i in enumerate(batch):
+            ids[b, : len(rows[i])] = torch.from_numpy(rows[i])
+            mask[b, : len(rows[i])] = 1
+        scored = scorer(ids.to(device), mask.to(device)).float().cpu().numpy()
+        for b, i in enumerate(batch):
+            losses[i] = scored[b, : len(rows[i])].astype(np.float16)
+    # One shard per part (no size limit): the scored dataset's shards hold the input's samples, shard for shard.
+    with MDSWriter(out=str(staging), columns=SCORED_COLUMNS, compression=info.get("compression"), hashes=[SHARD_HASH],
+                   size_limit=None) as writer:
+        for sample, loss in zip(samples, losses):
+            writer.write({**{name: sample[name] for name in COLUMNS}, "teacher_loss": loss})
+    stats = {"samples": len(samples), "teacher tokens": int(sum(map(len, rows))),
+             "seconds": round(time.perf_counter() - begin, 3)}
+    write_atomically(staging / PART_STATS, json.dumps(stats))
     os.rename(staging, final)
-    return len(dataset)
+
+
+def _merge(output: Output, parts: list[str], metadata: ShardMetadata) -> None:
+    lock = OwnedLock(output.local / MERGE_LOCK, f"merging {output}")
+    if not lock.acquire():
+        return  # a live rank is merging: it publishes the dataset
+    try:
+        missing = [p for p in parts if not (output.pull(f"{p}/{PART_STATS}") and output.fetch(f"{p}/index.json"))]
+        if missing:
+            raise SystemExit(f"error: cannot publish {output}: parts not scored there: {missing}")
+        problems = verify_shards(output, parts)
+        if problems:
+            raise SystemExit(f"error: cannot publish {output}: {len(problems)} shard(s) on it are not as written: "
+                             + "; ".join(problems[:10]) + ". Delete those parts there and run the same command again.")
+        metadata.write(output.local)
+        write_atomically(output.local / "index.json", json.dumps(merged_index(output.local, parts)))
+        output.publish(METADATA_FILE, "index.json")
+        print(f"complete: {output} ({len(parts)} parts, scored by {metadata.scored_by['name']})", flush=True)
+    finally:
+        lock.release()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vocagno.score", description=__doc__.split("\n\n")[0])
     parser.add_argument("--shards", required=True, help="a local folder of vocagno shards (the converter's)")
-    parser.add_argument("--teacher", required=True, help="the teacher: a Hugging Face name or folder")
-    parser.add_argument("--out", required=True, help="the new, scored shards' folder")
-    parser.add_argument("--dtype", default="bfloat16", help="the teacher's dtype")
-    parser.add_argument("--batch-size", type=int, default=8, help="samples scored at a time")
-    parser.add_argument("--chunk-size", type=int, default=1024, help="teacher tokens per chunk of its LM head")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    teacher = parser.add_mutually_exclusive_group(required=True)
+    teacher.add_argument("--teacher", help="the teacher: a Hugging Face name or folder")
+    teacher.add_argument("--config", help="a training yaml: its teacher: section (a config-built teacher included)")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of --config's yaml")
+    parser.add_argument("--out", required=True, help="the scored shards' out-root: a folder, or a remote (s3://...)")
+    parser.add_argument("--local-root", help="the local working folder for a remote --out")
+    parser.add_argument("--dtype", default="bfloat16", help="the --teacher's dtype (a yaml's says its own)")
+    parser.add_argument("--chunk-size", type=int, default=1024, help="the --teacher's tokens per chunk of its LM head")
+    parser.add_argument("--batch-tokens", type=int, default=16384, help="padded teacher tokens per scoring batch")
+    parser.add_argument("--device", help="default: this rank's GPU (LOCAL_RANK), else the CPU")
     args = parser.parse_args(argv)
-    if not (Path(args.shards) / METADATA_FILE).exists():
-        parser.error(f"--shards {args.shards} holds no {METADATA_FILE}: not vocagno shards")
-    teacher = load_teacher(args.teacher, args.dtype)
-    scored_by = {"name": args.teacher, "fingerprint": weights_fingerprint(teacher), "dtype": args.dtype}
-    samples = score_shards(args.shards, args.out, TeacherScorer(teacher, args.chunk_size), scored_by,
-                           args.batch_size, args.device)
-    print(f"scored {samples} samples with {args.teacher} into {args.out}")
-    return 0 if samples else 1
+    if args.overrides and not args.config:
+        parser.error(f"overrides {args.overrides} need --config")
+    if not (Path(args.shards) / METADATA_FILE).exists() or not (Path(args.shards) / "index.json").exists():
+        parser.error(f"--shards {args.shards} holds no {METADATA_FILE} and index.json: not vocagno shards")
+    if args.config:
+        chosen = Teacher.from_yaml(args.config, args.overrides)
+    else:
+        chosen = Teacher(load_teacher(args.teacher, args.dtype), args.teacher, args.dtype, args.chunk_size)
+    device = args.device or (f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu")
+    rank, world = rank_and_world()
+    samples = score(args.shards, Output(args.out, args.local_root), chosen, device, args.batch_tokens, rank, world)
+    print(f"rank {rank} of {world}: {samples} samples scored with {chosen.scored_by['name']} into {args.out}")
+    return 0
 
 
 if __name__ == "__main__":

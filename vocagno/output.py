@@ -1,5 +1,6 @@
-"""Where a conversion writes: the out-root (a local folder, or any remote Streaming supports through a local working
-folder), what counts as done there, and the merge that publishes the dataset.
+"""Where a job made of parts writes (the converter, the scoring pass): the out-root (a local folder, or any remote
+Streaming supports through a local working folder), what counts as done there, and the merge that publishes the
+dataset.
 
 Guarantees:
 - A part is done only when its ``part.json`` is on the out-root itself (uploaded after its shards): a part finished
