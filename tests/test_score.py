@@ -152,15 +152,22 @@ def test_cached_mode_refuses_unscored_shards_and_another_teacher(scored, tokeniz
     assert algorithm.scorer is None and f"cached by {{'name': '{scored / 'teacher'}'" in capsys.readouterr().out
 
 
-def test_ranks_score_their_own_parts_and_the_last_to_finish_publishes(scored, tmp_path):
-    teacher = score.Teacher(tiny(Qwen2Config, Qwen2ForCausalLM, 152064), str(scored / "teacher"), "float32", 1024)
-    out = Output(str(tmp_path / "ranks"), None)
-    assert score.score(str(scored / "shards"), out, teacher, "cpu", 640, rank=1, world=3) > 0
-    assert score.score(str(scored / "shards"), out, teacher, "cpu", 640, rank=0, world=3) > 0
+def test_ranks_score_their_own_parts_and_the_last_to_finish_publishes(scored, tmp_path, monkeypatch):
+    """Ranks as torchrun and composer -n name them (RANK, WORLD_SIZE): each scores every third part; the dataset is
+    published by the last to finish, and is the one-rank result."""
+    command = ["--shards", str(scored / "shards"), "--teacher", str(scored / "teacher"), "--dtype", "float32",
+               "--batch-tokens", "640", "--device", "cpu", "--out", str(tmp_path / "ranks")]
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    for rank in (1, 0):
+        monkeypatch.setenv("RANK", str(rank))
+        assert score.main(command) == 0
     assert sorted(p.name for p in (tmp_path / "ranks").glob("part-*")) == [f"part-{i:05d}" for i in range(PARTS)
                                                                            if i % 3 != 2]
     assert not (tmp_path / "ranks" / "index.json").exists()  # rank 2 has not finished
-    score.score(str(scored / "shards"), out, teacher, "cpu", 640, rank=2, world=3)
+    monkeypatch.setenv("RANK", "2")
+    assert score.main(command) == 0
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")  # Streaming would look for the other ranks
     same_samples(read(tmp_path / "ranks"), read(scored / "scored"))
     assert ShardMetadata.read(tmp_path / "ranks").scored_by == ShardMetadata.read(scored / "scored").scored_by
 

@@ -42,6 +42,7 @@ from composer.core.precision import get_precision_context
 from composer.loggers import Logger
 from composer.utils import dist
 from torch import nn
+from torch.nn import functional as F
 
 from vocagno.alignment import chunk_align
 from vocagno.fsdp import decoder_layer_classes
@@ -102,28 +103,36 @@ def teacher_guided_loss(
     labels: torch.Tensor,
     batch: dict[str, torch.Tensor],
     teacher_loss: torch.Tensor,
+    selected: torch.Tensor | None = None,
     **options: Any,
 ) -> dict[str, torch.Tensor]:
     """The functional form: ``guided_loss``'s dict for a ``TeacherGuidedCollator`` batch.
 
     ``student_logits`` ``[B, N, V]`` and ``labels`` ``[B, N]`` are per input position (Hugging Face's convention) and
-    ``teacher_loss`` is ``TeacherScorer``'s ``[B, M]``; logits, labels and the batch's ``align_start``/``align_end`` are
-    shifted together here, so that position i predicts student token i + 1; so are ``selected`` ``[B, N - 1]`` and
-    ``token_counts`` (``guided_loss``'s), when given, already.
+    ``teacher_loss`` is ``TeacherScorer``'s ``[B, M]``; position i predicts student token i + 1, so labels and the
+    batch's ``align_start``/``align_end`` move one place left here (the last position gets no label, as Hugging Face's
+    loss pads it: slicing the logits instead would copy all B x N x V of them). ``selected`` ``[B, N - 1]`` and
+    ``token_counts`` (``guided_loss``'s), when given, are per predicted token already.
     """
     return guided_loss(
-        student_logits[:, :-1],
-        labels[:, 1:],
+        student_logits,
+        _shift_left(labels, -100),
         teacher_loss,
-        batch["align_start"][:, 1:],
-        batch["align_end"][:, 1:],
+        _shift_left(batch["align_start"], 0),
+        _shift_left(batch["align_end"], 0),
+        selected=None if selected is None else F.pad(selected, (0, 1), value=False),
         **options,
     )
 
 
+def _shift_left(values: torch.Tensor, pad: Any) -> torch.Tensor:
+    """``values[:, 1:]`` with ``pad`` appended: what position i of the logits predicts, for every position."""
+    return F.pad(values[:, 1:], (0, 1), value=pad)
+
+
 def student_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per-token cross-entropy ``[B, N - 1]`` of a student's logits per input position (position i predicts i + 1)."""
-    return token_cross_entropy(logits[:, :-1], labels[:, 1:])
+    return token_cross_entropy(logits, _shift_left(labels, -100))[:, :-1]
 
 
 def _shard_metadata(state: State):

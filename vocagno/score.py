@@ -96,8 +96,8 @@ def score(shards: str, output: Output, teacher: Teacher, device: str, batch_toke
         raise SystemExit(f"error: {shards} is already scored (by {metadata.scored_by['name']})")
     if not index["shards"]:
         raise SystemExit(f"error: {shards} holds no shards")
-    _check_or_write_settings(output, {"shards": str(shards_root.resolve()), "index": _digest(index),
-                                      "scored_by": teacher.scored_by, "chunk_size": teacher.chunk_size})
+    _check_or_write_settings(output, {"input_index": _digest(index), "scored_by": teacher.scored_by,
+                                      "chunk_size": teacher.chunk_size})
     marker = f"job-{rank:04d}-of-{world:04d}"
     lock = OwnedLock(output.local / f"{marker}.lock", f"rank {rank} of {world} scoring into {output}")
     if not lock.acquire():
@@ -142,7 +142,8 @@ def _digest(value: dict) -> str:
 
 
 def _check_or_write_settings(output: Output, settings: dict) -> None:
-    """A resumed pass must score as the interrupted one did: the same input shards, teacher and chunk size."""
+    """A resumed pass must score as the interrupted one did: the same input shards (by their index: names, sizes and
+    hashes, wherever the folder is now), teacher and chunk size."""
     if output.fetch(SETTINGS_FILE):
         earlier = json.loads((output.local / SETTINGS_FILE).read_text())
         changed = sorted(k for k in set(settings) | set(earlier) if settings.get(k) != earlier.get(k))
