@@ -197,6 +197,8 @@ def test_kill_and_resume_gives_the_uninterrupted_scores(scored, tmp_path):
     done = len(list(out.glob("part-*/part.json")))
     assert 1 <= done < PARTS, f"the kill should land mid-run ({done} of {PARTS} parts done)"
     assert not (out / "index.json").exists()
+    (out / f".scratch-part-{PARTS - 1:05d}").mkdir(exist_ok=True)  # as a kill while decompressing leaves it
+    (out / f".scratch-part-{PARTS - 1:05d}" / "shard.00000.mds").write_bytes(b"half a shard")
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "complete:" in result.stdout and not list(out.glob(".tmp-*")) and not list(out.glob(".scratch-*"))

@@ -32,7 +32,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -104,8 +103,9 @@ def score(shards: str, output: Output, teacher: Teacher, device: str, batch_toke
         raise SystemExit(f"error: another scoring pass is running rank {rank} of {world} into {output}")
     try:
         mine = [i for i in range(len(index["shards"])) if i % world == rank]
-        for i in mine:
-            shutil.rmtree(output.local / f".tmp-{_part(i)}", ignore_errors=True)  # what a kill left unfinished
+        for i in mine:  # what a kill left unfinished
+            for stale in (f".tmp-{_part(i)}", f".scratch-{_part(i)}"):
+                shutil.rmtree(output.local / stale, ignore_errors=True)
         scorer = teacher.scorer.to(device)
         progress = tqdm(total=sum(index["shards"][i]["samples"] for i in mine), unit="sample", desc="scoring",
                         dynamic_ncols=True, mininterval=1.0, disable=rank != 0)
@@ -198,9 +198,9 @@ def _score_part(shards_root: Path, info: dict, final: Path, scorer: TeacherScore
     from streaming import MDSWriter
 
     begin = time.perf_counter()
-    staging = final.with_name(f".tmp-{final.name}")
-    with tempfile.TemporaryDirectory(dir=final.parent, prefix=".scratch-") as scratch:
-        samples = read_shard(shards_root, info, Path(scratch))
+    staging, scratch = final.with_name(f".tmp-{final.name}"), final.with_name(f".scratch-{final.name}")
+    samples = read_shard(shards_root, info, scratch)
+    shutil.rmtree(scratch, ignore_errors=True)
     rows = [np.asarray(sample["teacher_ids"], dtype=np.int64) for sample in samples]
     losses: list[np.ndarray] = [np.empty(0)] * len(rows)
     for batch in length_batches([len(row) for row in rows], batch_tokens):
