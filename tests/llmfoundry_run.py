@@ -5,8 +5,9 @@
 Builds a tiny random-init Llama student (TinyLlama's tokenizer) and Qwen2 teacher (Qwen2.5's tokenizer) as Hugging
 Face folders, makes a token MDS with llm-foundry's own ``convert_dataset_json`` and vocagno shards with
 ``conversion/convert_dataset.py`` from the same GSM8K text, then trains with llm-foundry's ``train_from_yaml``:
-(a) its ``text`` loader plus ``algorithms: {vocagno: {teacher: DIR}}``, (b) ``train_loader: {name: vocagno}``.
-Prints one JSON line per run: the logged ``loss/train/kept_fraction`` values and the installed versions.
+(a) its ``text`` loader plus ``algorithms: {vocagno: {teacher: DIR}}``, (b) ``train_loader: {name: vocagno}``,
+(c) the same on shards scored by ``python -m vocagno.score`` with ``teacher_losses: cached``. Prints one JSON line per
+run: the logged ``loss/train/kept_fraction`` values, whether a teacher was loaded, and the installed versions.
 """
 
 import json
@@ -27,6 +28,8 @@ from omegaconf import OmegaConf as om  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 from conversion import convert_dataset  # noqa: E402
+from vocagno import score  # noqa: E402
+from vocagno.algorithm import VocAgnoLM  # noqa: E402
 from vocagno.tokenization import ASSETS, load_tokenizer  # noqa: E402
 
 SEQ_LEN = 128
@@ -44,7 +47,7 @@ def tiny_model(config_class, model_class, tokenizer_name: str, folder: Path) -> 
     return str(folder)
 
 
-def run(work: Path, name: str, train_loader: dict, student: str, teacher: str) -> dict:
+def run(work: Path, name: str, train_loader: dict, student: str, teacher: str, **options) -> dict:
     config = {
         "run_name": name,
         "seed": 0,
@@ -52,7 +55,7 @@ def run(work: Path, name: str, train_loader: dict, student: str, teacher: str) -
         "model": {"name": "hf_causal_lm", "pretrained_model_name_or_path": student, "pretrained": True},
         "tokenizer": {"name": student, "kwargs": {"model_max_length": SEQ_LEN}},
         "train_loader": train_loader,
-        "algorithms": {"vocagno": {"teacher": teacher, "teacher_dtype": "float32"}},
+        "algorithms": {"vocagno": {"teacher": teacher, "teacher_dtype": "float32", **options}},
         "optimizer": {"name": "decoupled_adamw", "lr": 1.0e-3, "weight_decay": 0.0},
         "scheduler": {"name": "constant_with_warmup", "t_warmup": "0ba"},
         "max_duration": "3ba",
@@ -70,7 +73,9 @@ def run(work: Path, name: str, train_loader: dict, student: str, teacher: str) -
     trainer = train_from_yaml(str(yaml))
     memory = next(d for d in trainer.logger.destinations if isinstance(d, InMemoryLogger))
     kept = [float(value) for _, value in memory.data.get("loss/train/kept_fraction", [])]
-    return {"run": name, "kept_fraction": kept, "batches": int(trainer.state.timestamp.batch)}
+    algorithm = next(a for a in trainer.state.algorithms if isinstance(a, VocAgnoLM))
+    return {"run": name, "kept_fraction": kept, "batches": int(trainer.state.timestamp.batch),
+            "teacher_loaded": algorithm.scorer is not None}
 
 
 def main(work: Path) -> None:
@@ -80,6 +85,11 @@ def main(work: Path) -> None:
                          split="train", tokenizer=student, eos_text="</s>")
     convert_dataset.main(["--input", str(TEXT), "--student-tokenizer", student, "--teacher-tokenizer", teacher,
                           "--seq-len", str(SEQ_LEN), "--out-root", str(work / "shards")])
+    # The cached run reads 100 held-out problems, scored once (a smaller corpus: the CPU scores ~2K tokens/s).
+    convert_dataset.main(["--input", str(ASSETS / "text" / "gsm8k_heldout_100.jsonl"), "--student-tokenizer", student,
+                          "--teacher-tokenizer", teacher, "--seq-len", str(SEQ_LEN), "--out-root", str(work / "few")])
+    assert score.main(["--shards", str(work / "few"), "--teacher", teacher, "--dtype", "float32", "--device", "cpu",
+                       "--out", str(work / "scored")]) == 0
     versions = {p: version(p) for p in ("llm-foundry", "mosaicml-streaming", "transformers", "datasets")}
     runs = [
         run(work, "text-loader", {"name": "text", "dataset": {"local": str(work / "tokens"), "split": None,
@@ -87,6 +97,8 @@ def main(work: Path) -> None:
             "persistent_workers": False}, student, teacher),
         run(work, "vocagno-loader", {"name": "vocagno", "dataset": {"local": str(work / "shards"), "shuffle": False},
             "drop_last": True, "num_workers": 0}, student, teacher),
+        run(work, "vocagno-loader-cached", {"name": "vocagno", "dataset": {"local": str(work / "scored"),
+            "shuffle": False}, "drop_last": True, "num_workers": 0}, student, teacher, teacher_losses="cached"),
     ]
     for result in runs:
         print(json.dumps({**result, "versions": versions}), flush=True)

@@ -52,14 +52,16 @@ def foundry_python() -> str:
 
 def test_llmfoundry_trains_with_vocagno_on_its_own_text_loader_and_on_ours(foundry_python, tmp_path):
     """(a) llm-foundry's ``text`` loader on a token MDS from its ``convert_dataset_json``, the teacher side made per
-    batch; (b) ``train_loader: {name: vocagno}`` on our shards. Both log ``loss/train/kept_fraction`` (tokenizers:
-    TinyLlama's and Qwen2.5's, models: tiny random-init)."""
+    batch; (b) ``train_loader: {name: vocagno}`` on our shards; (c) the same on shards scored once, with cached teacher
+    losses and no teacher loaded. All log ``loss/train/kept_fraction`` (tokenizers: TinyLlama's and Qwen2.5's, models:
+    tiny random-init)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VOCAGNO_CACHE")}
     result = _run([foundry_python, str(REPO / "tests" / "llmfoundry_run.py"), str(tmp_path)], 1200, cwd=tmp_path,
                   env={**env, "VOCAGNO_CACHE": str(tmp_path / "cache")})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     runs = {r["run"]: r for r in map(json.loads, (line for line in result.stdout.splitlines() if line.startswith("{")))}
-    assert set(runs) == {"text-loader", "vocagno-loader"}
+    assert set(runs) == {"text-loader", "vocagno-loader", "vocagno-loader-cached"}
+    assert [run["teacher_loaded"] for run in runs.values()] == [True, True, False]
     for run in runs.values():
         assert run["batches"] == 3 and len(run["kept_fraction"]) == 3, run
         assert all(0.35 < kept < 0.5 for kept in run["kept_fraction"]), run  # 40% of the mapped, plus the unmapped
