@@ -47,7 +47,7 @@ from torch.nn import functional as F
 from vocagno.alignment import chunk_align
 from vocagno.fsdp import decoder_layer_classes
 from vocagno.loss import (
-    check_options, excess_loss, guided_loss, select_random, select_top, teacher_token_loss, token_cross_entropy,
+    check_options, excess_loss, guided_loss, next_token_cross_entropy, select_random, select_top, teacher_token_loss,
 )
 from vocagno.shards import describe_tokenizer
 from vocagno.teacher_side import TeacherSide
@@ -128,11 +128,6 @@ def teacher_guided_loss(
 def _shift_left(values: torch.Tensor, pad: Any) -> torch.Tensor:
     """``values[:, 1:]`` with ``pad`` appended: what position i of the logits predicts, for every position."""
     return F.pad(values[:, 1:], (0, 1), value=pad)
-
-
-def student_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Per-token cross-entropy ``[B, N - 1]`` of a student's logits per input position (position i predicts i + 1)."""
-    return token_cross_entropy(logits, _shift_left(labels, -100))[:, :-1]
 
 
 def _shard_metadata(state: State):
@@ -362,7 +357,7 @@ class VocAgnoLM(Algorithm):
                 outputs = state.model({k: v for k, v in piece.items() if k != "labels"})
             logits = outputs.logits if hasattr(outputs, "logits") else outputs
             score, _ = excess_loss(
-                student_token_loss(logits, piece["labels"]), piece["labels"][:, 1:], teacher_loss,
+                next_token_cross_entropy(logits, piece["labels"]), piece["labels"][:, 1:], teacher_loss,
                 piece["align_start"][:, 1:], piece["align_end"][:, 1:], self.options["aggregation"],
             )
             teacher_losses.append(teacher_loss)

@@ -13,16 +13,15 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from vocagno.loss import token_cross_entropy
+from vocagno.loss import next_token_cross_entropy
 
 __all__ = ["uld_loss", "kld_loss"]
 
 
 def _student_ce(student_logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean cross-entropy over the labeled next tokens (Hugging Face's loss), and where they are ``[B, N - 1]``."""
-    targets = labels[:, 1:]
-    labeled = targets != -100
-    ce = token_cross_entropy(student_logits[:, :-1], targets)
+    labeled = labels[:, 1:] != -100
+    ce = next_token_cross_entropy(student_logits, labels)
     return (ce * labeled).sum() / labeled.sum().clamp(min=1), labeled
 
 

@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "AGGREGATIONS", "SELECTION_SCOPES", "SELECTIONS", "check_options", "token_cross_entropy", "teacher_token_loss",
-    "aggregate_ranges", "excess_loss", "select_top", "select_random", "guided_loss",
+    "AGGREGATIONS", "SELECTION_SCOPES", "SELECTIONS", "check_options", "token_cross_entropy",
+    "next_token_cross_entropy", "teacher_token_loss", "aggregate_ranges", "excess_loss", "select_top",
+    "select_random", "guided_loss",
 ]
 
 AGGREGATIONS = ("max", "mean", "sum", "min")
@@ -47,6 +48,13 @@ def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_inde
     return F.cross_entropy(
         logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=ignore_index, reduction="none"
     ).view(targets.shape)
+
+
+def next_token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+    """Per-token cross-entropy ``[B, N - 1]`` of logits per input position (position i predicts label i + 1, Hugging
+    Face's convention). The labels move left, not the logits: slicing them would copy all B x N x V."""
+    targets = F.pad(labels[:, 1:], (0, 1), value=ignore_index)
+    return token_cross_entropy(logits, targets, ignore_index)[:, :-1]
 
 
 @torch.no_grad()
