@@ -169,9 +169,7 @@ def shard_bytes_per_student_token(root: str) -> float:
 def score_once(cfg, shards: str, scored: str) -> dict:
     """Score ``shards`` into ``scored`` with the yaml's teacher (the weights its runs build): the pass's teacher
     tokens/s on one device, and the shards' bytes per student token before and after."""
-    teacher_tok = load_tokenizer(cfg.teacher.tokenizer)
-    teacher = score.Teacher(train.build_causal_lm(cfg.teacher, len(teacher_tok), cfg.seed), "bench teacher",
-                            cfg.teacher.get("dtype") or "float32", cfg.teacher.get("chunk_size") or 1024)
+    teacher = score.Teacher.from_config(cfg, "bench_step")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     begin = time.perf_counter()
     score.score(shards, Output(scored, None), teacher, device)

@@ -48,17 +48,19 @@ import numpy as np  # noqa: E402
 from streaming import MDSWriter  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from vocagno.output import PART_STATS, OwnedLock, Output, merged_index, verify_shards  # noqa: E402
+from vocagno.output import (  # noqa: E402
+    PART_STATS, OwnedLock, Output, all_jobs_done, check_or_write_settings, job_marker, merge_once, publish_dataset,
+    unfinished_parts,
+)
 from conversion.sources import Record, Source, parse_jsonl_line, sources_of  # noqa: E402
 from vocagno.shards import (  # noqa: E402
-    COLUMNS, METADATA_FILE, SHARD_HASH, EncodedDocuments, Packer, ShardMetadata, TokenizerInfo, tokenizer_info,
+    COLUMNS, SHARD_HASH, EncodedDocuments, Packer, ShardMetadata, TokenizerInfo, tokenizer_info,
     write_atomically,
 )
 from vocagno.tokenization import load_tokenizer, text_tokenizers  # noqa: E402
 
 DEFAULT_INPUT = "open-web-math/open-web-math"
 CONFIG_FILE = "conversion.json"
-MERGE_LOCK = "merge.lock"
 TAIL = "student tokens dropped at parts' ends (< seq-len)"
 FOLDED = "characters under student tokens that the teacher's normalizer folded away"
 SPECIAL_STRINGS = "kept: special-token strings in documents, tokenized as text"
@@ -381,13 +383,14 @@ def convert(args: argparse.Namespace, output: Output) -> dict[str, str]:
         seq_len=args.seq_len, docs_per_part=args.docs_per_part, max_doc_chars=args.max_doc_chars,
         compression=args.compression,
     )
-    marker = f"job-{args.job_index:04d}-of-{args.num_jobs:04d}"
+    marker = job_marker(args.job_index, args.num_jobs)
     lock = OwnedLock(output.local / f"{marker}.lock", f"job {args.job_index} of {args.num_jobs} into {output}")
     if not lock.acquire():
         raise SystemExit(f"error: another conversion is running job {args.job_index} into {output}: wait for it, "
                          "or give this one another --out-root")
     try:
-        check_or_write_config(output, config, student, teacher)
+        check_or_write_settings(output, CONFIG_FILE, {**config.__dict__, "student": student.__dict__,
+                                                      "teacher": teacher.__dict__}, "vocagno conversion", "--out-root")
         for stale in output.local.glob(".tmp-part-*"):  # this job's unfinished parts of an interrupted run
             if _part_source(stale.name.removeprefix(".tmp-")) % args.num_jobs == args.job_index:
                 shutil.rmtree(stale)
@@ -495,37 +498,10 @@ def _collect(pending: dict, finished, return_when) -> None:
         finished(pending.pop(future), future.result())
 
 
-def check_or_write_config(output: Output, config: Config, student: TokenizerInfo, teacher: TokenizerInfo) -> None:
-    wanted = {**config.__dict__, "student": student.__dict__, "teacher": teacher.__dict__}
-    if output.fetch(CONFIG_FILE):
-        earlier = json.loads((output.local / CONFIG_FILE).read_text())
-        changed = sorted(k for k in set(wanted) | set(earlier) if wanted.get(k) != earlier.get(k))
-        if changed:
-            raise SystemExit(
-                f"error: {output} holds a conversion made with other settings ({', '.join(changed)} differ); "
-                "use another --out-root, or delete it to start over"
-            )
-        return
-    if output.fetch("index.json"):
-        raise SystemExit(f"error: {output} holds a dataset (index.json) that no vocagno conversion made: it would be "
-                         "overwritten; use another --out-root")
-    write_atomically(output.local / CONFIG_FILE, json.dumps(wanted, indent=1, ensure_ascii=False))
-    output.publish(CONFIG_FILE)
-
-
-def all_jobs_done(output: Output, num_jobs: int) -> bool:
-    return all(output.pull(f"job-{i:04d}-of-{num_jobs:04d}.json") for i in range(num_jobs))
-
-
 def merge(output: Output, args: argparse.Namespace) -> int:
     """Join the finished parts into one dataset. Jobs that end together merge once: the first takes the lock."""
-    lock = OwnedLock(output.local / MERGE_LOCK, f"merging {output}")
-    if not lock.acquire():
-        return 0  # a live job is merging: it publishes the dataset
-    try:
-        return _merge(output, args)
-    finally:
-        lock.release()
+    merged = merge_once(output, lambda: _merge(output, args))
+    return 0 if merged is None else merged  # None: a live job is merging: it publishes the dataset
 
 
 def _merge(output: Output, args: argparse.Namespace) -> int:
@@ -533,7 +509,7 @@ def _merge(output: Output, args: argparse.Namespace) -> int:
     if not output.fetch(CONFIG_FILE):
         raise SystemExit(f"error: cannot merge {output}: no conversion was started there")
     config = json.loads((root / CONFIG_FILE).read_text())
-    markers = {i: f"job-{i:04d}-of-{args.num_jobs:04d}.json" for i in range(args.num_jobs)}
+    markers = {i: f"{job_marker(i, args.num_jobs)}.json" for i in range(args.num_jobs)}
     done = [i for i, marker in markers.items() if output.pull(marker)]
     unfinished = [i for i in markers if i not in done]
     if not done or (unfinished and not args.allow_partial):
@@ -544,7 +520,7 @@ def _merge(output: Output, args: argparse.Namespace) -> int:
     jobs = [json.loads((root / markers[i]).read_text()) for i in done]
     parts = sorted({p for job in jobs for p in job["parts"]})
     unreadable = {name: error for job in jobs for name, error in job.get("unreadable", {}).items()}
-    missing = [p for p in parts if not (output.pull(f"{p}/{PART_STATS}") and output.fetch(f"{p}/index.json"))]
+    missing = unfinished_parts(output, parts)
     if missing:
         raise SystemExit(f"error: cannot merge {output}: parts not finished there: {missing}")
     totals = Counter()
@@ -555,10 +531,6 @@ def _merge(output: Output, args: argparse.Namespace) -> int:
     if too_little:
         print_summary("dataset (not published)", totals, output, parts, unreadable=unreadable)
         raise SystemExit(f"error: nothing published to {output}: {too_little}")
-    problems = verify_shards(output, parts)
-    if problems:
-        raise SystemExit(f"error: cannot merge {output}: {len(problems)} shard(s) on it are not as written: "
-                         + "; ".join(problems[:10]) + ". Delete those parts there and run the same command again.")
     metadata = ShardMetadata(
         student=TokenizerInfo(**config["student"]),
         teacher=TokenizerInfo(**config["teacher"]),
@@ -566,9 +538,7 @@ def _merge(output: Output, args: argparse.Namespace) -> int:
         totals=dict(totals),
         partial={"jobs_done": done, "num_jobs": args.num_jobs} if unfinished else None,
     )
-    metadata.write(root)
-    write_atomically(root / "index.json", json.dumps(merged_index(root, parts)))
-    output.publish(METADATA_FILE, "index.json")
+    publish_dataset(output, parts, metadata)
     print_summary("dataset", totals, output, parts, merged=True, unreadable=unreadable)
     if unfinished:
         print(f"PARTIAL: jobs {unfinished} of {args.num_jobs} had not finished (--allow-partial; vocagno.json says so)")

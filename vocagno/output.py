@@ -21,14 +21,19 @@ import socket
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from streaming.base.hashing import get_hash
 
-from vocagno.shards import SHARD_HASH, write_atomically
+from vocagno.shards import METADATA_FILE, SHARD_HASH, write_atomically
 
-__all__ = ["Output", "PART_STATS", "OwnedLock", "merged_index", "verify_shards"]
+T = TypeVar("T")
+
+__all__ = ["Output", "PART_STATS", "OwnedLock", "job_marker", "all_jobs_done", "check_or_write_settings",
+           "unfinished_parts", "merge_once", "publish_dataset", "merged_index", "verify_shards"]
 
 PART_STATS = "part.json"
+MERGE_LOCK = "merge.lock"
 
 
 class Output:
@@ -103,6 +108,61 @@ class Output:
         """Upload a finished part: its shards and index first, its ``part.json`` (what makes it done) last."""
         files = sorted(f.name for f in (self.local / name).iterdir() if f.name != PART_STATS)
         self.publish(*(f"{name}/{f}" for f in files), f"{name}/{PART_STATS}")
+
+
+def job_marker(job: int, num_jobs: int) -> str:
+    """The name of job ``job`` of ``num_jobs``'s files: ``.json`` (written when it is done: its parts), ``.lock``."""
+    return f"job-{job:04d}-of-{num_jobs:04d}"
+
+
+def all_jobs_done(output: Output, num_jobs: int) -> bool:
+    return all(output.pull(f"{job_marker(i, num_jobs)}.json") for i in range(num_jobs))
+
+
+def check_or_write_settings(output: Output, name: str, wanted: dict, what: str, flag: str) -> None:
+    """A job resumed on an out-root must run as the first did: refuse other settings than those ``name`` recorded
+    there (naming the keys that differ), and a dataset that no such job made; record them on a fresh out-root."""
+    if output.fetch(name):
+        earlier = json.loads((output.local / name).read_text())
+        changed = sorted(k for k in set(wanted) | set(earlier) if wanted.get(k) != earlier.get(k))
+        if changed:
+            raise SystemExit(f"error: {output} holds a {what} made with other settings ({', '.join(changed)} differ); "
+                             f"use another {flag}, or delete it to start over")
+        return
+    if output.fetch("index.json"):
+        raise SystemExit(f"error: {output} holds a dataset (index.json) that no {what} made: it "
+                         f"would be overwritten; use another {flag}")
+    write_atomically(output.local / name, json.dumps(wanted, indent=1, ensure_ascii=False))
+    output.publish(name)
+
+
+def unfinished_parts(output: Output, parts: list[str]) -> list[str]:
+    """The parts that are not done on the out-root (their ``part.json``), or whose index can't be fetched."""
+    return [p for p in parts if not (output.pull(f"{p}/{PART_STATS}") and output.fetch(f"{p}/index.json"))]
+
+
+def merge_once(output: Output, merge: Callable[[], T]) -> T | None:
+    """``merge()`` under the out-root's merge lock; None, without merging, when a live job holds it (jobs that end
+    together merge once: the first takes the lock and publishes the dataset)."""
+    lock = OwnedLock(output.local / MERGE_LOCK, f"merging {output}")
+    if not lock.acquire():
+        return None
+    try:
+        return merge()
+    finally:
+        lock.release()
+
+
+def publish_dataset(output: Output, parts: list[str], metadata) -> None:
+    """Verify every shard of ``parts`` on the out-root, then write ``metadata`` (a ``ShardMetadata``) and the merged
+    ``index.json``, atomically and in that order, and publish them."""
+    problems = verify_shards(output, parts)
+    if problems:
+        raise SystemExit(f"error: cannot merge {output}: {len(problems)} shard(s) on it are not as written: "
+                         + "; ".join(problems[:10]) + ". Delete those parts there and run the same command again.")
+    metadata.write(output.local)
+    write_atomically(output.local / "index.json", json.dumps(merged_index(output.local, parts)))
+    output.publish(METADATA_FILE, "index.json")
 
 
 def verify_shards(output: Output, parts: list[str]) -> list[str]:

@@ -41,13 +41,15 @@ import torch
 from tqdm import tqdm
 
 from vocagno.algorithm import TeacherScorer, load_teacher, weights_fingerprint
-from vocagno.output import PART_STATS, OwnedLock, Output, merged_index, verify_shards
+from vocagno.output import (
+    PART_STATS, OwnedLock, Output, all_jobs_done, check_or_write_settings, job_marker, merge_once, publish_dataset,
+    unfinished_parts,
+)
 from vocagno.shards import COLUMNS, METADATA_FILE, SCORED_COLUMNS, SHARD_HASH, ShardMetadata, write_atomically
 
 __all__ = ["Teacher", "score", "main"]
 
 SETTINGS_FILE = "score.json"
-MERGE_LOCK = "merge.lock"
 PAD_TO = 64  # rows padded to a multiple of 64 tokens, as the training collator pads them
 
 
@@ -61,22 +63,29 @@ class Teacher:
 
     @classmethod
     def from_yaml(cls, path: str, overrides: list[str]) -> "Teacher":
-        """The teacher of a training yaml's ``teacher:`` section, built as ``train.py`` builds it: a config-built
-        (random) one gets the same weights from the yaml's seed. Named by its ``name_or_path``, or else by the yaml."""
-        from vocagno.config import build_causal_lm, load_config
+        """The teacher of a training yaml's ``teacher:`` section (``from_config``)."""
+        from vocagno.config import load_config
+
+        return cls.from_config(load_config(path, overrides), path)
+
+    @classmethod
+    def from_config(cls, cfg, source: str) -> "Teacher":
+        """The teacher of a loaded training config's ``teacher:`` section, built as ``train.py`` builds it: a
+        config-built (random) one gets the same weights from the config's seed. Named by its ``name_or_path``, or else
+        by ``source`` (the yaml)."""
+        from vocagno.config import build_causal_lm
         from vocagno.tokenization import load_tokenizer
 
-        cfg = load_config(path, overrides)
         section = cfg.get("teacher")
         if section is None:
-            raise SystemExit(f"error: {path} has no teacher: section")
+            raise SystemExit(f"error: {source} has no teacher: section")
         chunk_size = section.get("chunk_size") or 1024
         if section.get("name_or_path"):  # loaded as VocAgnoLM loads a teacher it is given by name
             dtype = section.get("dtype") or "bfloat16"
             model = load_teacher(section.name_or_path, dtype, section.get("trust_remote_code", False))
             return cls(model, section.name_or_path, dtype, chunk_size)
         model = build_causal_lm(section, len(load_tokenizer(section.tokenizer)), cfg.seed)
-        name = f"{path}: teacher (config, seed {cfg.seed})"
+        name = f"{source}: teacher (config, seed {cfg.seed})"
         return cls(model, name, section.get("dtype") or "float32", chunk_size)
 
 
@@ -95,9 +104,11 @@ def score(shards: str, output: Output, teacher: Teacher, device: str, batch_toke
         raise SystemExit(f"error: {shards} is already scored (by {metadata.scored_by['name']})")
     if not index["shards"]:
         raise SystemExit(f"error: {shards} holds no shards")
-    _check_or_write_settings(output, {"input_index": _digest(index), "scored_by": teacher.scored_by,
-                                      "chunk_size": teacher.chunk_size})
-    marker = f"job-{rank:04d}-of-{world:04d}"
+    # A resumed pass must score as the interrupted one did: the same input shards (by their index: names, sizes and
+    # hashes, wherever the folder is now), teacher and chunk size.
+    check_or_write_settings(output, SETTINGS_FILE, {"input_index": _digest(index), "scored_by": teacher.scored_by,
+                                                    "chunk_size": teacher.chunk_size}, "scoring pass", "--out")
+    marker = job_marker(rank, world)
     lock = OwnedLock(output.local / f"{marker}.lock", f"rank {rank} of {world} scoring into {output}")
     if not lock.acquire():
         raise SystemExit(f"error: another scoring pass is running rank {rank} of {world} into {output}")
@@ -114,8 +125,8 @@ def score(shards: str, output: Output, teacher: Teacher, device: str, batch_toke
             name = _part(i)
             done_there = output.pull(f"{name}/{PART_STATS}")
             if not done_there and not (output.local / name / PART_STATS).exists():
-                _score_part(shards_root, index["shards"][i], output.local / name, scorer, device, batch_tokens)
-                tokens += json.loads((output.local / name / PART_STATS).read_text())["teacher tokens"]
+                tokens += _score_part(shards_root, index["shards"][i], output.local / name, scorer, device,
+                                      batch_tokens)
             if not done_there:  # scored now, or scored here before an upload broke off
                 output.publish_part(name)
             samples += index["shards"][i]["samples"]
@@ -126,8 +137,9 @@ def score(shards: str, output: Output, teacher: Teacher, device: str, batch_toke
         output.publish(f"{marker}.json")
     finally:
         lock.release()
-    if all(output.pull(f"job-{r:04d}-of-{world:04d}.json") for r in range(world)):
-        _merge(output, [_part(i) for i in range(len(index["shards"]))], replace(metadata, scored_by=teacher.scored_by))
+    if all_jobs_done(output, world):
+        parts = [_part(i) for i in range(len(index["shards"]))]
+        merge_once(output, lambda: _merge(output, parts, replace(metadata, scored_by=teacher.scored_by)))
     else:
         print(f"rank {rank} of {world} done; the last rank to finish publishes {output}")
     return samples
@@ -139,22 +151,6 @@ def _part(i: int) -> str:
 
 def _digest(value: dict) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _check_or_write_settings(output: Output, settings: dict) -> None:
-    """A resumed pass must score as the interrupted one did: the same input shards (by their index: names, sizes and
-    hashes, wherever the folder is now), teacher and chunk size."""
-    if output.fetch(SETTINGS_FILE):
-        earlier = json.loads((output.local / SETTINGS_FILE).read_text())
-        changed = sorted(k for k in set(settings) | set(earlier) if settings.get(k) != earlier.get(k))
-        if changed:
-            raise SystemExit(f"error: {output} holds a scoring pass made with other settings ({', '.join(changed)} "
-                             "differ); give another --out, or delete it to start over")
-        return
-    if output.fetch("index.json"):
-        raise SystemExit(f"error: {output} already holds a dataset (index.json); give another --out")
-    write_atomically(output.local / SETTINGS_FILE, json.dumps(settings, indent=1))
-    output.publish(SETTINGS_FILE)
 
 
 def read_shard(shards_root: Path, info: dict, scratch: Path) -> list[dict]:
@@ -179,12 +175,16 @@ def read_shard(shards_root: Path, info: dict, scratch: Path) -> list[dict]:
     return [reader.get_item(i) for i in range(info["samples"])]
 
 
+def _padded(length: int) -> int:
+    return -(-length // PAD_TO) * PAD_TO
+
+
 def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
     """Sample indices in batches of similar length: sorted by length, each batch as many as fit ``batch_tokens``
     padded tokens (at least one)."""
     batches: list[list[int]] = []
     for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
-        padded = -(-lengths[i] // PAD_TO) * PAD_TO  # the longest so far: sorted
+        padded = _padded(lengths[i])  # the longest so far: sorted
         if batches and (len(batches[-1]) + 1) * padded <= batch_tokens:
             batches[-1].append(i)
         else:
@@ -194,7 +194,8 @@ def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
 
 @torch.no_grad()
 def _score_part(shards_root: Path, info: dict, final: Path, scorer: TeacherScorer, device: str,
-                batch_tokens: int) -> None:
+                batch_tokens: int) -> int:
+    """Score one input shard into the part ``final``; return its teacher tokens."""
     from streaming import MDSWriter
 
     begin = time.perf_counter()
@@ -204,7 +205,7 @@ def _score_part(shards_root: Path, info: dict, final: Path, scorer: TeacherScore
     rows = [np.asarray(sample["teacher_ids"], dtype=np.int64) for sample in samples]
     losses: list[np.ndarray] = [np.empty(0)] * len(rows)
     for batch in length_batches([len(row) for row in rows], batch_tokens):
-        width = -(-max(len(rows[i]) for i in batch) // PAD_TO) * PAD_TO
+        width = _padded(max(len(rows[i]) for i in batch))
         ids = torch.zeros(len(batch), width, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for b, i in enumerate(batch):
@@ -222,26 +223,15 @@ def _score_part(shards_root: Path, info: dict, final: Path, scorer: TeacherScore
              "seconds": round(time.perf_counter() - begin, 3)}
     write_atomically(staging / PART_STATS, json.dumps(stats))
     os.rename(staging, final)
+    return stats["teacher tokens"]
 
 
 def _merge(output: Output, parts: list[str], metadata: ShardMetadata) -> None:
-    lock = OwnedLock(output.local / MERGE_LOCK, f"merging {output}")
-    if not lock.acquire():
-        return  # a live rank is merging: it publishes the dataset
-    try:
-        missing = [p for p in parts if not (output.pull(f"{p}/{PART_STATS}") and output.fetch(f"{p}/index.json"))]
-        if missing:
-            raise SystemExit(f"error: cannot publish {output}: parts not scored there: {missing}")
-        problems = verify_shards(output, parts)
-        if problems:
-            raise SystemExit(f"error: cannot publish {output}: {len(problems)} shard(s) on it are not as written: "
-                             + "; ".join(problems[:10]) + ". Delete those parts there and run the same command again.")
-        metadata.write(output.local)
-        write_atomically(output.local / "index.json", json.dumps(merged_index(output.local, parts)))
-        output.publish(METADATA_FILE, "index.json")
-        print(f"complete: {output} ({len(parts)} parts, scored by {metadata.scored_by['name']})", flush=True)
-    finally:
-        lock.release()
+    missing = unfinished_parts(output, parts)
+    if missing:
+        raise SystemExit(f"error: cannot merge {output}: parts not scored there: {missing}")
+    publish_dataset(output, parts, metadata)
+    print(f"complete: {output} ({len(parts)} parts, scored by {metadata.scored_by['name']})", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
