@@ -234,7 +234,7 @@ def main(cfg: DictConfig) -> Trainer:
             metric_names=["BitsPerByte"],
         ))
 
-    student = build_causal_lm(cfg.model, len(student_tok))
+    student = build_causal_lm(cfg.model, len(student_tok), cfg.seed)  # the same init for a seed, whatever the method
     positions = getattr(student.config, "max_position_embeddings", None)
     seq_len = train_loader.dataset.metadata.seq_len
     if positions is not None and positions < seq_len:
@@ -288,7 +288,31 @@ def main(cfg: DictConfig) -> Trainer:
         device=None,
     )
     trainer.fit()
+    if cfg.get("selection_report") is not None and dist.get_global_rank() == 0:
+        report_selection(cfg, trainer, fsdp is not None)
     return trainer
+
+
+def report_selection(cfg: DictConfig, trainer: Trainer, sharded: bool) -> None:
+    """The yaml's ``selection_report``: what the run's teacher keeps of held-out shards (``shards``, default the
+    eval loader's) with canaries, the student just trained ranking with it (``vocagno.selection``), printed."""
+    from vocagno.score import Teacher
+    from vocagno.selection import Settings, run
+
+    section = cfg.selection_report
+    shards = section.get("shards") or om.select(cfg, "eval_loader.dataset.local")
+    skipped = ("the student is sharded (FSDP): run python -m vocagno.selection --student CHECKPOINT" if sharded else
+               "it needs a teacher: section" if cfg.get("teacher") is None else
+               "no shards: give selection_report.shards or an eval_loader" if shards is None else None)
+    if skipped:
+        print(f"selection_report skipped: {skipped}", flush=True)
+        return
+    student = trainer.state.model.model
+    report = run(shards, Teacher.from_config(cfg, "the run's teacher"), Settings.from_config(cfg), student=student,
+                 student_name=f"{cfg.run_name} after {int(trainer.state.timestamp.batch)} batches",
+                 samples=section.get("samples") or 64, canaries=section.get("canaries") or 0.5, seed=cfg.seed,
+                 device=str(next(student.parameters()).device))
+    print("\n" + report.table(), flush=True)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
     python benchmarks/bench_step.py [--preset tiny|paper] [--steps 12] [--scopes batch,microbatch] [--no-cached]
 
-Builds everything from ``yamls/tiny.yaml`` as ``train.py`` does (real llama2 / qwen2.5 tokenizers, the shipped GSM8K
-sample converted to shards under a temporary folder) with the preset's models:
+Builds everything from ``yamls/tiny_qwen.yaml`` as ``train.py`` does (real llama2 / qwen2.5 tokenizers, the shipped
+GSM8K sample converted to shards under a temporary folder) with the preset's models:
 
 - ``tiny``: the yaml's tiny random-init models, global batch 8 in microbatches of 4, seq 128, fp32 on the CPU;
 - ``paper`` (a GPU): TinyLlama-1.1B student and Qwen2.5-Math-7B teacher architectures, random init, bf16
@@ -51,7 +51,7 @@ from vocagno.tokenization import load_tokenizer  # noqa: E402
 WARMUP = 2
 H100_BF16_FLOPS = 989e12  # dense bf16 peak of an H100 SXM: the MFU's denominator
 
-# Overrides of yamls/tiny.yaml per preset: the paper's architectures (TinyLlama-1.1B; Qwen2.5-Math-7B) at random init.
+# Overrides of yamls/tiny_qwen.yaml per preset: the paper's architectures (TinyLlama-1.1B; Qwen2.5-Math-7B), random init.
 PRESETS = {
     "tiny": [],
     "paper": [
@@ -125,7 +125,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         overrides = [f"variables.data={tmp}/train", "eval_loader=null", "train_loader.dataset.shuffle=false",
                      *PRESETS[args.preset]]
-        cfg = train.load_config(str(REPO / "yamls" / "tiny.yaml"), overrides)
+        cfg = train.load_config(str(REPO / "yamls" / "tiny_qwen.yaml"), overrides)
         plain_timer = run(cfg, False, None, args.steps)
         plain = statistics.median(plain_timer.steps[WARMUP:])
         online: dict[str, float] = {}

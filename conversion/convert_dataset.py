@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import ctypes
-import itertools
 import json
 import multiprocessing
 import os
@@ -44,7 +43,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 if not __package__:  # run as the script it is (python conversion/convert_dataset.py): `conversion` is not installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
 from streaming import MDSWriter  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
@@ -54,10 +52,9 @@ from vocagno.output import (  # noqa: E402
 )
 from conversion.sources import Record, Source, parse_jsonl_line, sources_of  # noqa: E402
 from vocagno.shards import (  # noqa: E402
-    COLUMNS, SHARD_HASH, EncodedDocuments, Packer, ShardMetadata, TokenizerInfo, tokenizer_info,
-    write_atomically,
+    COLUMNS, SHARD_HASH, Encoder, Packer, ShardMetadata, TokenizerInfo, tokenizer_info, write_atomically,
 )
-from vocagno.tokenization import load_tokenizer, text_tokenizers  # noqa: E402
+from vocagno.tokenization import load_tokenizer  # noqa: E402
 
 DEFAULT_INPUT = "open-web-math/open-web-math"
 CONFIG_FILE = "conversion.json"
@@ -108,52 +105,6 @@ def clean(record: Record, max_doc_chars: int, stats: Counter) -> list[str]:
     return pieces
 
 
-class Encoder:
-    """Both tokenizers, encoding a batch of documents (each a list of pieces) into ``EncodedDocuments``.
-
-    Document text is text: a special token's string in a document ("</s>", "<|endoftext|>") is tokenized as the
-    characters it is, never as the special token (which would get a real id with a non-empty span, and end a
-    document inside a document). ``special_strings`` counts such strings, for the summary.
-
-    A piece that continues a document (``clean`` cut it for length, before a whitespace) is encoded without
-    SentencePiece's dummy prefix, so the pieces give the tokens of the whole document, not an extra "▁" per cut.
-    """
-
-    def __init__(self, student, teacher):  # fast tokenizers, as load_tokenizer gives them
-        self.student = text_tokenizers(student.backend_tokenizer)
-        self.teacher = text_tokenizers(teacher.backend_tokenizer)
-        # One tokenizer on both sides (a Rho-1 reference model): tokenize once.
-        self.same = student.backend_tokenizer.to_str() == teacher.backend_tokenizer.to_str()
-        specials = {str(t) for tok in (student, teacher) for t in tok.added_tokens_decoder.values() if t.special}
-        self._special = re.compile("|".join(map(re.escape, sorted(specials, key=len, reverse=True))))
-
-    def special_strings(self, docs: list[list[str]]) -> int:
-        return sum(len(self._special.findall(piece)) for doc in docs for piece in doc)
-
-    def encode(self, docs: list[list[str]], continues_first: bool = False, open_last: bool = False) -> EncodedDocuments:
-        """``continues_first``: the first piece goes on from the last ``encode`` call's document; ``open_last``: the
-        last document goes on in the next call (``piece_groups``)."""
-        pieces = [piece for doc in docs for piece in doc]
-        continues = [k > 0 or (d == 0 and continues_first) for d, doc in enumerate(docs) for k in range(len(doc))]
-        piece_chars = np.array([len(p) for p in pieces], dtype=np.int64)
-        piece_starts = np.cumsum(piece_chars) - piece_chars  # where each piece begins in the joined text
-        first_piece = np.cumsum([0] + [len(doc) for doc in docs])[:-1]
-        s_ids, s_offsets, s_lengths = _encode(self.student, pieces, continues, piece_starts)
-        t_ids, t_offsets, t_lengths = (s_ids, s_offsets, s_lengths) if self.same else \
-            _encode(self.teacher, pieces, continues, piece_starts)
-        return EncodedDocuments(
-            text="".join(pieces),
-            doc_ends=np.add.reduceat(piece_chars, first_piece).cumsum(),
-            student_ids=s_ids,
-            student_offsets=s_offsets,
-            student_lengths=np.add.reduceat(s_lengths, first_piece),
-            teacher_ids=t_ids,
-            teacher_offsets=t_offsets,
-            teacher_lengths=np.add.reduceat(t_lengths, first_piece),
-            open_last=open_last,
-        )
-
-
 def piece_groups(docs: list[list[str]]) -> Iterator[tuple[list[list[str]], bool, bool]]:
     """The documents' pieces in groups of at most ``ENCODE_CHARS`` characters (or one piece), as ``Encoder.encode``'s
     arguments: a long document goes through encoding and packing a group at a time, so a worker's memory is bounded
@@ -171,27 +122,6 @@ def piece_groups(docs: list[list[str]]) -> Iterator[tuple[list[list[str]], bool,
             characters += len(piece)
     if group:
         yield group, continues_first, False
-
-
-def _encode(tokenizers, texts: list[str], continues: list[bool], starts: np.ndarray):
-    """Ids, offsets into the joined texts, and token counts per text: ``tokenizers[1]`` for pieces that continue a
-    document, ``tokenizers[0]`` for the others."""
-    ids: list = [np.zeros(0, np.int64)] * len(texts)
-    offsets: list = [np.zeros((0, 2), np.int64)] * len(texts)
-    for continuing in (False, True):
-        chosen = [i for i in range(len(texts)) if continues[i] == continuing]
-        if not chosen:
-            continue
-        encodings = tokenizers[continuing].encode_batch([texts[i] for i in chosen], add_special_tokens=False)
-        lengths = np.array([len(e.ids) for e in encodings], dtype=np.int64)
-        total = int(lengths.sum())
-        flat_ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), np.int64, total)
-        flat_offsets = np.fromiter(itertools.chain.from_iterable(
-            itertools.chain.from_iterable(e.offsets for e in encodings)), np.int64, 2 * total).reshape(total, 2)
-        bounds = np.cumsum(lengths)[:-1]
-        for i, piece_ids, piece_offsets in zip(chosen, np.split(flat_ids, bounds), np.split(flat_offsets, bounds)):
-            ids[i], offsets[i] = piece_ids, piece_offsets + starts[i]
-    return np.concatenate(ids), np.concatenate(offsets), np.array([len(x) for x in ids], dtype=np.int64)
 
 
 @dataclass

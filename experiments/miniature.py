@@ -1,21 +1,29 @@
-"""A one-GPU miniature of the paper: does a teacher of another vocabulary make a student learn from mixed data better?
+"""The miniature: does a teacher of another vocabulary make a student learn better from mixed data? Run through the
+product's own commands, as a user would run them.
 
-    python experiments/miniature.py                       # the real size: one GPU (sized for ~15 minutes; not yet run)
-    python experiments/miniature.py --size toy --seeds 0  # the same steps at a toy size: a CPU, ~2 minutes (CI runs it)
+    python experiments/miniature.py --size cpu                 # a 2-core CPU, 3 seeds, at most 45 minutes
+    python experiments/miniature.py --size gpu                 # one GPU (not yet run)
+    python experiments/miniature.py --size toy --seeds 0       # the same chain in a few minutes (CI runs it)
 
-1. A small **teacher** (Qwen2 architecture around the real Qwen2.5 tokenizer) is pretrained on clean math text: the
-   shipped GSM8K training problems (``vocagno/assets/text``).
-2. A **corpus** mixes that text with junk: each document again with its words shuffled (the same words, no sense).
-   It is converted into vocagno shards (``conversion/convert_dataset.py``: both tokenizations, both offsets).
-3. **Students** (Llama architecture around the real Llama-2 tokenizer), from the same initialization per seed, train
-   on the corpus with (a) ``plain`` causal LM loss on every token, (b) ``vocagno``: the teacher-guided top 40% (plus
-   the unmapped tokens, ``vocagno.loss.guided_loss``), (c) ``random``: a random selection of as many tokens.
-4. Each student's **bits per byte** on held-out GSM8K test problems (``vocagno.metrics.bits_per_byte``, which
-   compares models of any tokenizer on the same bytes) is printed in a table with the teacher's own figure: mean and
-   spread over the seeds.
-
-A plain PyTorch loop over the functional core (``align`` via the collator, ``TeacherScorer``, ``guided_loss``): the
-data flow in one file. Training through Composer is what ``train.py`` does; this is the quick check before that.
+1. **Convert.** The students' corpus is GSM8K training problems 1-500 (``vocagno/assets/text``) and, ``--junk`` of
+   all documents, copies of them with their words shuffled (the same words, no sense); it is converted with
+   ``conversion/convert_dataset.py`` (Llama-2's tokenizer for the student, Mistral's for the teacher), and so is the
+   held-out text, problems 501-600.
+2. **The teacher** is the shipped ``tiny-math-teacher``, pretrained on problems 601-7,473 (``experiments/
+   tiny_teacher.py``): clean text the students never see. ``--size gpu`` pretrains a larger one the same way.
+3. **Score once**: ``python -m vocagno.score`` writes the corpus again with the teacher's loss of each token.
+4. **Train** with ``train.py yamls/miniature.yaml`` (``teacher_losses: cached``: no teacher is loaded), per method
+   and seed, students from the same initialization and the same data order for a seed: ``plain`` (continual
+   pretraining on every token), ``vocagno_40`` (the top 40%), ``vocagno_clean`` (the top-k at the corpus's clean
+   share of mapped tokens: ideally every clean token and no junk), ``random_40`` (40% drawn at random), ``chunk_1``
+   and ``chunk_16`` (the paper's chunk-level alignment, the chunk's mean loss). ULD and KLD need the teacher online at
+   every step (its whole distribution per token), which does not fit the CPU size's budget: not run.
+5. **Measure**: each student's held-out bits per byte (``vocagno.metrics.bits_per_byte``, tokenizer-independent),
+   the teacher's, the students' at initialization; and each selecting method's precision (``vocagno.selection`` on
+   the held-out shards with canaries of the corpus's kind and fraction, ranked with the method's first-seed student).
+6. ``OUT/miniature.json``, printed by ``python -m vocagno.report --miniature OUT/miniature.json [--plot bpb.png]``:
+   mean ± sd over seeds per method, and each method against plain: the mean paired difference and whether it
+   exceeds twice the paired differences' sd.
 """
 
 from __future__ import annotations
@@ -24,9 +32,7 @@ import argparse
 import json
 import os
 import random
-import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -37,149 +43,163 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 from streaming.base.util import clean_stale_shared_memory  # noqa: E402
-from torch.utils.data import DataLoader  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
+import train  # noqa: E402
 from conversion import convert_dataset  # noqa: E402
-from vocagno.algorithm import TeacherScorer, teacher_guided_loss  # noqa: E402
-from vocagno.data import teacher_guided_loader  # noqa: E402
-from vocagno.eval.benchmarks import SHIPPED_DATA, read_test_split  # noqa: E402
-from vocagno.loss import token_cross_entropy  # noqa: E402
+from vocagno import score  # noqa: E402
+from vocagno.algorithm import load_teacher  # noqa: E402
+from vocagno.canaries import NOISE  # noqa: E402
 from vocagno.metrics import bits_per_byte  # noqa: E402
 from vocagno.tokenization import ASSETS, load_tokenizer  # noqa: E402
 
-METHODS = ("plain", "vocagno", "random")
-# guided_loss's selection for each guided method: random keeps as many mapped tokens as the top-k, drawn at random.
-SELECTION = {"vocagno": "topk", "random": "random"}
-SIZES = {  # width, layers, heads, seq_len, batch, teacher steps, student steps, learning rate, held-out problems
-    "toy": dict(width=32, layers=1, heads=2, seq_len=64, batch=8, teacher_steps=30, student_steps=20, lr=3e-3,
-                heldout=40),
-    "gpu": dict(width=384, layers=6, heads=6, seq_len=512, batch=32, teacher_steps=1500, student_steps=600, lr=1e-3,
-                heldout=1319),
+YAML = str(REPO / "yamls" / "miniature.yaml")
+TEACHER = "tiny-math-teacher"
+# A method: overrides of yamls/miniature.yaml ({clean} is the corpus's clean share of mapped tokens).
+METHODS = {
+    "plain": ["teacher=null", "algorithms.vocagno=null"],
+    "vocagno_40": ["algorithms.vocagno.topk_ratio=0.4"],
+    "vocagno_clean": ["algorithms.vocagno.topk_ratio={clean}"],
+    "random_40": ["algorithms.vocagno.topk_ratio=0.4", "algorithms.vocagno.selection=random"],
+    "chunk_1": ["algorithms.vocagno.alignment=chunk", "algorithms.vocagno.num_chunks=1",
+                "algorithms.vocagno.aggregation=mean"],
+    "chunk_16": ["algorithms.vocagno.alignment=chunk", "algorithms.vocagno.num_chunks=16",
+                 "algorithms.vocagno.aggregation=mean"],
+}
+# The selection variant (vocagno.selection) that measures what each selecting method keeps.
+VARIANT = {"vocagno_40": "topk", "vocagno_clean": "topk", "random_40": "random", "chunk_1": "chunk_1",
+           "chunk_16": "chunk_16"}
+SIZES = {
+    "toy": {"steps": 4, "seeds": "0", "overrides": [], "selection_samples": 8},
+    "cpu": {"steps": 250, "seeds": "0,1,2", "overrides": [], "selection_samples": 64},
+    "gpu": {"steps": 1500, "seeds": "0,1,2", "selection_samples": 256, "overrides": [
+        "global_train_batch_size=32", "device_train_microbatch_size=32", "precision=amp_bf16", "optimizer.lr=1.0e-3",
+        "model.config.hidden_size=384", "model.config.intermediate_size=1024", "model.config.num_hidden_layers=6",
+        "model.config.num_attention_heads=6", "model.config.num_key_value_heads=6"],
+        "teacher_overrides": ["max_duration=3000ba", "model.config.hidden_size=384", "model.config.intermediate_size=1024",
+                              "model.config.num_hidden_layers=6", "model.config.num_attention_heads=6",
+                              "model.config.num_key_value_heads=6", "precision=amp_bf16"]},
 }
 
 
-def documents() -> list[str]:
-    with open(ASSETS / "text" / "gsm8k_train_500.jsonl", encoding="utf-8") as f:
+def texts(name: str) -> list[str]:
+    with open(ASSETS / "text" / name, encoding="utf-8") as f:
         return [json.loads(line)["text"] for line in f]
 
 
-def shuffled_words(text: str, rng: random.Random) -> str:
-    words = text.split()
-    rng.shuffle(words)
-    return " ".join(words)
-
-
-def convert(texts: list[str], folder: Path, seq_len: int) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    corpus = folder / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
-    convert_dataset.main(["--input", str(corpus), "--student-tokenizer", "llama2", "--teacher-tokenizer", "qwen2.5",
-                          "--seq-len", str(seq_len), "--out-root", str(folder / "shards")])
-    return folder / "shards"
-
-
-def batches(shards: Path, tokenizers, batch: int, seed: int):
-    """Endless batches of the shards, reshuffled each epoch."""
-    epoch = 0
-    while True:
-        clean_stale_shared_memory()
-        loader: DataLoader = teacher_guided_loader(
-            {"local": str(shards), "shuffle": True, "shuffle_seed": seed + epoch, "num_canonical_nodes": 1},
-            *tokenizers, batch, drop_last=True)
-        yield from loader
-        epoch += 1
-
-
-def build_model(kind: str, vocab: int, size: dict, seed: int) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    student = kind == "student"
-    config_class, model_class = (LlamaConfig, LlamaForCausalLM) if student else (Qwen2Config, Qwen2ForCausalLM)
-    config = config_class(vocab_size=vocab, hidden_size=size["width"], intermediate_size=4 * size["width"],
-                          num_hidden_layers=size["layers"], num_attention_heads=size["heads"],
-                          num_key_value_heads=size["heads"], max_position_embeddings=2 * size["seq_len"],
-                          tie_word_embeddings=True)
-    return model_class(config)
-
-
-def train_teacher(teacher, data, size: dict, device: str) -> None:
-    optimizer = torch.optim.AdamW(teacher.parameters(), lr=size["lr"], weight_decay=0.0)
-    for _ in range(size["teacher_steps"]):
-        batch = next(data)
-        ids, mask = batch["teacher_input_ids"].to(device), batch["teacher_attention_mask"].to(device)
-        labels = ids.masked_fill(mask == 0, -100)
-        loss = teacher(input_ids=ids, attention_mask=mask, labels=labels).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-
-def train_student(student, scorer, method: str, data, size: dict, device: str, seed: int) -> None:
-    generator = torch.Generator(device=device).manual_seed(seed)
-    optimizer = torch.optim.AdamW(student.parameters(), lr=size["lr"], weight_decay=0.0)
-    for _ in range(size["student_steps"]):
-        batch = {k: v.to(device) for k, v in next(data).items()}
-        logits = student(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        if method == "plain":
-            loss = token_cross_entropy(logits[:, :-1], batch["labels"][:, 1:])
-            loss = loss[batch["labels"][:, 1:] != -100].mean()
-        else:
-            teacher_loss = scorer(batch["teacher_input_ids"], batch["teacher_attention_mask"])
-            loss = teacher_guided_loss(logits, batch["labels"], batch, teacher_loss, selection=SELECTION[method],
-                                       generator=generator)["total"]
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-
-@torch.no_grad()
-def heldout_bits_per_byte(model, tokenizer, texts: list[str]) -> float:
-    model.eval()
-    value = bits_per_byte(model, tokenizer, texts)
-    model.train()
-    return value
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size", choices=sorted(SIZES), default="gpu")
-    parser.add_argument("--seeds", default="0,1,2", help="comma-separated student seeds")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = parser.parse_args()
-    size, seeds = SIZES[args.size], [int(s) for s in args.seeds.split(",")]
-    begin = time.perf_counter()
-    student_tok, teacher_tok = load_tokenizer("llama2"), load_tokenizer("qwen2.5")
-    rows = read_test_split(Path(SHIPPED_DATA), "gsm8k")[: size["heldout"]]
-    heldout = [f"Question: {r['question']}\nAnswer: {r['answer']}" for r in rows]
-    clean = documents()
-    rng = random.Random(0)
-    mixed = clean + [shuffled_words(text, rng) for text in clean]
+def corpus(junk: float, seed: int = 0) -> list[str]:
+    """GSM8K problems 1-500 and word-shuffled copies of them, ``junk`` of all documents, in a random order."""
+    rng = random.Random(seed)
+    clean = texts("gsm8k_train_500.jsonl")
+    count = round(len(clean) * junk / (1 - junk))
+    mixed = clean + [NOISE["shuffled_words"](rng.choice(clean), rng) for _ in range(count)]
     rng.shuffle(mixed)
-    with tempfile.TemporaryDirectory() as tmp:
-        clean_shards = convert(clean, Path(tmp) / "clean", size["seq_len"])
-        mixed_shards = convert(mixed, Path(tmp) / "mixed", size["seq_len"])
-        tokenizers = (student_tok, teacher_tok)
-        teacher = build_model("teacher", len(teacher_tok), size, seed=1000).to(args.device)
-        train_teacher(teacher, batches(clean_shards, tokenizers, size["batch"], 0), size, args.device)
-        scorer = TeacherScorer(teacher)
-        results = {
-            "teacher (clean text)": [heldout_bits_per_byte(teacher, teacher_tok, heldout)],
-            "student at init": [heldout_bits_per_byte(build_model("student", len(student_tok), size, seed).to(
-                args.device), student_tok, heldout) for seed in seeds],
-        }
-        for method in METHODS:
-            for seed in seeds:
-                student = build_model("student", len(student_tok), size, seed).to(args.device)
-                data = batches(mixed_shards, tokenizers, size["batch"], seed)
-                train_student(student, scorer, method, data, size, args.device, seed)
-                results.setdefault(method, []).append(heldout_bits_per_byte(student, student_tok, heldout))
-    print(f"\nheld-out bits per byte, {len(heldout)} GSM8K test problems; students on clean + word-shuffled text "
-          f"({args.size} size, seeds {args.seeds}, {time.perf_counter() - begin:.0f} s)")
-    print(f"{'model':<22} {'bits/byte':>10} {'spread':>8}")
-    for name, values in results.items():
-        spread = statistics.pstdev(values) if len(values) > 1 else 0.0
-        print(f"{name:<22} {statistics.mean(values):>10.4f} {spread:>8.4f}")
+    return mixed
+
+
+def convert(documents: list[str], out: Path) -> Path:
+    if (out / "index.json").exists():
+        return out
+    source = out.with_suffix(".jsonl")
+    source.parent.mkdir(parents=True, exist_ok=True)
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in documents), encoding="utf-8")
+    code = convert_dataset.main(["--input", str(source), "--student-tokenizer", "llama2", "--teacher-tokenizer",
+                                 "mistral", "--seq-len", "128", "--out-root", str(out)])
+    if code != 0:
+        raise SystemExit(f"error: converting {source} failed")
+    return out
+
+
+def clean_share(documents: list[str]) -> float:
+    """The clean documents' share of the corpus's student tokens: the top-k ratio that could keep exactly them."""
+    tokenizer = load_tokenizer("llama2")
+    clean = set(texts("gsm8k_train_500.jsonl"))
+    counts = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in documents]
+    return round(sum(c for t, c in zip(documents, counts) if t in clean) / sum(counts), 3)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", choices=sorted(SIZES), default="cpu")
+    parser.add_argument("--seeds", help="comma-separated student seeds (default: the size's)")
+    parser.add_argument("--junk", type=float, default=0.5, help="the fraction of word-shuffled documents, in (0, 1)")
+    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated, of " + ", ".join(METHODS))
+    parser.add_argument("--out", default="miniature", help="the work folder; OUT/miniature.json is the result")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    if not 0 < args.junk < 1:
+        parser.error(f"--junk must be in (0, 1), got {args.junk}")
+    methods = args.methods.split(",")
+    if set(methods) - set(METHODS) or "plain" not in methods:
+        parser.error(f"--methods takes plain and others of {', '.join(METHODS)}, got {args.methods}")
+    size = SIZES[args.size]
+    seeds = [int(s) for s in (args.seeds or size["seeds"]).split(",")]
+    out = Path(args.out).resolve()
+    begin = time.perf_counter()
+
+    documents = corpus(args.junk)
+    shards = convert(documents, out / "shards" / "corpus")
+    heldout_shards = convert(texts("gsm8k_heldout_100.jsonl"), out / "shards" / "heldout")
+    share = clean_share(documents)
+    teacher_name = TEACHER
+    if "teacher_overrides" in size and args.device != "cpu":
+        teacher_name = str(out / "teacher")
+        if not (out / "teacher" / "model.safetensors").exists():
+            from experiments import tiny_teacher
+
+            tiny_teacher.main(["--out", teacher_name, f"variables.data={out}/shards/teacher",
+                               f"variables.heldout={out}/shards/teacher-heldout", *size["teacher_overrides"]])
+    scored = out / "shards" / "scored"
+    if not (scored / "index.json").exists():
+        score.main(["--shards", str(shards), "--teacher", teacher_name, "--dtype", "float32", "--out", str(scored),
+                    "--device", args.device])
+    teacher_model = load_teacher(teacher_name, "float32").to(args.device)
+    heldout = texts("gsm8k_heldout_100.jsonl")
+    student_tok = load_tokenizer("llama2")
+    result = {
+        "size": args.size, "seeds": seeds, "junk": args.junk, "clean_share": share, "steps": size["steps"],
+        "device": args.device, "teacher": teacher_name,
+        "teacher_bits_per_byte": bits_per_byte(teacher_model.eval(), load_tokenizer("mistral"), heldout),
+        "bits_per_byte": {}, "selection_precision": {},
+    }
+    common = [f"variables.data={scored}", f"max_duration={size['steps']}ba", *size["overrides"]]
+    for method in ["init", *methods]:
+        for seed in seeds:
+            clean_stale_shared_memory()
+            overrides = [o.replace("{clean}", str(share)) for o in METHODS.get(method, METHODS["plain"])]
+            if method not in ("init", "plain"):
+                overrides.append(f"teacher.name_or_path={teacher_name}")
+            overrides += [*common, f"seed={seed}", f"run_name=miniature-{method}-{seed}"]
+            cfg = train.load_config(YAML, overrides)
+            student = (train.build_causal_lm(cfg.model, len(student_tok), seed) if method == "init" else
+                       train.main(cfg).state.model.model)
+            value = bits_per_byte(student.to(args.device).eval(), student_tok, heldout)
+            result["bits_per_byte"].setdefault(method, []).append(value)
+            print(f"{method} seed {seed}: held-out bits per byte {value:.4f} "
+                  f"({time.perf_counter() - begin:.0f} s)", flush=True)
+            if method in VARIANT and seed == seeds[0]:
+                result["selection_precision"][method] = precision(heldout_shards, teacher_name, cfg, student,
+                                                                  method, args, size, seed)
+    result["seconds"] = round(time.perf_counter() - begin)
+    (out / "miniature.json").write_text(json.dumps(result, indent=1) + "\n")
+    from vocagno.report import miniature_table
+
+    print(f"\n{miniature_table(result)}\nwrote {out / 'miniature.json'}")
+    return 0
+
+
+def precision(heldout_shards: Path, teacher_name: str, cfg, student, method: str, args, size: dict,
+              seed: int) -> float:
+    """What ``method`` keeps of held-out text with canaries of the corpus's kind and fraction, ranked with its
+    trained student: the precision of its selection variant."""
+    from vocagno.selection import Settings, run
+
+    report = run(str(heldout_shards), score.Teacher(load_teacher(teacher_name, "float32"), teacher_name,
+                                                    "float32", 1024),
+                 Settings.from_config(cfg), student=student, student_name=f"{method} seed {seed}",
+                 samples=size["selection_samples"], canaries=args.junk, noise=("shuffled_words",), seed=seed,
+                 device=args.device)
+    return report.variants[VARIANT[method]]["precision"]
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -661,7 +661,8 @@ def test_a_long_document_cut_into_pieces_gives_the_tokens_of_the_whole(tokenizer
     no spurious "▁" per cut, on either side."""
     from collections import Counter
 
-    from conversion.convert_dataset import Encoder, clean
+    from conversion.convert_dataset import clean
+    from vocagno.shards import Encoder
     from conversion.sources import Record
 
     text = "alpha beta gamma\nThe integral ∫x²dx = x³/3 — 中文 😀 and  two  spaces. " * 60

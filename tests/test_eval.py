@@ -271,7 +271,7 @@ def test_bits_per_byte_metric_matches_the_function(tokenizers):
 def test_bits_per_byte_metric_agrees_with_the_function_on_the_same_text(tokenizers, student, text):
     """A one-document row through the converter's packing and the collator, scored by the metric, gives what
     bits_per_byte gives for the document: every byte counted once, the separator not scored."""
-    from conversion.convert_dataset import Encoder
+    from vocagno.shards import Encoder
     from vocagno.data import TeacherGuidedCollator
     from vocagno.shards import Packer, tokenizer_info
 

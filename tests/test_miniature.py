@@ -1,5 +1,6 @@
-"""The miniature (experiments/miniature.py) at its toy size: it completes and prints its table."""
+"""The miniature (experiments/miniature.py) at its toy size: the product's chain runs end to end and its table prints."""
 
+import json
 import os
 import re
 import subprocess
@@ -7,17 +8,29 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+METHODS = ("plain", "vocagno_40", "vocagno_clean", "random_40", "chunk_1", "chunk_16")
 
 
-def test_the_miniature_runs_at_toy_size_and_prints_the_table(tmp_path):
+def test_the_miniature_runs_the_products_chain_at_toy_size_and_reports_it(tmp_path):
+    """convert -> vocagno.score -> train.py with cached losses per method -> held-out bits per byte -> vocagno.report."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    result = subprocess.run([sys.executable, str(REPO / "experiments" / "miniature.py"), "--size", "toy", "--seeds",
-                             "0", "--device", "cpu"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                            timeout=900)
+    result = subprocess.run([sys.executable, str(REPO / "experiments" / "miniature.py"), "--size", "toy", "--device",
+                             "cpu", "--out", str(tmp_path / "mini")], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=1200)
     assert result.returncode == 0, result.stderr[-4000:]
-    rows = {name: float(value) for name, value in re.findall(
-        r"^(teacher \(clean text\)|student at init|plain|vocagno|random)\s+([0-9.]+)\s+[0-9.]+$", result.stdout,
-        re.MULTILINE)}
-    assert set(rows) == {"teacher (clean text)", "student at init", "plain", "vocagno", "random"}, result.stdout
-    # Every trained student learned something: below the bits per byte of its initialization.
-    assert all(0 < rows[method] < rows["student at init"] for method in ("plain", "vocagno", "random")), rows
+    measured = json.loads((tmp_path / "mini" / "miniature.json").read_text())
+    assert list(measured["bits_per_byte"]) == ["init", *METHODS]
+    assert set(measured["selection_precision"]) == set(METHODS) - {"plain"}
+    assert 0.45 < measured["clean_share"] < 0.6  # half the documents are word-shuffled copies
+    init = measured["bits_per_byte"]["init"][0]
+    # Every student trained (4 steps): below the bits per byte of its initialization, the same for every method.
+    assert all(0 < measured["bits_per_byte"][m][0] < init for m in METHODS), measured["bits_per_byte"]
+    assert 0 < measured["teacher_bits_per_byte"] < init
+    rows = re.findall(r"^\| (\w+) \| ([0-9.]+) \|", result.stdout, re.MULTILINE)
+    assert [name for name, _ in rows] == ["init", *METHODS]
+    report = subprocess.run([sys.executable, "-m", "vocagno.report", "--miniature", str(tmp_path / "mini" /
+                             "miniature.json"), "--plot", str(tmp_path / "bpb.png")], capture_output=True, text=True,
+                            timeout=120, cwd=REPO)
+    assert report.returncode == 0, report.stderr
+    assert "| vocagno_40 |" in report.stdout and "n/a (one seed)" in report.stdout
+    assert (tmp_path / "bpb.png").read_bytes()[:4] == b"\x89PNG"

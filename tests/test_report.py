@@ -33,3 +33,20 @@ def test_a_folder_without_results_is_named(tmp_path):
     out = subprocess.run([sys.executable, "-m", "vocagno.report", str(tmp_path / "empty")], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode != 0 and "results.json is missing" in out.stderr
+
+
+def test_the_miniature_table_pairs_each_method_with_plain_over_the_same_seeds():
+    from vocagno.report import miniature_table
+
+    result = {"size": "cpu", "steps": 250, "seeds": [0, 1, 2], "device": "cpu", "junk": 0.5, "clean_share": 0.512,
+              "teacher": "tiny-math-teacher", "teacher_bits_per_byte": 1.5,
+              "bits_per_byte": {"plain": [3.0, 3.2, 3.1], "vocagno_40": [2.9, 3.1, 3.0], "random_40": [3.0, 3.3, 3.05]},
+              "selection_precision": {"vocagno_40": 0.9, "random_40": 0.51}}
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in miniature_table(result).splitlines()
+            if line.startswith("| ") and "---" not in line}
+    # vocagno_40 is lower by 0.1 on every seed: paired differences -0.1 each, sd 0: beyond 2 sd. The spread of the
+    # raw values (0.1) is as large as the effect: only the pairing shows it.
+    assert rows["vocagno_40"][1] == "3.0000 ± 0.1000" and rows["vocagno_40"][2] == "0.900"
+    assert rows["vocagno_40"][3] == "-0.1000 ± 0.0000" and rows["vocagno_40"][4] == "yes, lower |"
+    # random_40: differences 0, +0.1, -0.05: mean +0.0167, sd 0.0764: not beyond.
+    assert rows["random_40"][3] == "+0.0167 ± 0.0764" and rows["random_40"][4] == "no |"

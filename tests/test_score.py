@@ -213,9 +213,10 @@ def test_a_yamls_config_built_teacher_scores_what_its_training_run_would_use(sco
     overrides = ["variables.seq_len=64", f"train_loader.dataset.local={scored / 'shards'}", "eval_loader=null",
                  "max_duration=2ba", "eval_interval=1", "loggers.console=null", "callbacks=null",
                  "progress_bar=false"]
-    assert score.main(["--shards", str(scored / "shards"), "--config", str(REPO / "yamls" / "tiny.yaml"), *overrides,
+    assert score.main(["--shards", str(scored / "shards"), "--config", str(REPO / "yamls" / "tiny_qwen.yaml"),
+                       *overrides,
                        "--out", str(tmp_path / "scored"), "--batch-tokens", "2048", "--device", "cpu"]) == 0
-    cfg = train.load_config(str(REPO / "yamls" / "tiny.yaml"), overrides)
+    cfg = train.load_config(str(REPO / "yamls" / "tiny_qwen.yaml"), overrides)
     built = train.teacher_kwargs(cfg.teacher, tokenizers["qwen2.5"], ("teacher",), cfg.seed)["teacher"]
     assert ShardMetadata.read(tmp_path / "scored").scored_by["fingerprint"] == weights_fingerprint(built)
     for unmapped in ("include", "exclude"):
@@ -223,7 +224,7 @@ def test_a_yamls_config_built_teacher_scores_what_its_training_run_would_use(sco
             cell = [*overrides, f"train_loader.dataset.local={tmp_path / 'scored'}",
                     "algorithms.vocagno.teacher_losses=cached", f"algorithms.vocagno.unmapped={unmapped}",
                     f"algorithms.vocagno.aggregation={aggregation}"]
-            trainer = train.main(train.load_config(str(REPO / "yamls" / "tiny.yaml"), cell))
+            trainer = train.main(train.load_config(str(REPO / "yamls" / "tiny_qwen.yaml"), cell))
             algorithm = next(a for a in trainer.state.algorithms if isinstance(a, VocAgnoLM))
             assert algorithm.scorer is None and algorithm.options["aggregation"] == aggregation
             assert int(trainer.state.timestamp.batch) == 2

@@ -52,3 +52,27 @@ def test_a_misspelled_tokenizer_name_says_what_is_shipped():
     with pytest.raises(ValueError, match="tokenizer 'qwen2': no such folder or shipped tokenizer \\(did you mean "
                                          "'qwen2.5'\\?\\); shipped: llama2, codellama"):
         load_tokenizer("qwen2")
+
+
+def test_the_shipped_teacher_is_a_hugging_face_folder_that_has_learned_gsm8k_text(tokenizers):
+    """tiny-math-teacher (experiments/tiny_teacher.py) unpacks into a folder AutoModelForCausalLM and AutoTokenizer load;
+    on GSM8K problems it never trained on it beats its own architecture at initialization by far."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from vocagno.algorithm import load_teacher
+    from vocagno.metrics import bits_per_byte
+    from vocagno.tokenization import shipped_model_dir
+
+    folder = shipped_model_dir("tiny-math-teacher")
+    assert shipped_model_dir("tiny-math-teacher") == folder and (folder / "tokenizer.json").exists()
+    assert load_tokenizer("tiny-math-teacher").get_vocab() == tokenizers["mistral"].get_vocab()
+    teacher = load_teacher("tiny-math-teacher", "float32")
+    assert teacher.config.model_type == "mistral" and teacher.num_parameters() * 2 <= 8 * 2**20  # <= 8 MB in bf16
+    heldout = [json.loads(line)["text"] for line in open(os.path.join(os.path.dirname(__file__), "..", "vocagno",
+                                                                      "assets", "text", "gsm8k_heldout_100.jsonl"))]
+    torch.manual_seed(0)
+    untrained = AutoModelForCausalLM.from_config(teacher.config)
+    trained_bpb = bits_per_byte(teacher, tokenizers["mistral"], heldout[:30])
+    untrained_bpb = bits_per_byte(untrained, tokenizers["mistral"], heldout[:30])
+    assert trained_bpb < 2.0 < 5.0 < untrained_bpb, (trained_bpb, untrained_bpb)

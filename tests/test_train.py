@@ -82,6 +82,19 @@ def test_llmfoundry_named_callbacks_log_throughput_and_the_learning_rate_once_on
     assert "Epoch" not in output and "ba/s" not in output  # Composer's progress bar
 
 
+def test_the_default_run_ends_by_showing_what_its_teacher_keeps(tiny_run):
+    """README command 1 ends with vocagno.selection's summary on the held-out shards with canaries (selection_report):
+    the shipped teacher, ranking with the student just trained, keeps clean text above its share; the same teacher
+    at initialization keeps about the clean share."""
+    tmp, _ = tiny_run
+    output = (tmp / "output.txt").read_text()
+    assert "what the teacher keeps:" in output and "student: tiny after 24 batches" in output
+    clean_share = float(re.search(r"clean share of the mapped tokens: ([0-9.]+)", output).group(1))
+    precision = {name: float(value) for name, value in re.findall(r"^(\w+)\s+([0-9.]+)\s+[0-9.]+\s+", output, re.M)}
+    assert precision["topk"] > clean_share + 0.1, (precision, clean_share)
+    assert abs(precision["untrained_teacher"] - clean_share) < 0.05, (precision, clean_share)
+
+
 def test_loggers_and_callbacks_take_llmfoundrys_names_and_refuse_unknown_ones():
     loggers, callbacks = train.build_loggers(om.create({
         "loggers": {"console": {}, "inmemory": {}, "tensorboard": None},  # null: off
@@ -102,7 +115,7 @@ def test_loggers_and_callbacks_take_llmfoundrys_names_and_refuse_unknown_ones():
 def test_the_run_converted_the_embedded_sample_first(tiny_run):
     tmp, _ = tiny_run
     meta = ShardMetadata.read(tmp / "shards" / "train")
-    assert (meta.student.name, meta.teacher.name, meta.seq_len) == ("llama2", "qwen2.5", 128)
+    assert (meta.student.name, meta.teacher.name, meta.seq_len) == ("llama2", "mistral", 128)
     assert meta.totals["documents read"] == 500
 
 
@@ -157,12 +170,18 @@ def test_an_interrupted_checkpoint_save_resumes_with_the_same_command(tiny_run, 
     assert os.path.realpath(broken / "ckpt" / "latest-rank0.pt").endswith("ep0-ba6-rank0.pt")
 
 
-@pytest.mark.parametrize("override, message", [
-    ("model.config.max_position_embeddings=64", "hold 128 student tokens, but the student .* max_position_embeddings=64"),
-    ("teacher.config.max_position_embeddings=64", "hold 128 student tokens .* the teacher has max_position_embeddings=64"),
+SHORT_TEACHER = ("teacher.name_or_path=null", "teacher.config={model_type: mistral, hidden_size: 32, "
+                 "intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1, "
+                 "max_position_embeddings: 64}")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model.config.max_position_embeddings=64"],
+     "hold 128 student tokens, but the student .* max_position_embeddings=64"),
+    (SHORT_TEACHER, "hold 128 student tokens .* the teacher has max_position_embeddings=64"),
 ])
-def test_models_too_short_for_the_shards_are_refused(tiny_run, override, message):
-    result = run_train(tiny_run[0], override, "max_duration=1ba", "eval_loader=null", check=False)
+def test_models_too_short_for_the_shards_are_refused(tiny_run, overrides, message):
+    result = run_train(tiny_run[0], *overrides, "max_duration=1ba", "eval_loader=null", check=False)
     assert result.returncode != 0 and re.search(message, result.stderr)
 
 
@@ -268,7 +287,7 @@ def test_shards_of_other_tokenizers_are_refused(tiny_run):
     assert "student tokenizer is 'llama2'" in result.stderr and "student tokenizer is 'mistral'" in result.stderr
     result = run_train(tiny_run[0], "teacher.tokenizer=deepseek-llm", "max_duration=1ba", check=False)
     assert result.returncode != 0
-    assert "teacher tokenizer is 'qwen2.5'" in result.stderr and "teacher tokenizer is 'deepseek-llm'" in result.stderr
+    assert "teacher tokenizer is 'mistral'" in result.stderr and "teacher tokenizer is 'deepseek-llm'" in result.stderr
 
 
 @pytest.mark.parametrize("overrides", [
@@ -293,7 +312,7 @@ def test_tiny_variants_of_the_method_train(tiny_run, tmp_path, overrides):
     ("kld", {"ce", "soft_ce", "kl"}, []),
 ], ids=["uld", "uld-aligned", "kld"])
 def test_tiny_baselines_train_from_their_yamls(tmp_path, name, parts, overrides):
-    """yamls/tiny_uld.yaml and tiny_kld.yaml (tiny.yaml as their base:, vocagno turned off): 3 batches, the
+    """yamls/tiny_uld.yaml and tiny_kld.yaml (tiny.yaml and tiny_qwen.yaml as their base:, vocagno turned off): 3 batches, the
     baseline's loss and its parts logged, the CE below the uniform guess over 32,000 tokens."""
     run_train(tmp_path, "max_duration=3ba", "eval_loader=null", f"loggers.jsonl.path={tmp_path}/log.jsonl",
               *overrides, yaml=str(REPO / "yamls" / f"tiny_{name}.yaml"))
@@ -308,7 +327,7 @@ def test_kld_refuses_a_teacher_of_another_vocabulary(tiny_run, tmp_path):
     result = run_train(tiny_run[0], "max_duration=1ba", "eval_loader=null", "algorithms.vocagno=null",
                        "algorithms.kld={}", check=False)
     assert result.returncode != 0
-    assert "KLD needs one vocabulary" in result.stderr and "'qwen2.5'" in result.stderr
+    assert "KLD needs one vocabulary" in result.stderr and "'mistral'" in result.stderr
 
 
 def test_the_table_yamls_say_what_their_row_is(tmp_path):

@@ -51,9 +51,11 @@ from vocagno.loss import (
 )
 from vocagno.shards import describe_tokenizer
 from vocagno.teacher_side import TeacherSide
-from vocagno.tokenization import as_tokenizer
+from vocagno.tokenization import as_tokenizer, resolve_shipped
 
-__all__ = ["TeacherScorer", "load_teacher", "weights_fingerprint", "teacher_guided_loss", "VocAgnoLM"]
+__all__ = [
+    "TeacherScorer", "load_teacher", "weights_fingerprint", "teacher_guided_loss", "check_teacher_reads", "VocAgnoLM",
+]
 
 PLACEMENTS = ("auto", "replicate", "fsdp")
 
@@ -82,11 +84,11 @@ class TeacherScorer(nn.Module):
 
 
 def load_teacher(name_or_path: str, dtype: str = "bfloat16", trust_remote_code: bool = False) -> nn.Module:
-    """A pretrained causal LM by Hugging Face name or local folder, in ``dtype``."""
+    """A pretrained causal LM by Hugging Face name, local folder or shipped name (``tiny-math-teacher``), in ``dtype``."""
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(
-        name_or_path, torch_dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
+        resolve_shipped(name_or_path), torch_dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
     )
 
 
@@ -141,6 +143,26 @@ def check_teacher_options(teacher_dtype: str, trust_remote_code: Any) -> None:
         raise ValueError(f"trust_remote_code must be True or False, got {trust_remote_code!r}")
     if not isinstance(getattr(torch, teacher_dtype, None), torch.dtype):
         raise ValueError(f"teacher_dtype must name a torch dtype, got {teacher_dtype!r}")
+
+
+def check_teacher_reads(teacher: nn.Module, metadata, teacher_tokenizer: Any = None) -> None:
+    """Refuse a teacher that can't read the shards' teacher tokens (``metadata``: their ``ShardMetadata``): another
+    tokenizer (when ``teacher_tokenizer`` is given), too few positions for a row, or an embedding without a row for
+    each token (it may have more: Qwen2.5 pads 151,665 tokens to 152,064 rows)."""
+    positions = getattr(getattr(teacher, "config", None), "max_position_embeddings", None)
+    if positions is not None and positions < metadata.seq_len:  # teacher rows hold about as many tokens, or more
+        raise ValueError(
+            f"the shards' samples hold {metadata.seq_len} student tokens (and about as many teacher tokens or "
+            f"more), but the teacher has max_position_embeddings={positions}: it can't read them"
+        )
+    rows = teacher.get_input_embeddings().num_embeddings
+    if rows < metadata.teacher.vocab_size:
+        raise ValueError(
+            f"the teacher's embedding has {rows} rows, but the shards' teacher tokenizer "
+            f"{metadata.teacher.name!r} has {metadata.teacher.vocab_size} tokens: this teacher can't read them"
+        )
+    if teacher_tokenizer is not None:
+        metadata.check_tokenizers(teacher=describe_tokenizer(teacher_tokenizer, "teacher"))
 
 
 class VocAgnoLM(Algorithm):
@@ -394,25 +416,9 @@ class VocAgnoLM(Algorithm):
         return TeacherScorer(teacher, self.chunk_size)
 
     def _check_teacher(self, teacher: nn.Module, state: State) -> None:
-        """The teacher must read the shards' teacher tokens: same tokenizer, positions for a row, and an embedding with
-        a row for each token (it may have more: Qwen2.5 pads 151,665 tokens to 152,064 rows)."""
         metadata = _shard_metadata(state)
-        if metadata is None:
-            return
-        positions = getattr(getattr(teacher, "config", None), "max_position_embeddings", None)
-        if positions is not None and positions < metadata.seq_len:  # teacher rows hold about as many tokens, or more
-            raise ValueError(
-                f"the shards' samples hold {metadata.seq_len} student tokens (and about as many teacher tokens or "
-                f"more), but the teacher has max_position_embeddings={positions}: it can't read them"
-            )
-        rows = teacher.get_input_embeddings().num_embeddings
-        if rows < metadata.teacher.vocab_size:
-            raise ValueError(
-                f"the teacher's embedding has {rows} rows, but the shards' teacher tokenizer "
-                f"{metadata.teacher.name!r} has {metadata.teacher.vocab_size} tokens: this teacher can't read them"
-            )
-        if self.teacher_tokenizer is not None:
-            metadata.check_tokenizers(teacher=describe_tokenizer(self.teacher_tokenizer, "teacher"))
+        if metadata is not None:
+            check_teacher_reads(teacher, metadata, self.teacher_tokenizer)
 
     def _place(self, scorer: TeacherScorer, state: State) -> nn.Module:
         placement = self.teacher_placement

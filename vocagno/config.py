@@ -49,6 +49,8 @@ SCHEMA: dict[str, Any] = {
     "progress_bar": None,
     "console_log_interval": None,
     "dist_timeout": None,
+    # After training: what the teacher keeps of held-out shards with canaries (vocagno.selection), with the student.
+    "selection_report": {"shards": None, "samples": None, "canaries": None},
 }
 REQUIRED = ("run_name", "seed", "tokenizer", "model", "train_loader", "optimizer", "scheduler", "max_duration",
             "global_train_batch_size", "device_train_microbatch_size")
@@ -147,7 +149,7 @@ def _check_keys(cfg: DictConfig, schema: dict[str, Any], where: str) -> None:
 
 
 def build_causal_lm(section: DictConfig, vocab_size: int, seed: int | None = None) -> torch.nn.Module:
-    """A pretrained model by name or folder, or a randomly initialized one from ``config`` (``model_type`` + fields).
+    """A pretrained model by name, folder or shipped name (``tiny-math-teacher``), or a randomly initialized one from ``config`` (``model_type`` + fields).
     ``seed`` makes the random weights a function of the section and the seed alone, whatever ran before: the
     scoring pass (``python -m vocagno.score --config``) builds the very teacher a run of the same yaml builds."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -155,7 +157,10 @@ def build_causal_lm(section: DictConfig, vocab_size: int, seed: int | None = Non
     dtype = getattr(torch, section.get("dtype") or "float32")
     trust = section.get("trust_remote_code", False)
     if section.get("name_or_path"):
-        return AutoModelForCausalLM.from_pretrained(section.name_or_path, torch_dtype=dtype, trust_remote_code=trust)
+        from vocagno.tokenization import resolve_shipped
+
+        return AutoModelForCausalLM.from_pretrained(resolve_shipped(section.name_or_path), torch_dtype=dtype,
+                                                    trust_remote_code=trust)
     if section.get("config") is None:
         raise ValueError("a model section needs name_or_path (pretrained) or config (random init)")
     fields = om.to_container(section.config)

@@ -102,11 +102,16 @@ class SampleView:
             "teacher": [{"s": int(s), "e": int(e), "id": int(i), "piece": p}
                         for (s, e), i, p in zip(self.t_off, self.t_ids, self.t_pieces)],
         }
-        # No "<", ">" or "&" inside the script element: "</script>" or "<!--<script>" in a document would end it or
-        # switch the HTML parser's state. JSON's \u escapes give JavaScript the same characters.
-        payload = json.dumps({"text": self.text, **tokens}, ensure_ascii=False)
-        payload = payload.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+        payload = script_json({"text": self.text, **tokens})
         return _PAGE.replace("__TITLE__", html.escape(f"sample {index}: {title}")).replace("__DATA__", payload)
+
+
+def script_json(value) -> str:
+    """``value`` as JSON to put inside a page's script element. No "<", ">" or "&" there: "</script>" or "<!--<script>"
+    in a document would end the element or switch the HTML parser's state; JSON's \\u escapes give JavaScript the
+    same characters."""
+    payload = json.dumps(value, ensure_ascii=False)
+    return payload.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def _cut(text: str, offsets: np.ndarray) -> str:

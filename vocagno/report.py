@@ -2,12 +2,15 @@
 
     python -m vocagno.report evals/cpt evals/kld-llemma evals/vocagno-qwen ...            # a table, rows = runs
     python -m vocagno.report evals/qwen-topk20 evals/qwen-topk40 ... --plot topk.png --x-label "top-k ratio (%)"
+    python -m vocagno.report --miniature miniature/miniature.json --plot bpb.png   # experiments/miniature.py's result
 
 Each RUN folder is a ``python -m vocagno.eval --output`` folder (its ``results.json``); the row is named by the folder.
 Prints a markdown table in the shape of the paper's Tables 1-3: the nine benchmarks (few-shot CoT accuracy, %) and
 their average, and the average's gain relative to the baseline row (``--baseline``, default the run whose name holds
 "cpt"), as the paper states "+46% over CPT". ``--plot`` draws the average against the last number in each run's
 name (``topk20`` -> 20, ``chunk16`` -> 16), for the top-k sweep and the chunk counts of Table 2 (Figures 3/6).
+``--miniature`` prints the miniature's table instead (held-out bits per byte over seeds, each method against plain)
+and plots bits per byte against the top-k ratio.
 """
 
 from __future__ import annotations
@@ -15,12 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 
 from vocagno.eval.benchmarks import BENCHMARKS, TITLES
 
-__all__ = ["read_run", "results_table", "main"]
+__all__ = ["read_run", "results_table", "miniature_table", "main"]
 
 
 def read_run(folder: Path) -> dict[str, float]:
@@ -82,13 +86,97 @@ def plot(runs: dict[str, dict[str, float]], path: Path, x_label: str) -> None:
     figure.savefig(path, dpi=150)
 
 
+def _spread(values: list[float]) -> float:
+    return statistics.stdev(values) if len(values) > 1 else float("nan")
+
+
+def _plus_minus(values: list[float]) -> str:
+    return f" ± {statistics.stdev(values):.4f}" if len(values) > 1 else ""
+
+
+def _what_topk_implies(ratio: float, clean: float) -> str:
+    """What a top-k of ``ratio`` can keep of a corpus whose mapped tokens are ``clean`` clean at best."""
+    if ratio < clean:
+        return (f"A top {ratio:.0%} is below the clean share: at best it keeps clean tokens only, {ratio / clean:.0%} "
+                "of them; a top-k at the clean share can keep exactly the clean tokens.")
+    return (f"A top {ratio:.0%} is above the clean share: it must keep some junk, at least "
+            f"{(ratio - clean) / ratio:.0%} of what it keeps.")
+
+
+def miniature_table(result: dict) -> str:
+    """``experiments/miniature.py``'s result as markdown: held-out bits per byte per method (mean ± sd over seeds),
+    the selection precision of the selecting methods, and each method against plain over the same seeds: the mean
+    paired difference ± the paired differences' sd, and whether it lies beyond twice that sd (lower is better)."""
+    bpb, plain = result["bits_per_byte"], result["bits_per_byte"]["plain"]
+    lines = [
+        f"Held-out bits per byte (GSM8K problems 501-600) of students trained on problems 1-500 plus "
+        f"{result['junk']:.0%} word-shuffled copies: {result['size']} size, {result['steps']} steps, seeds "
+        f"{', '.join(map(str, result['seeds']))}, {result['device']}; clean share of the corpus "
+        f"{result['clean_share']:.3f}. Teacher ({result['teacher']}): {result['teacher_bits_per_byte']:.4f}.",
+        _what_topk_implies(0.4, result["clean_share"]),
+        "",
+        "| method | bits/byte (mean ± sd) | selection precision | vs plain: mean paired diff ± sd | beyond 2 sd |",
+        "|---|---|---|---|---|",
+    ]
+    for method, values in bpb.items():
+        precision = result["selection_precision"].get(method)
+        row = f"| {method} | {statistics.mean(values):.4f}{_plus_minus(values)} | "
+        row += f"{precision:.3f} | " if precision is not None else "- | "
+        if method in ("plain", "init"):
+            lines.append(row + "- | - |")
+            continue
+        differences = [a - b for a, b in zip(values, plain)]
+        mean, sd = statistics.mean(differences), _spread(differences)
+        beyond = "n/a (one seed)" if len(differences) < 2 else (
+            ("yes, lower" if mean < 0 else "yes, higher") if abs(mean) > 2 * sd else "no")
+        lines.append(row + f"{mean:+.4f}{_plus_minus(differences)} | {beyond} |")
+    return "\n".join(lines)
+
+
+def plot_miniature(result: dict, path: Path) -> None:
+    """Bits per byte (mean, sd bars) against the share of tokens trained on: plain (all: 1.0), VocAgnoLM's top-k
+    ratios, and the random 40% beside them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ratios = {"plain": 1.0, "vocagno_40": 0.4, "vocagno_clean": result["clean_share"], "random_40": 0.4}
+    figure, axes = plt.subplots(figsize=(5, 3.5))
+    guided = sorted((ratios[m], m) for m in ("vocagno_40", "vocagno_clean", "plain") if m in result["bits_per_byte"])
+    for style, methods in (("o-", guided), ("s", [(0.4, "random_40")] * ("random_40" in result["bits_per_byte"]))):
+        xs = [x for x, _ in methods]
+        ys = [statistics.mean(result["bits_per_byte"][m]) for _, m in methods]
+        errors = [0 if len(v) < 2 else statistics.stdev(v) for v in (result["bits_per_byte"][m] for _, m in methods)]
+        axes.errorbar(xs, ys, yerr=errors, fmt=style, capsize=3, label="top-k (1.0: plain)" if style == "o-"
+                      else "random")
+    axes.set_xlabel("share of the mapped tokens trained on (top-k ratio)")
+    axes.set_ylabel("held-out bits per byte")
+    axes.legend()
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=150)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vocagno.report", description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="+", type=Path, help="python -m vocagno.eval --output folders")
+    parser.add_argument("runs", nargs="*", type=Path, help="python -m vocagno.eval --output folders")
+    parser.add_argument("--miniature", type=Path, help="experiments/miniature.py's miniature.json, instead of runs")
     parser.add_argument("--baseline", help="the run the gains are relative to (default: the one named *cpt*)")
     parser.add_argument("--plot", type=Path, help="write a PNG of AVG against the number in each run's name")
     parser.add_argument("--x-label", default="top-k ratio (%)", help="the plot's x axis")
     args = parser.parse_args(argv)
+    if args.miniature is not None:
+        if args.runs or not args.miniature.is_file():
+            parser.error("--miniature takes one miniature.json (experiments/miniature.py's) and no runs")
+        result = json.loads(args.miniature.read_text(encoding="utf-8"))
+        print(miniature_table(result))
+        if args.plot:
+            plot_miniature(result, args.plot)
+            print(f"wrote {args.plot}")
+        return 0
+    if not args.runs:
+        parser.error("give python -m vocagno.eval --output folders, or --miniature")
     try:
         runs = {folder.name: read_run(folder) for folder in args.runs}
     except FileNotFoundError as error:

@@ -89,6 +89,18 @@ class Teacher:
         return cls(model, name, section.get("dtype") or "float32", chunk_size)
 
 
+    def at_initialization(self, seed: int) -> "Teacher":
+        """The same architecture with fresh random weights (from ``seed``): a control whose losses know nothing."""
+        from transformers import AutoModelForCausalLM
+
+        model = self.scorer.model
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            fresh = AutoModelForCausalLM.from_config(model.config, torch_dtype=next(model.parameters()).dtype)
+        name = f"{self.scored_by['name']} at initialization (seed {seed})"
+        return Teacher(fresh, name, self.scored_by["dtype"], self.chunk_size)
+
+
 def rank_and_world() -> tuple[int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 

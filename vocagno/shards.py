@@ -25,8 +25,10 @@ shards whose fingerprints differ from its tokenizers'.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -47,6 +49,7 @@ __all__ = [
     "describe_tokenizer",
     "compact",
     "EncodedDocuments",
+    "Encoder",
     "Packer",
     "write_atomically",
 ]
@@ -203,6 +206,75 @@ class EncodedDocuments:
     open_last: bool = False
 
 
+class Encoder:
+    """Both tokenizers, encoding a batch of documents (each a list of pieces) into ``EncodedDocuments``.
+
+    Document text is text: a special token's string in a document ("</s>", "<|endoftext|>") is tokenized as the
+    characters it is, never as the special token (which would get a real id with a non-empty span, and end a
+    document inside a document). ``special_strings`` counts such strings, for the summary.
+
+    A piece that continues a document (``clean`` cut it for length, before a whitespace) is encoded without
+    SentencePiece's dummy prefix, so the pieces give the tokens of the whole document, not an extra "▁" per cut.
+    """
+
+    def __init__(self, student, teacher):  # fast tokenizers, as load_tokenizer gives them
+        from vocagno.tokenization import text_tokenizers
+
+        self.student = text_tokenizers(student.backend_tokenizer)
+        self.teacher = text_tokenizers(teacher.backend_tokenizer)
+        # One tokenizer on both sides (a Rho-1 reference model): tokenize once.
+        self.same = student.backend_tokenizer.to_str() == teacher.backend_tokenizer.to_str()
+        specials = {str(t) for tok in (student, teacher) for t in tok.added_tokens_decoder.values() if t.special}
+        self._special = re.compile("|".join(map(re.escape, sorted(specials, key=len, reverse=True))))
+
+    def special_strings(self, docs: list[list[str]]) -> int:
+        return sum(len(self._special.findall(piece)) for doc in docs for piece in doc)
+
+    def encode(self, docs: list[list[str]], continues_first: bool = False, open_last: bool = False) -> EncodedDocuments:
+        """``continues_first``: the first piece goes on from the last ``encode`` call's document; ``open_last``: the
+        last document goes on in the next call (``piece_groups``)."""
+        pieces = [piece for doc in docs for piece in doc]
+        continues = [k > 0 or (d == 0 and continues_first) for d, doc in enumerate(docs) for k in range(len(doc))]
+        piece_chars = np.array([len(p) for p in pieces], dtype=np.int64)
+        piece_starts = np.cumsum(piece_chars) - piece_chars  # where each piece begins in the joined text
+        first_piece = np.cumsum([0] + [len(doc) for doc in docs])[:-1]
+        s_ids, s_offsets, s_lengths = _encode(self.student, pieces, continues, piece_starts)
+        t_ids, t_offsets, t_lengths = (s_ids, s_offsets, s_lengths) if self.same else \
+            _encode(self.teacher, pieces, continues, piece_starts)
+        return EncodedDocuments(
+            text="".join(pieces),
+            doc_ends=np.add.reduceat(piece_chars, first_piece).cumsum(),
+            student_ids=s_ids,
+            student_offsets=s_offsets,
+            student_lengths=np.add.reduceat(s_lengths, first_piece),
+            teacher_ids=t_ids,
+            teacher_offsets=t_offsets,
+            teacher_lengths=np.add.reduceat(t_lengths, first_piece),
+            open_last=open_last,
+        )
+
+
+def _encode(tokenizers, texts: list[str], continues: list[bool], starts: np.ndarray):
+    """Ids, offsets into the joined texts, and token counts per text: ``tokenizers[1]`` for pieces that continue a
+    document, ``tokenizers[0]`` for the others."""
+    ids: list = [np.zeros(0, np.int64)] * len(texts)
+    offsets: list = [np.zeros((0, 2), np.int64)] * len(texts)
+    for continuing in (False, True):
+        chosen = [i for i in range(len(texts)) if continues[i] == continuing]
+        if not chosen:
+            continue
+        encodings = tokenizers[continuing].encode_batch([texts[i] for i in chosen], add_special_tokens=False)
+        lengths = np.array([len(e.ids) for e in encodings], dtype=np.int64)
+        total = int(lengths.sum())
+        flat_ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), np.int64, total)
+        flat_offsets = np.fromiter(itertools.chain.from_iterable(
+            itertools.chain.from_iterable(e.offsets for e in encodings)), np.int64, 2 * total).reshape(total, 2)
+        bounds = np.cumsum(lengths)[:-1]
+        for i, piece_ids, piece_offsets in zip(chosen, np.split(flat_ids, bounds), np.split(flat_offsets, bounds)):
+            ids[i], offsets[i] = piece_ids, piece_offsets + starts[i]
+    return np.concatenate(ids), np.concatenate(offsets), np.array([len(x) for x in ids], dtype=np.int64)
+
+
 _NONE = np.iinfo(np.int64).max
 
 
@@ -227,6 +299,10 @@ class Packer:
         self.tokens_per_row = seq_len - (student.bos_id is not None)  # student tokens of the text in each row
         self.folded_characters = 0  # characters under student tokens that no teacher token covers
         self.tail_tokens = 0
+        # Where each sample's text begins in the documents added so far (all their text, joined): for a caller that
+        # knows what each character is (vocagno.selection labels canary documents' tokens by it).
+        self.text_starts: list[int] = []
+        self._dropped_characters = 0
         self._text = ""
         self._s_ids = np.zeros(0, np.int64)
         self._s_offsets = np.zeros((0, 2), np.int64)
@@ -286,6 +362,7 @@ class Packer:
             s_offsets, t_offsets = self._s_offsets[tokens], self._t_offsets[first:last]
             begin = min(s_offsets[0, 0], t_offsets[0, 0]) if last > first else s_offsets[0, 0]
             stop = max(s_offsets[-1, 1], t_offsets[-1, 1]) if last > first else s_offsets[-1, 1]
+            self.text_starts.append(self._dropped_characters + int(begin))
             s_ids, s_offsets = _start_row(self.student_bos_id, self._s_ids[tokens], s_offsets - begin)
             t_ids, t_offsets = _start_row(self.teacher_bos_id, self._t_ids[first:last], t_offsets - begin)
             samples.append(
@@ -311,6 +388,7 @@ class Packer:
         if keep_teacher < len(self._t_ids):
             keep_char = min(keep_char, int(self._t_offsets[keep_teacher, 0]))
         self._text = self._text[keep_char:]
+        self._dropped_characters += keep_char
         self._s_ids = self._s_ids[n_tokens:]
         self._s_offsets = self._s_offsets[n_tokens:] - keep_char
         self._s_first = np.where(rest_first == _NONE, _NONE, rest_first - keep_teacher)

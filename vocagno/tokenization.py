@@ -1,4 +1,5 @@
-"""Loading tokenizers (HF names, local folders, or the copies shipped in the package) and encoding with offsets."""
+"""Loading tokenizers (HF names, local folders, or the copies shipped in the package) and encoding with offsets; the
+shipped model's folder."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import numpy as np
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 __all__ = [
-    "SHIPPED_TOKENIZERS", "ASSETS", "load_tokenizer", "as_tokenizer", "shipped_tokenizer_dir", "encode_with_offsets",
+    "SHIPPED_TOKENIZERS", "SHIPPED_MODELS", "ASSETS", "load_tokenizer", "as_tokenizer", "shipped_tokenizer_dir",
+    "shipped_model_dir", "resolve_shipped", "encode_with_offsets",
     "text_tokenizers", "without_dummy_prefix",
 ]
 
@@ -25,6 +27,8 @@ ASSETS = Path(__file__).parent / "assets"
 # Real tokenizers of the paper's models, shipped so that tests and the embedded default run offline.
 # Provenance and licenses: vocagno/assets/README.md.
 SHIPPED_TOKENIZERS = ("llama2", "codellama", "mistral", "qwen2.5", "deepseek-llm")
+# A small teacher that has learned GSM8K text (experiments/tiny_teacher.py), by name, and the shipped tokenizer it reads.
+SHIPPED_MODELS = {"tiny-math-teacher": "mistral"}
 
 
 def shipped_tokenizer_dir(name: str) -> Path:
@@ -37,24 +41,65 @@ def shipped_tokenizer_dir(name: str) -> Path:
         raise ValueError(f"no shipped tokenizer named {name!r}; shipped: {', '.join(SHIPPED_TOKENIZERS)}")
     source = ASSETS / "tokenizers" / name
     packed = (source / "tokenizer.json.xz").read_bytes()
-    digest = hashlib.sha256(packed).hexdigest()[:12]
+
+    def fill(folder: Path) -> None:
+        (folder / "tokenizer.json").write_bytes(lzma.decompress(packed))
+        for extra in source.glob("*.json"):
+            shutil.copy(extra, folder / extra.name)
+
+    return _unpacked_once("tokenizers", name, hashlib.sha256(packed).hexdigest()[:12], fill)
+
+
+def shipped_model_dir(name: str) -> Path:
+    """A Hugging Face folder (config, bf16 safetensors and the tokenizer) for shipped model ``name``.
+
+    The package holds the model's config and weights (``assets/models/NAME``); the tokenizer it reads is a shipped one
+    (``SHIPPED_MODELS``), unpacked beside them once into ``$VOCAGNO_CACHE``, as tokenizers are."""
+    if name not in SHIPPED_MODELS:
+        raise ValueError(f"no shipped model named {name!r}; shipped: {', '.join(SHIPPED_MODELS)}")
+    source = ASSETS / "models" / name
+    digest = hashlib.sha256()
+    for path in sorted(source.iterdir()):
+        digest.update(path.name.encode() + path.read_bytes())
+    tokenizer = shipped_tokenizer_dir(SHIPPED_MODELS[name])
+
+    def fill(folder: Path) -> None:
+        for path in (*source.iterdir(), *tokenizer.iterdir()):
+            shutil.copy(path, folder / path.name)
+
+    return _unpacked_once("models", name, digest.hexdigest()[:12], fill)
+
+
+def _unpacked_once(kind: str, name: str, digest: str, fill) -> Path:
+    """``$VOCAGNO_CACHE/KIND/NAME-DIGEST``, filled by ``fill(folder)`` in a staging folder renamed into place."""
     cache = Path(os.environ.get("VOCAGNO_CACHE", Path.home() / ".cache" / "vocagno"))
-    target = cache / "tokenizers" / f"{name}-{digest}"
-    if (target / "tokenizer.json").exists():
+    target = cache / kind / f"{name}-{digest}"
+    if target.is_dir():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{name}-"))
     try:
-        (staging / "tokenizer.json").write_bytes(lzma.decompress(packed))
-        for extra in source.glob("*.json"):
-            shutil.copy(extra, staging / extra.name)
+        fill(staging)
         os.rename(staging, target)
     except OSError:
-        if not (target / "tokenizer.json").exists():  # not just another process that won the race
+        if not target.is_dir():  # not just another process that won the race
             raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def resolve_shipped(name_or_path: str) -> str:
+    """A local folder as it is; a shipped model's or tokenizer's name as its unpacked folder; anything else (a Hugging
+    Face name) as it is."""
+    path = str(name_or_path)
+    if Path(path).is_dir():
+        return path
+    if path in SHIPPED_MODELS:
+        return str(shipped_model_dir(path))
+    if path in SHIPPED_TOKENIZERS:
+        return str(shipped_tokenizer_dir(path))
+    return path
 
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerFast:
@@ -62,9 +107,7 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerFast:
 
     Alignment needs character offsets, which only fast (Rust) tokenizers give: anything else is refused.
     """
-    path = str(name_or_path)
-    if not Path(path).is_dir() and path in SHIPPED_TOKENIZERS:
-        path = str(shipped_tokenizer_dir(path))
+    path = resolve_shipped(name_or_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True)
     except OSError as error:  # neither a folder nor a shipped name, and the hub has no such repo or is out of reach

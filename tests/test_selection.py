@@ -1,0 +1,216 @@
+"""vocagno.selection and vocagno.canaries: what a teacher keeps, measured with canaries, on real tokenizers and text."""
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from streaming.base.util import clean_stale_shared_memory
+
+from conversion import convert_dataset
+from vocagno import selection
+from vocagno.canaries import CLEAN, NOISE, clean_documents, mix, pack
+from vocagno.score import read_shard
+from vocagno.shards import ShardMetadata
+
+REPO = Path(__file__).resolve().parent.parent
+TEXT = REPO / "vocagno" / "assets" / "text"
+
+
+def convert(texts: list[str], out: Path, seq_len: int = 128) -> Path:
+    corpus = out.with_suffix(".jsonl")
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    assert convert_dataset.main(["--input", str(corpus), "--student-tokenizer", "llama2", "--teacher-tokenizer",
+                                 "mistral", "--seq-len", str(seq_len), "--out-root", str(out)]) == 0
+    return out
+
+
+def rows_of(folder: Path) -> list[dict]:
+    index = json.loads((folder / "index.json").read_text())
+    return [row for i, info in enumerate(index["shards"]) for row in read_shard(folder, info, folder / f".x{i}")]
+
+
+@pytest.fixture(scope="module")
+def heldout(tmp_path_factory) -> Path:
+    """GSM8K problems 501-600 (no teacher or student of the tiny yamls trains on them) in llama2 / mistral shards."""
+    texts = [json.loads(line)["text"] for line in open(TEXT / "gsm8k_heldout_100.jsonl", encoding="utf-8")]
+    return convert(texts, tmp_path_factory.mktemp("heldout") / "shards")
+
+
+def test_noise_is_made_of_the_clean_documents_words_and_characters():
+    rng = random.Random(0)
+    text = "Question: Tom has 3 apples.\nAnswer: 3 + 4 = 7 #### 7"
+    shuffled, scrambled = NOISE["shuffled_words"](text, rng), NOISE["scrambled_characters"](text, rng)
+    assert sorted(shuffled.split()) == sorted(text.split()) and shuffled != " ".join(text.split())
+    assert [sorted(w) for w in scrambled.split()] == [sorted(w) for w in text.split()]
+    documents = mix([f"document {i} " * 5 for i in range(30)], 0.25, list(NOISE), seed=1)
+    kinds = [kind for kind, _ in documents]
+    assert kinds.count(CLEAN) == 30 and len(kinds) == 40  # a quarter of all documents is noise, the kinds in turn
+    assert kinds.count("shuffled_words") == kinds.count("scrambled_characters") == 5
+
+
+def test_canary_rows_are_the_converters_rows_and_each_token_knows_its_document(tokenizers, tmp_path):
+    """The rows made for the canaries are, sample for sample, those conversion/convert_dataset.py writes for the same
+    documents; every student token that holds text is labelled with the document and kind its characters come from."""
+    clean = [json.loads(line)["text"] for line in open(TEXT / "gsm8k_train_500.jsonl", encoding="utf-8")][:40]
+    documents = mix(clean, 0.5, list(NOISE), seed=7)
+    converted = convert([text for _, text in documents], tmp_path / "shards")
+    canaries = pack(documents, tokenizers["llama2"], tokenizers["mistral"], ShardMetadata.read(converted))
+    expected = rows_of(converted)
+    assert len(canaries.samples) == len(expected) > 20
+    for made, written in zip(canaries.samples, expected):
+        assert made["text"] == written["text"]
+        for column in ("student_ids", "student_offsets", "teacher_ids", "teacher_offsets"):
+            assert np.array_equal(np.asarray(made[column]), written[column]), column
+    labelled = set()
+    for sample, document, kind in zip(canaries.samples, canaries.document, canaries.kind):
+        offsets = np.asarray(sample["student_offsets"], dtype=np.int64)
+        for (s, e), d, k in zip(offsets.tolist(), document, kind):
+            if s == e:  # BOS, separators: no text, no document
+                assert d == k == -1
+                continue
+            assert sample["text"][s:e] in documents[d][1]
+            assert canaries.kinds[k] == documents[d][0]
+            labelled.add(d)
+    assert len(labelled) > 0.9 * len(documents)  # all but those in the dropped tail
+    assert canaries.kinds == [CLEAN, *NOISE]
+
+
+def test_clean_documents_are_cut_where_a_row_ends_a_document(heldout):
+    meta = ShardMetadata.read(heldout)
+    row = rows_of(heldout)[1]
+    pieces = clean_documents(row, meta.student.separator_id)
+    ends = sum(1 for i, (s, e) in zip(row["student_ids"], row["student_offsets"])
+               if i == meta.student.separator_id and s == e)
+    assert ends >= 1 and len(pieces) == ends + 1
+    assert "".join(pieces) == row["text"]  # cut, nothing lost or joined
+
+
+@pytest.fixture(scope="module")
+def measured(heldout, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("selection")
+    clean_stale_shared_memory()
+    code = selection.main(["--shards", str(heldout), "--teacher", "tiny-math-teacher", "--dtype", "float32",
+                           "--canaries", "0.5", "--samples", "64", "--json", str(tmp / "report.json"),
+                           "--html", str(tmp / "page.html")])
+    assert code == 0
+    return json.loads((tmp / "report.json").read_text()), (tmp / "page.html").read_text()
+
+
+def test_a_teacher_that_learned_the_text_keeps_it_and_the_controls_keep_the_clean_share(measured):
+    """The shipped teacher (GSM8K problems it was trained on are not these) ranks with a flat student: its top 40%
+    is mostly clean text; a random selection and the same teacher at initialization keep the clean share."""
+    report, _ = measured
+    variants, clean_share = report["variants"], report["clean_share"]
+    assert set(variants) == {"topk", "chunk_1", "chunk_4", "chunk_16", "random", "untrained_teacher"}
+    assert 0.35 < clean_share < 0.65
+    assert variants["topk"]["precision"] >= 0.8, variants
+    assert all(variants["topk"]["precision"] > variants[f"chunk_{n}"]["precision"] for n in (1, 4, 16))
+    assert abs(variants["untrained_teacher"]["precision"] - clean_share) < 0.03
+    assert abs(variants["random"]["precision"] - clean_share) < 0.03
+    # 40% of the mapped tokens: a precision above the clean share means recall above 40%.
+    assert variants["topk"]["recall"] > 0.4
+    teacher = report["losses"]["teacher"]
+    assert teacher["clean"] < teacher["shuffled_words"] and teacher["clean"] < teacher["scrambled_characters"]
+    assert set(report["kept_histogram"]) == {"clean", *NOISE}
+
+
+def test_the_page_shows_every_token_with_its_kind_and_fate_and_holds_no_markup_from_the_text(measured):
+    report, page = measured
+    script = page.split("<script>")[1].split("</script>")[0]
+    data = json.loads(script.split("const data = ", 1)[1].split(";\n", 1)[0])
+    assert data["kinds"] == ["clean", *NOISE] and len(data["rows"]) == 12
+    tokens = [t for row in data["rows"] for t in row["tokens"]]
+    assert {t["kept"] for t in tokens} == {True, False, None}
+    assert {t["k"] for t in tokens} == {-1, 0, 1, 2}
+    assert "<" not in script.split("const data = ", 1)[1].split(";\n", 1)[0]
+
+
+def test_a_trained_student_can_rank_instead_of_a_flat_one(heldout, tmp_path):
+    """--student takes a Hugging Face folder; its losses replace ln V in the score."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    student = LlamaForCausalLM(LlamaConfig(vocab_size=32000, hidden_size=32, intermediate_size=64,
+                                           num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    student.save_pretrained(tmp_path / "student")
+    from vocagno.tokenization import load_tokenizer
+
+    load_tokenizer("llama2").save_pretrained(tmp_path / "student")
+    assert selection.main(["--shards", str(heldout), "--teacher", "tiny-math-teacher", "--dtype", "float32",
+                           "--student", str(tmp_path / "student"), "--samples", "8",
+                           "--json", str(tmp_path / "r.json")]) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["student"] == str(tmp_path / "student") and report["kinds"] == ["clean"]
+    assert 9 < report["losses"]["student"]["clean"] < 11  # a random student: about ln 32000 = 10.4, not exactly
+    assert report["variants"]["topk"]["precision"] == 1.0  # no canaries: everything kept is clean
+
+
+def _token_mds(folder: Path) -> Path:
+    """An MDS folder of token ids alone (what llm-foundry's convert_dataset_json writes): no text, no offsets."""
+    from streaming import MDSWriter
+
+    with MDSWriter(out=str(folder), columns={"tokens": "ndarray"}) as writer:
+        writer.write({"tokens": np.arange(128, dtype=np.int64)})
+    return folder
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--canaries", "1.5"], "--canaries is the fraction of noise documents, in (0, 1), got 1.5"),
+    (["--canaries", "0"], "--canaries is the fraction of noise documents, in (0, 1), got 0.0"),
+    (["--samples", "0"], "--samples must be at least 1, got 0"),
+    (["--noise", "shuffled_words,typos"], "--noise takes kinds of shuffled_words, scrambled_characters"),
+    (["--teacher-tokenizer", "qwen2.5"], "teacher tokenizer is 'mistral' .* this run's teacher tokenizer is 'qwen2.5'"),
+    (["--student", "STUDENT"], r"--student .*STUDENT\.pt: not a checkpoint"),
+    (["--shards", "TOKENS"], "holds no vocagno.json: not vocagno shards"),
+    (["--teacher", "SMALL", "--teacher-tokenizer", "mistral"],
+     "the teacher's embedding has 1000 rows, but the shards' teacher tokenizer 'mistral' has 32000 tokens"),
+], ids=["canaries-above-1", "canaries-0", "samples-0", "noise", "teacher-tokenizer", "student-not-a-checkpoint",
+        "shards-without-offsets", "teacher-cannot-read"])
+def test_bad_input_is_one_line_exit_2_and_nothing_written(heldout, tmp_path, capsys, arguments, message):
+    import re
+
+    import torch
+    from transformers import MistralConfig, MistralForCausalLM
+
+    (tmp_path / "STUDENT.pt").write_text("not a checkpoint")
+    torch.manual_seed(0)
+    MistralForCausalLM(MistralConfig(vocab_size=1000, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=1)).save_pretrained(tmp_path / "SMALL")
+    replace = {"STUDENT": str(tmp_path / "STUDENT.pt"), "TOKENS": str(_token_mds(tmp_path / "tokens")),
+               "SMALL": str(tmp_path / "SMALL")}
+    arguments = [replace.get(a, a) for a in arguments]
+    base = {"--shards": str(heldout), "--teacher": "tiny-math-teacher"}
+    for flag in base:
+        if flag not in arguments:
+            arguments = [flag, base[flag], *arguments]
+    code = selection.main([*arguments, "--dtype", "float32", "--json", str(tmp_path / "out.json"),
+                           "--html", str(tmp_path / "out.html")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: ")
+    assert re.search(message, err[0]), err[0]
+    assert not (tmp_path / "out.json").exists() and not (tmp_path / "out.html").exists()
+
+
+def test_two_ranks_share_the_scoring_and_the_last_to_finish_reports_what_one_process_does(heldout, tmp_path, capsys,
+                                                                                         monkeypatch, measured):
+    """Ranks as the scoring pass uses them (RANK, WORLD_SIZE; here one after the other): rank 0 writes the rows and
+    scores its shards, then returns without a report; rank 1 scores the rest and reports, as one process would."""
+    arguments = ["--shards", str(heldout), "--teacher", "tiny-math-teacher", "--dtype", "float32", "--canaries", "0.5",
+                 "--samples", "64", "--work", str(tmp_path / "work")]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    assert selection.main([*arguments, "--json", str(tmp_path / "rank0.json")]) == 0
+    assert not (tmp_path / "rank0.json").exists() and "rank 0 of 2 done" in capsys.readouterr().out
+    assert len(json.loads((tmp_path / "work" / "rows" / "index.json").read_text())["shards"]) > 1
+    monkeypatch.setenv("RANK", "1")
+    assert selection.main([*arguments, "--json", str(tmp_path / "rank1.json")]) == 0
+    report = json.loads((tmp_path / "rank1.json").read_text())
+    alone, _ = measured
+    assert report["variants"] == alone["variants"] and report["losses"] == alone["losses"]
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    assert selection.main([*arguments[:-2], "--seed", "1", "--work", str(tmp_path / "work")]) == 2  # other rows
+    assert "made with other settings (seed differ)" in capsys.readouterr().err

@@ -1,0 +1,614 @@
+"""What a teacher keeps, on your own data: does it pick the useful tokens before you pay for a run?
+
+    python -m vocagno.selection --shards shards/gsm8k_heldout_mistral_128 --teacher tiny-math-teacher --canaries 0.5
+    python -m vocagno.selection --shards DIR --config yamls/tiny.yaml --student runs/tiny/ep0-ba80-rank0.pt \\
+        --canaries 0.5 --json selection.json --html selection.html
+    torchrun --nproc-per-node 8 -m vocagno.selection ... --work /scratch/selection   # a big teacher: ranks score
+
+``--samples`` rows are drawn from the shards; their text, cut at document ends, is the clean text. ``--canaries F``
+adds noise made from it (``vocagno.canaries``: words shuffled, characters scrambled), F of all documents, and the
+mixture is converted as the converter converts it (the shards' tokenizers and ``seq_len``), each student token
+labelled by the document it comes from. The teacher scores every row (``vocagno.score``: on each rank's GPU, as the
+scoring pass does), and so does the same teacher at initialization (the control that knows nothing). The student's
+loss of each token is a trained student's (``--student``: a Hugging Face name or folder, or a ``train.py``
+checkpoint), or by default that of a student at initialization, ln V for every token, so that the ranking is the
+teacher's alone. Each selection variant then keeps its tokens as training would (``vocagno.loss``: score = student
+loss - aggregated teacher loss, top-k over each global batch of rows, plus the unmapped tokens when included):
+
+    topk               the yaml's settings (--config; else top 40%, max, unmapped included, the batch scope)
+    chunk_1/4/16       the paper's chunk-level alignment (Table 2's baseline as reconstructed: the chunk's mean loss)
+    random             as many mapped tokens drawn at random
+    untrained_teacher  the yaml's settings with the teacher at initialization
+
+and is measured by its precision (the share of the mapped tokens it keeps that are clean) and recall (the share of
+the clean mapped tokens it keeps), against the clean share (what a random selection gets). The report (terminal,
+``--json``, ``--html``) gives also the teacher's and the student's mean loss per kind of text and, per document, the
+fraction of its tokens the top-k keeps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import math
+import os
+import pickle
+import random
+import shutil
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from vocagno.alignment import chunk_align
+from vocagno.canaries import CLEAN, NOISE, Canaries, clean_documents, mix, pack
+from vocagno.loss import AGGREGATIONS, SELECTION_SCOPES, excess_loss, next_token_cross_entropy, select_random, select_top
+from vocagno.shards import COLUMNS, METADATA_FILE, SHARD_HASH, ShardMetadata
+
+__all__ = ["Settings", "Report", "measure", "main"]
+
+CHUNKS = (1, 4, 16)
+BINS = 10  # of the per-document kept fraction's histogram
+
+
+class BadInput(Exception):
+    """An input the command refuses: one line naming the problem, exit 2, nothing written."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The selection that training would make: ``VocAgnoLM``'s options, and how many rows one top-k ranks together
+    (a global batch for the ``batch`` scope, a microbatch for ``microbatch``)."""
+
+    topk_ratio: float = 0.4
+    aggregation: str = "max"
+    unmapped: str = "include"
+    selection_scope: str = "batch"
+    rows_per_selection: int = 8
+
+    @classmethod
+    def from_config(cls, cfg) -> "Settings":
+        options = dict((cfg.get("algorithms") or {}).get("vocagno") or {})
+        scope = options.get("selection_scope", cls.selection_scope)
+        rows = cfg.global_train_batch_size if scope == "batch" else cfg.device_train_microbatch_size
+        return cls(options.get("topk_ratio", cls.topk_ratio), options.get("aggregation", cls.aggregation),
+                   options.get("unmapped", cls.unmapped), scope, rows if isinstance(rows, int) else cls.rows_per_selection)
+
+    def describe(self) -> str:
+        return (f"top {self.topk_ratio:.0%}, {self.aggregation}, unmapped {self.unmapped}d, {self.selection_scope} "
+                f"scope ({self.rows_per_selection} rows)")
+
+
+# ------------------------------------------------------------------------------------------------- the measurement
+def choose(student_loss: torch.Tensor, labels: torch.Tensor, teacher_loss: torch.Tensor, start: torch.Tensor,
+           end: torch.Tensor, settings: Settings, aggregation: str, random_draw: torch.Generator | None = None):
+    """Which predicted tokens a selection keeps, as ``VocAgnoLM`` keeps them: ``(selected, mapped, teacher)``, each
+    ``[R, N - 1]``: the top-k (or a random draw, given ``random_draw``) of the mapped tokens, over each group of
+    ``rows_per_selection`` rows or per row (``sequence``); the mapped tokens; the aggregated teacher loss."""
+    score, teacher = excess_loss(student_loss, labels, teacher_loss, start, end, aggregation)
+    selected = torch.zeros_like(score, dtype=torch.bool)
+    per_sequence = settings.selection_scope == "sequence"
+    for begin in range(0, score.shape[0], settings.rows_per_selection):
+        group = score[begin : begin + settings.rows_per_selection]
+        selected[begin : begin + len(group)] = (
+            select_top(group, settings.topk_ratio, per_sequence) if random_draw is None
+            else select_random(group, settings.topk_ratio, per_sequence, random_draw))
+    return selected, torch.isfinite(score), teacher
+
+
+@dataclass
+class Report:
+    """What ``measure`` found; ``table()`` for the terminal, ``as_json()``, ``page()`` for ``--html``."""
+
+    kinds: list[str]
+    settings: Settings
+    teacher: str
+    student: str
+    rows: int
+    tokens: int
+    mapped: int
+    clean_share: float
+    canaries: float
+    variants: dict[str, dict[str, Any]]
+    losses: dict[str, dict[str, float]]  # who -> kind -> mean loss per token (nats)
+    kept_histogram: dict[str, list[int]]  # kind -> documents per bin of the top-k's kept fraction
+    unmapped_kept: int
+    dropped_tokens: int
+    seconds: float = 0.0
+    page_rows: list[dict] = field(default_factory=list, repr=False)
+
+    def as_json(self) -> dict[str, Any]:
+        value = asdict(self)
+        value.pop("page_rows")
+        value["settings"] = asdict(self.settings)
+        value["bins"] = [round(k / BINS, 2) for k in range(BINS + 1)]
+        return value
+
+    def table(self) -> str:
+        noise = [k for k in self.kinds if k != CLEAN]
+        lines = [
+            f"what the teacher keeps: {self.rows} rows, {self.tokens:,} predicted student tokens ({self.mapped:,} "
+            f"mapped), {self.canaries:.0%} canary documents ({', '.join(noise) or 'none'})",
+            f"teacher: {self.teacher}; student: {self.student}",
+            f"clean share of the mapped tokens: {self.clean_share:.3f} (what a random selection keeps)",
+            "",
+            f"{'variant':<20}{'precision':>10}{'recall':>8}   kept share of each kind's mapped tokens",
+            f"{'':<20}{'':>10}{'':>8}   " + "  ".join(f"{k:>20}" for k in self.kinds),
+        ]
+        for name, row in self.variants.items():
+            shares = "  ".join(f"{row['kept_share'][k]:>20.3f}" for k in self.kinds)
+            lines.append(f"{name:<20}{row['precision']:>10.3f}{row['recall']:>8.3f}   {shares}")
+        lines += ["", f"topk: {self.settings.describe()}; it keeps {self.unmapped_kept:,} unmapped tokens besides"
+                  if self.settings.unmapped == "include" else f"topk: {self.settings.describe()}", "",
+                  f"{'mean loss per token (nats)':<28}" + "".join(f"{k:>22}" for k in self.kinds)]
+        for who, by_kind in self.losses.items():
+            lines.append(f"{who:<28}" + "".join(f"{by_kind.get(k, float('nan')):>22.3f}" for k in self.kinds))
+        lines += ["", "documents by the fraction of their mapped tokens the topk keeps:"]
+        edges = [f"{k / BINS:.1f}" for k in range(BINS)]
+        lines.append(f"{'':<22}" + "".join(f"{e:>6}" for e in edges) + "   (bins from)")
+        for kind, counts in self.kept_histogram.items():
+            lines.append(f"{kind:<22}" + "".join(f"{c:>6}" for c in counts))
+        if self.dropped_tokens:
+            lines.append(f"({self.dropped_tokens} student tokens after the last whole row were dropped, as the "
+                         "converter drops them)")
+        return "\n".join(lines)
+
+    def page(self, title: str) -> str:
+        from vocagno.inspect import script_json
+
+        data = {"kinds": self.kinds, "rows": self.page_rows,
+                "variants": {k: {"precision": v["precision"], "recall": v["recall"]} for k, v in self.variants.items()},
+                "clean_share": self.clean_share, "settings": self.settings.describe()}
+        return _PAGE.replace("__TITLE__", html.escape(title)).replace("__DATA__", script_json(data))
+
+
+def _mean(values: torch.Tensor, where: torch.Tensor) -> float:
+    return float(values[where].double().mean()) if bool(where.any()) else float("nan")
+
+
+def measure(rows: dict[str, torch.Tensor], canaries: Canaries, teacher_losses: dict[str, torch.Tensor],
+            student_loss: torch.Tensor, settings: Settings, seed: int, names: dict[str, str],
+            page_rows: int = 12, pieces=None) -> Report:
+    """The report for collated ``rows`` (``TeacherGuidedCollator``'s keys) labelled by ``canaries``, with the teacher
+    losses ``{"teacher": [R, M], "untrained_teacher": [R, M]}`` and the student's ``[R, N - 1]``."""
+    labels = rows["labels"][:, 1:]
+    kind = torch.from_numpy(np.stack(canaries.kind))[:, 1:]
+    document = torch.from_numpy(np.stack(canaries.document))[:, 1:]
+    token_start, token_end = rows["align_start"][:, 1:], rows["align_end"][:, 1:]
+    lengths = rows["attention_mask"].sum(1)
+    teacher_lengths = rows["teacher_attention_mask"].sum(1)
+    width = rows["input_ids"].shape[1]
+    variants = {"topk": ("teacher", None, settings.aggregation, False)}
+    for n in CHUNKS:
+        variants[f"chunk_{n}"] = ("teacher", n, "mean", False)  # the reconstruction takes the chunk's mean loss
+    variants["random"] = ("teacher", None, settings.aggregation, True)
+    variants["untrained_teacher"] = ("untrained_teacher", None, settings.aggregation, False)
+
+    results, chosen = {}, {}
+    for name, (who, chunks, aggregation, at_random) in variants.items():
+        if chunks is None:
+            start, end = token_start, token_end
+        else:
+            start, end = (x[:, 1:] for x in chunk_align(lengths, teacher_lengths, chunks, width))
+        draw = torch.Generator().manual_seed(seed) if at_random else None
+        selected, mapped, teacher = choose(student_loss, labels, teacher_losses[who], start, end, settings,
+                                           aggregation, draw)
+        chosen[name] = (selected, mapped, teacher)
+        kept = selected & mapped & (kind >= 0)
+        clean = (kind == 0) & mapped
+        results[name] = {
+            "precision": float((kept & clean).sum() / kept.sum().clamp(min=1)),
+            "recall": float((kept & clean).sum() / clean.sum().clamp(min=1)),
+            "kept_share": {k: float((kept & (kind == i)).sum() / ((kind == i) & mapped).sum().clamp(min=1))
+                           for i, k in enumerate(canaries.kinds)},
+        }
+
+    selected, mapped, teacher = chosen["topk"]
+    has_label = labels != -100
+    losses = {"teacher": {}, "teacher at initialization": {}, "student": {}}
+    untrained = chosen["untrained_teacher"][2]
+    for i, k in enumerate(canaries.kinds):
+        where = (kind == i) & mapped
+        losses["teacher"][k] = _mean(teacher, where)
+        losses["teacher at initialization"][k] = _mean(untrained, where & torch.isfinite(untrained))
+        losses["student"][k] = _mean(student_loss, (kind == i) & has_label)
+    histogram = {}
+    kept_per_document = np.bincount(document[selected & mapped & (document >= 0)].numpy(),
+                                    minlength=len(canaries.documents))
+    mapped_per_document = np.bincount(document[mapped & (document >= 0)].numpy(), minlength=len(canaries.documents))
+    document_kind = np.array([canaries.kinds.index(k) for k, _ in canaries.documents])
+    for i, k in enumerate(canaries.kinds):
+        present = (document_kind == i) & (mapped_per_document > 0)
+        fraction = kept_per_document[present] / mapped_per_document[present]
+        histogram[k] = np.histogram(fraction, bins=BINS, range=(0, 1))[0].tolist()
+    unmapped_kept = int((has_label & ~mapped).sum()) if settings.unmapped == "include" else 0
+    mapped_count = int(mapped.sum())
+    report = Report(
+        kinds=canaries.kinds, settings=settings, teacher=names["teacher"], student=names["student"],
+        rows=len(canaries.samples), tokens=int(has_label.sum()), mapped=mapped_count,
+        clean_share=float(((kind == 0) & mapped).sum()) / max(mapped_count, 1),
+        canaries=sum(k != CLEAN for k, _ in canaries.documents) / max(len(canaries.documents), 1),
+        variants=results, losses=losses, kept_histogram=histogram, unmapped_kept=unmapped_kept,
+        dropped_tokens=canaries.dropped_tokens)
+    report.page_rows = _page_rows(canaries, kind, teacher, student_loss, selected, mapped, has_label, settings,
+                                  page_rows, pieces)
+    return report
+
+
+def _page_rows(canaries: Canaries, kind, teacher, student_loss, selected, mapped, has_label, settings, count,
+               pieces) -> list[dict]:
+    """The first ``count`` rows for the page: each student token's text (or piece, for specials), kind, teacher and
+    student loss, and whether the top-k keeps it (the row's first token predicts nothing: it is never kept)."""
+    rows = []
+    for r in range(min(count, len(canaries.samples))):
+        sample = canaries.samples[r]
+        offsets, text = np.asarray(sample["student_offsets"], dtype=np.int64), sample["text"]
+        ids = np.asarray(sample["student_ids"], dtype=np.int64)
+        names = pieces(ids.tolist()) if pieces is not None else [""] * len(ids)
+        tokens = []
+        for i, (s, e) in enumerate(offsets.tolist()):
+            if i == 0:
+                tokens.append({"t": text[s:e], "piece": names[i], "k": int(canaries.kind[r][i]), "kept": None})
+                continue
+            j = i - 1  # the predicted token's column
+            is_mapped = bool(mapped[r, j])
+            kept = bool(selected[r, j] & mapped[r, j]) or (
+                settings.unmapped == "include" and bool(has_label[r, j]) and not is_mapped)
+            tokens.append({
+                "t": text[s:e], "piece": names[i], "k": int(kind[r, j]), "kept": kept, "mapped": is_mapped,
+                "teacher": round(float(teacher[r, j]), 3) if is_mapped else None,
+                "student": round(float(student_loss[r, j]), 3),
+            })
+        rows.append({"tokens": tokens})
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------- the command
+def sample_rows(shards: Path, count: int, seed: int) -> list[dict]:
+    """``count`` rows drawn at random (without replacement, all when there are fewer) from a vocagno shard folder."""
+    from vocagno.score import read_shard
+
+    index = json.loads((shards / "index.json").read_text())
+    sizes = [info["samples"] for info in index["shards"]]
+    chosen = sorted(random.Random(seed).sample(range(sum(sizes)), min(count, sum(sizes))))
+    rows, first = [], 0
+    with tempfile.TemporaryDirectory() as scratch:
+        for i, info in enumerate(index["shards"]):
+            wanted = [k - first for k in chosen if first <= k < first + sizes[i]]
+            if wanted:
+                samples = read_shard(shards, info, Path(scratch) / str(i))
+                rows += [samples[k] for k in wanted]
+            first += sizes[i]
+    return rows
+
+
+def write_rows(canaries: Canaries, metadata: ShardMetadata, folder: Path) -> None:
+    """The canary rows as vocagno shards (for the scoring pass), written beside ``folder`` and renamed into it."""
+    from dataclasses import replace
+
+    from streaming import MDSWriter
+
+    staging = folder.with_name(f".tmp-{folder.name}")
+    shutil.rmtree(staging, ignore_errors=True)
+    # Small shards: the scoring pass gives each rank whole shards.
+    with MDSWriter(out=str(staging), columns=COLUMNS, hashes=[SHARD_HASH], size_limit=1 << 17) as writer:
+        for sample in canaries.samples:
+            writer.write(sample)
+    replace(metadata, totals={"samples": len(canaries.samples)}, partial=None, scored_by=None).write(staging)
+    os.rename(staging, folder)
+
+
+def read_scored(folder: Path) -> list[dict]:
+    """The scored rows of ``folder``, in order, as ``TeacherGuidedDataset`` hands samples to the collator."""
+    from vocagno.score import read_shard
+
+    index = json.loads((folder / "index.json").read_text())
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for i, info in enumerate(index["shards"]):
+            for sample in read_shard(folder, info, Path(scratch) / str(i)):
+                row = {name: torch.from_numpy(np.array(sample[name], dtype=np.int64))
+                       for name in ("student_ids", "student_offsets", "teacher_ids", "teacher_offsets")}
+                rows.append({**row, "text": sample["text"],
+                             "teacher_loss": torch.from_numpy(np.array(sample["teacher_loss"], dtype=np.float32))})
+    return rows
+
+
+@torch.no_grad()
+def student_losses(rows: dict[str, torch.Tensor], student: torch.nn.Module | None, vocab_size: int,
+                   batch_rows: int, device: str) -> torch.Tensor:
+    """The student's loss of each predicted token ``[R, N - 1]``: a model's, or ln V for every token (a student at
+    initialization, idealized: its loss is flat, and the ranking is the teacher's alone)."""
+    labels = rows["labels"]
+    if student is None:
+        flat = torch.full(labels[:, 1:].shape, math.log(vocab_size))
+        return flat.masked_fill(labels[:, 1:] == -100, 0.0)
+    student = student.to(device).eval()
+    losses = []
+    progress = tqdm(total=int(rows["attention_mask"].sum()), unit="tok", unit_scale=True, desc="student",
+                    dynamic_ncols=True, mininterval=1.0)
+    for begin in range(0, labels.shape[0], batch_rows):
+        ids = rows["input_ids"][begin : begin + batch_rows].to(device)
+        mask = rows["attention_mask"][begin : begin + batch_rows].to(device)
+        logits = student(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        losses.append(next_token_cross_entropy(logits, labels[begin : begin + batch_rows].to(device)).cpu())
+        progress.update(int(mask.sum()))
+    progress.close()
+    return torch.cat(losses)
+
+
+def run(shards: str, teacher, settings: Settings, *, student: torch.nn.Module | None = None, student_name: str = "",
+        samples: int = 64, canaries: float = 0.5, noise: tuple[str, ...] = tuple(NOISE), seed: int = 0,
+        device: str = "cpu", work: str | None = None, batch_tokens: int = 16384, rank: int = 0, world: int = 1,
+        page_rows: int = 12) -> Report | None:
+    """Measure what ``teacher`` (a ``vocagno.score.Teacher``) keeps of ``shards`` with canaries; None on a rank that
+    did not finish last (the last one to finish scoring reports). ``work`` holds the rows and their scores; unset,
+    a temporary folder (one process only)."""
+    from vocagno.output import Output, check_or_write_settings
+    from vocagno.score import score
+    from vocagno.tokenization import load_tokenizer
+
+    begin = time.perf_counter()
+    shards_root = Path(shards)
+    metadata = ShardMetadata.read(shards_root)
+    try:  # the canaries are converted with the shards' own tokenizers: by the names they were made with
+        student_tok, teacher_tok = load_tokenizer(metadata.student.name), load_tokenizer(metadata.teacher.name)
+        metadata.check_tokenizers(_info(student_tok, "student"), _info(teacher_tok, "teacher"))
+    except (ValueError, OSError) as error:
+        raise BadInput(f"the shards' tokenizers ({metadata.student.name}, {metadata.teacher.name}) can't be loaded "
+                       f"as they were made: {str(error).splitlines()[0]}") from error
+    temporary = work is None
+    folder = Path(tempfile.mkdtemp(prefix="vocagno-selection-") if temporary else work)
+    try:
+        wanted = {"shards": str(shards_root.resolve()), "samples": samples, "canaries": canaries,
+                  "noise": list(noise), "seed": seed, "teacher": teacher.scored_by}
+        try:
+            check_or_write_settings(Output(str(folder), None), "selection.json", wanted, "selection run", "--work")
+        except SystemExit as error:  # a --work folder of another run
+            raise BadInput(str(error).removeprefix("error: ")) from error
+        clean = [doc for row in sample_rows(shards_root, samples, seed)
+                 for doc in clean_documents(row, metadata.student.separator_id)]
+        made = pack(mix(clean, canaries, list(noise), seed), student_tok, teacher_tok, metadata)
+        if not made.samples:
+            raise BadInput(f"the {samples} sampled rows and their canaries make no row of {metadata.seq_len} tokens: "
+                           "raise --samples")
+        if rank == 0 and not (folder / "rows" / "index.json").exists():
+            write_rows(made, metadata, folder / "rows")
+        _wait_for(folder / "rows" / "index.json")
+        score(str(folder / "rows"), Output(str(folder / "teacher"), None), teacher, device, batch_tokens, rank, world)
+        untrained = teacher.at_initialization(seed)
+        score(str(folder / "rows"), Output(str(folder / "untrained"), None), untrained, device, batch_tokens, rank,
+              world)
+        if not (folder / "untrained" / "index.json").exists():
+            return None  # another rank finishes last and reports
+        scored = {who: read_scored(folder / who) for who in ("teacher", "untrained")}
+        from vocagno.data import TeacherGuidedCollator
+
+        collate = TeacherGuidedCollator(student_pad_id=metadata.student.separator_id,
+                                        teacher_pad_id=metadata.teacher.separator_id)
+        rows = collate(scored["teacher"])
+        losses = {"teacher": rows["teacher_token_loss"],
+                  "untrained_teacher": collate(scored["untrained"])["teacher_token_loss"]}
+        student_loss = student_losses(rows, student, metadata.student.vocab_size, 16, device)
+        names = {"teacher": teacher.scored_by["name"],
+                 "student": student_name or f"at initialization (ln {metadata.student.vocab_size:,} per token)"}
+        report = measure(rows, made, losses, student_loss, settings, seed, names, page_rows,
+                         student_tok.convert_ids_to_tokens)
+        report.seconds = round(time.perf_counter() - begin, 1)
+        return report
+    finally:
+        if temporary:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _info(tokenizer, role: str):
+    from vocagno.shards import describe_tokenizer
+
+    return describe_tokenizer(tokenizer, role)
+
+
+def _wait_for(path: Path, timeout: float = 3600) -> None:
+    deadline = time.time() + timeout
+    while not path.exists():
+        if time.time() > deadline:
+            raise SystemExit(f"error: {path} did not appear within {timeout:.0f} s: did rank 0 fail?")
+        time.sleep(1.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vocagno.selection", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n", 2)[2])
+    parser.add_argument("--shards", required=True, help="vocagno shards (the converter's, scored or not)")
+    teacher = parser.add_mutually_exclusive_group(required=True)
+    teacher.add_argument("--teacher", help="a Hugging Face name or folder, or a shipped model (tiny-math-teacher)")
+    teacher.add_argument("--config", help="a training yaml: its teacher: section and its algorithms.vocagno settings")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of --config's yaml")
+    parser.add_argument("--teacher-tokenizer", help="the --teacher's tokenizer, when its folder has none")
+    parser.add_argument("--dtype", default="bfloat16", help="the --teacher's dtype (a yaml's says its own)")
+    parser.add_argument("--student", help="a Hugging Face name or folder, or a train.py checkpoint (.pt); unset, a "
+                                          "student at initialization (a flat loss)")
+    parser.add_argument("--samples", type=int, default=64, help="rows drawn from the shards")
+    parser.add_argument("--canaries", type=float, help="add noise documents, this fraction of all, in (0, 1)")
+    parser.add_argument("--noise", default=",".join(NOISE), help=f"kinds of noise, of {', '.join(NOISE)}")
+    parser.add_argument("--seed", type=int, default=0, help="the rows drawn, the noise, the random control")
+    parser.add_argument("--json", help="write the report as JSON here")
+    parser.add_argument("--html", help="write a page of the first rows here: tokens coloured by teacher loss")
+    parser.add_argument("--html-rows", type=int, default=12, help="rows on the --html page")
+    parser.add_argument("--work", help="a folder for the rows and their scores (needed with several ranks)")
+    parser.add_argument("--batch-tokens", type=int, default=16384, help="padded teacher tokens per scoring batch")
+    parser.add_argument("--device", help="default: this rank's GPU (LOCAL_RANK), else the CPU")
+    args = parser.parse_args(argv)
+    try:
+        report = _main(args)
+    except BadInput as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if report is None:
+        return 0
+    print(report.table())
+    print(f"({report.seconds:.0f} s)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.as_json(), indent=1) + "\n", encoding="utf-8")
+        print(f"wrote {args.json}")
+    if args.html:
+        Path(args.html).write_text(report.page(f"What the teacher keeps: {args.shards}"), encoding="utf-8")
+        print(f"wrote {args.html}")
+    return 0
+
+
+def _main(args: argparse.Namespace) -> Report | None:
+    from vocagno.algorithm import check_teacher_reads, load_teacher
+    from vocagno.score import Teacher, rank_and_world
+    from vocagno.tokenization import load_tokenizer
+
+    if args.samples < 1:
+        raise BadInput(f"--samples must be at least 1, got {args.samples}")
+    if args.canaries is not None and not 0 < args.canaries < 1:
+        raise BadInput(f"--canaries is the fraction of noise documents, in (0, 1), got {args.canaries}")
+    noise = tuple(k for k in args.noise.split(",") if k)
+    if not noise or set(noise) - set(NOISE):
+        raise BadInput(f"--noise takes kinds of {', '.join(NOISE)}, got {args.noise!r}")
+    if args.overrides and not args.config:
+        raise BadInput(f"overrides {args.overrides} need --config")
+    rank, world = rank_and_world()
+    if world > 1 and args.work is None:
+        raise BadInput(f"{world} ranks need one --work folder they all reach")
+    metadata = _read_shards(Path(args.shards))
+    try:
+        if args.config:
+            from vocagno.config import load_config
+
+            cfg = load_config(args.config, args.overrides)
+            settings = Settings.from_config(cfg)
+            chosen = Teacher.from_config(cfg, args.config)
+            teacher_tokenizer = cfg.teacher.tokenizer
+        else:
+            settings = Settings()
+            chosen = Teacher(load_teacher(args.teacher, args.dtype), args.teacher, args.dtype, 1024)
+            teacher_tokenizer = args.teacher_tokenizer or args.teacher
+        if settings.aggregation not in AGGREGATIONS or settings.selection_scope not in SELECTION_SCOPES:
+            raise BadInput(f"the yaml's vocagno settings are not training's: {settings}")
+        check_teacher_reads(chosen.scorer.model, metadata, load_tokenizer(teacher_tokenizer))
+        student, student_name = None, ""
+        if args.student:
+            from vocagno.eval.__main__ import load_model
+
+            if args.student.endswith(".pt") and not zipfile.is_zipfile(args.student):
+                raise BadInput(f"--student {args.student}: not a checkpoint (torch.save writes a zip file; this is "
+                               f"{'not one' if Path(args.student).is_file() else 'no file'})")
+            student, tokenizer = load_model(args.student, "cpu")
+            metadata.check_tokenizers(student=_info(tokenizer, "student"))
+            student_name = args.student
+    except (ValueError, OSError, KeyError, RuntimeError, pickle.UnpicklingError) as error:
+        raise BadInput(f"{error.__class__.__name__}: {str(error).splitlines()[0] if str(error) else ''}") from error
+    device = args.device or (f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu")
+    return run(args.shards, chosen, settings, student=student, student_name=student_name, samples=args.samples,
+               canaries=args.canaries or 0.0, noise=noise, seed=args.seed, device=device, work=args.work,
+               batch_tokens=args.batch_tokens, rank=rank, world=world, page_rows=args.html_rows)
+
+
+def _read_shards(folder: Path) -> ShardMetadata:
+    """The shards' metadata, refusing a folder that holds no vocagno shards with offsets."""
+    if not (folder / "index.json").exists():
+        raise BadInput(f"--shards {folder} holds no index.json: not a shard folder")
+    if not (folder / METADATA_FILE).exists():
+        raise BadInput(f"--shards {folder} holds no {METADATA_FILE}: not vocagno shards (a token MDS has no text or "
+                       "offsets to align; convert the corpus with conversion/convert_dataset.py)")
+    index = json.loads((folder / "index.json").read_text())
+    missing = sorted(set(COLUMNS) - {c for info in index["shards"][:1] for c in info.get("column_names", [])})
+    if missing or not index["shards"]:
+        raise BadInput(f"--shards {folder}: its shards lack the columns {', '.join(missing) or 'of any sample'}: "
+                       "convert the corpus with conversion/convert_dataset.py")
+    try:
+        return ShardMetadata.read(folder)
+    except ValueError as error:
+        raise BadInput(str(error)) from error
+
+
+_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>__TITLE__</title>
+<style>
+body { font: 15px/1.5 system-ui, sans-serif; margin: 2em; max-width: 75em; color: #222; }
+h1 { font-size: 1.2em; } h2 { font-size: 1em; margin: 1.2em 0 .3em; color: #555; }
+table { border-collapse: collapse; } td, th { padding: 2px 10px; text-align: right; border-bottom: 1px solid #e5e7eb; }
+th:first-child, td:first-child { text-align: left; }
+.row { white-space: pre-wrap; font-family: ui-monospace, monospace; line-height: 2.2; word-break: break-all;
+       border-left: 3px solid #cbd5e1; padding-left: .6em; margin-bottom: 1em; }
+.tok { border-radius: 3px; padding: 1px 0; cursor: default; }
+.dropped { opacity: .35; }
+.kept { outline: 1px solid #111; }
+.canary { text-decoration: underline wavy; text-decoration-thickness: 2px; }
+.k1 { text-decoration-color: #7c3aed; } .k2 { text-decoration-color: #dc2626; } .k3 { text-decoration-color: #0891b2; }
+.special { background: #444 !important; color: #fff; font-size: .75em; padding: 1px 3px; margin: 0 1px; }
+.legend span { display: inline-block; padding: 0 .5em; margin-right: .5em; border-radius: 3px; }
+#info { position: sticky; top: 0; background: #f8fafc; border: 1px solid #cbd5e1; padding: .4em .8em; min-height: 1.5em; }
+</style></head><body>
+<h1>__TITLE__</h1>
+<div id="summary"></div>
+<h2>legend</h2>
+<div class="legend" id="legend"></div>
+<div id="info">Hover a token: its kind, the teacher's loss (aggregated over its teacher tokens), the student's, kept or dropped.</div>
+<h2>rows</h2>
+<div id="rows"></div>
+<script>
+const data = __DATA__;
+const maxLoss = Math.max(1, ...data.rows.flatMap(r => r.tokens.map(t => t.teacher || 0)));
+const colour = loss => loss === null || loss === undefined ? "#e5e7eb" :
+  `hsl(${Math.round(120 * (1 - Math.min(loss / maxLoss, 1)))}, 70%, 78%)`;
+function summary() {
+  let rows = Object.entries(data.variants).map(([name, v]) =>
+    `<tr><td>${name}</td><td>${v.precision.toFixed(3)}</td><td>${v.recall.toFixed(3)}</td></tr>`).join("");
+  const box = document.getElementById("summary");
+  box.innerHTML = `<p>topk: ${data.settings}. Clean share of the mapped tokens: ${data.clean_share.toFixed(3)}
+    (what a random selection keeps).</p><table><tr><th>variant</th><th>precision</th><th>recall</th></tr></table>`;
+  box.querySelector("table").insertAdjacentHTML("beforeend", rows);
+  const legend = document.getElementById("legend");
+  [["low teacher loss", colour(0)], ["high teacher loss", colour(maxLoss)], ["no teacher loss (unmapped)", colour(null)]]
+    .forEach(([label, c]) => { const s = document.createElement("span"); s.style.background = c; s.textContent = label;
+                               legend.appendChild(s); });
+  const kept = document.createElement("span"); kept.className = "kept"; kept.textContent = "kept (outlined)";
+  const dropped = document.createElement("span"); dropped.className = "dropped"; dropped.textContent = "dropped (faded)";
+  legend.append(kept, dropped);
+  data.kinds.slice(1).forEach((kind, i) => { const s = document.createElement("span");
+    s.className = `canary k${i + 1}`; s.textContent = `canary: ${kind}`; legend.appendChild(s); });
+}
+function render() {
+  const box = document.getElementById("rows");
+  data.rows.forEach((row, r) => {
+    const div = document.createElement("div"); div.className = "row";
+    row.tokens.forEach(t => {
+      const span = document.createElement("span");
+      span.className = "tok";
+      if (t.t === "") { span.classList.add("special"); span.textContent = t.piece; }
+      else { span.textContent = t.t; span.style.background = colour(t.teacher); }
+      if (t.kept === true) span.classList.add("kept");
+      if (t.kept === false) span.classList.add("dropped");
+      if (t.k > 0) span.classList.add("canary", "k" + t.k);
+      span.onmouseenter = () => {
+        const kind = t.k >= 0 ? data.kinds[t.k] : "special";
+        const teacher = t.teacher === null || t.teacher === undefined ? "none" : t.teacher.toFixed(3);
+        const state = t.kept === null ? "predicts nothing (a row's first token)" : t.kept ? "kept" : "dropped";
+        document.getElementById("info").textContent = `row ${r}  ${JSON.stringify(t.piece)}  ${kind}  ` +
+          `teacher loss ${teacher}  student loss ${t.student === undefined ? "-" : t.student.toFixed(3)}  ${state}`;
+      };
+      div.appendChild(span);
+    });
+    box.appendChild(div);
+  });
+}
+summary(); render();
+</script></body></html>
+"""
+
+
+if __name__ == "__main__":
+    sys.exit(main())
