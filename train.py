@@ -297,7 +297,7 @@ def report_selection(cfg: DictConfig, trainer: Trainer, sharded: bool) -> None:
     """The yaml's ``selection_report``: what the run's teacher keeps of held-out shards (``shards``, default the
     eval loader's) with canaries, the student just trained ranking with it (``vocagno.selection``), printed."""
     from vocagno.score import Teacher
-    from vocagno.selection import Settings, run
+    from vocagno.selection import BadInput, Settings, run
 
     section = cfg.selection_report
     shards = section.get("shards") or om.select(cfg, "eval_loader.dataset.local")
@@ -308,10 +308,14 @@ def report_selection(cfg: DictConfig, trainer: Trainer, sharded: bool) -> None:
         print(f"selection_report skipped: {skipped}", flush=True)
         return
     student = trainer.state.model.model
-    report = run(shards, Teacher.from_config(cfg, "the run's teacher"), Settings.from_config(cfg), student=student,
-                 student_name=f"{cfg.run_name} after {int(trainer.state.timestamp.batch)} batches",
-                 samples=section.get("samples") or 64, canaries=section.get("canaries") or 0.5, seed=cfg.seed,
-                 device=str(next(student.parameters()).device))
+    try:
+        report = run(shards, Teacher.from_config(cfg, "the run's teacher"), Settings.from_config(cfg), student=student,
+                     student_name=f"{cfg.run_name} after {int(trainer.state.timestamp.batch)} batches",
+                     samples=section.get("samples") or 64, canaries=section.get("canaries") or 0.5, seed=cfg.seed,
+                     device=str(next(student.parameters()).device))
+    except BadInput as error:  # the run itself is done and saved: say why there is no report, and end as it would
+        print(f"selection_report skipped: {error}", flush=True)
+        return
     print("\n" + report.table(), flush=True)
 
 

@@ -75,9 +75,10 @@ SIZES = {
         "global_train_batch_size=32", "device_train_microbatch_size=32", "precision=amp_bf16", "optimizer.lr=1.0e-3",
         "model.config.hidden_size=384", "model.config.intermediate_size=1024", "model.config.num_hidden_layers=6",
         "model.config.num_attention_heads=6", "model.config.num_key_value_heads=6"],
-        "teacher_overrides": ["max_duration=3000ba", "model.config.hidden_size=384", "model.config.intermediate_size=1024",
-                              "model.config.num_hidden_layers=6", "model.config.num_attention_heads=6",
-                              "model.config.num_key_value_heads=6", "precision=amp_bf16"]},
+        "teacher_overrides": ["max_duration=3000ba", "model.config.hidden_size=384",
+                              "model.config.intermediate_size=1024", "model.config.num_hidden_layers=6",
+                              "model.config.num_attention_heads=6", "model.config.num_key_value_heads=6",
+                              "precision=amp_bf16"]},
 }
 
 

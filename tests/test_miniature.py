@@ -1,4 +1,4 @@
-"""The miniature (experiments/miniature.py) at its toy size: the product's chain runs end to end and its table prints."""
+"""The miniature (experiments/miniature.py) at its toy size: the product's chain runs end to end, its table prints."""
 
 import json
 import os
@@ -12,7 +12,7 @@ METHODS = ("plain", "vocagno_40", "vocagno_clean", "random_40", "chunk_1", "chun
 
 
 def test_the_miniature_runs_the_products_chain_at_toy_size_and_reports_it(tmp_path):
-    """convert -> vocagno.score -> train.py with cached losses per method -> held-out bits per byte -> vocagno.report."""
+    """convert -> vocagno.score -> train.py, cached losses, per method -> held-out bits per byte -> vocagno.report."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     result = subprocess.run([sys.executable, str(REPO / "experiments" / "miniature.py"), "--size", "toy", "--device",
                              "cpu", "--out", str(tmp_path / "mini")], cwd=tmp_path, env=env, capture_output=True,

@@ -54,7 +54,8 @@ from vocagno.teacher_side import TeacherSide
 from vocagno.tokenization import as_tokenizer, resolve_shipped
 
 __all__ = [
-    "TeacherScorer", "load_teacher", "weights_fingerprint", "teacher_guided_loss", "check_teacher_reads", "VocAgnoLM",
+    "TeacherScorer", "load_teacher", "weights_fingerprint", "teacher_guided_loss", "check_teacher_reads",
+    "shard_teacher", "VocAgnoLM",
 ]
 
 PLACEMENTS = ("auto", "replicate", "fsdp")
@@ -143,6 +144,25 @@ def check_teacher_options(teacher_dtype: str, trust_remote_code: Any) -> None:
         raise ValueError(f"trust_remote_code must be True or False, got {trust_remote_code!r}")
     if not isinstance(getattr(torch, teacher_dtype, None), torch.dtype):
         raise ValueError(f"teacher_dtype must name a torch dtype, got {teacher_dtype!r}")
+
+
+def shard_teacher(scorer: TeacherScorer, sharding_strategy: str = "FULL_SHARD") -> nn.Module:
+    """The teacher sharded with PyTorch FSDP over the default process group, one unit per decoder layer: on this rank's
+    GPU, or on the CPU where there is none (gloo; FSDP refuses ``device_id=None`` there). FSDP moves each shard to the
+    device itself: no device ever holds the whole teacher."""
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    layer_classes = set(decoder_layer_classes(scorer.model))
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    return FullyShardedDataParallel(
+        scorer,
+        auto_wrap_policy=ModuleWrapPolicy(layer_classes) if layer_classes else None,
+        sharding_strategy=ShardingStrategy[sharding_strategy.upper()],
+        device_id=device,
+        use_orig_params=True,
+        limit_all_gathers=True,
+    )
 
 
 def check_teacher_reads(teacher: nn.Module, metadata, teacher_tokenizer: Any = None) -> None:
@@ -426,17 +446,5 @@ class VocAgnoLM(Algorithm):
             placement = "fsdp" if state.fsdp_enabled else "replicate"
         if placement == "replicate":
             return state.device.module_to_device(scorer)
-        # FSDP moves each shard to the device itself: no device ever holds the whole teacher.
-        from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
-        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-
-        layer_classes = set(decoder_layer_classes(scorer.model))
         strategy = getattr(state.fsdp_config, "sharding_strategy", "FULL_SHARD") if state.fsdp_config else "FULL_SHARD"
-        return FullyShardedDataParallel(
-            scorer,
-            auto_wrap_policy=ModuleWrapPolicy(layer_classes) if layer_classes else None,
-            sharding_strategy=ShardingStrategy[str(strategy).upper()],
-            device_id=torch.cuda.current_device() if torch.cuda.is_available() else None,
-            use_orig_params=True,
-            limit_all_gathers=True,
-        )
+        return shard_teacher(scorer, str(strategy))

@@ -50,7 +50,7 @@ from tqdm import tqdm
 
 from vocagno.alignment import chunk_align
 from vocagno.canaries import CLEAN, NOISE, Canaries, clean_documents, mix, pack
-from vocagno.loss import AGGREGATIONS, SELECTION_SCOPES, excess_loss, next_token_cross_entropy, select_random, select_top
+from vocagno.loss import check_options, excess_loss, next_token_cross_entropy, select_random, select_top
 from vocagno.shards import COLUMNS, METADATA_FILE, SHARD_HASH, ShardMetadata
 
 __all__ = ["Settings", "Report", "measure", "main"]
@@ -74,13 +74,18 @@ class Settings:
     selection_scope: str = "batch"
     rows_per_selection: int = 8
 
+    def __post_init__(self):
+        check_options(self.topk_ratio, self.aggregation, self.unmapped, self.selection_scope)
+
     @classmethod
     def from_config(cls, cfg) -> "Settings":
+        """A training yaml's ``algorithms.vocagno`` settings (``VocAgnoLM``'s defaults where it says nothing)."""
         options = dict((cfg.get("algorithms") or {}).get("vocagno") or {})
         scope = options.get("selection_scope", cls.selection_scope)
         rows = cfg.global_train_batch_size if scope == "batch" else cfg.device_train_microbatch_size
         return cls(options.get("topk_ratio", cls.topk_ratio), options.get("aggregation", cls.aggregation),
-                   options.get("unmapped", cls.unmapped), scope, rows if isinstance(rows, int) else cls.rows_per_selection)
+                   options.get("unmapped", cls.unmapped), scope,
+                   rows if isinstance(rows, int) else cls.rows_per_selection)  # "auto" microbatches: the default
 
     def describe(self) -> str:
         return (f"top {self.topk_ratio:.0%}, {self.aggregation}, unmapped {self.unmapped}d, {self.selection_scope} "
@@ -495,8 +500,6 @@ def _main(args: argparse.Namespace) -> Report | None:
             settings = Settings()
             chosen = Teacher(load_teacher(args.teacher, args.dtype), args.teacher, args.dtype, 1024)
             teacher_tokenizer = args.teacher_tokenizer or args.teacher
-        if settings.aggregation not in AGGREGATIONS or settings.selection_scope not in SELECTION_SCOPES:
-            raise BadInput(f"the yaml's vocagno settings are not training's: {settings}")
         check_teacher_reads(chosen.scorer.model, metadata, load_tokenizer(teacher_tokenizer))
         student, student_name = None, ""
         if args.student:

@@ -1,0 +1,192 @@
+"""The multi-GPU code paths rehearsed on CPUs: gloo process groups of 2 and 4 ranks (``pytest -m distributed``)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.distributed
+
+TEACHERS = {  # tiny random-init teachers of two families, as a yaml's teacher.config builds them
+    "qwen2": {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+              "tie_word_embeddings": False},
+    "llama": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+              "tie_word_embeddings": False},
+}
+
+
+def _shard_and_score(rank: int, world: int, family: str, folder: str) -> None:
+    """One rank: the whole teacher's token losses and the FSDP-sharded teacher's, on the same batch; what this rank
+    holds of the sharded teacher's parameters."""
+    import torch.distributed as dist
+    from omegaconf import OmegaConf as om
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    from vocagno.algorithm import TeacherScorer, shard_teacher
+    from vocagno.config import build_causal_lm
+
+    dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world)
+    try:
+        teacher = build_causal_lm(om.create({"config": TEACHERS[family]}), 1000, seed=5)
+        whole = TeacherScorer(teacher)
+        ids = torch.randint(0, 1000, (3, 40), generator=torch.Generator().manual_seed(9))
+        mask = torch.ones_like(ids)
+        mask[2, 30:] = 0  # a padded row
+        expected = whole(ids, mask)
+        total = sum(p.numel() for p in teacher.parameters())
+        sharded = shard_teacher(TeacherScorer(build_causal_lm(om.create({"config": TEACHERS[family]}), 1000, seed=5)))
+        got = sharded(ids, mask)
+        # Between forwards each FSDP unit holds only this rank's piece of its flat parameter.
+        held = sum(unit._handle.flat_param.numel() for unit in FullyShardedDataParallel.fsdp_modules(sharded)
+                   if unit._handle is not None)
+        torch.save({"expected": expected, "got": got, "total": total, "held": held}, f"{folder}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("family", sorted(TEACHERS))
+def test_a_teacher_sharded_over_cpu_ranks_scores_as_the_whole_one_and_each_rank_holds_a_share(tmp_path, family, world):
+    torch.multiprocessing.spawn(_shard_and_score, args=(world, family, str(tmp_path)), nprocs=world, join=True)
+    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    for result in results:
+        assert torch.allclose(result["got"], result["expected"], atol=1e-5, equal_nan=True)
+        assert torch.isnan(result["got"][2, 30:]).all() and torch.isfinite(result["got"][:, 1:30]).all()
+    held = [r["held"] for r in results]
+    total = results[0]["total"]
+    # FULL_SHARD: the ranks' shards are the parameters, each about 1/W of them (FSDP pads each unit to W pieces).
+    assert total <= sum(held) <= total + world * 16 * 7, (held, total)
+    assert max(held) <= total / world + 16 * 7, (held, total)
+
+
+def run_train(tmp_path, name, *overrides, ranks=2, data="shards/train"):
+    command = [str(Path(sys.executable).parent / "composer"), "-n", str(ranks), str(REPO / "train.py"),
+               str(REPO / "yamls" / "tiny.yaml"), f"variables.data={tmp_path}/{data}", "eval_loader=null",
+               "loggers.console=null", "selection_report=null", "max_duration=3ba", f"run_name={name}",
+               f"loggers.jsonl.path={tmp_path}/{name}.jsonl", *overrides]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = {}
+    for line in open(tmp_path / f"{name}.jsonl", encoding="utf-8"):
+        row = json.loads(line)
+        steps.setdefault(row.pop("step"), {}).update(row)
+    return steps
+
+
+def test_a_run_with_its_teacher_sharded_over_two_cpu_ranks_trains_as_with_it_replicated(tmp_path):
+    """composer -n 2 train.py yamls/tiny.yaml teacher.placement=fsdp: the shipped teacher sharded with PyTorch FSDP
+    over two gloo ranks gives the losses and the selection of the teacher replicated on each."""
+    replicated = run_train(tmp_path, "replicated", "teacher.placement=replicate")
+    sharded = run_train(tmp_path, "sharded", "teacher.placement=fsdp", f"save_folder={tmp_path}/ckpt",
+                        "save_interval=3ba")
+    keys = ("loss/train/total", "loss/train/teacher_loss", "loss/train/kept_fraction", "loss/train/score")
+    trained = [step for step in sorted(replicated) if "loss/train/total" in replicated[step]]
+    assert trained == [step for step in sorted(sharded) if "loss/train/total" in sharded[step]] and len(trained) == 3
+    for step in trained:
+        for key in keys:
+            assert sharded[step][key] == pytest.approx(replicated[step][key], rel=1e-5), (step, key)
+
+
+def selections(tmp_path, name, *overrides, ranks, microbatch, data="shards/train"):
+    """Sample (its first 32 token ids) -> the positions the batch scope kept, per batch, gathered over the ranks."""
+    log = f"callbacks.sample_log.path={tmp_path}/{name}-{{rank}}.jsonl"
+    run_train(tmp_path, name, "max_duration=2ba", "callbacks.sample_log.prefix=32",
+              f"device_train_microbatch_size={microbatch}", log, *overrides, ranks=ranks, data=data)
+    by_batch = {}
+    for path in sorted(tmp_path.glob(f"{name}-*.jsonl")):
+        for row in map(json.loads, open(path, encoding="utf-8")):
+            by_batch.setdefault(row["batch"], {}).update(zip(map(tuple, row["samples"]), row["selected"]))
+    return by_batch
+
+
+def test_the_batch_scope_keeps_the_same_tokens_on_four_ranks_of_two_microbatches_as_on_one_rank(tmp_path):
+    """The global batch of 8 as 1 rank x 1 microbatch of 8, or 4 ranks x 2 microbatches of 1: one top-k over the
+    whole batch either way, with the teacher online and from cached losses (shards scored by vocagno.score)."""
+    from vocagno import score
+
+    one = selections(tmp_path, "one", ranks=1, microbatch=8)
+    four = selections(tmp_path, "four", ranks=4, microbatch=1)
+    assert sorted(one) == [0, 1] and all(len(one[b]) == 8 for b in one) and one == four
+    assert score.main(["--shards", str(tmp_path / "shards" / "train"), "--config", str(REPO / "yamls" / "tiny.yaml"),
+                       "--out", str(tmp_path / "scored"), "--device", "cpu"]) == 0
+    cached = ["algorithms.vocagno.teacher_losses=cached"]
+    one_cached = selections(tmp_path, "one-cached", *cached, ranks=1, microbatch=8, data="scored")
+    four_cached = selections(tmp_path, "four-cached", *cached, ranks=4, microbatch=1, data="scored")
+    assert one_cached == four_cached and sorted(one_cached) == [0, 1]
+
+
+def test_the_scoring_pass_under_torchrun_on_two_cpu_processes_writes_the_one_process_result(tmp_path):
+    """torchrun --nproc-per-node 2 -m vocagno.score: each process scores its shards, the last one publishes; the
+    dataset equals one process's, sample for sample."""
+    import numpy as np
+
+    from conversion import convert_dataset
+    from vocagno.score import read_shard
+
+    assert convert_dataset.main(["--input", str(REPO / "vocagno" / "assets" / "text" / "gsm8k_heldout_100.jsonl"),
+                                 "--student-tokenizer", "llama2", "--teacher-tokenizer", "mistral", "--seq-len", "128",
+                                 "--docs-per-part", "40", "--out-root", str(tmp_path / "shards")]) == 0
+    arguments = ["-m", "vocagno.score", "--shards", str(tmp_path / "shards"), "--teacher", "tiny-math-teacher",
+                 "--dtype", "float32", "--device", "cpu"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    torchrun = [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "2"]
+    for launcher, out in (([sys.executable], "one"), (torchrun, "two")):
+        result = subprocess.run([*launcher, *arguments, "--out", str(tmp_path / out)], cwd=tmp_path, env=env,
+                                capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert "rank 0 of 2" in result.stdout and "rank 1 of 2" in result.stdout
+
+    def samples(folder):
+        index = json.loads((folder / "index.json").read_text())
+        return [s for i, info in enumerate(index["shards"]) for s in read_shard(folder, info, folder / f".r{i}")]
+
+    one, two = samples(tmp_path / "one"), samples(tmp_path / "two")
+    assert len(json.loads((tmp_path / "shards" / "index.json").read_text())["shards"]) == 3 and len(one) == len(two)
+    for a, b in zip(one, two):
+        assert a["text"] == b["text"] and np.array_equal(a["teacher_loss"], b["teacher_loss"], equal_nan=True)
+
+
+def seen(tmp_path, name):
+    """batch -> the samples (first 32 token ids) the ranks saw, from the sample logs of every rank."""
+    by_batch = {}
+    for path in sorted(tmp_path.glob(f"{name}-*.jsonl")):
+        for row in map(json.loads, open(path, encoding="utf-8")):
+            by_batch.setdefault(row["batch"], []).extend(map(tuple, row["samples"]))
+    return by_batch
+
+
+@pytest.mark.parametrize("before, after", [(4, 2), (2, 4)])
+def test_a_run_checkpointed_on_some_ranks_resumes_on_others_without_seeing_a_sample_twice(tmp_path, before, after):
+    """autoresume on another world size (num_canonical_nodes fixed, as Streaming asks): the batches after the
+    checkpoint are those an uninterrupted run would take, no sample seen twice or skipped within the epoch."""
+    common = ["callbacks.sample_log.prefix=32", "save_interval=2ba", "autoresume=true", "device_train_microbatch_size=2",
+              f"save_folder={tmp_path}/ckpt", "run_name=elastic"]
+    run_train(tmp_path, "elastic", *common, "max_duration=2ba",
+              f"callbacks.sample_log.path={tmp_path}/first-{{rank}}.jsonl", ranks=before)
+    run_train(tmp_path, "elastic", *common, "max_duration=4ba",
+              f"callbacks.sample_log.path={tmp_path}/resumed-{{rank}}.jsonl", ranks=after)
+    run_train(tmp_path, "straight", "callbacks.sample_log.prefix=32", "max_duration=4ba",
+              f"callbacks.sample_log.path={tmp_path}/straight-{{rank}}.jsonl", ranks=2)
+    first, resumed, straight = seen(tmp_path, "first"), seen(tmp_path, "resumed"), seen(tmp_path, "straight")
+    assert sorted(first) == [0, 1] and sorted(resumed) == [2, 3] and sorted(straight) == [0, 1, 2, 3]
+    for batch in range(4):
+        assert sorted((first | resumed)[batch]) == sorted(straight[batch]), batch
+    everything = [sample for batch in range(4) for sample in (first | resumed)[batch]]
+    assert len(everything) == len(set(everything)) == 32
+
+    # The teacher is in neither the checkpoint nor the optimizer: both hold the student's parameters alone.
+    from vocagno.eval.__main__ import load_checkpoint
+
+    state = load_checkpoint(str(tmp_path / "ckpt" / "ep0-ba3-rank0.pt"))["state"]
+    student_tensors = {k for k in state["model"]}
+    assert student_tensors and all(k.startswith("model.model.") or k == "model.lm_head.weight" for k in student_tensors)
+    optimizer = next(iter(state["optimizers"].values()))
+    assert len(optimizer["state"]) == len(student_tensors)
