@@ -1,0 +1,246 @@
+"""Everything that needs a GPU, in one command, with one report: run it on a machine with one or more GPUs.
+
+    python benchmarks/gpu_check.py --out gpu_report          # gpu_report/report.md and report.json
+    python benchmarks/gpu_check.py --dry-run --out /tmp/r    # the same steps' CPU smoke: what CI checks of this script
+
+Steps, each a command of its own (its output in ``OUT/logs/STEP.log``); one that fails or runs past its time is
+reported as such and the others still run:
+
+1. ``gpu_tests``: ``pytest -m gpu`` (FSDP against no FSDP, the teacher sharded or replicated, resuming under FSDP,
+   the teacher's scoring memory: at most 2 GiB above its weights).
+2. ``bench_tiny`` and ``bench_paper``: ``benchmarks/bench_step.py --preset tiny`` / ``--preset paper`` (TinyLlama-1.1B
+   and Qwen2.5-Math-7B architectures, bf16, 4 x 2048): step times per selection scope, online and cached, the scoring
+   pass's teacher tokens/s, MFU, peak memory.
+3. ``fsdp_all_gpus``: ``composer -n GPUS train.py yamls/tiny.yaml`` with the student under FSDP and the teacher
+   sharded, against one GPU without FSDP: the losses of the first steps side by side, step time.
+4. ``miniature``: ``experiments/miniature.py --size gpu`` (its table: held-out bits per byte per method).
+
+Goals, each beside its figure in the report: ``microbatch`` overhead (guided / (plain + teacher forward)) at most
+1.10 and cached steps at most 1.05 x plain (paper preset); plain MFU at least 40%; the gpu tests passing. Sized for at
+most 25 minutes on one H100. Where Composer is missing (the GPU image of ``../shared/gpu/README.md``), the wheels in
+``.whl/`` (``../shared/gpu/fetch-wheels.sh``) are installed into ``/tmp/site`` first, from no registry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SITE = "/tmp/site"
+
+
+def steps(python: str, gpus: int, out: Path, dry: bool) -> list[dict]:
+    """The steps: ``name``, ``command`` or ``commands`` (None: skipped, ``why``), ``timeout`` in seconds for all of
+    them, ``parse`` (output -> figures)."""
+    composer = [python, "-m", "composer.cli.launcher"]
+    tiny = [str(REPO / "train.py"), str(REPO / "yamls" / "tiny.yaml"), "eval_loader=null", "selection_report=null",
+            "loggers.console=null", "progress_bar=false", "max_duration=6ba", f"variables.data={out}/shards/tiny"]
+    fsdp = ["fsdp_config={sharding_strategy: FULL_SHARD, mixed_precision: PURE, state_dict_type: full}",
+            "precision=amp_bf16", "teacher.dtype=bfloat16", "teacher.placement=fsdp"]
+    logs = {name: f"loggers.jsonl.path={out}/{name}.jsonl" for name in ("one_gpu", "all_gpus")}
+    if dry:
+        return [
+            {"name": "gpu_tests", "command": [python, "-m", "pytest", "-q", "-m", "gpu", "--co", "tests/"],
+             "timeout": 300, "parse": pytest_counts},
+            {"name": "bench_tiny", "command": [python, "benchmarks/bench_step.py", "--preset", "tiny", "--steps", "3",
+                                               "--scopes", "microbatch", "--no-cached"], "timeout": 600,
+             "parse": bench_figures},
+            {"name": "bench_paper", "command": None, "why": "the paper preset needs a GPU"},
+            {"name": "fsdp_all_gpus", "command": None, "why": "Composer's FSDP needs CUDA"},
+            {"name": "miniature", "command": [python, "experiments/miniature.py", "--size", "toy", "--methods",
+                                              "plain,vocagno_40", "--out", str(out / "miniature")], "timeout": 900,
+             "parse": miniature_figures(out / "miniature")},
+        ]
+    return [
+        {"name": "gpu_tests", "command": [python, "-m", "pytest", "-q", "-m", "gpu", "tests/"], "timeout": 300,
+         "parse": pytest_counts},
+        {"name": "bench_tiny", "command": [python, "benchmarks/bench_step.py", "--preset", "tiny"], "timeout": 180,
+         "parse": bench_figures},
+        {"name": "bench_paper", "command": [python, "benchmarks/bench_step.py", "--preset", "paper"], "timeout": 420,
+         "parse": bench_figures},
+        {"name": "fsdp_all_gpus", "commands": [[*composer, "-n", "1", *tiny, logs["one_gpu"], "precision=amp_bf16"],
+                                               [*composer, "-n", str(gpus), *tiny, *fsdp, logs["all_gpus"]]],
+         "timeout": 240, "parse": fsdp_figures(out)},
+        {"name": "miniature", "command": [python, "experiments/miniature.py", "--size", "gpu", "--out",
+                                          str(out / "miniature")], "timeout": 900,
+         "parse": miniature_figures(out / "miniature")},
+    ]
+
+
+# What each step's output says: figures by name.
+def pytest_counts(output: str) -> dict:
+    """pytest's closing counts (``failed`` 0 where it names none), and ``collected`` for ``--co``."""
+    found = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?)\b", output)}
+    figures = {}
+    if found:
+        figures = {key: found.get(key, 0) for key in ("passed", "failed", "skipped")}
+        figures["failed"] += found.get("error", 0) + found.get("errors", 0)
+    collected = re.search(r"(\d+)(?:/\d+)? tests? collected", output)
+    if collected:
+        figures["collected"] = int(collected.group(1))
+    return figures
+
+
+def bench_figures(output: str) -> dict:
+    """``bench_step.py``'s JSON lines as figures: per scope (and cached), and the scoring line's."""
+    figures = {}
+    for line in output.splitlines():
+        if not line.startswith("{"):
+            continue
+        row = json.loads(line)
+        if "scoring_teacher_tokens_per_s" in row:
+            figures["scoring_teacher_tokens_per_s"] = row["scoring_teacher_tokens_per_s"]
+            figures["training_teacher_tokens_per_s"] = row.get("training_teacher_tokens_per_s")
+            continue
+        scope = row["selection_scope"] + ("_cached" if row.get("teacher_losses") == "cached" else "")
+        for key in ("plain_step_s", "guided_step_s", "overhead", "cached_step_s", "cached_over_plain", "mfu",
+                    "peak_gib", "plain_peak_gib"):
+            if row.get(key) is not None:
+                figures[f"{scope}.{key}" if key not in ("plain_step_s", "mfu", "plain_peak_gib") else key] = row[key]
+    return figures
+
+
+def fsdp_figures(out: Path):
+    def parse(output: str) -> dict:
+        runs = {}
+        for name in ("one_gpu", "all_gpus"):
+            path = out / f"{name}.jsonl"
+            if path.exists():
+                rows = [json.loads(line) for line in path.read_text().splitlines()]
+                runs[name] = [r["loss/train/total"] for r in rows if "loss/train/total" in r]
+        if len(runs) < 2 or not runs["one_gpu"]:
+            return {}
+        worst = max(abs(a - b) / abs(a) for a, b in zip(runs["one_gpu"], runs["all_gpus"]))
+        return {"steps": len(runs["all_gpus"]), "largest_relative_loss_difference": round(worst, 4)}
+    return parse
+
+
+def miniature_figures(folder: Path):
+    def parse(output: str) -> dict:
+        path = folder / "miniature.json"
+        if not path.exists():
+            return {}
+        result = json.loads(path.read_text())
+        return {f"bits_per_byte.{method}": round(sum(v) / len(v), 4) for method, v in result["bits_per_byte"].items()}
+    return parse
+
+
+# (step, figure, at most / at least, target, what)
+GOALS = [
+    ("gpu_tests", "failed", "at most", 0, "the gpu tests pass (the teacher's scoring memory among them)"),
+    ("bench_paper", "microbatch.overhead", "at most", 1.10, "microbatch overhead, guided / (plain + teacher forward)"),
+    ("bench_paper", "microbatch_cached.cached_over_plain", "at most", 1.05, "cached step over plain step"),
+    ("bench_paper", "mfu", "at least", 0.40, "plain MFU"),
+    ("fsdp_all_gpus", "largest_relative_loss_difference", "at most", 0.02, "FSDP on all GPUs against one GPU (bf16)"),
+]
+
+
+def run_step(step: dict, logs: Path) -> dict:
+    """Run a step's command (or commands, in turn, up to the first that fails) within its time; parse its output."""
+    commands = step.get("commands") or [step["command"]]
+    if commands == [None]:
+        return {"status": "skipped", "why": step["why"], "figures": {}}
+    begin, output, status = time.perf_counter(), "", "ok"
+    for command in commands:
+        left = step["timeout"] - (time.perf_counter() - begin)
+        try:
+            done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=max(left, 1),
+                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            output += done.stdout + done.stderr
+            if done.returncode != 0:
+                status = f"failed (exit {done.returncode})"
+                break
+        except subprocess.TimeoutExpired as error:
+            output += (error.stdout or b"").decode(errors="replace") + (error.stderr or b"").decode(errors="replace")
+            status = f"failed (past its {step['timeout']} s)"
+            break
+    (logs / f"{step['name']}.log").write_text(output)
+    try:
+        figures = step["parse"](output)
+    except (ValueError, KeyError) as error:
+        figures, status = {}, f"{status}; its output could not be read ({error})"
+    return {"status": status, "seconds": round(time.perf_counter() - begin, 1), "figures": figures}
+
+
+def judge(results: dict) -> list[dict]:
+    verdicts = []
+    for step, figure, how, target, what in GOALS:
+        value = results.get(step, {}).get("figures", {}).get(figure)
+        met = None if value is None else (value <= target if how == "at most" else value >= target)
+        verdicts.append({"step": step, "figure": figure, "goal": f"{how} {target}", "what": what, "value": value,
+                         "met": met})
+    return verdicts
+
+
+def markdown(results: dict, verdicts: list[dict], header: str) -> str:
+    lines = [f"# GPU check\n\n{header}\n", "| step | status | seconds |", "|---|---|---|"]
+    lines += [f"| {name} | {r['status']}{': ' + r['why'] if 'why' in r else ''} | {r.get('seconds', '-')} |"
+              for name, r in results.items()]
+    lines += ["", "| goal | figure | value | met |", "|---|---|---|---|"]
+    lines += [f"| {v['what']}: {v['goal']} | {v['step']}: {v['figure']} | "
+              f"{'-' if v['value'] is None else v['value']} | "
+              f"{'not measured' if v['met'] is None else 'yes' if v['met'] else 'NO'} |" for v in verdicts]
+    for name, r in results.items():
+        if r["figures"]:
+            lines += ["", f"## {name}", ""] + [f"- {k}: {v}" for k, v in r["figures"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def with_composer() -> None:
+    """Re-run this script with ``.whl/``'s wheels on the path where Composer is not installed (the GPU image)."""
+    try:
+        import composer  # noqa: F401
+        return
+    except ImportError:
+        pass
+    wheels = sorted(str(p) for p in (REPO / ".whl").glob("*.whl"))
+    if not wheels or os.environ.get("VOCAGNO_GPU_CHECK_SITE"):
+        raise SystemExit("error: Composer is not installed and .whl/ holds no wheels: run "
+                         "../shared/gpu/fetch-wheels.sh on a machine with a registry and bring .whl/ along")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                    "--no-cache-dir", "--target", SITE, *wheels], check=True)
+    path = os.pathsep.join([SITE, str(REPO), os.environ.get("PYTHONPATH", "")])
+    os.execve(sys.executable, [sys.executable, *sys.argv],
+              {**os.environ, "PYTHONPATH": path, "VOCAGNO_GPU_CHECK_SITE": "1"})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="gpu_report", help="the report's folder (report.md, report.json, logs/)")
+    parser.add_argument("--dry-run", action="store_true", help="the steps' CPU smoke, for a machine without a GPU")
+    parser.add_argument("--only", help="comma-separated steps to run (default: all)")
+    args = parser.parse_args(argv)
+    with_composer()
+    import torch
+
+    gpus = torch.cuda.device_count()
+    if not gpus and not args.dry_run:
+        raise SystemExit("error: no GPU here: run it on a GPU machine, or with --dry-run for the CPU smoke")
+    out = Path(args.out).resolve()
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    chosen = [s for s in steps(sys.executable, gpus, out, args.dry_run)
+              if not args.only or s["name"] in args.only.split(",")]
+    begin, results = time.perf_counter(), {}
+    for step in chosen:
+        print(f"{step['name']} ...", flush=True)
+        results[step["name"]] = run_step(step, out / "logs")
+        print(f"{step['name']}: {results[step['name']]['status']}", flush=True)
+    verdicts = judge(results)
+    device = torch.cuda.get_device_name(0) if gpus else "no GPU (dry run)"
+    header = (f"{device} x {gpus}; torch {torch.__version__}; {time.perf_counter() - begin:.0f} s in all"
+              f"{'; dry run: CPU smoke, no figure is a GPU figure' if args.dry_run else ''}.")
+    (out / "report.json").write_text(json.dumps({"header": header, "steps": results, "goals": verdicts}, indent=1))
+    (out / "report.md").write_text(markdown(results, verdicts, header))
+    print(f"wrote {out / 'report.md'} and report.json")
+    return 1 if any(not r["status"].startswith(("ok", "skipped")) for r in results.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
