@@ -51,7 +51,7 @@ from tqdm import tqdm
 from vocagno.alignment import chunk_align
 from vocagno.canaries import CLEAN, NOISE, Canaries, clean_documents, mix, pack
 from vocagno.loss import check_options, excess_loss, next_token_cross_entropy, select_random, select_top
-from vocagno.shards import COLUMNS, METADATA_FILE, SHARD_HASH, ShardMetadata
+from vocagno.shards import COLUMNS, METADATA_FILE, SHARD_HASH, ShardMetadata, describe_tokenizer
 
 __all__ = ["Settings", "Report", "measure", "main"]
 
@@ -366,7 +366,8 @@ def run(shards: str, teacher, settings: Settings, *, student: torch.nn.Module | 
     metadata = ShardMetadata.read(shards_root)
     try:  # the canaries are converted with the shards' own tokenizers: by the names they were made with
         student_tok, teacher_tok = load_tokenizer(metadata.student.name), load_tokenizer(metadata.teacher.name)
-        metadata.check_tokenizers(_info(student_tok, "student"), _info(teacher_tok, "teacher"))
+        metadata.check_tokenizers(describe_tokenizer(student_tok, "student"),
+                                  describe_tokenizer(teacher_tok, "teacher"))
     except (ValueError, OSError) as error:
         raise BadInput(f"the shards' tokenizers ({metadata.student.name}, {metadata.teacher.name}) can't be loaded "
                        f"as they were made: {str(error).splitlines()[0]}") from error
@@ -412,12 +413,6 @@ def run(shards: str, teacher, settings: Settings, *, student: torch.nn.Module | 
     finally:
         if temporary:
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def _info(tokenizer, role: str):
-    from vocagno.shards import describe_tokenizer
-
-    return describe_tokenizer(tokenizer, role)
 
 
 def _wait_for(path: Path, timeout: float = 3600) -> None:
@@ -509,7 +504,7 @@ def _main(args: argparse.Namespace) -> Report | None:
                 raise BadInput(f"--student {args.student}: not a checkpoint (torch.save writes a zip file; this is "
                                f"{'not one' if Path(args.student).is_file() else 'no file'})")
             student, tokenizer = load_model(args.student, "cpu")
-            metadata.check_tokenizers(student=_info(tokenizer, "student"))
+            metadata.check_tokenizers(student=describe_tokenizer(tokenizer, "student"))
             student_name = args.student
     except (ValueError, OSError, KeyError, RuntimeError, pickle.UnpicklingError) as error:
         raise BadInput(f"{error.__class__.__name__}: {str(error).splitlines()[0] if str(error) else ''}") from error
