@@ -85,7 +85,7 @@ class TeacherScorer(nn.Module):
 
 
 def load_teacher(name_or_path: str, dtype: str = "bfloat16", trust_remote_code: bool = False) -> nn.Module:
-    """A pretrained causal LM by Hugging Face name, local folder or shipped name (``tiny-math-teacher``), in ``dtype``."""
+    """A pretrained causal LM by Hugging Face name, local folder or shipped name (tiny-math-teacher), in ``dtype``."""
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(

@@ -88,7 +88,6 @@ class Teacher:
         name = f"{source}: teacher (config, seed {cfg.seed})"
         return cls(model, name, section.get("dtype") or "float32", chunk_size)
 
-
     def at_initialization(self, seed: int) -> "Teacher":
         """The same architecture with fresh random weights (from ``seed``): a control whose losses know nothing."""
         from transformers import AutoModelForCausalLM
