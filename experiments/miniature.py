@@ -153,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (scored / "index.json").exists():
         score.main(["--shards", str(shards), "--teacher", teacher_name, "--dtype", "float32", "--out", str(scored),
                     "--device", args.device])
-    teacher_model = load_teacher(teacher_name, "float32").to(args.device)
+    teacher = score.Teacher(load_teacher(teacher_name, "float32"), teacher_name, "float32", 1024)  # loaded once
+    teacher_model = teacher.scorer.to(args.device).model
     heldout = texts("gsm8k_heldout_100.jsonl")
     student_tok = load_tokenizer("llama2")
     result = {
@@ -178,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{method} seed {seed}: held-out bits per byte {value:.4f} "
                   f"({time.perf_counter() - begin:.0f} s)", flush=True)
             if method in VARIANT and seed == seeds[0]:
-                result["selection_precision"][method] = precision(heldout_shards, teacher_name, cfg, student,
-                                                                  method, args, size, seed)
+                result["selection_precision"][method] = precision(heldout_shards, teacher, cfg, student, method,
+                                                                  args, size, seed)
     result["seconds"] = round(time.perf_counter() - begin)
     (out / "miniature.json").write_text(json.dumps(result, indent=1) + "\n")
     from vocagno.report import miniature_table
@@ -188,17 +189,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def precision(heldout_shards: Path, teacher_name: str, cfg, student, method: str, args, size: dict,
+def precision(heldout_shards: Path, teacher: score.Teacher, cfg, student, method: str, args, size: dict,
               seed: int) -> float:
     """What ``method`` keeps of held-out text with canaries of the corpus's kind and fraction, ranked with its
     trained student: the precision of its selection variant."""
     from vocagno.selection import Settings, run
 
-    report = run(str(heldout_shards), score.Teacher(load_teacher(teacher_name, "float32"), teacher_name,
-                                                    "float32", 1024),
-                 Settings.from_config(cfg), student=student, student_name=f"{method} seed {seed}",
-                 samples=size["selection_samples"], canaries=args.junk, noise=("shuffled_words",), seed=seed,
-                 device=args.device)
+    report = run(str(heldout_shards), teacher, Settings.from_config(cfg), student=student,
+                 student_name=f"{method} seed {seed}", samples=size["selection_samples"], canaries=args.junk,
+                 noise=("shuffled_words",), seed=seed, device=args.device)
     return report.variants[VARIANT[method]]["precision"]
 
 
