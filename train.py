@@ -14,9 +14,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import os
-import re
 import sys
-import zipfile
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -35,7 +33,8 @@ from omegaconf import OmegaConf as om  # noqa: E402
 from vocagno.config import build_causal_lm, load_config  # noqa: E402
 from vocagno.data import teacher_guided_loader  # noqa: E402
 from vocagno.fsdp import wrap_per_decoder_layer  # noqa: E402
-from vocagno.loggers import JSONLinesLogger, SampleLog  # noqa: E402
+from vocagno.checkpoint import repair  # noqa: E402
+from vocagno.loggers import JSONLinesLogger, RunRecipe, SampleLog  # noqa: E402
 from vocagno.metrics import BitsPerByte  # noqa: E402
 from vocagno.tokenization import load_tokenizer  # noqa: E402
 
@@ -179,33 +178,6 @@ def build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> DecoupledAdamW:
     )
 
 
-CHECKPOINT = re.compile(r"ep(\d+)-ba(\d+)-rank(\d+)\.pt$")  # Composer's default save_filename
-
-
-def repair_checkpoints(folder: str) -> None:
-    """Make a local checkpoint folder resumable after a kill or a full disk during a save: a checkpoint that is not a
-    complete file (torch.save writes a zip, whose directory comes last) is removed, and each rank's
-    ``latest-rank{r}.pt`` points to its newest complete checkpoint (one saved whole just before the kill included:
-    Composer would otherwise refuse to resume before it)."""
-    newest: dict[str, tuple[int, int, Path]] = {}
-    for path in sorted(Path(folder).glob("ep*-ba*-rank*.pt")):
-        found = CHECKPOINT.fullmatch(path.name)
-        if not found or path.is_symlink() or not path.is_file():
-            continue
-        if not zipfile.is_zipfile(path):
-            print(f"removing {path}: an incomplete checkpoint (its save was interrupted)", flush=True)
-            path.unlink()
-            continue
-        epoch, batch, rank = map(int, found.groups())
-        if (batch, epoch) > newest.get(rank, (-1, -1, None))[:2]:
-            newest[rank] = (batch, epoch, path)
-    for rank, (_, _, path) in newest.items():
-        latest = Path(folder) / f"latest-rank{rank}.pt"
-        if os.path.realpath(latest) != os.path.realpath(path):
-            latest.unlink(missing_ok=True)
-            latest.symlink_to(path.name)
-
-
 def main(cfg: DictConfig) -> Trainer:
     dist.initialize_dist(get_device(None), timeout=cfg.get("dist_timeout", 600))
     clean_stale_shared_memory()  # what a killed run left behind would stop Streaming; every rank calls it
@@ -254,8 +226,10 @@ def main(cfg: DictConfig) -> Trainer:
     scheduler = CosineAnnealingWithWarmupScheduler(t_warmup=sched.t_warmup, alpha_f=sched.get("alpha_f", 0.0))
 
     save_folder = cfg.get("save_folder")
-    if cfg.get("autoresume", False) and save_folder and "://" not in save_folder and dist.get_local_rank() == 0:
-        repair_checkpoints(format_name_with_dist(save_folder, cfg.run_name))
+    # A local folder is repaired by each node's first rank, an object store (shared by every node) by the first rank.
+    if cfg.get("autoresume", False) and save_folder and dist.get_local_rank() == 0 and (
+            "://" not in save_folder or dist.get_global_rank() == 0):
+        repair(format_name_with_dist(save_folder, cfg.run_name))
     dist.barrier()
     loggers, callbacks = build_loggers(cfg)
     console = _plain(cfg, "loggers").get("console") is not None
@@ -280,7 +254,7 @@ def main(cfg: DictConfig) -> Trainer:
         autoresume=cfg.get("autoresume", False),
         run_name=cfg.run_name,
         loggers=loggers,
-        callbacks=callbacks,
+        callbacks=[*callbacks, RunRecipe(om.to_yaml(cfg, resolve=True))],
         log_to_console=console,
         progress_bar=cfg.get("progress_bar", not console),  # not both: they print the same metrics
         console_log_interval=cfg.get("console_log_interval", "1ba"),

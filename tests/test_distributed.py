@@ -94,7 +94,7 @@ def test_a_run_with_its_teacher_sharded_over_two_cpu_ranks_trains_as_with_it_rep
         for key in keys:
             assert sharded[step][key] == pytest.approx(replicated[step][key], rel=1e-5), (step, key)
     # The teacher is in neither the checkpoint nor the optimizer: both hold the student's parameters alone.
-    from vocagno.eval.__main__ import load_checkpoint
+    from vocagno.checkpoint import load_checkpoint
 
     state = load_checkpoint(str(tmp_path / "ckpt" / "ep0-ba3-rank0.pt"))["state"]
     student_tensors = set(state["model"])
@@ -189,3 +189,19 @@ def test_a_run_checkpointed_on_some_ranks_resumes_on_others_without_seeing_a_sam
         assert sorted((first | resumed)[batch]) == sorted(straight[batch]), batch
     everything = [sample for batch in range(4) for sample in (first | resumed)[batch]]
     assert len(everything) == len(set(everything)) == 32
+
+
+def test_a_run_resumed_on_a_world_size_its_batch_cant_be_split_over_is_refused(tmp_path):
+    """A save folder of 2 ranks resumed on 3: 8 samples a batch don't divide into 3 ranks' batches; the run stops
+    before loading anything, naming the numbers, and the checkpoint stays as it was."""
+    common = ["save_interval=2ba", "autoresume=true", f"save_folder={tmp_path}/ckpt", "run_name=odd"]
+    run_train(tmp_path, "odd", *common, "max_duration=2ba", ranks=2)
+    before = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    command = [str(Path(sys.executable).parent / "composer"), "-n", "3", str(REPO / "train.py"),
+               str(REPO / "yamls" / "tiny.yaml"), f"variables.data={tmp_path}/shards/train", "eval_loader=null",
+               "selection_report=null", "max_duration=4ba", *common]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode != 0
+    assert "global_train_batch_size 8 is not divisible by 3 ranks" in result.stderr + result.stdout
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == before

@@ -11,7 +11,7 @@ from composer.core import Callback, State
 from composer.loggers import Logger, LoggerDestination
 from composer.utils import dist
 
-__all__ = ["JSONLinesLogger", "SampleLog"]
+__all__ = ["JSONLinesLogger", "RunRecipe", "SampleLog"]
 
 
 def _rank_path(path: str) -> Path:
@@ -46,3 +46,17 @@ class SampleLog(Callback):
             row["selected"] = [torch.nonzero(kept).flatten().tolist() for kept in state.batch["vocagno_selected"]]
         with open(_rank_path(self.path), "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
+
+
+class RunRecipe(Callback):
+    """Carries the run's resolved yaml into every checkpoint (Composer saves callbacks' state), where
+    ``python -m vocagno.export`` reads it for the model card. A resumed run keeps its own yaml, not the saved one."""
+
+    def __init__(self, yaml: str):
+        self.yaml = yaml
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"yaml": self.yaml}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass

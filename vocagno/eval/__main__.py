@@ -2,6 +2,7 @@
 
     python -m vocagno.eval --model TinyLlama/TinyLlama_v1.1 --data-dir ../shared/assets/benchmarks --output results/
     python -m vocagno.eval --model runs/x/ep0-ba100-rank0.pt --benchmarks gsm8k,math --limit 100
+    python -m vocagno.eval --model s3://bucket/runs/x          # a save folder's latest checkpoint, sharded or whole
     python -m vocagno.eval --gold --data-dir ../shared/assets/benchmarks        # the grader graded on gold answers
     python -m vocagno.eval --model DIR --bpb held_out.jsonl                       # tokenizer-independent LM quality
 
@@ -14,18 +15,15 @@ whose data is missing is reported as such, never skipped silently; the average i
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import pickle
 import sys
-import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
-from torch.torch_version import TorchVersion
 from tqdm import tqdm
 
+from vocagno.checkpoint import is_checkpoint
+from vocagno.checkpoint import load_model as load_checkpoint_model
 from vocagno.eval.benchmarks import (
     BENCHMARKS, MAX_NEW_TOKENS, SHIPPED_DATA, STOP_SEQUENCES, TITLES, BenchmarkUnavailable, Example, load_benchmark,
 )
@@ -33,47 +31,16 @@ from vocagno.eval.grading import is_equivalent
 
 
 def load_model(name_or_path: str, device: str):
-    """An HF causal LM and its tokenizer from a name, a folder, or a Composer checkpoint of train.py (exported)."""
+    """An HF causal LM and its tokenizer from a name or folder, or from a checkpoint of train.py in any form
+    ``vocagno.export`` reads (whole or sharded, local or in an object store, a save folder's latest)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if str(name_or_path).endswith(".pt"):
-        from composer.models import HuggingFaceModel
-
-        # Composer's hf_from_composer_checkpoint builds the model from the saved config but leaves its weights
-        # random; the weights are the checkpoint's model state, under the wrapper's "model." prefix.
-        checkpoint = load_checkpoint(name_or_path)
-        saved = checkpoint["state"]["integrations"]["huggingface"]
-        # Composer otherwise unpacks the tokenizer into a folder under the working directory and leaves it there.
-        with tempfile.TemporaryDirectory() as unpacked:
-            tokenizer = HuggingFaceModel.load_huggingface_tokenizer_from_saved_state(saved, tokenizer_save_dir=unpacked)
-        model = HuggingFaceModel.load_huggingface_model_from_saved_state(saved, checkpoint, None, {})
-        model.load_state_dict({k.removeprefix("model."): v for k, v in checkpoint["state"]["model"].items()})
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, torch_dtype="auto")
-    if tokenizer is None:
-        raise ValueError(f"{name_or_path}: the checkpoint holds no tokenizer (train.py saves one with the model)")
+    if is_checkpoint(name_or_path):
+        model, tokenizer, _ = load_checkpoint_model(name_or_path, device)
+        return model, tokenizer
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, torch_dtype="auto")
     return model.to(device).eval(), tokenizer
-
-
-# What a Composer checkpoint holds besides tensors and plain containers (its timestamps, the numpy RNG state, the
-# torch version): unpickling allows these and nothing else, so a crafted checkpoint can't run code when loaded.
-CHECKPOINT_GLOBALS = [
-    datetime.timedelta, TorchVersion, np.ndarray, np.dtype, np.ndarray.__reduce__(np.zeros(1))[0],
-    *{type(np.dtype(t)) for t in ("uint32", "int64", "float64")},
-]
-
-
-def load_checkpoint(path: str) -> dict:
-    """A Composer checkpoint, unpickled with ``weights_only=True`` and ``CHECKPOINT_GLOBALS`` allowed."""
-    with torch.serialization.safe_globals(CHECKPOINT_GLOBALS):
-        try:
-            return torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as error:
-            raise ValueError(
-                f"{path}: refused to load: it holds objects that are not tensors, containers or the few types a "
-                f"Composer checkpoint needs, and unpickling them could run code ({str(error).splitlines()[0]})"
-            ) from error
 
 
 @torch.no_grad()
@@ -132,7 +99,7 @@ def table(results: dict[str, float | str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vocagno.eval", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", help="HF name, local HF folder, or a Composer checkpoint (.pt) of train.py")
+    parser.add_argument("--model", help="HF name or folder, or a checkpoint of train.py: .pt, sharded folder, save folder, s3://...")
     parser.add_argument("--benchmarks", default=",".join(BENCHMARKS), help="comma-separated, of: " + ",".join(BENCHMARKS))
     parser.add_argument("--data-dir", default=str(SHIPPED_DATA),
                         help="BENCHMARK/test.jsonl(.xz) files (default: the copies shipped in vocagno/assets)")

@@ -1,0 +1,391 @@
+"""From a finished run to a Hugging Face folder: whole and sharded checkpoints, local and in an S3 store (a moto server
+on this machine), a save folder's latest; what a bad checkpoint or OUT gets; autoresume's repair of sharded and
+remote save folders."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from vocagno.checkpoint import BadCheckpoint, repair
+from vocagno.export import main as export_main
+
+REPO = Path(__file__).resolve().parent.parent
+OVERRIDES = ["selection_report=null", "eval_loader=null", "loggers.console=null", "progress_bar=false"]
+
+
+def train(*overrides, env=None, cwd=REPO):
+    result = subprocess.run([sys.executable, str(REPO / "train.py"), str(REPO / "yamls" / "tiny.yaml"), *OVERRIDES,
+                             *overrides], cwd=cwd, capture_output=True, text=True, timeout=900,
+                            env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def whole_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("whole") / "run"
+    train("max_duration=2ba", f"save_folder={folder}", "save_interval=2ba")
+    return folder
+
+
+def _save_sharded(rank: int, world: int, folder: str) -> None:
+    """One rank of a 2-rank gloo run on CPU: the tiny student wrapped by PyTorch FSDP per decoder layer (the units
+    ``vocagno.fsdp`` marks, as Composer's FSDP wraps them), two optimizer steps, each saved by Composer's own
+    ``save_checkpoint`` with ``state_dict_type: sharded``: the layout a GPU run's ``fsdp_config`` writes. Rank 0
+    also writes the gathered weights (the reference) and what each rank holds."""
+    import functools
+
+    import torch.distributed as dist
+    from composer.core import State
+    from composer.devices import DeviceCPU
+    from composer.models import HuggingFaceModel
+    from composer.optim import DecoupledAdamW
+    from composer.utils import FSDPConfig, ParallelismConfig
+    from composer.utils.checkpoint import save_checkpoint
+    from omegaconf import OmegaConf as om
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
+
+    from vocagno.config import build_causal_lm, load_config
+    from vocagno.fsdp import wrap_per_decoder_layer
+    from vocagno.loggers import RunRecipe
+    from vocagno.tokenization import load_tokenizer
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                      NODE_RANK="0")
+    dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world)
+    try:
+        cfg = load_config(str(REPO / "yamls" / "tiny.yaml"), ["run_name=sharded", "precision=amp_bf16"])
+        tokenizer = load_tokenizer(cfg.tokenizer.name)
+        student = wrap_per_decoder_layer(build_causal_lm(cfg.model, len(tokenizer), cfg.seed))
+        model = HuggingFaceModel(student, tokenizer=tokenizer, use_logits=True, shift_labels=True)
+        model.model = FSDP(model.model, device_id=torch.device("cpu"), use_orig_params=True,
+                           auto_wrap_policy=functools.partial(lambda_auto_wrap_policy, lambda_fn=student.fsdp_wrap_fn))
+        optimizer = DecoupledAdamW(model.parameters(), lr=1e-2)
+        state = State(model=model, optimizers=optimizer, rank_zero_seed=cfg.seed, run_name=cfg.run_name,
+                      device=DeviceCPU(), callbacks=[RunRecipe(om.to_yaml(cfg, resolve=True))],
+                      parallelism_config=ParallelismConfig(fsdp=FSDPConfig(state_dict_type="sharded")))
+        for step in (1, 2):
+            ids = torch.randint(0, len(tokenizer), (2, 32), generator=torch.Generator().manual_seed(10 * step + rank))
+            batch = {"input_ids": ids, "labels": ids, "attention_mask": torch.ones_like(ids)}
+            model.loss(model(batch), batch).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            state.timestamp = state.timestamp.to_next_batch(samples=2 * world, tokens=64 * world)
+            save_checkpoint(state, f"{folder}/ep{{epoch}}-ba{{batch}}-rank{{rank}}.pt")
+        # Gathered without cpu_offload, which crashes (SIGSEGV) when the ranks are CPU processes already.
+        whole = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+        units = len(FSDP.fsdp_modules(model))
+        held = sum(unit._handle.flat_param.numel() for unit in FSDP.fsdp_modules(model) if unit._handle is not None)
+        shares = [None] * world
+        dist.all_gather_object(shares, held)
+        if rank == 0:
+            total = sum(tensor.numel() for tensor in whole.values())
+            torch.save({"model": whole, "units": units, "held": shares, "total": total}, f"{folder}/reference.pt")
+            os.symlink("ep0-ba2", f"{folder}/latest-rank0.pt")  # as Composer's CheckpointSaver links a sharded save
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def sharded_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sharded") / "run"
+    folder.mkdir()
+    torch.multiprocessing.spawn(_save_sharded, args=(2, str(folder)), nprocs=2, join=True)
+    (folder / "rendezvous").unlink(missing_ok=True)
+    return folder
+
+
+def student_with(weights: dict[str, torch.Tensor]):
+    """The tiny yaml's student built as train.py builds it, holding ``weights`` (a checkpoint's model state)."""
+    from vocagno.config import build_causal_lm, load_config
+    from vocagno.tokenization import load_tokenizer
+
+    cfg = load_config(str(REPO / "yamls" / "tiny.yaml"), [])
+    student = build_causal_lm(cfg.model, len(load_tokenizer(cfg.tokenizer.name)), seed=0)
+    student.load_state_dict({key.removeprefix("model."): value.float() for key, value in weights.items()})
+    return student.eval()
+
+
+def logits(model, text="Natalia sold clips to 48 of her friends in April, and then she sold half as many in May."):
+    from vocagno.tokenization import load_tokenizer
+
+    ids = load_tokenizer("llama2")(text, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        return model(ids).logits.float()
+
+
+def from_pretrained(folder):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder).eval()
+
+
+def test_a_whole_checkpoint_becomes_a_folder_that_loads_with_the_checkpoints_logits_and_states_its_recipe(
+        whole_run, tmp_path):
+    from vocagno.checkpoint import load_checkpoint
+
+    out = tmp_path / "model"
+    assert export_main([str(whole_run / "ep0-ba2-rank0.pt"), str(out)]) == 0
+    assert {p.name for p in out.iterdir()} >= {"model.safetensors", "config.json", "generation_config.json",
+                                                "tokenizer.json", "tokenizer_config.json", "README.md"}
+    weights = load_checkpoint(str(whole_run / "ep0-ba2-rank0.pt"))["state"]["model"]
+    torch.testing.assert_close(logits(from_pretrained(out)), logits(student_with(weights)), rtol=0, atol=0)
+    card = (out / "README.md").read_text()
+    for stated in ("`tiny-math-teacher`, tokenizer `mistral`", "random init: llama, 2 layers of 64, tokenizer `llama2`",
+                   "vocagno: topk_ratio 0.4, aggregation max, unmapped include, selection_scope batch",
+                   "2,048 student tokens, 2 batches, 16 samples", "float32", "```yaml", "run_name: tiny"):
+        assert stated in card, stated
+    config = json.loads((out / "generation_config.json").read_text())
+    assert config["eos_token_id"] == 2 and config["pad_token_id"] == 2
+
+
+def test_the_card_carries_the_evaluation_of_the_exported_model(whole_run, tmp_path, capsys):
+    from vocagno.eval.__main__ import main as eval_main
+
+    assert export_main([str(whole_run), str(tmp_path / "model")]) == 0
+    assert eval_main(["--model", str(tmp_path / "model"), "--benchmarks", "gsm8k,svamp", "--limit", "2",
+                      "--max-new-tokens", "4", "--output", str(tmp_path / "eval"), "--device", "cpu"]) == 0
+    assert export_main([str(whole_run), str(tmp_path / "model"), "--overwrite", "--eval", str(tmp_path / "eval")]) == 0
+    card = (tmp_path / "model" / "README.md").read_text()
+    assert "## Evaluation" in card and "| GSM8K | SVAMP | AVG |" in card
+    capsys.readouterr()
+    refused([whole_run, tmp_path / "other", "--eval", tmp_path], capsys, names="no results.json there")
+
+
+@pytest.mark.distributed  # the sharded checkpoint is written by 2 gloo processes
+def test_a_sharded_checkpoint_and_its_save_folder_export_the_gathered_weights(sharded_run, tmp_path):
+    reference = torch.load(sharded_run / "reference.pt")
+    expected = logits(student_with(reference["model"]))
+    for i, source in enumerate([sharded_run / "ep0-ba2", sharded_run]):  # the folder, and the save folder's latest
+        out = tmp_path / f"model{i}"
+        assert export_main([str(source), str(out), "--dtype", "float32"]) == 0
+        torch.testing.assert_close(logits(from_pretrained(out)), expected, rtol=0, atol=0)
+    # The run's precision (amp_bf16) is the weights' dtype unless --dtype says otherwise.
+    assert export_main([str(sharded_run), str(tmp_path / "bf16")]) == 0
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    torch.testing.assert_close(logits(from_pretrained(tmp_path / "bf16")), expected, rtol=0.1, atol=0.1)
+    assert "256 student tokens, 2 batches, 8 samples" in (tmp_path / "bf16" / "README.md").read_text()
+
+
+@pytest.mark.distributed  # the sharded checkpoint is written by 2 gloo processes
+def test_the_student_is_wrapped_per_decoder_layer_and_each_rank_holds_half(sharded_run):
+    reference = torch.load(sharded_run / "reference.pt")
+    assert reference["units"] == 2 + 1  # tiny.yaml's 2 decoder layers, and the root (embeddings, norm, head)
+    total, held = reference["total"], reference["held"]
+    tied = 32000 * 64  # the head shares the embeddings: counted twice in the state dict, held once
+    assert total - tied <= sum(held) <= total - tied + 2 * 3 * 2, (held, total)
+    assert max(held) - min(held) <= 3 * 2, held
+
+
+@pytest.mark.distributed  # the sharded checkpoint is written by 2 gloo processes
+def test_eval_reads_a_sharded_save_folder_as_its_export(sharded_run, tmp_path, capsys):
+    from vocagno.eval.__main__ import main as eval_main
+
+    text = tmp_path / "text.txt"
+    text.write_text("Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting.")
+    assert export_main([str(sharded_run), str(tmp_path / "model")]) == 0
+    printed = []
+    for model in (sharded_run, tmp_path / "model"):
+        assert eval_main(["--model", str(model), "--bpb", str(text), "--device", "cpu"]) == 0
+        printed.append(capsys.readouterr().out.split(": ")[-1])
+    assert printed[0] == printed[1], printed
+
+
+def refused(args, capsys, *, names):
+    assert export_main([str(a) for a in args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and names in err, err
+    return err
+
+
+@pytest.mark.distributed  # the sharded checkpoint is written by 2 gloo processes
+def test_a_missing_shard_is_named_and_nothing_is_written(sharded_run, tmp_path, capsys):
+    broken = tmp_path / "ep0-ba2"
+    shutil.copytree(sharded_run / "ep0-ba2", broken)
+    (broken / "__1_0.distcp").unlink()
+    refused([broken, tmp_path / "out"], capsys, names="shards missing: __1_0.distcp")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ep0-ba2"]  # no OUT, no partial folder
+
+
+def test_an_existing_out_is_refused_unless_overwrite(whole_run, tmp_path, capsys):
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep")
+    refused([whole_run, out], capsys, names="exists: give another OUT, or --overwrite")
+    assert [p.name for p in out.iterdir()] == ["mine.txt"]
+    assert export_main([str(whole_run), str(out), "--overwrite"]) == 0
+    assert not (out / "mine.txt").exists() and (out / "model.safetensors").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
+def test_what_is_not_a_checkpoint_gets_one_line(tmp_path, capsys):
+    (tmp_path / "notes.pt").write_text("not a checkpoint")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards" / "__0_0.distcp").write_bytes(b"half a save")
+    refused([tmp_path / "notes.pt", tmp_path / "out"], capsys, names="notes.pt: not a checkpoint")
+    refused([tmp_path / "nothing", tmp_path / "out"], capsys, names="nothing: no such file or folder")
+    refused([tmp_path / "folder", tmp_path / "out"], capsys, names="folder: not a checkpoint")
+    refused([tmp_path / "shards", tmp_path / "out"], capsys, names="shards: an incomplete sharded checkpoint")
+    torch.save({"state": {"model": {}}}, tmp_path / "other.pt")
+    refused([tmp_path / "other.pt", tmp_path / "out"], capsys, names="not a checkpoint of a Hugging Face model")
+    assert not (tmp_path / "out").exists()
+
+
+class RunsACommand:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_crafted_sharded_checkpoint_is_refused_and_runs_nothing(tmp_path, capsys):
+    import pickle
+
+    crafted = tmp_path / "ep0-ba2"
+    crafted.mkdir()
+    (crafted / ".metadata").write_bytes(pickle.dumps(RunsACommand(tmp_path / "pwned")))
+    refused([crafted, tmp_path / "out"], capsys, names="refused to load: not torch.distributed.checkpoint's metadata")
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "out").exists()
+
+
+def test_a_checkpoint_whose_tokenizer_is_not_its_models_is_refused(whole_run, tmp_path, capsys):
+    from composer.models import HuggingFaceModel
+
+    from vocagno.checkpoint import load_checkpoint
+    from vocagno.tokenization import load_tokenizer
+
+    checkpoint = load_checkpoint(str(whole_run / "ep0-ba2-rank0.pt"))
+    student = student_with(checkpoint["state"]["model"])
+    saved = HuggingFaceModel(student, tokenizer=load_tokenizer("qwen2.5"), allow_embedding_resizing=True)
+    checkpoint["state"]["integrations"]["huggingface"]["tokenizer"] = saved.get_metadata()["tokenizer"]
+    torch.save(checkpoint, tmp_path / "mixed.pt")
+    refused([tmp_path / "mixed.pt", tmp_path / "out"], capsys, names="tokenizer has 151665 tokens and its model "
+                                                                      "embeds 32000")
+
+
+# ---- an object store: moto's S3 server on this machine ----
+
+@pytest.fixture(scope="module")
+def s3():
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {"S3_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+    client = boto3.client("s3", endpoint_url=env["S3_ENDPOINT_URL"], region_name="us-east-1",
+                          aws_access_key_id="test", aws_secret_access_key="test")
+    client.create_bucket(Bucket="runs")
+    yield env, client
+    server.stop()
+
+
+def upload(client, folder: Path, prefix: str) -> None:
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and not path.is_symlink() and path.name != "reference.pt":
+            client.upload_file(str(path), "runs", f"{prefix}/{path.relative_to(folder)}")
+
+
+def keys(client, prefix):
+    return sorted(o["Key"] for o in client.list_objects_v2(Bucket="runs", Prefix=prefix).get("Contents", []))
+
+
+def test_a_run_saved_to_s3_exports_and_evaluates_from_there(s3, tmp_path, monkeypatch):
+    env, client = s3
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    # train.py uploads its checkpoints and latest-rank0.pt.symlink as Composer does; its latest is batch 4.
+    # From tmp_path: Composer keeps a remote run's local copies in a folder named after the URI ("s3:/runs/tiny").
+    elsewhere = [f"variables.data={REPO}/shards/gsm8k_sample_mistral_128",
+                 f"train_loader.convert_if_missing.input={REPO}/vocagno/assets/text/gsm8k_train_500.jsonl"]
+    train("max_duration=4ba", "save_folder=s3://runs/tiny", "save_interval=2ba", "run_name=tiny", *elsewhere, env=env,
+          cwd=tmp_path)
+    assert {"tiny/ep0-ba4-rank0.pt", "tiny/latest-rank0.pt.symlink"} <= set(keys(client, "tiny/"))
+    assert export_main(["s3://runs/tiny", str(tmp_path / "model")]) == 0
+    assert "4,096 student tokens, 4 batches" in (tmp_path / "model" / "README.md").read_text()
+    client.download_file("runs", "tiny/ep0-ba4-rank0.pt", str(tmp_path / "ba4.pt"))
+    from vocagno.checkpoint import load_checkpoint
+
+    weights = load_checkpoint(str(tmp_path / "ba4.pt"))["state"]["model"]
+    torch.testing.assert_close(logits(from_pretrained(tmp_path / "model")), logits(student_with(weights)))
+    # autoresume from the store: a restart instead would fail to upload ep0-ba2 again (the object exists).
+    train("max_duration=6ba", "save_folder=s3://runs/tiny", "save_interval=2ba", "run_name=tiny", "autoresume=true",
+          *elsewhere, env=env, cwd=tmp_path)
+    assert (tmp_path / "s3:" / "runs" / "tiny" / "latest-rank0.pt").is_file()  # Composer's download to resume from
+    client.download_file("runs", "tiny/ep0-ba6-rank0.pt", str(tmp_path / "ba6.pt"))
+    assert load_checkpoint(str(tmp_path / "ba6.pt"))["state"]["timestamp"]["Timestamp"]["sample"] == 6 * 8
+    latest = client.get_object(Bucket="runs", Key="tiny/latest-rank0.pt.symlink")["Body"].read()
+    assert latest == b"tiny/ep0-ba6-rank0.pt"
+
+
+@pytest.mark.distributed  # the sharded checkpoint is written by 2 gloo processes
+def test_a_sharded_checkpoint_in_s3_exports_by_its_folder_and_by_its_save_folder(s3, sharded_run, tmp_path,
+                                                                                monkeypatch):
+    env, client = s3
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    upload(client, sharded_run, "sharded")
+    client.put_object(Bucket="runs", Key="sharded/latest-rank0.pt.symlink", Body=b"sharded/ep0-ba2")
+    expected = logits(student_with(torch.load(sharded_run / "reference.pt")["model"]))
+    for i, uri in enumerate(["s3://runs/sharded/ep0-ba2", "s3://runs/sharded"]):
+        assert export_main([uri, str(tmp_path / f"m{i}"), "--dtype", "float32"]) == 0
+        torch.testing.assert_close(logits(from_pretrained(tmp_path / f"m{i}")), expected, rtol=0, atol=0)
+
+
+def test_an_unreachable_or_empty_store_gets_one_line(s3, tmp_path, monkeypatch, capsys):
+    env, _ = s3
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    refused(["s3://runs/nothing-here", tmp_path / "out"], capsys, names="s3://runs/nothing-here: no checkpoint there")
+    refused(["s3://no-such-bucket/run", tmp_path / "out"], capsys, names="the object store can't be read: NoSuchBucket")
+    monkeypatch.setenv("S3_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens on the discard port
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    refused(["s3://runs/tiny", tmp_path / "out"], capsys, names="the object store can't be read")
+    refused(["gopher://runs/tiny", tmp_path / "out"], capsys, names="gopher://runs/tiny: no object store for it")
+    assert not (tmp_path / "out").exists()
+
+
+# ---- autoresume's repair of sharded and remote save folders ----
+
+@pytest.mark.distributed  # the sharded checkpoint is written by 2 gloo processes
+def test_a_sharded_save_cut_short_is_removed_and_latest_points_to_the_last_complete_one(sharded_run, tmp_path, capsys):
+    folder = tmp_path / "run"
+    shutil.copytree(sharded_run, folder, symlinks=True)
+    (folder / "ep0-ba2" / ".metadata").unlink()  # killed before rank 0 wrote the index, which comes last
+    shutil.copytree(folder / "ep0-ba1", folder / "ep0-ba3")
+    (folder / "ep0-ba3" / "__0_0.distcp").unlink()  # a shard lost (a full disk)
+    repair(str(folder))
+    assert "removing" in capsys.readouterr().out
+    assert sorted(p.name for p in folder.iterdir() if p.name.startswith("ep")) == ["ep0-ba1"]
+    assert os.readlink(folder / "latest-rank0.pt") == "ep0-ba1"
+    assert export_main([str(folder), str(tmp_path / "model")]) == 0
+
+
+@pytest.mark.distributed  # the sharded checkpoint is written by 2 gloo processes
+def test_a_remote_save_folder_loses_its_cut_short_upload_and_its_latest_is_repointed(s3, sharded_run, monkeypatch):
+    env, client = s3
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    upload(client, sharded_run, "cut")
+    client.put_object(Bucket="runs", Key="cut/ep0-ba3/__0_0.distcp", Body=b"a shard whose upload was cut")
+    client.delete_object(Bucket="runs", Key="cut/ep0-ba2/__1_0.distcp")  # the latest's upload cut short
+    client.put_object(Bucket="runs", Key="cut/latest-rank0.pt.symlink", Body=b"cut/ep0-ba2")
+    repair("s3://runs/cut")
+    assert not [k for k in keys(client, "cut/") if k.startswith(("cut/ep0-ba3", "cut/ep0-ba2"))]
+    assert client.get_object(Bucket="runs", Key="cut/latest-rank0.pt.symlink")["Body"].read() == b"cut/ep0-ba1"
+    repair("s3://runs/cut")  # a repaired folder is left as it is
+    assert client.get_object(Bucket="runs", Key="cut/latest-rank0.pt.symlink")["Body"].read() == b"cut/ep0-ba1"
+    with pytest.raises(BadCheckpoint, match="no object store"):
+        repair("gopher://runs/cut")

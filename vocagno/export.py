@@ -1,0 +1,167 @@
+"""A finished run becomes a Hugging Face model folder people can load, evaluate and publish.
+
+    python -m vocagno.export runs/x/ep0-ba1000-rank0.pt models/x          # a whole checkpoint
+    python -m vocagno.export runs/x/ep0-ba1000 models/x --dtype bfloat16   # a sharded one (a folder of .distcp)
+    python -m vocagno.export s3://bucket/runs/x models/x --eval evals/x    # a save folder's latest, with results
+
+CHECKPOINT is any checkpoint of ``train.py`` that ``vocagno.checkpoint`` reads. OUT gets safetensors weights (in
+the run's precision: bfloat16 for ``amp_bf16``, or ``--dtype``), the config, the tokenizer, a generation config,
+and a model card (README.md) stating the recipe: student, teacher, tokenizers, selection, tokens trained, the yaml,
+and the ``vocagno.eval`` results of ``--eval DIR``. OUT is written whole or not at all; an existing OUT is refused
+unless ``--overwrite``. ``AutoModelForCausalLM.from_pretrained(OUT)`` then gives the checkpoint's logits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf as om
+
+from vocagno.algorithm import VocAgnoLM
+from vocagno.checkpoint import DTYPES, BadCheckpoint, load_model, recipe
+
+__all__ = ["export", "main", "model_card"]
+
+
+def export(checkpoint: str, out: str, dtype: str | None = None, overwrite: bool = False,
+           eval_dir: str | None = None) -> Path:
+    """Write the Hugging Face folder ``out`` for ``checkpoint``; see the module's docstring."""
+    out_path = Path(out)
+    if out_path.exists() and not overwrite:
+        raise BadCheckpoint(f"{out} exists: give another OUT, or --overwrite to replace it")
+    results = _eval_results(eval_dir) if eval_dir else None
+    model, tokenizer, state = load_model(checkpoint, "cpu", dtype)
+    _fill_generation_config(model, tokenizer)
+
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    partial = out_path.parent / f".{out_path.name}.partial-{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        model.save_pretrained(partial, safe_serialization=True)
+        tokenizer.save_pretrained(partial)
+        model.generation_config.save_pretrained(partial)
+        card = model_card(checkpoint, out_path.name, state, model, results, eval_dir)
+        (partial / "README.md").write_text(card, encoding="utf-8")
+        umask = os.umask(0)
+        os.umask(umask)
+        for written in partial.iterdir():  # safetensors writes its file private (0600): published files are not
+            written.chmod(0o666 & ~umask)
+        if out_path.exists():
+            shutil.rmtree(out_path) if out_path.is_dir() else out_path.unlink()
+        partial.rename(out_path)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return out_path
+
+
+def _fill_generation_config(model, tokenizer) -> None:
+    """Generation stops at the tokenizer's EOS and pads with it when it has no pad token (a Llama tokenizer)."""
+    config = model.generation_config
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if getattr(config, name, None) is None:
+            value = getattr(tokenizer, name)
+            setattr(config, name, tokenizer.eos_token_id if value is None and name == "pad_token_id" else value)
+
+
+def _eval_results(folder: str) -> dict[str, Any]:
+    path = Path(folder) / "results.json"
+    if not path.is_file():
+        raise BadCheckpoint(f"--eval {folder}: no results.json there (python -m vocagno.eval --output writes one)")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def model_card(checkpoint: str, folder: str, state: dict[str, Any], model, results: dict[str, Any] | None = None,
+               eval_dir: str | None = None) -> str:
+    """The README.md of an exported model: what it is, how it was trained (the run's yaml, the checkpoint's
+    timestamp), how it scored (``vocagno.eval``'s results)."""
+    from vocagno.eval.__main__ import table
+
+    yaml = recipe(state)
+    cfg = om.create(yaml) if yaml else None
+    timestamp = (state.get("timestamp") or {}).get("Timestamp") or {}
+    name = cfg.get("run_name") if cfg is not None else Path(checkpoint.rstrip("/")).name
+    params = sum(p.numel() for p in model.parameters())
+    rows = [("weights", f"{params:,} parameters, {str(model.dtype).removeprefix('torch.')}"),
+            ("trained", f"{timestamp.get('token', 0):,} student tokens, {timestamp.get('batch', 0):,} batches, "
+                        f"{timestamp.get('sample', 0):,} samples"),
+            ("checkpoint", f"`{checkpoint}`")]
+    if cfg is not None:
+        rows[1:1] = _recipe_rows(cfg)
+    lines = ["---", "library_name: transformers", "tags: [vocagno, vocagnolm, math]", "---", "",
+             f"# {name}", "",
+             "A causal language model trained with vocagno: VocAgnoLM (Shin et al., ICML 2025), teacher guided "
+             "language modeling with a teacher of another vocabulary.", "",
+             "| | |", "|---|---|", *(f"| {key} | {value} |" for key, value in rows), ""]
+    if results is not None:
+        lines += ["## Evaluation", "",
+                  f"`python -m vocagno.eval` (few-shot chain of thought, greedy; accuracy %), from `{eval_dir}`:", "",
+                  table(results), ""]
+    lines += ["## Use", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
+              f'model = AutoModelForCausalLM.from_pretrained("{folder}")',
+              f'tokenizer = AutoTokenizer.from_pretrained("{folder}")',
+              "```", ""]
+    if yaml:
+        lines += ["## The run's yaml", "", "`composer train.py` ran with this (resolved):", "", "```yaml",
+                  yaml.rstrip(), "```", ""]
+    else:
+        lines += ["The checkpoint holds no recipe (it was not written by vocagno's train.py, or by an older one).", ""]
+    return "\n".join(lines)
+
+
+# What VocAgnoLM selects by when a yaml leaves it to the defaults: the card states every choice.
+VOCAGNO_DEFAULTS = {name: parameter.default for name, parameter in inspect.signature(VocAgnoLM).parameters.items()
+                    if name in ("topk_ratio", "aggregation", "unmapped", "selection_scope", "selection", "alignment",
+                                "teacher_losses")}
+
+
+def _recipe_rows(cfg) -> list[tuple[str, str]]:
+    def model_of(section) -> str:
+        if section.get("name_or_path"):
+            return f"`{section.name_or_path}`"
+        config = section.get("config") or {}
+        return (f"random init: {config.get('model_type')}, {config.get('num_hidden_layers')} layers of "
+                f"{config.get('hidden_size')}")
+
+    rows = [("student", f"{model_of(cfg.model)}, tokenizer `{cfg.tokenizer.name}`")]
+    teacher = cfg.get("teacher")
+    if teacher is not None:
+        rows.append(("teacher", f"{model_of(teacher)}, tokenizer `{teacher.tokenizer}`"))
+    algorithms = {k: v for k, v in (om.to_container(cfg.get("algorithms")) or {}).items() if v is not None}
+    if not algorithms:
+        rows.append(("method", "plain continual pretraining (every token)"))
+    for name, options in algorithms.items():
+        options = {**(VOCAGNO_DEFAULTS if name == "vocagno" else {}), **(options or {})}
+        shown = ", ".join(f"{key} {value}" for key, value in options.items())
+        rows.append(("method", name + (f": {shown}" if shown else "")))
+    dataset = cfg.train_loader.dataset
+    rows.append(("data", f"`{dataset.get('remote') or dataset.get('local')}`"))
+    rows.append(("precision", str(cfg.get("precision"))))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vocagno.export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", help="a .pt, a sharded checkpoint folder, or a save folder; local or s3://...")
+    parser.add_argument("out", help="the Hugging Face folder to write")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), help="the weights' dtype (default: the run's precision)")
+    parser.add_argument("--overwrite", action="store_true", help="replace OUT when it exists")
+    parser.add_argument("--eval", dest="eval_dir", help="a vocagno.eval --output folder: its results go in the card")
+    args = parser.parse_args(argv)
+    try:
+        out = export(args.checkpoint, args.out, args.dtype, args.overwrite, args.eval_dir)
+    except BadCheckpoint as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"exported {args.checkpoint} to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
