@@ -13,7 +13,10 @@ reported as such and the others still run:
    pass's teacher tokens/s, MFU, peak memory.
 3. ``fsdp_all_gpus``: ``composer -n GPUS train.py yamls/tiny.yaml`` with the student under FSDP and the teacher
    sharded, against one GPU without FSDP: the losses of the first steps side by side, step time.
-4. ``miniature``: ``experiments/miniature.py --size gpu`` (its table: held-out bits per byte per method).
+4. ``sharded_resume_export``: the same FSDP run saving sharded checkpoints (``state_dict_type: sharded``) for 4
+   batches, resumed by ``autoresume`` to 6 (losses against ``fsdp_all_gpus``' uninterrupted run), exported by
+   ``python -m vocagno.export``, and the bits per byte of the export and of the save folder (``vocagno.eval --bpb``).
+5. ``miniature``: ``experiments/miniature.py --size gpu`` (its table: held-out bits per byte per method).
 
 Goals, each beside its figure in the report: ``microbatch`` overhead (guided / (plain + teacher forward)) at most
 1.10 and cached steps at most 1.05 x plain (paper preset); plain MFU at least 40%; the gpu tests passing. Sized for at
@@ -33,6 +36,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+HELD_OUT = str(REPO / "vocagno" / "assets" / "text" / "gsm8k_heldout_100.jsonl")
 SITE = "/tmp/site"
 
 
@@ -44,7 +48,10 @@ def steps(python: str, gpus: int, out: Path, dry: bool) -> list[dict]:
             "loggers.console=null", "progress_bar=false", "max_duration=6ba", f"variables.data={out}/shards/tiny"]
     fsdp = ["fsdp_config={sharding_strategy: FULL_SHARD, mixed_precision: PURE, state_dict_type: full}",
             "precision=amp_bf16", "teacher.dtype=bfloat16", "teacher.placement=fsdp"]
-    logs = {name: f"loggers.jsonl.path={out}/{name}.jsonl" for name in ("one_gpu", "all_gpus")}
+    sharded = [fsdp[0].replace("state_dict_type: full", "state_dict_type: sharded"), *fsdp[1:],
+               f"save_folder={out}/sharded", "save_interval=2ba", "save_overwrite=true"]
+    logs = {name: f"loggers.jsonl.path={out}/{name}.jsonl"
+            for name in ("one_gpu", "all_gpus", "sharded_first", "sharded_resumed")}
     if dry:
         return [
             {"name": "gpu_tests", "command": [python, "-m", "pytest", "-q", "-m", "gpu", "--co", "tests/"],
@@ -54,6 +61,7 @@ def steps(python: str, gpus: int, out: Path, dry: bool) -> list[dict]:
              "parse": bench_figures},
             {"name": "bench_paper", "command": None, "why": "the paper preset needs a GPU"},
             {"name": "fsdp_all_gpus", "command": None, "why": "Composer's FSDP needs CUDA"},
+            {"name": "sharded_resume_export", "command": None, "why": "Composer's FSDP needs CUDA"},
             {"name": "miniature", "command": [python, "experiments/miniature.py", "--size", "toy", "--methods",
                                               "plain,vocagno_40", "--out", str(out / "miniature")], "timeout": 900,
              "parse": miniature_figures(out / "miniature")},
@@ -68,6 +76,14 @@ def steps(python: str, gpus: int, out: Path, dry: bool) -> list[dict]:
         {"name": "fsdp_all_gpus", "commands": [[*composer, "-n", "1", *tiny, logs["one_gpu"], "precision=amp_bf16"],
                                                [*composer, "-n", str(gpus), *tiny, *fsdp, logs["all_gpus"]]],
          "timeout": 240, "parse": fsdp_figures(out)},
+        {"name": "sharded_resume_export", "commands": [
+            [*composer, "-n", str(gpus), *tiny, *sharded, "max_duration=4ba", logs["sharded_first"]],
+            [*composer, "-n", str(gpus), *tiny, *sharded, "autoresume=true", logs["sharded_resumed"]],
+            [python, "-m", "vocagno.export", f"{out}/sharded", f"{out}/exported", "--overwrite"],
+            [python, "-m", "vocagno.eval", "--model", f"{out}/exported", "--bpb", HELD_OUT],
+            [python, "-m", "vocagno.eval", "--model", f"{out}/sharded", "--bpb", HELD_OUT, "--device", "cpu"],
+            [python, "-m", "vocagno.eval", "--model", f"{out}/exported", "--bpb", HELD_OUT, "--device", "cpu"]],
+         "timeout": 420, "parse": sharded_figures(out)},
         {"name": "miniature", "command": [python, "experiments/miniature.py", "--size", "gpu", "--out",
                                           str(out / "miniature")], "timeout": 900,
          "parse": miniature_figures(out / "miniature")},
@@ -107,18 +123,36 @@ def bench_figures(output: str) -> dict:
     return figures
 
 
+def losses(out: Path, name: str) -> dict[int, float]:
+    """step -> training loss, from a run's JSON lines log (empty when it has none)."""
+    path = out / f"{name}.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return {r["step"]: r["loss/train/total"] for r in rows if "loss/train/total" in r}
+
+
 def fsdp_figures(out: Path):
     def parse(output: str) -> dict:
-        runs = {}
-        for name in ("one_gpu", "all_gpus"):
-            path = out / f"{name}.jsonl"
-            if path.exists():
-                rows = [json.loads(line) for line in path.read_text().splitlines()]
-                runs[name] = [r["loss/train/total"] for r in rows if "loss/train/total" in r]
-        if len(runs) < 2 or not runs["one_gpu"]:
+        runs = {name: list(losses(out, name).values()) for name in ("one_gpu", "all_gpus")}
+        if not runs["one_gpu"] or not runs["all_gpus"]:
             return {}
         worst = max(abs(a - b) / abs(a) for a, b in zip(runs["one_gpu"], runs["all_gpus"]))
         return {"steps": len(runs["all_gpus"]), "largest_relative_loss_difference": round(worst, 4)}
+    return parse
+
+
+def sharded_figures(out: Path):
+    def parse(output: str) -> dict:
+        figures = {}
+        straight, resumed = losses(out, "all_gpus"), losses(out, "sharded_resumed")
+        if resumed and all(step in straight for step in resumed):
+            figures["resumed_steps"] = sorted(resumed)
+            figures["resumed_largest_relative_loss_difference"] = round(
+                max(abs(resumed[s] - straight[s]) / abs(straight[s]) for s in resumed), 4)
+        bpb = [float(v) for v in re.findall(r"bits per byte on .*: ([0-9.]+)", output)]
+        if len(bpb) == 3:  # the export on the GPU; the save folder and the export on the CPU
+            figures["bits_per_byte_export_gpu"] = bpb[0]
+            figures["bits_per_byte_checkpoint_minus_export"] = round(abs(bpb[1] - bpb[2]), 6)
+        return figures
     return parse
 
 
@@ -139,6 +173,10 @@ GOALS = [
     ("bench_paper", "microbatch_cached.cached_over_plain", "at most", 1.05, "cached step over plain step"),
     ("bench_paper", "mfu", "at least", 0.40, "plain MFU"),
     ("fsdp_all_gpus", "largest_relative_loss_difference", "at most", 0.02, "FSDP on all GPUs against one GPU (bf16)"),
+    ("sharded_resume_export", "resumed_largest_relative_loss_difference", "at most", 0.02,
+     "resumed from a sharded checkpoint against uninterrupted"),
+    ("sharded_resume_export", "bits_per_byte_checkpoint_minus_export", "at most", 0.0,
+     "a sharded checkpoint reads as its export"),
 ]
 
 

@@ -40,3 +40,17 @@ def test_a_failing_step_is_reported_and_the_others_still_run(tmp_path):
     assert late["status"] == "failed (past its 1 s)"
     verdict = gpu_check.judge({"gpu_tests": broken})[0]
     assert verdict["value"] == 2 and verdict["met"] is False
+
+
+def test_the_sharded_step_reads_the_resumed_losses_against_the_straight_run_and_the_three_bits_per_byte(tmp_path):
+    straight = [{"step": step, "loss/train/total": 10.0 - step} for step in range(1, 7)]
+    resumed = [{"step": 5, "loss/train/total": 5.05}, {"step": 6, "loss/train/total": 4.0}, {"step": 6, "lr": 1.0}]
+    for name, rows in (("all_gpus", straight), ("sharded_resumed", resumed)):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    output = "".join(f"bits per byte on held_out.jsonl (100 texts): {v}\n" for v in ("1.5001", "1.5003", "1.5002"))
+    figures = gpu_check.sharded_figures(tmp_path)(output)
+    assert figures == {"resumed_steps": [5, 6], "resumed_largest_relative_loss_difference": 0.01,
+                       "bits_per_byte_export_gpu": 1.5001, "bits_per_byte_checkpoint_minus_export": 0.0001}
+    verdicts = {v["figure"]: v["met"] for v in gpu_check.judge({"sharded_resume_export": {"figures": figures}})}
+    assert verdicts["resumed_largest_relative_loss_difference"] is True
+    assert verdicts["bits_per_byte_checkpoint_minus_export"] is False
