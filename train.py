@@ -207,6 +207,7 @@ def main(cfg: DictConfig) -> Trainer:
         ))
 
     student = build_causal_lm(cfg.model, len(student_tok), cfg.seed)  # the same init for a seed, whatever the method
+    student.config.use_cache = False  # no KV cache in training forwards; vocagno.export publishes it turned on
     positions = getattr(student.config, "max_position_embeddings", None)
     seq_len = train_loader.dataset.metadata.seq_len
     if positions is not None and positions < seq_len:

@@ -75,7 +75,8 @@ def run(work: Path, name: str, train_loader: dict, student: str, teacher: str, *
     kept = [float(value) for _, value in memory.data.get("loss/train/kept_fraction", [])]
     algorithm = next(a for a in trainer.state.algorithms if isinstance(a, VocAgnoLM))
     return {"run": name, "kept_fraction": kept, "batches": int(trainer.state.timestamp.batch),
-            "teacher_loaded": algorithm.scorer is not None}
+            "teacher_loaded": algorithm.scorer is not None,
+            "collate": type(trainer.state.train_dataloader.collate_fn).__name__}
 
 
 def main(work: Path) -> None:
@@ -95,6 +96,9 @@ def main(work: Path) -> None:
         run(work, "text-loader", {"name": "text", "dataset": {"local": str(work / "tokens"), "split": None,
             "shuffle": False, "max_seq_len": SEQ_LEN}, "drop_last": True, "num_workers": 0, "prefetch_factor": None,
             "persistent_workers": False}, student, teacher),
+        # The same with 2 workers: the algorithm has them make the teacher side (WithTeacherSide).
+        run(work, "text-loader-workers", {"name": "text", "dataset": {"local": str(work / "tokens"), "split": None,
+            "shuffle": False, "max_seq_len": SEQ_LEN}, "drop_last": True, "num_workers": 2}, student, teacher),
         run(work, "vocagno-loader", {"name": "vocagno", "dataset": {"local": str(work / "shards"), "shuffle": False},
             "drop_last": True, "num_workers": 0}, student, teacher),
         run(work, "vocagno-loader-cached", {"name": "vocagno", "dataset": {"local": str(work / "scored"),

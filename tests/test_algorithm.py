@@ -387,3 +387,126 @@ def test_with_the_students_own_tokenizer_the_loss_is_rho1s_selective_language_mo
     kept = (student_ce - reference_ce).topk(math.ceil(0.6 * student_ce.numel())).indices
     torch.testing.assert_close(ours["total"], student_ce[kept].mean(), rtol=1e-5, atol=1e-6)
     assert ours["mapped_fraction"] == 1
+
+
+def token_rows(loader, batches=3):
+    """The shards' student tokens alone, one sample a row: what llm-foundry's ``text`` loader gives."""
+    rows = [row for batch, _ in zip(loader, range(batches)) for row in batch["input_ids"]]
+    return [{"input_ids": row} for row in rows]
+
+
+def tokens_fit(rows, tokenizers, workers, batches=3, **options):
+    student, teacher = tiny(LlamaConfig, LlamaForCausalLM, 32000), tiny(Qwen2Config, Qwen2ForCausalLM, 152064)
+    capture = Capture()
+    algorithm = VocAgnoLM(teacher=teacher, teacher_tokenizer="qwen2.5", teacher_dtype="float32", **options)
+    trainer = Trainer(model=HuggingFaceModel(student, tokenizer=tokenizers["llama2"], use_logits=True),
+                      train_dataloader=DataLoader(rows, batch_size=8, num_workers=workers),
+                      max_duration=f"{batches}ba", device_train_microbatch_size=4, callbacks=[capture],
+                      algorithms=[algorithm], optimizers=torch.optim.SGD(student.parameters(), lr=0.1), device="cpu",
+                      loggers=[], progress_bar=False)
+    trainer.fit()
+    return trainer, capture
+
+
+def test_with_loader_workers_the_teacher_side_is_made_there_and_the_batches_are_the_same(loader, tokenizers,
+                                                                                        monkeypatch):
+    from vocagno import teacher_side
+
+    made_by = teacher_side.TeacherSide.__call__
+
+    def marked(self, batch):  # which process made the teacher side: a worker (forked with this patch) or the trainer
+        worker = torch.utils.data.get_worker_info() is not None
+        return {**made_by(self, batch), "made_in_worker": torch.full((len(batch["input_ids"]),), worker)}
+
+    monkeypatch.setattr(teacher_side.TeacherSide, "__call__", marked)
+    rows = token_rows(loader)
+    (in_workers, with_workers), (in_trainer, without) = (tokens_fit(rows, tokenizers, w) for w in (2, 0))
+    assert isinstance(in_workers.state.train_dataloader.collate_fn, teacher_side.WithTeacherSide)
+    assert [bool(b.pop("made_in_worker").all()) for b in with_workers.batches] == [True] * 3
+    assert [bool(b.pop("made_in_worker").any()) for b in without.batches] == [False] * 3
+    for one, other in zip(with_workers.batches, without.batches):
+        assert one.keys() == other.keys() and "teacher_input_ids" in one
+        for key in one:
+            torch.testing.assert_close(one[key], other[key], equal_nan=True, msg=key)
+    for one, other in zip(with_workers.losses, without.losses):
+        torch.testing.assert_close(one["total"], other["total"])
+
+
+class StudentTokensOnly:
+    """The collator's batches cut to the student's input_ids and attention_mask: a Streaming loader of student tokens
+    alone, resumable like llm-foundry's ``text`` loader."""
+
+    def __init__(self, collate):
+        self.collate = collate
+
+    def __call__(self, samples):
+        batch = self.collate(samples)
+        return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+
+
+def test_with_loader_workers_a_resumed_run_takes_the_batches_and_steps_of_an_uninterrupted_one(loader, tokenizers,
+                                                                                             tmp_path):
+    root = loader.dataset.streams[0].local
+    collate = StudentTokensOnly(loader.collate_fn)
+
+    def fit(name, batches, **checkpointing):
+        clean_stale_shared_memory()
+        dataset = TeacherGuidedDataset(remote=root, local=str(tmp_path / name), batch_size=4, shuffle=True,
+                                       shuffle_seed=3, num_canonical_nodes=1)
+        student, teacher = tiny(LlamaConfig, LlamaForCausalLM, 32000), tiny(Qwen2Config, Qwen2ForCausalLM, 152064)
+        capture = Capture()
+        trainer = Trainer(model=HuggingFaceModel(student, tokenizer=tokenizers["llama2"], use_logits=True),
+                          train_dataloader=DataLoader(dataset, batch_size=4, num_workers=2, collate_fn=collate),
+                          max_duration=f"{batches}ba", callbacks=[capture], seed=1,
+                          algorithms=[VocAgnoLM(teacher=teacher, teacher_tokenizer="qwen2.5", teacher_dtype="float32")],
+                          optimizers=torch.optim.SGD(student.parameters(), lr=0.1), device="cpu", loggers=[],
+                          progress_bar=False, **checkpointing)
+        trainer.fit()
+        trainer.close()
+        return capture
+
+    straight = fit("straight", 4)
+    fit("first", 2, save_folder=str(tmp_path / "ckpt"), save_interval="2ba")
+    resumed = fit("resumed", 4, load_path=str(tmp_path / "ckpt" / "ep0-ba2-rank0.pt"))
+    assert len(resumed.batches) == 2 and len(straight.batches) == 4
+    for one, other in zip(straight.batches[2:], resumed.batches):
+        for key in ("input_ids", "teacher_input_ids", "align_start", "vocagno_selected"):
+            assert torch.equal(one[key], other[key]), key
+    for one, other in zip(straight.losses[2:], resumed.losses):
+        torch.testing.assert_close(one["total"], other["total"])
+    clean_stale_shared_memory()
+
+
+def test_a_loader_whose_tokens_are_not_the_students_or_that_has_none_is_named(loader, tokenizers):
+    rows = token_rows(loader, batches=1)
+    rows[3]["input_ids"] = rows[3]["input_ids"].clone()
+    rows[3]["input_ids"][5] = 40000  # an id of another, larger vocabulary
+    for workers in (0, 2):
+        with pytest.raises(ValueError, match=r"the training loader \(list\): student input_ids from \d+ to 40000, but "
+                                             r"the student tokenizer has 32000 ids"):
+            tokens_fit(rows, tokenizers, workers, batches=1)
+        with pytest.raises(ValueError, match=r"the training loader \(list\) gives batches with \['tokens'\]"):
+            tokens_fit([{"tokens": row["input_ids"]} for row in rows], tokenizers, workers, batches=1)
+
+
+def test_the_students_training_forwards_build_no_kv_cache(loader):
+    """The training forwards and the batch scope's scoring pass ask the student for no cache, and it returns none."""
+    asked, returned = [], []
+    original = tiny
+
+    def spied(*args):
+        model = original(*args)
+        if model.config.vocab_size == 32000:  # the student
+            model.register_forward_pre_hook(lambda m, a, kwargs: asked.append(kwargs.get("use_cache")),
+                                            with_kwargs=True)
+            model.register_forward_hook(lambda m, a, output: returned.append(output.past_key_values))
+        return model
+
+    globals()["tiny"] = spied
+    try:
+        student, _, capture = guided_fit(loader, 4, "batch", batches=1)
+    finally:
+        globals()["tiny"] = original
+    assert student.config.use_cache  # the model's own setting is left alone (generation uses it)
+    assert len(asked) == 2 + 2 and asked == [False] * 4  # 2 microbatches scored, 2 trained
+    assert returned == [None] * 4

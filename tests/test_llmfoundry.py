@@ -52,7 +52,7 @@ def foundry_python() -> str:
 
 def test_llmfoundry_trains_with_vocagno_on_its_own_text_loader_and_on_ours(foundry_python, tmp_path):
     """(a) llm-foundry's ``text`` loader on a token MDS from its ``convert_dataset_json``, the teacher side made per
-    batch; (b) ``train_loader: {name: vocagno}`` on our shards; (c) the same on shards scored once, with cached teacher
+    batch, in the training process and in 2 loader workers; (b) ``train_loader: {name: vocagno}`` on our shards; (c) the same on shards scored once, with cached teacher
     losses and no teacher loaded. All log ``loss/train/kept_fraction`` (tokenizers: TinyLlama's and Qwen2.5's, models:
     tiny random-init)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VOCAGNO_CACHE")}
@@ -60,8 +60,11 @@ def test_llmfoundry_trains_with_vocagno_on_its_own_text_loader_and_on_ours(found
                   env={**env, "VOCAGNO_CACHE": str(tmp_path / "cache")})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     runs = {r["run"]: r for r in map(json.loads, (line for line in result.stdout.splitlines() if line.startswith("{")))}
-    assert set(runs) == {"text-loader", "vocagno-loader", "vocagno-loader-cached"}
-    assert [run["teacher_loaded"] for run in runs.values()] == [True, True, False]
+    assert set(runs) == {"text-loader", "text-loader-workers", "vocagno-loader", "vocagno-loader-cached"}
+    assert [run["teacher_loaded"] for run in runs.values()] == [True, True, True, False]
+    # With workers they make the teacher side, and the run is the same: the same kept fractions, step by step.
+    assert runs["text-loader-workers"]["collate"] == "WithTeacherSide" != runs["text-loader"]["collate"]
+    assert runs["text-loader-workers"]["kept_fraction"] == runs["text-loader"]["kept_fraction"]
     for run in runs.values():
         assert run["batches"] == 3 and len(run["kept_fraction"]) == 3, run
         assert all(0.35 < kept < 0.5 for kept in run["kept_fraction"]), run  # 40% of the mapped, plus the unmapped

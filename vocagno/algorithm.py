@@ -6,8 +6,10 @@
 Batches from ``vocagno.data.TeacherGuidedCollator`` (shards made by the converter: student ``input_ids``/``labels``
 plus ``align_start``/``align_end`` and the teacher's ``teacher_input_ids``/``teacher_attention_mask``) are used as
 they are. A batch of student ``input_ids`` alone (llm-foundry's ``text`` loader, any recipe's) gets its teacher side
-made at AFTER_DATALOADER, on the CPU (``vocagno.teacher_side.TeacherSide``: the text of the student's tokens, the
-teacher's tokens of it, the alignment), from the student's tokenizer (``student_tokenizer``, or the model's).
+made on the CPU (``vocagno.teacher_side.TeacherSide``: the text of the student's tokens, the teacher's tokens of it,
+the alignment), from the student's tokenizer (``student_tokenizer``, or the model's): in the training loader's worker
+processes when it has some (FIT_START wraps its ``collate_fn`` in ``WithTeacherSide``, before the workers start),
+else at AFTER_DATALOADER in the training process.
 
 ``selection_scope`` says over which tokens the top-k is taken. ``batch`` (the default, Rho-1's "tokens in a batch"):
 the whole global batch, every rank and every microbatch, so ``device_train_microbatch_size`` is only a memory knob.
@@ -43,14 +45,16 @@ from composer.loggers import Logger
 from composer.utils import dist
 from torch import nn
 from torch.nn import functional as F
+from torch.utils.data import DataLoader
 
 from vocagno.alignment import chunk_align
+from vocagno.data import TeacherGuidedCollator
 from vocagno.fsdp import decoder_layer_classes
 from vocagno.loss import (
     check_options, excess_loss, guided_loss, next_token_cross_entropy, select_random, select_top, teacher_token_loss,
 )
 from vocagno.shards import describe_tokenizer
-from vocagno.teacher_side import TeacherSide
+from vocagno.teacher_side import TeacherSide, WithTeacherSide, unpack_teacher_side
 from vocagno.tokenization import as_tokenizer, resolve_shipped
 
 __all__ = [
@@ -136,6 +140,22 @@ def _shift_left(values: torch.Tensor, pad: Any) -> torch.Tensor:
 def _shard_metadata(state: State):
     """The training shards' ``ShardMetadata`` (``vocagno.json``), or None when the loader reads no vocagno shards."""
     return getattr(getattr(getattr(state, "train_dataloader", None), "dataset", None), "metadata", None)
+
+
+def _loader_name(state: State) -> str:
+    dataset = getattr(state.train_dataloader, "dataset", None)
+    return type(dataset).__name__ if dataset is not None else type(state.train_dataloader).__name__
+
+
+def _no_cache(model) -> dict[str, bool]:
+    """``use_cache=False`` for a Hugging Face student's forward: its KV cache (~0.2 GB for TinyLlama at 4 x 2048) is
+    built by default and never read in training. Only for models whose forward takes it (Composer's
+    ``HuggingFaceModel`` passes the batch's keys its model's forward names)."""
+    return {"use_cache": False} if "use_cache" in getattr(model, "model_forward_args", ()) else {}
+
+
+def _as_it_is(batch):
+    return batch
 
 
 def check_teacher_options(teacher_dtype: str, trust_remote_code: Any) -> None:
@@ -284,13 +304,16 @@ class VocAgnoLM(Algorithm):
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         if event == Event.FIT_START:
+            self._teacher_side_in_workers(state)
             if self.cached:
                 self._check_scored_by(state)
             elif self.scorer is None:
                 self.scorer = self._place(self._build_scorer(state), state)
         elif event == Event.AFTER_DATALOADER:
-            if "teacher_input_ids" not in state.batch:
-                state.batch = self._make_teacher_side(state)(state.batch)
+            state.batch = unpack_teacher_side(state.batch)  # as loader workers send it
+            if "teacher_input_ids" not in state.batch:  # a loader without workers: made here
+                state.batch = WithTeacherSide(_as_it_is, self._make_teacher_side(state), _loader_name(state))(
+                    state.batch)
             if self.alignment == "chunk":
                 batch = state.batch
                 ids = batch["input_ids"]
@@ -306,6 +329,7 @@ class VocAgnoLM(Algorithm):
                 self._select_over_global_batch(state)
         elif event == Event.BEFORE_FORWARD:
             self._labels = state.batch.pop("labels")
+            state.batch.update(_no_cache(state.model))
         elif event == Event.AFTER_FORWARD:
             logits = state.outputs.logits if hasattr(state.outputs, "logits") else state.outputs
             if self.selection_scope == "batch":
@@ -329,10 +353,20 @@ class VocAgnoLM(Algorithm):
             logger.log_metrics({"vocagno/teacher_forward_seconds": self._teacher_seconds})
             self._teacher_seconds = 0.0
 
+    def _teacher_side_in_workers(self, state: State) -> None:
+        """Move the making of the teacher side into the training loader's workers (see the module's docstring)."""
+        loader = state.train_dataloader
+        if not isinstance(loader, DataLoader) or loader.num_workers == 0 or self.cached or isinstance(
+                loader.collate_fn, (TeacherGuidedCollator, WithTeacherSide)):
+            return
+        if self.student_tokenizer is None and getattr(state.model, "tokenizer", None) is None:
+            return  # the first batch says what is missing, if it needs the tokenizers at all
+        if self.teacher_tokenizer is None:
+            return
+        loader.collate_fn = WithTeacherSide(loader.collate_fn, self._make_teacher_side(state), _loader_name(state))
+
     def _make_teacher_side(self, state: State) -> TeacherSide:
         if self.teacher_side is None:
-            if "input_ids" not in state.batch:
-                raise KeyError(f"VocAgnoLM needs the student's input_ids; the batch has {sorted(state.batch)}")
             student = self.student_tokenizer or getattr(state.model, "tokenizer", None)
             if student is None or self.teacher_tokenizer is None:
                 missing = "student_tokenizer (or a HuggingFaceModel with its tokenizer)" if student is None else \
@@ -396,7 +430,7 @@ class VocAgnoLM(Algorithm):
                 {k: v[begin : begin + step] for k, v in batch.items() if isinstance(v, torch.Tensor)})
             teacher_loss = self._teacher_loss(piece)
             with get_precision_context(state.precision, state.precision_config):
-                outputs = state.model({k: v for k, v in piece.items() if k != "labels"})
+                outputs = state.model({**{k: v for k, v in piece.items() if k != "labels"}, **_no_cache(state.model)})
             logits = outputs.logits if hasattr(outputs, "logits") else outputs
             score, _ = excess_loss(
                 next_token_cross_entropy(logits, piece["labels"]), piece["labels"][:, 1:], teacher_loss,

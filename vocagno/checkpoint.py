@@ -252,6 +252,7 @@ def model_from_state(state: dict[str, Any], name: str):
         raise BadCheckpoint(f"{name}: its weights don't fit the model its config describes "
                             f"({str(error).splitlines()[1].strip() if len(str(error).splitlines()) > 1 else error})"
                             ) from error
+    model.config.use_cache = True  # train.py turns it off for training; generation needs it
     dtypes = {tensor.dtype for tensor in weights.values() if tensor.is_floating_point()}
     model.to(dtypes.pop() if len(dtypes) == 1 else torch.float32)
     embeddings = model.get_input_embeddings().num_embeddings

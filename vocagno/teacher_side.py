@@ -39,7 +39,7 @@ from vocagno.data import TeacherGuidedCollator
 from vocagno.shards import document_separator, tokenizer_info
 from vocagno.tokenization import text_tokenizers, without_dummy_prefix
 
-__all__ = ["StudentText", "TeacherSide"]
+__all__ = ["StudentText", "TeacherSide", "WithTeacherSide", "unpack_teacher_side"]
 
 
 class StudentText:
@@ -126,6 +126,9 @@ class TeacherSide:
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         ids = batch["input_ids"].cpu()
+        if ids.numel() and (int(ids.max()) >= len(self.student.token_bytes) or int(ids.min()) < 0):
+            raise ValueError(f"student input_ids from {int(ids.min())} to {int(ids.max())}, but the student tokenizer "
+                             f"has {len(self.student.token_bytes)} ids: the loader's tokens are not this tokenizer's")
         mask = batch["attention_mask"].cpu().bool() if "attention_mask" in batch else torch.ones_like(ids, dtype=bool)
         lengths = mask.sum(1)
         if not torch.equal(mask, torch.arange(ids.shape[1]) < lengths[:, None]):
@@ -193,3 +196,65 @@ def _pad_to(tensor: torch.Tensor, width: int, value: int) -> torch.Tensor:
     padded = tensor.new_full((tensor.shape[0], width), value)
     padded[:, : tensor.shape[1]] = tensor
     return padded
+
+
+class WithTeacherSide:
+    """A loader's ``collate_fn`` that adds the teacher side to its batches of student tokens, in the loader's worker
+    processes: ``VocAgnoLM`` puts it on a training loader with workers at FIT_START, so the training process no
+    longer makes it. Batches that have a teacher side (``teacher_input_ids``) pass as they are.
+
+    Args:
+        collate_fn: the loader's own.
+        teacher_side: a ``TeacherSide``.
+        loader: the loader's name in errors (its dataset's class).
+    """
+
+    def __init__(self, collate_fn, teacher_side: TeacherSide, loader: str):
+        self.collate_fn, self.teacher_side, self.loader = collate_fn, teacher_side, loader
+
+    def __call__(self, samples: list) -> dict[str, Any]:
+        batch = self.collate_fn(samples)
+        if not isinstance(batch, dict) or "teacher_input_ids" in batch:
+            return batch
+        if "input_ids" not in batch:
+            raise ValueError(f"the training loader ({self.loader}) gives batches with {sorted(batch)}: VocAgnoLM "
+                             "needs the student's input_ids")
+        try:
+            made = self.teacher_side(batch)
+        except ValueError as error:
+            raise ValueError(f"the training loader ({self.loader}): {error}") from None
+        return _pack(made) if torch.utils.data.get_worker_info() is not None else made
+
+
+# A worker sends each tensor of a batch to the training process on its own (a shared-memory segment and a file
+# descriptor each, ~0.25 ms apiece on a CPU): the teacher side's tensors travel as one, row-aligned (every row of
+# each has the batch's rows), and ``unpack_teacher_side`` makes them views again at AFTER_DATALOADER.
+PACKED = "vocagno_teacher_side"
+PACKED_KEYS = ("align_start", "align_end", "token_bytes", "special_tokens", "teacher_input_ids",
+               "teacher_attention_mask")
+
+
+def _pack(batch: dict[str, Any]) -> dict[str, Any]:
+    """The ``PACKED_KEYS`` tensors of ``batch`` as one int64 tensor ``[rows, 2 x keys + widths]``: each key's width
+    and whether it is bool, then the tensors side by side."""
+    keys = [key for key in PACKED_KEYS if key in batch]
+    rows = batch["input_ids"].shape[0]
+    header = torch.tensor([[batch[key].shape[1] if key in batch else 0 for key in PACKED_KEYS] +
+                           [int(key in batch and batch[key].dtype == torch.bool) for key in PACKED_KEYS]])
+    packed = torch.cat([header.expand(rows, -1), *(batch[key].to(torch.int64) for key in keys)], dim=1)
+    return {**{k: v for k, v in batch.items() if k not in keys}, PACKED: packed}
+
+
+def unpack_teacher_side(batch: dict[str, Any]) -> dict[str, Any]:
+    """A batch whose teacher side a loader worker packed, with its tensors as the collator made them."""
+    if PACKED not in batch:
+        return batch
+    packed = batch.pop(PACKED)
+    widths, is_bool = packed[0, : len(PACKED_KEYS)].tolist(), packed[0, len(PACKED_KEYS) : 2 * len(PACKED_KEYS)]
+    begin = 2 * len(PACKED_KEYS)
+    for key, width, flag in zip(PACKED_KEYS, widths, is_bool.tolist()):
+        if width:
+            part = packed[:, begin : begin + width]
+            batch[key] = part.bool() if flag else part
+            begin += width
+    return batch
