@@ -50,7 +50,7 @@ from vocagno.output import (  # noqa: E402
     PART_STATS, OwnedLock, Output, all_jobs_done, check_or_write_settings, job_marker, merge_once, publish_dataset,
     unfinished_parts,
 )
-from conversion.sources import Record, Source, parse_jsonl_line, sources_of  # noqa: E402
+from conversion.sources import Record, Source, TextOf, parse_jsonl_line, sources_of  # noqa: E402
 from vocagno.shards import (  # noqa: E402
     COLUMNS, SHARD_HASH, Encoder, Packer, ShardMetadata, TokenizerInfo, tokenizer_info, write_atomically,
 )
@@ -130,7 +130,10 @@ class Config:
 
     inputs: list[str]
     split: str
+    subset: str | None
+    data_files: list[str] | None
     text_field: str
+    text_template: str | None
     student_tokenizer: str
     teacher_tokenizer: str
     student_fingerprint: str
@@ -184,12 +187,13 @@ def convert_part(
     shutil.rmtree(staging, ignore_errors=True)
     stats: Counter = Counter()
     packer = Packer(config["seq_len"], *tokenizers)
+    text_of = TextOf(config["text_field"], config["text_template"])
     begin = time.perf_counter()
     with MDSWriter(out=str(staging), columns=COLUMNS, compression=config["compression"], hashes=[SHARD_HASH],
                    size_limit=1 << 26) as out:
         for batch_begin in range(0, len(records), ENCODE_BATCH):
             batch = records[batch_begin : batch_begin + ENCODE_BATCH]
-            parsed = (parse_jsonl_line(r, config["text_field"]) if isinstance(r, bytes) else r for r in batch)
+            parsed = (parse_jsonl_line(r, text_of) if isinstance(r, bytes) else r for r in batch)
             docs = [pieces for pieces in (clean(r, config["max_doc_chars"], stats) for r in parsed) if pieces]
             stats[SPECIAL_STRINGS] += _encoder.special_strings(docs)
             stats["documents converted"] += len(docs)
@@ -255,11 +259,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--input", nargs="+", default=[DEFAULT_INPUT],
-        help="a Hugging Face dataset name (streamed), or local .jsonl/.json/.parquet/.txt files (any case, gzip or "
-             "not) or folders of them",
+        help="a Hugging Face dataset name (streamed), or local .jsonl/.json/.parquet/.arrow/.txt files (any case, "
+             "gzip or zstd or not) or folders of them (a datasets save_to_disk folder among them)",
     )
-    parser.add_argument("--split", default="train", help="the Hugging Face dataset's split")
+    parser.add_argument("--split", default="train", help="the Hugging Face dataset's split (or a saved DatasetDict's)")
+    parser.add_argument("--subset", default=None,
+                        help="the Hugging Face dataset's configuration (FineWeb-Edu's sample-10BT, ...)")
+    parser.add_argument("--data-files", nargs="+", default=None,
+                        help="the Hugging Face dataset's files to read (patterns as datasets takes them)")
     parser.add_argument("--text-field", default="text", help="the field holding each document's text (.txt: the file)")
+    parser.add_argument("--text-template", default=None,
+                        help='the text made of several fields instead: "{title}\\n\\n{body}" ({a.b}: nested)')
     parser.add_argument("--student-tokenizer", default="TinyLlama/TinyLlama_v1.1",
                         help="HF name, local folder or shipped name (llama2, qwen2.5, ...)")
     parser.add_argument("--teacher-tokenizer", default="Qwen/Qwen2.5-Math-7B-Instruct",
@@ -307,7 +317,8 @@ def convert(args: argparse.Namespace, output: Output) -> dict[str, str]:
     student = tokenizer_info(student_tok, args.student_tokenizer)
     teacher = tokenizer_info(teacher_tok, args.teacher_tokenizer)
     config = Config(
-        inputs=args.input, split=args.split, text_field=args.text_field,
+        inputs=args.input, split=args.split, subset=args.subset, data_files=args.data_files,
+        text_field=args.text_field, text_template=args.text_template,
         student_tokenizer=args.student_tokenizer, teacher_tokenizer=args.teacher_tokenizer,
         student_fingerprint=student.fingerprint, teacher_fingerprint=teacher.fingerprint,
         seq_len=args.seq_len, docs_per_part=args.docs_per_part, max_doc_chars=args.max_doc_chars,
@@ -324,7 +335,8 @@ def convert(args: argparse.Namespace, output: Output) -> dict[str, str]:
         for stale in output.local.glob(".tmp-part-*"):  # this job's unfinished parts of an interrupted run
             if _part_source(stale.name.removeprefix(".tmp-")) % args.num_jobs == args.job_index:
                 shutil.rmtree(stale)
-        sources = sources_of(args.input, args.split, args.text_field)
+        sources = sources_of(args.input, args.split, TextOf(args.text_field, args.text_template), args.subset,
+                             args.data_files)
         mine = [(i, s) for i, s in enumerate(sources) if i % args.num_jobs == args.job_index]
         print(f"{len(sources)} source file(s); this job (#{args.job_index} of {args.num_jobs}) converts {len(mine)}")
         global _encoder

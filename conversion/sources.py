@@ -1,5 +1,7 @@
-"""Reading a corpus: local files (.jsonl, .json, .parquet, .txt, any of them gzip- or zstd-compressed) or a Hugging
-Face dataset, as ``Source`` objects that yield ``Record``s, with a fingerprint of each file for resumption.
+"""Reading a corpus: local files (.jsonl, .json, .parquet, .arrow, .txt, any of them gzip- or zstd-compressed, and
+folders of them, a ``datasets`` ``save_to_disk`` folder among them) or a Hugging Face dataset (a configuration, data
+files), as ``Source`` objects that yield ``Record``s, with a fingerprint of each file for resumption. A record's text
+is one field (``--text-field``) or a template of fields (``--text-template "{title}\\n\\n{body}"``): ``TextOf``.
 
 Nothing read aborts a conversion: a bad record is a ``Record`` with a ``problem`` (counted by reason), and a file
 that can't be read at all (a corrupt .parquet or .gz) ends in one such record and is named in
@@ -17,9 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-__all__ = ["Record", "Source", "LOCAL_SUFFIXES", "sources_of", "hub_sources", "parse_jsonl_line"]
+__all__ = ["Record", "Source", "TextOf", "LOCAL_SUFFIXES", "sources_of", "hub_sources", "parse_jsonl_line"]
 
-LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt")  # in any case, optionally followed by .gz or .zst
+LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow", ".txt")  # in any case, optionally followed by .gz or .zst
+# What datasets' save_to_disk writes beside its .arrow files: its metadata, no documents.
+SAVE_TO_DISK_METADATA = ("dataset_info.json", "state.json", "dataset_dict.json")
 COMPRESSED_SUFFIXES = (".gz", ".zst", ".zstd")
 _GZIP_MAGIC, _ZSTD_MAGIC = b"\x1f\x8b", b"\x28\xb5\x2f\xfd"
 _BOM = b"\xef\xbb\xbf"
@@ -65,15 +69,56 @@ def file_fingerprint(path: Path) -> dict:
     return {"bytes": stat.st_size, "mtime": stat.st_mtime, "sha256": digest.hexdigest()}
 
 
-def _record_from_object(obj, text_field: str) -> Record:
-    if not isinstance(obj, dict):
-        return Record(None, "not a JSON object")
-    if text_field not in obj:
-        return Record(None, f"missing text field {text_field!r}")
-    text = obj[text_field]
-    if not isinstance(text, str):
-        return Record(None, f"text field is {type(text).__name__}, not a string")
-    return Record(text)
+class TextOf:
+    """A record's text: its field ``field``, or ``template`` with each ``{name}`` replaced by that field (dotted names
+    for nested ones: ``{meta.title}``; ``\\n``, ``\\t`` written out in the template are a newline and a tab; numbers
+    are written as text). A record without a field it names is counted by that reason."""
+
+    def __init__(self, field: str = "text", template: str | None = None):
+        self.field, self.template = field, template
+        if template is None:
+            self.parts = [("", field)]
+            return
+        import string
+
+        unescaped = template.replace("\\n", "\n").replace("\\t", "\t")
+        try:
+            self.parts = [(literal, name) for literal, name, _, _ in string.Formatter().parse(unescaped)]
+        except ValueError as error:
+            raise SystemExit(f"error: --text-template {template!r}: {error}") from error
+        if not any(name for _, name in self.parts):
+            raise SystemExit(f"error: --text-template {template!r} names no field: write fields as {{name}}")
+
+    @property
+    def columns(self) -> list[str]:
+        """The top-level fields the text is made of (the columns a .parquet or .arrow file is read for)."""
+        return sorted({name.split(".")[0] for _, name in self.parts if name})
+
+    def __call__(self, obj) -> Record:
+        if not isinstance(obj, dict):
+            return Record(None, "not a JSON object")
+        what = "text field" if self.template is None else "field of the text template"
+        pieces = []
+        for literal, name in self.parts:
+            pieces.append(literal)
+            if not name:
+                continue
+            value = obj
+            for key in name.split("."):
+                if not isinstance(value, dict) or key not in value:
+                    return Record(None, f"missing {what} {name!r}")
+                value = value[key]
+            if self.template is None:
+                if not isinstance(value, str):
+                    return Record(None, f"text field is {type(value).__name__}, not a string")
+            elif value is None:  # how .parquet and .arrow rows hold a field their record lacks
+                return Record(None, f"missing {what} {name!r}")
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                value = str(value)
+            elif not isinstance(value, str):
+                return Record(None, f"{what} {name!r} is {type(value).__name__}, not a string")
+            pieces.append(value)
+        return Record("".join(pieces))
 
 
 def _decode(raw: bytes) -> Record:
@@ -106,10 +151,10 @@ def _read_jsonl(path: Path) -> Iterator[bytes]:
                 yield raw
 
 
-def parse_jsonl_line(raw: bytes, text_field: str) -> Record:
+def parse_jsonl_line(raw: bytes, text_of: TextOf) -> Record:
     line = _decode(raw)
     try:
-        record = _record_from_object(json.loads(line.text), text_field)
+        record = text_of(json.loads(line.text))
     except json.JSONDecodeError:
         return Record(None, "invalid JSON line")
     except RecursionError:
@@ -125,7 +170,7 @@ def _read_bytes(path: Path) -> bytes:
     return data[len(_BOM):] if data.startswith(_BOM) else data
 
 
-def _read_json(path: Path, text_field: str) -> Iterator[Record | bytes]:
+def _read_json(path: Path, text_of: TextOf) -> Iterator[Record | bytes]:
     try:
         rows = json.loads(_decode(_read_bytes(path)).text)
     except json.JSONDecodeError:
@@ -135,20 +180,36 @@ def _read_json(path: Path, text_field: str) -> Iterator[Record | bytes]:
         yield Record(None, "a .json file that is not a list of objects")
         return
     for row in rows:
-        yield _record_from_object(row, text_field)
+        yield text_of(row)
 
 
-def _read_parquet(path: Path, text_field: str) -> Iterator[Record]:
+def _read_parquet(path: Path, text_of: TextOf) -> Iterator[Record]:
     import pyarrow.parquet as pq
 
     parquet = pq.ParquetFile(path)
-    if text_field not in parquet.schema_arrow.names:
-        for _ in range(parquet.metadata.num_rows):
-            yield Record(None, f"missing text field {text_field!r}")
-        return
-    for batch in parquet.iter_batches(columns=[text_field], batch_size=1024):
-        for text in batch.column(0).to_pylist():
-            yield Record(text) if isinstance(text, str) else Record(None, "text field is not a string")
+    columns = [c for c in text_of.columns if c in parquet.schema_arrow.names]  # a missing one: counted per record
+    for batch in parquet.iter_batches(columns=columns, batch_size=1024):
+        yield from map(text_of, batch.to_pylist())
+    if not columns:
+        yield from (text_of({}) for _ in range(parquet.metadata.num_rows))
+
+
+def _read_arrow(path: Path, text_of: TextOf) -> Iterator[Record]:
+    """An Arrow IPC file: ``datasets``' ``save_to_disk`` and cache write the stream format, others the file format."""
+    import pyarrow as pa
+
+    with pa.memory_map(str(path)) as source:
+        try:
+            reader = pa.ipc.open_stream(source)
+        except pa.ArrowInvalid:
+            reader = pa.ipc.open_file(source)
+            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+        else:
+            batches = iter(reader)
+        for batch in batches:
+            columns = [c for c in text_of.columns if c in batch.schema.names]
+            rows = batch.select(columns).to_pylist() if columns else [{}] * batch.num_rows
+            yield from map(text_of, rows)
 
 
 def _read_txt(path: Path) -> Iterator[Record]:
@@ -164,12 +225,19 @@ def _format(path: Path) -> str | None:
     return suffix if suffix in LOCAL_SUFFIXES else None
 
 
-def local_sources(inputs: list[str], text_field: str) -> list[Source]:
+def local_sources(inputs: list[str], text_of: TextOf, split: str = "train") -> list[Source]:
     files: list[Path] = []
     for item in inputs:
         path = Path(item)
+        if path.is_dir() and (path / "dataset_dict.json").is_file():  # save_to_disk of a DatasetDict: the split's
+            if not (path / split).is_dir():
+                splits = sorted(p.name for p in path.iterdir() if p.is_dir())
+                raise SystemExit(f"error: {path} (a saved DatasetDict) has no split {split!r}; --split one of "
+                                 f"{', '.join(splits)}")
+            path = path / split
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file())
+            found = sorted(p for p in path.rglob("*") if p.is_file() and not (
+                p.name in SAVE_TO_DISK_METADATA and any(path.glob("*.arrow"))))
             ignored = [p for p in found if _format(p) is None]
             if ignored:
                 names = ", ".join(str(p.relative_to(path)) for p in ignored[:10])
@@ -186,38 +254,60 @@ def local_sources(inputs: list[str], text_field: str) -> list[Source]:
             raise SystemExit(f"error: input {item} does not exist")
     readers = {
         ".jsonl": lambda p: lambda: _read_jsonl(p),
-        ".json": lambda p: lambda: _read_json(p, text_field),
-        ".parquet": lambda p: lambda: _read_parquet(p, text_field),
+        ".json": lambda p: lambda: _read_json(p, text_of),
+        ".parquet": lambda p: lambda: _read_parquet(p, text_of),
+        ".arrow": lambda p: lambda: _read_arrow(p, text_of),
         ".txt": lambda p: lambda: _read_txt(p),
     }
     return [Source(str(p), readers[_format(p)](p), lambda p=p: file_fingerprint(p)) for p in files]
 
 
-def hub_sources(name: str, split: str, text_field: str) -> list[Source]:
-    """A Hugging Face dataset, streamed (nothing lands on disk first), one source per file shard."""
+def hub_sources(name: str, split: str, text_of: TextOf, subset: str | None = None,
+                data_files: list[str] | None = None) -> list[Source]:
+    """A Hugging Face dataset (its configuration ``subset``, its ``data_files``), streamed (nothing lands on disk
+    first), one source per file shard."""
     import datasets
 
-    dataset = datasets.load_dataset(name, split=split, streaming=True)
+    try:
+        dataset = datasets.load_dataset(name, subset, split=split, data_files=data_files, streaming=True)
+    except ValueError as error:
+        if subset is None or "BuilderConfig" not in str(error):
+            raise
+        raise ValueError(f"no configuration {subset!r}; --subset one of: {', '.join(_configurations(name))}") from None
 
     def reader(index: int):
-        return lambda: (
-            _record_from_object(row, text_field) for row in dataset.shard(num_shards=dataset.n_shards, index=index)
-        )
+        return lambda: map(text_of, dataset.shard(num_shards=dataset.n_shards, index=index))
 
+    label = f"{name}{f' ({subset})' if subset else ''}[{split}]"
     return [
-        Source(f"{name}[{split}] shard {i}", reader(i), lambda i=i: {"dataset": name, "split": split, "shard": i})
+        Source(f"{label} shard {i}", reader(i), lambda i=i: {"dataset": name, "subset": subset, "split": split,
+                                                             "data_files": data_files, "shard": i})
         for i in range(dataset.n_shards)
     ]
 
 
-def sources_of(inputs: list[str], split: str, text_field: str) -> list[Source]:
-    """Local files when any input names one (a missing one is then an error), else one Hugging Face dataset."""
-    if any(Path(item).exists() for item in inputs) or len(inputs) > 1:
-        return local_sources(inputs, text_field)
-    if _format(Path(inputs[0])) is not None:
+def _configurations(name: str) -> list[str]:
+    import datasets
+
+    try:
+        return datasets.get_dataset_config_names(name)
+    except Exception:  # offline and not cached: nothing to list
+        return ["(the hub can't be reached to list them)"]
+
+
+def sources_of(inputs: list[str], split: str, text_of: TextOf, subset: str | None = None,
+               data_files: list[str] | None = None) -> list[Source]:
+    """Local files when any input names one (a missing one is then an error), else one Hugging Face dataset; with
+    ``subset`` or ``data_files``, always a Hugging Face dataset (a hub name, or a local dataset folder)."""
+    hub = subset is not None or data_files is not None
+    if not hub and (any(Path(item).exists() for item in inputs) or len(inputs) > 1):
+        return local_sources(inputs, text_of, split)
+    if len(inputs) > 1:
+        raise SystemExit("error: --subset and --data-files name one Hugging Face dataset: give one --input")
+    if not hub and _format(Path(inputs[0])) is not None:
         raise SystemExit(f"error: input {inputs[0]} does not exist")
     try:
-        return hub_sources(inputs[0], split, text_field)
+        return hub_sources(inputs[0], split, text_of, subset, data_files)
     except Exception as error:  # datasets raises many kinds: offline, no such repo, no such split
         raise SystemExit(
             f"error: input {inputs[0]} is no local file or folder, and as a Hugging Face dataset it could not be "

@@ -16,7 +16,7 @@ import torch
 from streaming.base.util import clean_stale_shared_memory
 
 from conversion import convert_dataset
-from conversion.sources import hub_sources
+from conversion.sources import TextOf, hub_sources
 from vocagno.alignment import align
 from vocagno.data import TeacherGuidedCollator, TeacherGuidedDataset
 from vocagno.shards import ShardMetadata
@@ -263,10 +263,9 @@ def test_nasty_documents_are_all_accounted_for(tmp_path):
         "skipped: empty or whitespace-only": 2,
         "skipped: missing text field 'text'": 2,
         "skipped: text field is int, not a string": 1,
-        "skipped: text field is NoneType, not a string": 1,
+        "skipped: text field is NoneType, not a string": 2,  # a JSON null, and a .parquet row's
         "skipped: invalid JSON line": 1,
         "skipped: not a JSON object": 1,
-        "skipped: text field is not a string": 1,
     }
     for reason, count in expected_skips.items():
         assert totals.get(reason) == count, reason
@@ -333,11 +332,11 @@ def test_hub_datasets_stream_one_source_per_file(tmp_path):
     folder.mkdir()
     (folder / "train-0.jsonl").write_text("".join(lines[:30]), encoding="utf-8")
     (folder / "train-1.jsonl").write_text("".join(lines[30:50]), encoding="utf-8")
-    sources = hub_sources(str(folder), "train", "text")
+    sources = hub_sources(str(folder), "train", TextOf())
     assert len(sources) == 2
     texts = [r.text for source in sources for r in source.records()]
     assert sorted(texts) == sorted(json.loads(line)["text"] for line in lines[:50])
-    assert [r.problem for r in hub_sources(str(folder), "train", "body")[0].records()][:1] == [
+    assert [r.problem for r in hub_sources(str(folder), "train", TextOf("body"))[0].records()][:1] == [
         "missing text field 'body'"
     ]
 
@@ -581,7 +580,7 @@ def test_bom_case_compression_and_ignored_files(tmp_path, capsys):
     (folder / "notes.csv").write_text("a,b\n")
     root = tmp_path / "shards"
     assert converts(root, inputs=[folder]) == 0
-    assert "ignored 1 file(s) that are not .jsonl/.json/.parquet/.txt[.gz/.zst]: notes.csv" in capsys.readouterr().out
+    assert "ignored 1 file(s) that are not .jsonl/.json/.parquet/.arrow/.txt[.gz/.zst]: notes.csv" in capsys.readouterr().out
     meta = ShardMetadata.read(root)
     assert meta.totals["documents read"] == meta.totals["documents converted"] == 30
     assert read_samples(root, tmp_path)[0]["text"].startswith(docs[0][:40])  # no BOM, the first document whole
@@ -704,3 +703,74 @@ def test_memory_does_not_grow_with_the_length_of_a_document(tmp_path):
 
     small, large = peak_gb(1), peak_gb(7)
     assert large - small < 0.25, f"peak RSS {small:.2f} GB for 1 MB, {large:.2f} GB for 7 MB"
+
+
+def first_rows(n=60):
+    with open(SAMPLE, encoding="utf-8") as f:
+        return [json.loads(line) for line, _ in zip(f, range(n))]
+
+
+def test_a_dataset_saved_with_save_to_disk_converts_as_its_rows_do(tmp_path):
+    import datasets
+
+    rows = first_rows()
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"))
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:10]),
+                          "test": datasets.Dataset.from_list(rows)}).save_to_disk(str(tmp_path / "saved_dict"))
+    want = read_samples(convert(tmp_path / "from_jsonl", inputs=[tmp_path / "rows.jsonl"]), tmp_path)
+    for name, extra in (("saved", []), ("saved_dict", ["--split", "test"])):
+        got = read_samples(convert(tmp_path / f"from_{name}", *extra, inputs=[tmp_path / name]), tmp_path)
+        same_samples(got, want)
+        assert ShardMetadata.read(tmp_path / f"from_{name}").totals["documents read"] == 60
+    arrow = next((tmp_path / "saved").glob("*.arrow"))  # an .arrow file given alone
+    same_samples(read_samples(convert(tmp_path / "from_arrow", inputs=[arrow]), tmp_path), want)
+    with pytest.raises(SystemExit, match=r"has no split 'validation'; --split one of test, train"):
+        convert_dataset.main(["--input", str(tmp_path / "saved_dict"), "--split", "validation", *BASE_ARGS,
+                              "--out-root", str(tmp_path / "nothing")])
+
+
+def test_a_text_template_makes_the_text_of_several_fields_and_counts_records_without_them(tmp_path):
+    import datasets
+
+    records = [{"meta": {"title": f"Problem {i}"}, "body": row["text"], "n": i} for i, row in enumerate(first_rows())]
+    records[5] = {"meta": {"title": "no body"}, "n": 5}
+    (tmp_path / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    pq.write_table(pa.Table.from_pylist(records), tmp_path / "qa.parquet")
+    datasets.Dataset.from_list(records).save_to_disk(str(tmp_path / "saved"))
+    template = "{meta.title} (#{n})\\n\\n{body}"
+    texts = {}
+    for name in ("qa.jsonl", "qa.parquet", "saved"):
+        out = convert(tmp_path / f"out-{name}", "--text-template", template, inputs=[tmp_path / name])
+        totals = ShardMetadata.read(out).totals
+        assert totals["documents converted"] == 59 and totals["skipped: missing field of the text template 'body'"] == 1
+        texts[name] = "".join(s["text"] for s in read_samples(out, tmp_path))
+    assert texts["qa.jsonl"] == texts["qa.parquet"] == texts["saved"]
+    assert f"Problem 3 (#3)\n\n{records[3]['body'][:40]}" in texts["qa.jsonl"]
+    # A field no record has: nothing converts, nothing is published, and the summary says why.
+    with pytest.raises(SystemExit, match="nothing published .* only 0 of 60 documents converted .* missing field of "
+                                         "the text template 'titel': 60"):
+        convert_dataset.main(["--input", str(tmp_path / "qa.jsonl"), "--text-template", "{titel}\\n{body}",
+                              *BASE_ARGS, "--out-root", str(tmp_path / "typo")])
+    assert not (tmp_path / "typo" / "index.json").exists()
+    with pytest.raises(SystemExit, match="names no field"):
+        convert_dataset.main(["--input", str(tmp_path / "qa.jsonl"), "--text-template", "plain", *BASE_ARGS,
+                              "--out-root", str(tmp_path / "none")])
+
+
+def test_a_hub_dataset_is_read_by_its_configuration_or_its_data_files(tmp_path):
+    # A dataset folder with two configurations in its card, which datasets reads as it reads a hub repository.
+    rows = first_rows()
+    folder = tmp_path / "repo"
+    for name, part in (("easy", rows[:20]), ("hard", rows[20:])):
+        (folder / name).mkdir(parents=True)
+        (folder / name / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part), encoding="utf-8")
+    (folder / "README.md").write_text("---\nconfigs:\n- config_name: easy\n  data_files: easy/*.jsonl\n"
+                                      "- config_name: hard\n  data_files: hard/*.jsonl\n---\n")
+    hard = convert(tmp_path / "hard", "--subset", "hard", inputs=[folder])
+    assert ShardMetadata.read(hard).totals["documents read"] == 40
+    with pytest.raises(SystemExit, match=r"no configuration 'medium'; --subset one of: easy, hard"):
+        convert_dataset.main(["--input", str(folder), "--subset", "medium", *BASE_ARGS, "--out-root",
+                              str(tmp_path / "medium")])
+    files = convert(tmp_path / "files", "--data-files", str(folder / "easy" / "train.jsonl"), inputs=["json"])
+    assert ShardMetadata.read(files).totals["documents read"] == 20
