@@ -4,7 +4,8 @@
     python conversion/convert_dataset.py --input data/ more.jsonl --out-root shards/mine --workers 8
     python conversion/convert_dataset.py --out-root s3://bucket/owm --num-jobs 64 --job-index $SLURM_ARRAY_TASK_ID
 
-The input (``conversion/sources.py``: local files, gzip or not, or a Hugging Face dataset) is split into parts of
+The input (``conversion/sources.py``: files, local or in an object store, compressed or not, a ``save_to_disk``
+folder, or a Hugging Face dataset; each document's text one field or a ``--text-template``) is split into parts of
 ``--docs-per-part`` documents, taken in order from the job's source files (a part may span several small files);
 every part is converted on its own into ``OUT_ROOT/part-SSSSS-BBBBBB/`` and renamed into place only when complete,
 so an interrupted run (Ctrl-C, ``kill -9``) finishes when the same command is run again: complete parts are kept,
@@ -259,8 +260,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--input", nargs="+", default=[DEFAULT_INPUT],
-        help="a Hugging Face dataset name (streamed), or local .jsonl/.json/.parquet/.arrow/.txt files (any case, "
-             "gzip or zstd or not) or folders of them (a datasets save_to_disk folder among them)",
+        help="a Hugging Face dataset name (streamed), or .jsonl/.json/.parquet/.arrow/.txt files (any case, gzip or "
+             "zstd or not) or folders of them (a datasets save_to_disk folder among them), local or in an object "
+             "store (s3://bucket/corpus/, s3://bucket/corpus/*.jsonl.zst)",
     )
     parser.add_argument("--split", default="train", help="the Hugging Face dataset's split (or a saved DatasetDict's)")
     parser.add_argument("--subset", default=None,
@@ -324,6 +326,9 @@ def convert(args: argparse.Namespace, output: Output) -> dict[str, str]:
         seq_len=args.seq_len, docs_per_part=args.docs_per_part, max_doc_chars=args.max_doc_chars,
         compression=args.compression,
     )
+    # Listed first: an input that can't be read leaves nothing on the out-root.
+    sources = sources_of(args.input, args.split, TextOf(args.text_field, args.text_template), args.subset,
+                         args.data_files)
     marker = job_marker(args.job_index, args.num_jobs)
     lock = OwnedLock(output.local / f"{marker}.lock", f"job {args.job_index} of {args.num_jobs} into {output}")
     if not lock.acquire():
@@ -335,8 +340,6 @@ def convert(args: argparse.Namespace, output: Output) -> dict[str, str]:
         for stale in output.local.glob(".tmp-part-*"):  # this job's unfinished parts of an interrupted run
             if _part_source(stale.name.removeprefix(".tmp-")) % args.num_jobs == args.job_index:
                 shutil.rmtree(stale)
-        sources = sources_of(args.input, args.split, TextOf(args.text_field, args.text_template), args.subset,
-                             args.data_files)
         mine = [(i, s) for i, s in enumerate(sources) if i % args.num_jobs == args.job_index]
         print(f"{len(sources)} source file(s); this job (#{args.job_index} of {args.num_jobs}) converts {len(mine)}")
         global _encoder

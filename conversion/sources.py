@@ -1,7 +1,8 @@
-"""Reading a corpus: local files (.jsonl, .json, .parquet, .arrow, .txt, any of them gzip- or zstd-compressed, and
-folders of them, a ``datasets`` ``save_to_disk`` folder among them) or a Hugging Face dataset (a configuration, data
-files), as ``Source`` objects that yield ``Record``s, with a fingerprint of each file for resumption. A record's text
-is one field (``--text-field``) or a template of fields (``--text-template "{title}\\n\\n{body}"``): ``TextOf``.
+"""Reading a corpus: files (.jsonl, .json, .parquet, .arrow, .txt, any of them gzip- or zstd-compressed, and
+folders of them, a ``datasets`` ``save_to_disk`` folder among them), local or in an object store (``s3://``, ...),
+or a Hugging Face dataset (a configuration, data files), as ``Source`` objects that yield ``Record``s, with a
+fingerprint of each file for resumption. A record's text is one field (``--text-field``) or a template of fields
+(``--text-template "{title}\\n\\n{body}"``): ``TextOf``.
 
 Nothing read aborts a conversion: a bad record is a ``Record`` with a ``problem`` (counted by reason), and a file
 that can't be read at all (a corrupt .parquet or .gz) ends in one such record and is named in
@@ -252,14 +253,77 @@ def local_sources(inputs: list[str], text_of: TextOf, split: str = "train") -> l
             files.append(path)
         else:
             raise SystemExit(f"error: input {item} does not exist")
-    readers = {
-        ".jsonl": lambda p: lambda: _read_jsonl(p),
-        ".json": lambda p: lambda: _read_json(p, text_of),
-        ".parquet": lambda p: lambda: _read_parquet(p, text_of),
-        ".arrow": lambda p: lambda: _read_arrow(p, text_of),
-        ".txt": lambda p: lambda: _read_txt(p),
-    }
-    return [Source(str(p), readers[_format(p)](p), lambda p=p: file_fingerprint(p)) for p in files]
+    return [Source(str(p), lambda p=p: _read(p, text_of), lambda p=p: file_fingerprint(p)) for p in files]
+
+
+def _read(path: Path, text_of: TextOf) -> Iterator[Record | bytes]:
+    """A local file's records, by the reader its name asks for."""
+    readers = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet, ".arrow": _read_arrow,
+               ".txt": _read_txt}
+    reader = readers[_format(path)]
+    return reader(path) if reader in (_read_jsonl, _read_txt) else reader(path, text_of)
+
+
+def remote_sources(pattern: str, text_of: TextOf) -> list[Source]:
+    """Files in an object store: ``s3://bucket/corpus/`` (its files, at any depth), one file, or a glob
+    (``s3://bucket/corpus/*.jsonl.zst``), listed and read through Streaming's clients (boto3 for S3), as the
+    out-root is written. A file is downloaded when its records are first read, into a temporary folder, and deleted
+    when they are all read: one file on local disk at a time, never the corpus. Its fingerprint is its content's."""
+    import fnmatch
+    import tempfile
+
+    from streaming.base.storage import CloudUploader
+
+    scheme, _, rest = pattern.partition("://")
+    bucket, _, key = rest.partition("/")
+    globbed = any(c in key for c in "*?[")
+    prefix = key[: min((key.index(c) for c in "*?[" if c in key), default=len(key))]
+    try:
+        with tempfile.TemporaryDirectory() as scratch:
+            keys = CloudUploader.get((scratch, f"{scheme}://{bucket}"), exist_ok=True).list_objects(prefix) or []
+    except Exception as error:  # each client raises its own errors: all mean the store can't be read
+        raise SystemExit(f"error: input {pattern}: the object store can't be read: {type(error).__name__}: "
+                         f"{str(error).splitlines()[0] if str(error) else ''}") from error
+    if globbed:
+        keys = [k for k in keys if fnmatch.fnmatchcase(k, key)]
+    elif key in keys:
+        keys = [key]
+    else:
+        keys = [k for k in keys if k.startswith(key.rstrip("/") + "/")]
+    chosen = sorted(k for k in keys if _format(Path(k)) is not None)
+    ignored = sorted(set(keys) - set(chosen))
+    if ignored:
+        print(f"{pattern}: ignored {len(ignored)} object(s) that are not {'/'.join(LOCAL_SUFFIXES)}[.gz/.zst]: "
+              f"{', '.join(ignored[:10])}" + (", ..." if len(ignored) > 10 else ""))
+    if not chosen:
+        raise SystemExit(f"error: input {pattern}: no {', '.join(LOCAL_SUFFIXES)} files (or .gz/.zst of them) there")
+    return [_remote_source(f"{scheme}://{bucket}/{k}", text_of) for k in chosen]
+
+
+def _remote_source(url: str, text_of: TextOf) -> Source:
+    import tempfile
+
+    from streaming.base.storage import CloudDownloader
+
+    content: dict = {}
+
+    def fetched(scratch: str) -> Path:
+        local = Path(scratch) / url.rsplit("/", 1)[1]
+        CloudDownloader.direct_download(url, str(local))
+        content.update({k: v for k, v in file_fingerprint(local).items() if k != "mtime"})
+        return local
+
+    def read() -> Iterator[Record | bytes]:
+        with tempfile.TemporaryDirectory(prefix="vocagno-input-") as scratch:
+            yield from _read(fetched(scratch), text_of)
+
+    def fingerprint() -> dict:
+        if not content:  # not read yet: fetched for its fingerprint alone
+            with tempfile.TemporaryDirectory(prefix="vocagno-input-") as scratch:
+                fetched(scratch)
+        return dict(content)
+
+    return Source(url, read, fingerprint)
 
 
 def hub_sources(name: str, split: str, text_of: TextOf, subset: str | None = None,
@@ -300,6 +364,9 @@ def sources_of(inputs: list[str], split: str, text_of: TextOf, subset: str | Non
     """Local files when any input names one (a missing one is then an error), else one Hugging Face dataset; with
     ``subset`` or ``data_files``, always a Hugging Face dataset (a hub name, or a local dataset folder)."""
     hub = subset is not None or data_files is not None
+    if not hub and any("://" in item for item in inputs):  # files in object stores, and local ones beside them
+        return [source for item in inputs for source in (
+            remote_sources(item, text_of) if "://" in item else local_sources([item], text_of, split))]
     if not hub and (any(Path(item).exists() for item in inputs) or len(inputs) > 1):
         return local_sources(inputs, text_of, split)
     if len(inputs) > 1:

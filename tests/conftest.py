@@ -30,3 +30,22 @@ def math_texts():
     with open(ASSETS / "text" / "math_test_100.jsonl", encoding="utf-8") as f:
         texts += [f"Problem: {row['problem']}\n\nSolution: {row['solution']}" for row in map(json.loads, f)]
     return texts
+
+
+@pytest.fixture(scope="session")
+def s3():
+    """An S3 object store on this machine (moto's server), with a bucket "runs": the environment that points
+    boto3 under Composer and Streaming at it, and a client."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {"S3_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+    client = boto3.client("s3", endpoint_url=env["S3_ENDPOINT_URL"], region_name="us-east-1",
+                          aws_access_key_id="test", aws_secret_access_key="test")
+    client.create_bucket(Bucket="runs")
+    yield env, client
+    server.stop()

@@ -273,24 +273,7 @@ def test_a_checkpoint_whose_tokenizer_is_not_its_models_is_refused(whole_run, tm
                                                                       "embeds 32000")
 
 
-# ---- an object store: moto's S3 server on this machine ----
-
-@pytest.fixture(scope="module")
-def s3():
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    env = {"S3_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-           "AWS_DEFAULT_REGION": "us-east-1"}
-    client = boto3.client("s3", endpoint_url=env["S3_ENDPOINT_URL"], region_name="us-east-1",
-                          aws_access_key_id="test", aws_secret_access_key="test")
-    client.create_bucket(Bucket="runs")
-    yield env, client
-    server.stop()
-
+# ---- an object store: moto's S3 server on this machine (conftest.py's s3) ----
 
 def upload(client, folder: Path, prefix: str) -> None:
     for path in sorted(folder.rglob("*")):

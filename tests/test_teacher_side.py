@@ -126,3 +126,17 @@ def test_a_batch_of_student_tokens_becomes_a_collator_batch(tokenizers, converte
         assert (made[key][1, 100:] == 0).all(), key
     with pytest.raises(ValueError, match="padded left"):
         side({"input_ids": ids, "attention_mask": mask.flip(1)})
+
+
+def test_a_packed_teacher_side_unpacks_to_the_same_tensors_an_empty_one_included():
+    from vocagno.teacher_side import PACKED, _pack, unpack_teacher_side
+
+    batch = {"input_ids": torch.arange(6).reshape(2, 3), "align_start": torch.ones(2, 3, dtype=torch.long),
+             "special_tokens": torch.tensor([[True, False, False], [False, False, True]]),
+             "teacher_input_ids": torch.zeros(2, 0, dtype=torch.long), "labels": torch.full((2, 3), -100)}
+    packed = _pack(batch)
+    assert set(packed) == {"input_ids", "labels", PACKED} and packed[PACKED].shape[0] == 2
+    unpacked = unpack_teacher_side(packed)
+    assert unpacked.keys() == batch.keys()
+    for key, value in batch.items():
+        assert unpacked[key].dtype == value.dtype and torch.equal(unpacked[key], value), key

@@ -359,10 +359,9 @@ class VocAgnoLM(Algorithm):
         if not isinstance(loader, DataLoader) or loader.num_workers == 0 or self.cached or isinstance(
                 loader.collate_fn, (TeacherGuidedCollator, WithTeacherSide)):
             return
-        if self.student_tokenizer is None and getattr(state.model, "tokenizer", None) is None:
+        student = self.student_tokenizer or getattr(state.model, "tokenizer", None)
+        if student is None or self.teacher_tokenizer is None:
             return  # the first batch says what is missing, if it needs the tokenizers at all
-        if self.teacher_tokenizer is None:
-            return
         loader.collate_fn = WithTeacherSide(loader.collate_fn, self._make_teacher_side(state), _loader_name(state))
 
     def _make_teacher_side(self, state: State) -> TeacherSide:

@@ -236,10 +236,10 @@ PACKED_KEYS = ("align_start", "align_end", "token_bytes", "special_tokens", "tea
 
 def _pack(batch: dict[str, Any]) -> dict[str, Any]:
     """The ``PACKED_KEYS`` tensors of ``batch`` as one int64 tensor ``[rows, 2 x keys + widths]``: each key's width
-    and whether it is bool, then the tensors side by side."""
+    (-1: not in the batch) and whether it is bool, then the tensors side by side."""
     keys = [key for key in PACKED_KEYS if key in batch]
     rows = batch["input_ids"].shape[0]
-    header = torch.tensor([[batch[key].shape[1] if key in batch else 0 for key in PACKED_KEYS] +
+    header = torch.tensor([[batch[key].shape[1] if key in batch else -1 for key in PACKED_KEYS] +
                            [int(key in batch and batch[key].dtype == torch.bool) for key in PACKED_KEYS]])
     packed = torch.cat([header.expand(rows, -1), *(batch[key].to(torch.int64) for key in keys)], dim=1)
     return {**{k: v for k, v in batch.items() if k not in keys}, PACKED: packed}
@@ -253,7 +253,7 @@ def unpack_teacher_side(batch: dict[str, Any]) -> dict[str, Any]:
     widths, is_bool = packed[0, : len(PACKED_KEYS)].tolist(), packed[0, len(PACKED_KEYS) : 2 * len(PACKED_KEYS)]
     begin = 2 * len(PACKED_KEYS)
     for key, width, flag in zip(PACKED_KEYS, widths, is_bool.tolist()):
-        if width:
+        if width >= 0:
             part = packed[:, begin : begin + width]
             batch[key] = part.bool() if flag else part
             begin += width
