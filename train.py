@@ -63,8 +63,8 @@ CALLBACKS: dict[str, Any] = {
 def build_loader(section: DictConfig, student_tok, teacher_tok, batch_size: int):
     dataset_cfg = om.to_container(section.dataset)
     convert = section.get("convert_if_missing")
-    local = dataset_cfg["local"]
-    if convert is not None and dataset_cfg.get("remote") is None:
+    local = dataset_cfg.get("local")  # None for a mixture (streams)
+    if convert is not None and local is not None and dataset_cfg.get("remote") is None:
         _convert_if_missing(local, om.to_container(convert))
     return teacher_guided_loader(
         dataset_cfg, student_tok, teacher_tok, batch_size, teacher_seq_len=section.get("teacher_seq_len"),
@@ -194,7 +194,8 @@ def main(cfg: DictConfig) -> Trainer:
     if train_loader.drop_last and samples < cfg.global_train_batch_size:
         # Every epoch would end before its first batch, and training would spin through empty epochs forever.
         raise ValueError(
-            f"the training shards ({cfg.train_loader.dataset.local}) hold {samples} samples, fewer than one global "
+            f"the training shards ({om.select(cfg, 'train_loader.dataset.local') or 'its streams'}) hold {samples} "
+            f"samples, fewer than one global "
             f"batch of {cfg.global_train_batch_size}: convert more text, or lower global_train_batch_size"
         )
     evaluators = []

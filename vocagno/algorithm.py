@@ -286,6 +286,7 @@ class VocAgnoLM(Algorithm):
         self._loss: dict[str, torch.Tensor] | None = None
         self._global_counts: dict[str, torch.Tensor] = {}  # the global batch's labeled, mapped and kept tokens
         self._global_samples = 0
+        self._row_counts: torch.Tensor | None = None  # per row of the rank's batch: labeled and kept tokens
         self._teacher_seconds = 0.0
 
     def __repr__(self) -> str:
@@ -327,6 +328,8 @@ class VocAgnoLM(Algorithm):
                 self._generator.manual_seed(self.seed * 1_000_003 + int(state.timestamp.batch))
             if self.selection_scope == "batch":
                 self._select_over_global_batch(state)
+            if "stream" in state.batch:
+                self._log_streams(state, logger)
         elif event == Event.BEFORE_FORWARD:
             self._labels = state.batch.pop("labels")
             state.batch.update(_no_cache(state.model))
@@ -352,6 +355,25 @@ class VocAgnoLM(Algorithm):
         elif event == Event.BATCH_END:
             logger.log_metrics({"vocagno/teacher_forward_seconds": self._teacher_seconds})
             self._teacher_seconds = 0.0
+
+    def _log_streams(self, state: State, logger: Logger) -> None:
+        """A mixture's share of the global batch per stream (``vocagno/stream_share/NAME``) and, with the batch scope,
+        the share of each stream's labeled tokens the selection kept (``vocagno/kept_fraction/NAME``)."""
+        names = getattr(getattr(state.train_dataloader, "dataset", None), "stream_names", None)
+        stream = state.batch["stream"].long()
+        if not names:
+            names = [str(i) for i in range(int(stream.max()) + 1)]
+        per_stream = torch.zeros(len(names), 3, device=stream.device)  # rows, labeled tokens, kept tokens
+        per_stream[:, 0].index_add_(0, stream, torch.ones_like(stream, dtype=per_stream.dtype))
+        if self.selection_scope == "batch":
+            per_stream[:, 1:].index_add_(0, stream.to(self._row_counts.device), self._row_counts.to(per_stream))
+        dist.all_reduce(per_stream, reduce_operation="SUM")
+        metrics = {}
+        for name, (rows, labeled, kept) in zip(names, per_stream.tolist()):
+            metrics[f"vocagno/stream_share/{name}"] = rows / max(per_stream[:, 0].sum().item(), 1)
+            if self.selection_scope == "batch" and labeled:
+                metrics[f"vocagno/kept_fraction/{name}"] = kept / labeled
+        logger.log_metrics(metrics)
 
     def _teacher_side_in_workers(self, state: State) -> None:
         """Move the making of the teacher side into the training loader's workers (see the module's docstring)."""
@@ -379,7 +401,16 @@ class VocAgnoLM(Algorithm):
         return self.teacher_side
 
     def _check_scored_by(self, state: State) -> None:
-        metadata = _shard_metadata(state)
+        """Cached losses must come from this run's teacher: every stream's, in a mixture (named when one is not)."""
+        dataset = getattr(state.train_dataloader, "dataset", None)
+        streams = getattr(dataset, "stream_metadata", None) or {"": _shard_metadata(state)}
+        for name, metadata in streams.items():
+            try:
+                self._check_scored_by_one(metadata)
+            except ValueError as error:
+                raise ValueError(f"stream {name!r}: {error}" if len(streams) > 1 else str(error)) from None
+
+    def _check_scored_by_one(self, metadata) -> None:
         scored_by = getattr(metadata, "scored_by", None)
         if metadata is not None and scored_by is None:
             raise ValueError("teacher_losses: cached, but the training shards carry no teacher losses: score them "
@@ -458,6 +489,8 @@ class VocAgnoLM(Algorithm):
         kept = n_selected + (n_labeled - n_mapped if self.options["unmapped"] == "include" else 0)
         self._global_counts = {"labeled": n_labeled, "mapped": n_mapped, "kept": kept}
         self._global_samples = int(n_samples)
+        unmapped_kept = (labeled & ~mapped).sum(1) if self.options["unmapped"] == "include" else 0
+        self._row_counts = torch.stack([labeled.sum(1), selected.sum(1) + unmapped_kept], dim=1)
         batch["vocagno_selected"] = selected
         batch["vocagno_teacher_loss"] = torch.cat(teacher_losses)
 

@@ -10,6 +10,7 @@ tokenizers) and ``TeacherGuidedCollator`` turns samples into a batch:
     special_tokens                     [B, N]  True at specials (BOS, separators: empty spans), which hold no text
     teacher_input_ids, teacher_attention_mask  [B, M]  teacher tokens, padded to the batch's longest (or a fixed M)
     teacher_token_loss                 [B, M]  scored shards only: the teacher's loss of each of its tokens (NaN: none)
+    stream                             [B]     a mixture's (``streams``) only: the stream each row was drawn from
 
 Every student tensor is per input position, as Hugging Face models and Composer's ``HuggingFaceModel`` expect; the
 ``VocAgnoLM`` algorithm shifts logits, labels and alignment together before ``vocagno.loss.guided_loss``.
@@ -51,28 +52,55 @@ def read_metadata(local: str, remote: str | None = None, split: str | None = Non
 class TeacherGuidedDataset(StreamingDataset):
     """A ``StreamingDataset`` of vocagno shards whose samples are int64 tensors (and the sample's ``text``).
 
-    ``student_tokenizer`` / ``teacher_tokenizer`` (a tokenizer, a name or path, or a ``TokenizerInfo``): when given,
-    shards made by other tokenizers are refused with both names in the message. Other keyword arguments go to
-    ``StreamingDataset`` (``shuffle``, ``batch_size``, ``num_canonical_nodes``, ...). Each shard is checked against
-    the hash its index records when it is read (``validate_hash``): a corrupt shard is an error naming it.
+    One dataset (``local``, ``remote``, ``split``), or a mixture: ``streams``, as llm-foundry writes it,
+    ``{NAME: {local, remote, split, proportion | repeat | choose}, ...}`` (Streaming's ``Stream`` keywords). Every
+    stream's ``vocagno.json`` is checked: the same tokenizers and ``seq_len`` as the first stream's, naming the stream
+    that differs; samples carry their stream's index (``stream_names``). ``student_tokenizer`` / ``teacher_tokenizer``
+    (a tokenizer, a name or path, or a ``TokenizerInfo``): when given, shards made by other tokenizers are refused
+    with both names in the message. Other keyword arguments go to ``StreamingDataset`` (``shuffle``, ``batch_size``,
+    ``num_canonical_nodes``, ...). Each shard is checked against the hash its index records when it is read
+    (``validate_hash``): a corrupt shard is an error naming it.
     """
 
     def __init__(
         self,
         *,
-        local: str,
+        local: str | None = None,
         remote: str | None = None,
         split: str | None = None,
+        streams: dict[str, dict[str, Any]] | None = None,
         student_tokenizer: Any = None,
         teacher_tokenizer: Any = None,
         **streaming_kwargs: Any,
     ):
+        if (streams is None) == (local is None):
+            raise ValueError("TeacherGuidedDataset: give local (one dataset) or streams (a mixture), not both")
         # Check the tokenizers before Streaming sets up its shared memory and downloads.
-        self.metadata = read_metadata(local, remote, split, streaming_kwargs.get("download_timeout", 60))
-        self.metadata.check_tokenizers(
-            describe_tokenizer(student_tokenizer, "student"), describe_tokenizer(teacher_tokenizer, "teacher")
-        )
-        super().__init__(local=local, remote=remote, split=split, **{"validate_hash": SHARD_HASH, **streaming_kwargs})
+        timeout = streaming_kwargs.get("download_timeout", 60)
+        named = streams or {"": {"local": local, "remote": remote, "split": split}}
+        self.stream_names = list(named)
+        self.stream_metadata = {}
+        for name, stream in named.items():
+            where = f"stream {name!r}: " if streams else ""
+            if not isinstance(stream, dict) or not stream.get("local"):
+                raise ValueError(f"{where}each stream needs its own local folder (and remote, split, proportion, ...)")
+            metadata = read_metadata(stream["local"], stream.get("remote"), stream.get("split"), timeout)
+            try:
+                metadata.check_tokenizers(describe_tokenizer(student_tokenizer, "student"),
+                                          describe_tokenizer(teacher_tokenizer, "teacher"))
+                if self.stream_metadata:
+                    _check_same_shards(next(iter(self.stream_metadata.values())), metadata, self.stream_names[0])
+            except ValueError as error:
+                raise ValueError(f"{where}{error}") from None
+            self.stream_metadata[name] = metadata
+        self.metadata = next(iter(self.stream_metadata.values()))
+        kwargs = {"validate_hash": SHARD_HASH, **streaming_kwargs}
+        if streams:
+            from streaming import Stream
+
+            super().__init__(streams=[Stream(**stream) for stream in streams.values()], **kwargs)
+        else:
+            super().__init__(local=local, remote=remote, split=split, **kwargs)
 
     def get_item(self, idx: int, retry: int = 7) -> dict[str, Any]:
         sample = super().get_item(idx, retry)
@@ -81,7 +109,21 @@ class TeacherGuidedDataset(StreamingDataset):
         out["text"] = sample["text"]
         if "teacher_loss" in sample:  # scored shards (python -m vocagno.score)
             out["teacher_loss"] = torch.from_numpy(np.array(sample["teacher_loss"], dtype=np.float32))
+        if len(self.stream_names) > 1:
+            out["stream"] = torch.tensor(int(self.stream_per_shard[self.spanner[idx][0]]))
         return out
+
+
+def _check_same_shards(first: ShardMetadata, other: ShardMetadata, first_name: str) -> None:
+    """A mixture's streams must be made alike: the same tokenizers (vocabularies) and sample length."""
+    for side in ("student", "teacher"):
+        one, two = getattr(first, side), getattr(other, side)
+        if one.fingerprint != two.fingerprint:
+            raise ValueError(f"made with the {side} tokenizer {two.name!r}, stream {first_name!r} with {one.name!r}: "
+                             "a mixture's streams must share their tokenizers")
+    if first.seq_len != other.seq_len:
+        raise ValueError(f"samples of {other.seq_len} student tokens, stream {first_name!r}'s of {first.seq_len}: "
+                         "convert every stream with the same --seq-len")
 
 
 def _byte_offsets(text: str) -> np.ndarray:
@@ -171,6 +213,8 @@ class TeacherGuidedCollator:
             if "teacher_loss" in sample:
                 cached = out.setdefault("teacher_token_loss", torch.full((batch, m), float("nan")))
                 cached[b, : len(teacher_ids)] = sample["teacher_loss"][: len(teacher_ids)]
+        if "stream" in samples[0]:
+            out["stream"] = torch.stack([sample["stream"] for sample in samples])
         return out
 
     def _warn_truncation(self, n_tokens: int) -> None:
