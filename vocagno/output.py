@@ -36,6 +36,15 @@ PART_STATS = "part.json"
 MERGE_LOCK = "merge.lock"
 
 
+def _is_missing(error: Exception) -> bool:
+    """Whether a download failed because the object is not there: Streaming's local and GCS downloaders raise
+    FileNotFoundError (or the client's NotFound), its S3 downloader botocore's ClientError with a 404 or NoSuchKey."""
+    if isinstance(error, FileNotFoundError) or type(error).__name__ == "NotFound":
+        return True
+    code = str(getattr(error, "response", {}).get("Error", {}).get("Code", ""))
+    return code in ("404", "NoSuchKey")
+
+
 class Output:
     """The out-root. ``local`` is where parts are written; for a remote, ``remote`` is where they are uploaded."""
 
@@ -64,8 +73,10 @@ class Output:
             copy = Path(scratch) / "file"
             try:
                 CloudDownloader.direct_download(f"{self.remote.rstrip('/')}/{relative}", str(copy))
-            except FileNotFoundError:
-                return False
+            except Exception as error:
+                if _is_missing(error):
+                    return False
+                raise
             if not copy.exists():
                 return False
             destination.parent.mkdir(parents=True, exist_ok=True)

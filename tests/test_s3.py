@@ -1,0 +1,84 @@
+"""The whole chain on an object store: moto's S3 server on this machine, through the clients a real bucket uses
+(boto3 under Streaming and Composer): converting into it, scoring into it, training from shards there with
+checkpoints saved there, killed and resumed."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conversion import convert_dataset
+from vocagno import score
+from vocagno.tokenization import ASSETS
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def read_log(path):
+    steps = {}
+    for line in open(path, encoding="utf-8"):
+        row = json.loads(line)
+        steps.setdefault(row.pop("step"), {}).update(row)
+    return steps
+
+
+def keys(client, prefix):
+    return sorted(o["Key"] for o in client.list_objects_v2(Bucket="runs", Prefix=prefix).get("Contents", []))
+
+
+def test_convert_score_and_train_on_s3_and_resume_after_a_kill(s3, tmp_path, monkeypatch):
+    env, client = s3
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    args = ["--input", str(ASSETS / "text" / "gsm8k_train_500.jsonl"), "--student-tokenizer", "llama2",
+            "--teacher-tokenizer", "mistral", "--seq-len", "128", "--docs-per-part", "250"]
+    assert convert_dataset.main([*args, "--out-root", "s3://runs/chain/shards",
+                                 "--local-root", str(tmp_path / "work")]) == 0
+    assert {"chain/shards/index.json", "chain/shards/vocagno.json"} <= set(keys(client, "chain/shards/"))
+    assert score.main(["--shards", str(tmp_path / "work"), "--teacher", "tiny-math-teacher", "--dtype", "float32",
+                       "--device", "cpu", "--out", "s3://runs/chain/scored",
+                       "--local-root", str(tmp_path / "scoring")]) == 0
+    assert "chain/scored/index.json" in keys(client, "chain/scored/")
+
+    def command(name, data):
+        return [sys.executable, str(REPO / "train.py"), str(REPO / "yamls" / "tiny.yaml"),
+                f"train_loader.dataset.remote=s3://runs/chain/{data}", f"train_loader.dataset.local={tmp_path}/{name}",
+                "train_loader.convert_if_missing=null", "eval_loader=null", "selection_report=null",
+                "loggers.console=null", "max_duration=12ba", "save_interval=2ba", "autoresume=true",
+                f"save_folder=s3://runs/chain/{name}", f"run_name={name}",
+                f"loggers.jsonl.path={tmp_path}/{name}.jsonl",
+                *(["algorithms.vocagno.teacher_losses=cached"] if data == "scored" else [])]
+
+    run_env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for data in ("shards", "scored"):
+        straight = subprocess.run(command(f"straight-{data}", data), cwd=tmp_path, env=run_env, capture_output=True,
+                                  text=True, timeout=900)
+        assert straight.returncode == 0, straight.stderr[-4000:]
+    killed = command("killed", "shards")
+    process = subprocess.Popen(killed, cwd=tmp_path, env=run_env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    # Killed once its first checkpoint is in the store, whether or not the latest symlink is (autoresume's repair
+    # points it to the newest complete checkpoint when it is not).
+    while not any(k.endswith("-rank0.pt") for k in keys(client, "chain/killed/")) and time.time() < deadline \
+            and process.poll() is None:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    first = read_log(tmp_path / "killed.jsonl")
+    assert max(s for s in first if "loss/train/total" in first[s]) < 11, "the kill should land before the run ends"
+    resumed = subprocess.run(killed, cwd=tmp_path, env=run_env, capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    expected, got = read_log(tmp_path / "straight-shards.jsonl"), read_log(tmp_path / "killed.jsonl")
+    trained = [s for s in sorted(expected) if "loss/train/total" in expected[s]]
+    assert len(trained) == 12 and trained == [s for s in sorted(got) if "loss/train/total" in got[s]]
+    for step in trained:
+        assert got[step]["loss/train/total"] == pytest.approx(expected[step]["loss/train/total"], rel=1e-6), step
+    assert "chain/killed/ep0-ba12-rank0.pt" in keys(client, "chain/killed/")
+    cached = read_log(tmp_path / "straight-scored.jsonl")
+    assert len([s for s in cached if "loss/train/total" in cached[s]]) == 12
