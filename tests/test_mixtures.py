@@ -52,6 +52,25 @@ def test_a_stream_made_with_another_tokenizer_is_refused_by_name(shards):
         TeacherGuidedDataset(local=str(shards / "gsm"), streams={"gsm": {"local": str(shards / "gsm")}})
 
 
+@pytest.mark.parametrize("weights, message", [
+    (({"proportion": 0.5}, {"repeat": 2}), r"streams \(0: 'gsm', 1: 'heldout'\): Relative \(`proportion`\) and "
+                                           r"absolute .* incompatible"),
+    (({"proportion": -1}, {"proportion": 0.5}), "`proportion` must be non-negative"),
+    (({"weight": 2}, {}), "unexpected keyword argument 'weight'"),
+])
+def test_weights_streaming_refuses_are_one_line_naming_the_streams(shards, weights, message):
+    clean_stale_shared_memory()
+    streams = {name: {"local": str(shards / name), **w} for name, w in zip(("gsm", "heldout"), weights)}
+    with pytest.raises(ValueError, match=message):
+        TeacherGuidedDataset(streams=streams, batch_size=8)
+    clean_stale_shared_memory()
+
+
+def test_a_stream_that_is_no_shard_folder_is_named(shards, tmp_path):
+    with pytest.raises(FileNotFoundError, match="stream 'b': .*vocagno.json is missing"):
+        TeacherGuidedDataset(streams={"a": {"local": str(shards / "gsm")}, "b": {"local": str(tmp_path)}})
+
+
 def train_command(shards, folder, name):
     streams = (f"{{gsm: {{local: {shards}/gsm, proportion: 0.75}}, "
                f"heldout: {{local: {shards}/heldout, proportion: 0.25}}}}")

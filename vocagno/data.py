@@ -84,21 +84,28 @@ class TeacherGuidedDataset(StreamingDataset):
             where = f"stream {name!r}: " if streams else ""
             if not isinstance(stream, dict) or not stream.get("local"):
                 raise ValueError(f"{where}each stream needs its own local folder (and remote, split, proportion, ...)")
-            metadata = read_metadata(stream["local"], stream.get("remote"), stream.get("split"), timeout)
             try:
+                metadata = read_metadata(stream["local"], stream.get("remote"), stream.get("split"), timeout)
                 metadata.check_tokenizers(describe_tokenizer(student_tokenizer, "student"),
                                           describe_tokenizer(teacher_tokenizer, "teacher"))
                 if self.stream_metadata:
                     _check_same_shards(next(iter(self.stream_metadata.values())), metadata, self.stream_names[0])
-            except ValueError as error:
-                raise ValueError(f"{where}{error}") from None
+            except (ValueError, FileNotFoundError) as error:
+                if not streams:
+                    raise
+                raise type(error)(f"{where}{error}") from None
             self.stream_metadata[name] = metadata
         self.metadata = next(iter(self.stream_metadata.values()))
         kwargs = {"validate_hash": SHARD_HASH, **streaming_kwargs}
         if streams:
             from streaming import Stream
 
-            super().__init__(streams=[Stream(**stream) for stream in streams.values()], **kwargs)
+            try:  # Streaming's checks of the weights (proportion, repeat, choose), its streams counted from 0
+                made = [Stream(**stream) for stream in streams.values()]
+                super().__init__(streams=made, **kwargs)
+            except (ValueError, TypeError) as error:
+                order = ", ".join(f"{i}: {name!r}" for i, name in enumerate(streams))
+                raise ValueError(f"streams ({order}): {error}") from None
         else:
             super().__init__(local=local, remote=remote, split=split, **kwargs)
 
