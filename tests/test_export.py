@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import bucket_keys as keys
 
 from vocagno.checkpoint import BadCheckpoint, repair
 from vocagno.export import main as export_main
@@ -279,10 +280,6 @@ def upload(client, folder: Path, prefix: str) -> None:
     for path in sorted(folder.rglob("*")):
         if path.is_file() and not path.is_symlink() and path.name != "reference.pt":
             client.upload_file(str(path), "runs", f"{prefix}/{path.relative_to(folder)}")
-
-
-def keys(client, prefix):
-    return sorted(o["Key"] for o in client.list_objects_v2(Bucket="runs", Prefix=prefix).get("Contents", []))
 
 
 def test_a_run_saved_to_s3_exports_and_evaluates_from_there(s3, tmp_path, monkeypatch):

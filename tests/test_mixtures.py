@@ -1,7 +1,6 @@
 """Training on several datasets mixed (Streaming's ``streams``, as llm-foundry yamls write them): proportions drawn,
 streams made alike or refused by name, a kill and autoresume giving the uninterrupted run, per-stream logs."""
 
-import json
 import os
 import signal
 import subprocess
@@ -11,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from helpers import read_log
 from streaming.base.util import clean_stale_shared_memory
 
 from conversion import convert_dataset
@@ -80,14 +80,6 @@ def train_command(shards, folder, name):
             "train_loader.convert_if_missing=null", "eval_loader=null", "selection_report=null",
             "loggers.console=null", "max_duration=6ba", "save_interval=2ba", "autoresume=true",
             f"save_folder={folder}/ckpt", f"run_name={name}", f"loggers.jsonl.path={folder}/log.jsonl"]
-
-
-def read_log(path):
-    steps = {}
-    for line in open(path, encoding="utf-8"):
-        row = json.loads(line)
-        steps.setdefault(row.pop("step"), {}).update(row)
-    return steps
 
 
 def test_a_mixture_trains_logs_each_streams_share_and_kept_fraction_and_resumes_after_a_kill(shards, tmp_path):

@@ -2,7 +2,6 @@
 (boto3 under Streaming and Composer): converting into it, scoring into it, training from shards there with
 checkpoints saved there, killed and resumed."""
 
-import json
 import os
 import signal
 import subprocess
@@ -11,24 +10,14 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import bucket_keys as keys
+from helpers import read_log
 
 from conversion import convert_dataset
 from vocagno import score
 from vocagno.tokenization import ASSETS
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def read_log(path):
-    steps = {}
-    for line in open(path, encoding="utf-8"):
-        row = json.loads(line)
-        steps.setdefault(row.pop("step"), {}).update(row)
-    return steps
-
-
-def keys(client, prefix):
-    return sorted(o["Key"] for o in client.list_objects_v2(Bucket="runs", Prefix=prefix).get("Contents", []))
 
 
 def test_convert_score_and_train_on_s3_and_resume_after_a_kill(s3, tmp_path, monkeypatch):

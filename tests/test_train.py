@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import read_log
 from omegaconf import OmegaConf as om
 
 import train
@@ -31,15 +32,6 @@ def run_train(tmp_path, *overrides, launcher=(sys.executable,), check=True, time
     if check:
         assert result.returncode == 0, result.stderr[-4000:]
     return result
-
-
-def read_log(path):
-    """step -> metrics, the last line written for a step winning (a resumed run writes its steps again)."""
-    steps = {}
-    for line in open(path, encoding="utf-8"):
-        row = json.loads(line)
-        steps.setdefault(row.pop("step"), {}).update(row)
-    return steps
 
 
 @pytest.fixture(scope="module")
