@@ -2,15 +2,13 @@
 streams made alike or refused by name, a kill and autoresume giving the uninterrupted run, per-stream logs."""
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers import read_log
+from helpers import kill_when, read_log
 from streaming.base.util import clean_stale_shared_memory
 
 from conversion import convert_dataset
@@ -88,13 +86,7 @@ def test_a_mixture_trains_logs_each_streams_share_and_kept_fraction_and_resumes_
     assert subprocess.run(straight, cwd=REPO, env=env, capture_output=True, timeout=900).returncode == 0
     killed_at = tmp_path / "killed"
     command = train_command(shards, killed_at, "killed")
-    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 600
-    while not (killed_at / "ckpt" / "ep0-ba2-rank0.pt").exists() and time.time() < deadline and process.poll() is None:
-        time.sleep(0.1)
-    time.sleep(0.5)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    kill_when(command, (killed_at / "ckpt" / "ep0-ba2-rank0.pt").exists, settle=0.5, cwd=REPO, env=env)
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     expected, resumed = read_log(tmp_path / "straight" / "log.jsonl"), read_log(killed_at / "log.jsonl")

@@ -3,15 +3,13 @@
 checkpoints saved there, killed and resumed."""
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from helpers import bucket_keys as keys
-from helpers import read_log
+from helpers import kill_when, read_log
 
 from conversion import convert_dataset
 from vocagno import score
@@ -49,16 +47,10 @@ def test_convert_score_and_train_on_s3_and_resume_after_a_kill(s3, tmp_path, mon
                                   text=True, timeout=900)
         assert straight.returncode == 0, straight.stderr[-4000:]
     killed = command("killed", "shards")
-    process = subprocess.Popen(killed, cwd=tmp_path, env=run_env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
-    deadline = time.time() + 600
     # Killed once its first checkpoint is in the store, whether or not the latest symlink is (autoresume's repair
     # points it to the newest complete checkpoint when it is not).
-    while not any(k.endswith("-rank0.pt") for k in keys(client, "chain/killed/")) and time.time() < deadline \
-            and process.poll() is None:
-        time.sleep(0.05)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    kill_when(killed, lambda: any(k.endswith("-rank0.pt") for k in keys(client, "chain/killed/")), cwd=tmp_path,
+              env=run_env)
     first = read_log(tmp_path / "killed.jsonl")
     assert max(s for s in first if "loss/train/total" in first[s]) < 11, "the kill should land before the run ends"
     resumed = subprocess.run(killed, cwd=tmp_path, env=run_env, capture_output=True, text=True, timeout=900)

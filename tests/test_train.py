@@ -4,14 +4,12 @@ import json
 import math
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from helpers import read_log
+from helpers import kill_when, read_log
 from omegaconf import OmegaConf as om
 
 import train
@@ -122,14 +120,8 @@ def test_kill_and_autoresume_continue_with_the_same_losses(tiny_run, tmp_path):
     command = [sys.executable, str(REPO / "train.py"), TINY, f"variables.data={tiny_run[0]}/shards/train",
                f"variables.heldout={tiny_run[0]}/shards/heldout", "loggers.console=null", *common,
                f"save_folder={killed}/ckpt", "run_name=killed", f"loggers.jsonl.path={killed}/log.jsonl"]
-    process = subprocess.Popen(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 600
-    while not (killed / "ckpt" / "ep0-ba4-rank0.pt").exists() and time.time() < deadline and process.poll() is None:
-        time.sleep(0.1)
-    time.sleep(0.5)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    kill_when(command, (killed / "ckpt" / "ep0-ba4-rank0.pt").exists, settle=0.5, cwd=REPO,
+              env={**os.environ, "PYTHONPATH": str(REPO)})
     first = read_log(killed / "log.jsonl")
     assert max(s for s in first if "loss/train/total" in first[s]) < 7, "the kill should land before the run ends"
     result = subprocess.run(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
