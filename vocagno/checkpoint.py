@@ -18,7 +18,7 @@ import shutil
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -94,7 +94,7 @@ def fetch(location: str, into: str) -> Path:
         raise BadCheckpoint(f"{location}: not a checkpoint: a folder without {METADATA} (a sharded checkpoint) or "
                             f"{LATEST} (a save folder)")
     if path.is_dir():
-        missing = sorted(name for name in _shard_names(path / METADATA) if not (path / name).is_file())
+        missing = _missing_shards(path / METADATA, lambda name: (path / name).is_file())
         if missing:
             raise BadCheckpoint(f"{location}: a sharded checkpoint with shards missing: {', '.join(missing)}")
     elif not zipfile.is_zipfile(path):
@@ -132,6 +132,11 @@ def _shard_names(metadata_file: Path) -> set[str]:
     return {info.relative_path for info in _read_metadata(metadata_file).storage_data.values()}
 
 
+def _missing_shards(metadata_file: Path, present: Callable[[str], bool]) -> list[str]:
+    """The shards ``.metadata`` names that are not ``present`` (on disk, or in a store's listing), sorted."""
+    return sorted(name for name in _shard_names(metadata_file) if not present(name))
+
+
 def _store(uri: str):
     from composer.utils import maybe_create_object_store_from_uri, parse_uri
 
@@ -153,7 +158,7 @@ def _listing(store, uri: str, prefix: str) -> list[str]:
 def _fetch_remote(uri: str, into: Path) -> Path:
     store, key = _store(uri)
     names = set(_listing(store, uri, key))
-    scheme_bucket = uri[: len(uri) - len(uri.split("://", 1)[1])] + uri.split("://", 1)[1].split("/", 1)[0]
+    scheme, _, rest = uri.partition("://")
     if key in names:  # a whole checkpoint
         into.mkdir(parents=True, exist_ok=True)
         store.download_object(key, str(into / Path(key).name))
@@ -162,15 +167,15 @@ def _fetch_remote(uri: str, into: Path) -> Path:
         link = f"{key}.symlink" if f"{key}.symlink" in names else f"{key}/{LATEST}.symlink"
         store.download_object(link, str(into / "latest.symlink"))
         target = (into / "latest.symlink").read_text().strip()
-        return _fetch_remote(f"{scheme_bucket}/{target}", into)
+        return _fetch_remote(f"{scheme}://{rest.split('/', 1)[0]}/{target}", into)
     if f"{key}/{METADATA}" in names:  # a sharded checkpoint: its index, then every shard it names
         folder = into / Path(key).name
         folder.mkdir(parents=True, exist_ok=True)
         store.download_object(f"{key}/{METADATA}", str(folder / METADATA))
-        missing = sorted(name for name in _shard_names(folder / METADATA) if f"{key}/{name}" not in names)
+        missing = _missing_shards(folder / METADATA, lambda name: f"{key}/{name}" in names)
         if missing:
             raise BadCheckpoint(f"{uri}: a sharded checkpoint with shards missing: {', '.join(missing)}")
-        for name in sorted(_shard_names(folder / METADATA)):
+        for name in sorted(_shard_names(folder / METADATA)):  # parsed again: small next to the shards' download
             store.download_object(f"{key}/{name}", str(folder / name))
         return folder
     raise BadCheckpoint(f"{uri}: no checkpoint there: no such object, nor {METADATA} (a sharded checkpoint) or "
@@ -325,7 +330,7 @@ def _repair_remote(uri: str) -> None:
             if done:
                 with tempfile.TemporaryDirectory() as tmp:
                     store.download_object(f"{key}/{METADATA}", f"{tmp}/{METADATA}")
-                    done = all(f"{key}/{shard}" in shards for shard in _shard_names(Path(tmp) / METADATA))
+                    done = not _missing_shards(Path(tmp) / METADATA, lambda name: f"{key}/{name}" in shards)
             (complete if done else incomplete).append(((int(sharded.group(2)), int(sharded.group(1))), checkpoint))
     if incomplete:
         # Composer would fail on the resumed run's first save to the same name (the objects exist, save_overwrite

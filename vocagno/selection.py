@@ -39,7 +39,6 @@ import shutil
 import sys
 import tempfile
 import time
-import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -498,12 +497,13 @@ def _main(args: argparse.Namespace) -> Report | None:
         check_teacher_reads(chosen.scorer.model, metadata, load_tokenizer(teacher_tokenizer))
         student, student_name = None, ""
         if args.student:
+            from vocagno.checkpoint import BadCheckpoint
             from vocagno.eval.__main__ import load_model
 
-            if args.student.endswith(".pt") and not zipfile.is_zipfile(args.student):
-                raise BadInput(f"--student {args.student}: not a checkpoint (torch.save writes a zip file; this is "
-                               f"{'not one' if Path(args.student).is_file() else 'no file'})")
-            student, tokenizer = load_model(args.student, "cpu")
+            try:
+                student, tokenizer = load_model(args.student, "cpu")
+            except BadCheckpoint as error:  # it names the file and what is wrong with it
+                raise BadInput(f"--student {error}") from error
             metadata.check_tokenizers(student=describe_tokenizer(tokenizer, "student"))
             student_name = args.student
     except (ValueError, OSError, KeyError, RuntimeError, pickle.UnpicklingError) as error:
