@@ -1,9 +1,12 @@
-"""What several test files share: killing a run at a moment, reading back its JSON lines log, an S3 bucket's keys."""
+"""What several test files share: killing a run at a moment, reading back its JSON lines log and comparing it with
+an uninterrupted run's, an S3 bucket's keys."""
 
 import json
 import signal
 import subprocess
 import time
+
+import pytest
 
 
 def read_log(path):
@@ -13,6 +16,16 @@ def read_log(path):
         row = json.loads(line)
         steps.setdefault(row.pop("step"), {}).update(row)
     return steps
+
+
+def assert_same_losses(expected: dict, resumed: dict, batches: int) -> list[int]:
+    """The resumed run's log trained the same ``batches`` steps as the uninterrupted one's, each to its loss (rel
+    1e-6); the steps trained."""
+    trained = [s for s in sorted(expected) if "loss/train/total" in expected[s]]
+    assert len(trained) == batches and trained == [s for s in sorted(resumed) if "loss/train/total" in resumed[s]]
+    for step in trained:
+        assert resumed[step]["loss/train/total"] == pytest.approx(expected[step]["loss/train/total"], rel=1e-6), step
+    return trained
 
 
 def bucket_keys(client, prefix, bucket="runs"):

@@ -7,9 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from helpers import assert_same_losses, kill_when, read_log
 from helpers import bucket_keys as keys
-from helpers import kill_when, read_log
 
 from conversion import convert_dataset
 from vocagno import score
@@ -56,10 +55,7 @@ def test_convert_score_and_train_on_s3_and_resume_after_a_kill(s3, tmp_path, mon
     resumed = subprocess.run(killed, cwd=tmp_path, env=run_env, capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     expected, got = read_log(tmp_path / "straight-shards.jsonl"), read_log(tmp_path / "killed.jsonl")
-    trained = [s for s in sorted(expected) if "loss/train/total" in expected[s]]
-    assert len(trained) == 12 and trained == [s for s in sorted(got) if "loss/train/total" in got[s]]
-    for step in trained:
-        assert got[step]["loss/train/total"] == pytest.approx(expected[step]["loss/train/total"], rel=1e-6), step
+    assert_same_losses(expected, got, 12)
     assert "chain/killed/ep0-ba12-rank0.pt" in keys(client, "chain/killed/")
     cached = read_log(tmp_path / "straight-scored.jsonl")
     assert len([s for s in cached if "loss/train/total" in cached[s]]) == 12

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import kill_when, read_log
+from helpers import assert_same_losses, kill_when, read_log
 from omegaconf import OmegaConf as om
 
 import train
@@ -128,10 +128,7 @@ def test_kill_and_autoresume_continue_with_the_same_losses(tiny_run, tmp_path):
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     expected, resumed = read_log(straight / "log.jsonl"), read_log(killed / "log.jsonl")
-    trained = [s for s in sorted(expected) if "loss/train/total" in expected[s]]
-    assert len(trained) == 8 and trained == [s for s in sorted(resumed) if "loss/train/total" in resumed[s]]
-    for step in trained:
-        assert resumed[step]["loss/train/total"] == pytest.approx(expected[step]["loss/train/total"], rel=1e-6), step
+    assert_same_losses(expected, resumed, 8)
 
 
 def test_an_interrupted_checkpoint_save_resumes_with_the_same_command(tiny_run, tmp_path):
@@ -149,10 +146,7 @@ def test_an_interrupted_checkpoint_save_resumes_with_the_same_command(tiny_run, 
     result = run_train(tiny_run[0], *resume)
     assert "removing" in result.stdout and "ep0-ba4-rank0.pt: an incomplete checkpoint" in result.stdout
     expected, resumed = read_log(straight / "log.jsonl"), read_log(broken / "log.jsonl")
-    trained = [s for s in sorted(expected) if "loss/train/total" in expected[s]]
-    assert len(trained) == 6 and trained == [s for s in sorted(resumed) if "loss/train/total" in resumed[s]]
-    for step in trained:
-        assert resumed[step]["loss/train/total"] == pytest.approx(expected[step]["loss/train/total"], rel=1e-6), step
+    assert_same_losses(expected, resumed, 6)
     assert os.path.realpath(broken / "ckpt" / "latest-rank0.pt").endswith("ep0-ba6-rank0.pt")
 
 
