@@ -49,3 +49,30 @@ def s3():
     client.create_bucket(Bucket="runs")
     yield env, client
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def gcs(tmp_path_factory):
+    """A Google Cloud Storage server on this machine (gcp-storage-emulator), with a bucket "runs": the environment
+    that points google-cloud-storage under Streaming at it (its default credentials: a token that never expires, so
+    nothing asks Google for one), and the bucket."""
+    import socket
+
+    from gcp_storage_emulator.server import create_server
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    with socket.socket() as probe:  # the emulator takes a port, not 0
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = create_server("127.0.0.1", port, in_memory=True, default_bucket="runs")
+    server.start()
+    credentials = tmp_path_factory.mktemp("gcs") / "credentials.json"
+    credentials.write_text(json.dumps({"type": "authorized_user", "client_id": "test", "client_secret": "test",
+                                       "refresh_token": "test", "token": "test", "expiry": "2999-01-01T00:00:00Z"}))
+    env = {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}", "GOOGLE_APPLICATION_CREDENTIALS": str(credentials),
+           "GOOGLE_CLOUD_PROJECT": "test"}
+    bucket = storage.Client(project="test", client_options={"api_endpoint": env["STORAGE_EMULATOR_HOST"]},
+                            credentials=AnonymousCredentials()).bucket("runs")
+    yield env, bucket
+    server.stop()

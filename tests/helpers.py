@@ -1,5 +1,5 @@
 """What several test files share: killing a run at a moment, reading back its JSON lines log and comparing it with
-an uninterrupted run's, an S3 bucket's keys."""
+an uninterrupted run's, an S3 bucket's keys, what the algorithm left in a Trainer's batches and losses."""
 
 import json
 import signal
@@ -7,6 +7,8 @@ import subprocess
 import time
 
 import pytest
+import torch
+from composer import Callback
 
 
 def read_log(path):
@@ -43,3 +45,16 @@ def kill_when(command, ready, settle=0.0, timeout=600, **popen):
     time.sleep(settle)
     process.send_signal(signal.SIGKILL)
     process.wait()
+
+
+class Capture(Callback):
+    """What the algorithm left in each batch and loss: the batch before its split, and every microbatch's loss dict."""
+
+    def __init__(self):
+        self.batches, self.losses = [], []
+
+    def after_dataloader(self, state, logger):
+        self.batches.append({k: v.clone() for k, v in state.batch.items() if isinstance(v, torch.Tensor)})
+
+    def after_loss(self, state, logger):
+        self.losses.append({k: v.detach().clone() for k, v in state.loss.items()})

@@ -6,12 +6,15 @@ Builds a tiny random-init Llama student (TinyLlama's tokenizer) and Qwen2 teache
 Face folders, makes a token MDS with llm-foundry's own ``convert_dataset_json`` and vocagno shards with
 ``conversion/convert_dataset.py`` from the same GSM8K text, then trains with llm-foundry's ``train_from_yaml``:
 (a) its ``text`` loader plus ``algorithms: {vocagno: {teacher: DIR}}``, (b) ``train_loader: {name: vocagno}``,
-(c) the same on shards scored by ``python -m vocagno.score`` with ``teacher_losses: cached``. Prints one JSON line per
-run: the logged ``loss/train/kept_fraction`` values, whether a teacher was loaded, and the installed versions.
+(c) the same on shards scored by ``python -m vocagno.score`` with ``teacher_losses: cached``, (d) ``name: vocagno`` on
+a mixture (``dataset.streams``, as llm-foundry writes them). Prints one JSON line per run: the logged
+``loss/train/kept_fraction`` and per-stream (``vocagno/...``) values, whether a teacher was loaded, the installed
+versions.
 """
 
 import json
 import os
+import shutil
 import sys
 from importlib.metadata import version
 from pathlib import Path
@@ -73,8 +76,10 @@ def run(work: Path, name: str, train_loader: dict, student: str, teacher: str, *
     trainer = train_from_yaml(str(yaml))
     memory = next(d for d in trainer.logger.destinations if isinstance(d, InMemoryLogger))
     kept = [float(value) for _, value in memory.data.get("loss/train/kept_fraction", [])]
+    streams = {k: [float(v) for _, v in values] for k, values in memory.data.items()
+               if k.startswith(("vocagno/stream_share/", "vocagno/kept_fraction/"))}
     algorithm = next(a for a in trainer.state.algorithms if isinstance(a, VocAgnoLM))
-    return {"run": name, "kept_fraction": kept, "batches": int(trainer.state.timestamp.batch),
+    return {"run": name, "kept_fraction": kept, "streams": streams, "batches": int(trainer.state.timestamp.batch),
             "teacher_loaded": algorithm.scorer is not None,
             "collate": type(trainer.state.train_dataloader.collate_fn).__name__}
 
@@ -91,6 +96,8 @@ def main(work: Path) -> None:
                           "--teacher-tokenizer", teacher, "--seq-len", str(SEQ_LEN), "--out-root", str(work / "few")])
     assert score.main(["--shards", str(work / "few"), "--teacher", teacher, "--dtype", "float32", "--device", "cpu",
                        "--out", str(work / "scored")]) == 0
+    for name, shards in (("gsm8k", "shards"), ("heldout", "few")):  # each stream's own local, as Streaming asks
+        shutil.copytree(work / shards, work / "mixture" / name)
     versions = {p: version(p) for p in ("llm-foundry", "mosaicml-streaming", "transformers", "datasets")}
     runs = [
         run(work, "text-loader", {"name": "text", "dataset": {"local": str(work / "tokens"), "split": None,
@@ -103,6 +110,9 @@ def main(work: Path) -> None:
             "drop_last": True, "num_workers": 0}, student, teacher),
         run(work, "vocagno-loader-cached", {"name": "vocagno", "dataset": {"local": str(work / "scored"),
             "shuffle": False}, "drop_last": True, "num_workers": 0}, student, teacher, teacher_losses="cached"),
+        run(work, "vocagno-loader-mixture", {"name": "vocagno", "dataset": {"streams": {
+            name: {"local": str(work / "mixture" / name), "proportion": 0.5} for name in ("gsm8k", "heldout")},
+            "shuffle": True, "epoch_size": 64}, "drop_last": True, "num_workers": 0}, student, teacher),
     ]
     for result in runs:
         print(json.dumps({**result, "versions": versions}), flush=True)

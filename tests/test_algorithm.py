@@ -4,8 +4,9 @@ import math
 
 import pytest
 import torch
-from composer import Callback, Trainer
+from composer import Trainer
 from composer.models import HuggingFaceModel
+from helpers import Capture
 from streaming.base.util import clean_stale_shared_memory
 from torch.utils.data import DataLoader
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
@@ -128,19 +129,6 @@ def test_the_teacher_builds_no_kv_cache():
     ids = torch.randint(0, 300, (2, 16))
     TeacherScorer(teacher)(ids, torch.ones_like(ids))
     assert len(outputs) == 1 and outputs[0].past_key_values is None
-
-
-class Capture(Callback):
-    """What the algorithm left in each batch and loss: the batch before its split, and every microbatch's loss dict."""
-
-    def __init__(self):
-        self.batches, self.losses = [], []
-
-    def after_dataloader(self, state, logger):
-        self.batches.append({k: v.clone() for k, v in state.batch.items() if isinstance(v, torch.Tensor)})
-
-    def after_loss(self, state, logger):
-        self.losses.append({k: v.detach().clone() for k, v in state.loss.items()})
 
 
 def guided_fit(loader, microbatch, scope, lr=0.5, batches=2, **options):

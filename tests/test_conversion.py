@@ -776,33 +776,44 @@ def test_a_hub_dataset_is_read_by_its_configuration_or_its_data_files(tmp_path):
     assert ShardMetadata.read(files).totals["documents read"] == 20
 
 
-def test_inputs_in_an_object_store_convert_as_the_same_files_on_disk_and_a_changed_one_is_refused(s3, tmp_path,
-                                                                                                   monkeypatch):
-    """Through an S3 server on this machine (moto), with the clients a real bucket uses (boto3 under Streaming)."""
-    import zstandard
-
-    env, client = s3
+@pytest.fixture(params=["s3", "gs"])
+def store(request, monkeypatch):
+    """An object store on this machine (conftest's ``s3`` or ``gcs``), reached through the clients a real bucket
+    uses (boto3, google-cloud-storage, under Streaming): its scheme and a ``put(key, bytes)`` into its bucket "runs"."""
+    env, client = request.getfixturevalue({"s3": "s3", "gs": "gcs"}[request.param])
     for name, value in env.items():
         monkeypatch.setenv(name, value)
+    if request.param == "s3":
+        return "s3", lambda key, data: client.put_object(Bucket="runs", Key=key, Body=data)
+    return "gs", lambda key, data: client.blob(key).upload_from_string(data)
+
+
+def test_inputs_in_an_object_store_convert_as_the_same_files_on_disk_and_a_changed_one_is_refused(store, tmp_path):
+    import zstandard
+
+    scheme, put = store
     lines = open(SAMPLE, "rb").read().splitlines(keepends=True)
     local = tmp_path / "corpus"
     local.mkdir()
     (local / "a.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(b"".join(lines[:250])))
     (local / "b.jsonl").write_bytes(b"".join(lines[250:]))
     for path in local.iterdir():
-        client.upload_file(str(path), "runs", f"corpus/{path.name}")
-    client.put_object(Bucket="runs", Key="corpus/notes.csv", Body=b"not a document")
+        put(f"corpus/{path.name}", path.read_bytes())
+    put("corpus/notes.csv", b"not a document")
     want = read_samples(convert(tmp_path / "from_disk", "--docs-per-part", "100", inputs=[local]), tmp_path)
-    for name, uri in (("folder", "s3://runs/corpus/"), ("glob", "s3://runs/corpus/*.jsonl*")):
-        out = convert(tmp_path / name, "--docs-per-part", "100", inputs=[uri])
+    # From the store into the store: the shards are read back from there.
+    for name, uri in (("folder", f"{scheme}://runs/corpus/"), ("glob", f"{scheme}://runs/corpus/*.jsonl*")):
+        out = convert(f"{scheme}://runs/shards-{name}", "--docs-per-part", "100", "--local-root", str(tmp_path / name),
+                      inputs=[uri])
         same_samples(read_samples(out, tmp_path), want)
-        assert ShardMetadata.read(out).totals["documents read"] == 500
+        assert ShardMetadata.read(tmp_path / name).totals["documents read"] == 500
     # The objects' content is their fingerprint: a rerun after one changed names it and stops.
-    client.put_object(Bucket="runs", Key="corpus/b.jsonl", Body=b"".join(lines[250:400]))
-    with pytest.raises(SystemExit, match="s3://runs/corpus/b.jsonl"):
-        convert(tmp_path / "folder", "--docs-per-part", "100", inputs=["s3://runs/corpus/"])
-    with pytest.raises(SystemExit, match="input s3://no-such-bucket/corpus/: the object store can't be read"):
-        convert(tmp_path / "none", inputs=["s3://no-such-bucket/corpus/"])
-    with pytest.raises(SystemExit, match=r"input s3://runs/corpus/\*.txt: no .jsonl"):
-        convert(tmp_path / "none", inputs=["s3://runs/corpus/*.txt"])
+    put("corpus/b.jsonl", b"".join(lines[250:400]))
+    with pytest.raises(SystemExit, match=f"{scheme}://runs/corpus/b.jsonl"):
+        convert(f"{scheme}://runs/shards-folder", "--docs-per-part", "100", "--local-root", str(tmp_path / "folder"),
+                inputs=[f"{scheme}://runs/corpus/"])
+    with pytest.raises(SystemExit, match=f"input {scheme}://no-such-bucket/corpus/: the object store can't be read"):
+        convert(tmp_path / "none", inputs=[f"{scheme}://no-such-bucket/corpus/"])
+    with pytest.raises(SystemExit, match=rf"input {scheme}://runs/corpus/\*.txt: no .jsonl"):
+        convert(tmp_path / "none", inputs=[f"{scheme}://runs/corpus/*.txt"])
     assert not list((tmp_path / "none").rglob("*.json"))  # inputs that can't be read leave nothing on the out-root

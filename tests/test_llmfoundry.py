@@ -52,16 +52,18 @@ def foundry_python() -> str:
 
 def test_llmfoundry_trains_with_vocagno_on_its_own_text_loader_and_on_ours(foundry_python, tmp_path):
     """(a) llm-foundry's ``text`` loader on a token MDS from its ``convert_dataset_json``, the teacher side made per
-    batch, in the training process and in 2 loader workers; (b) ``train_loader: {name: vocagno}`` on our shards; (c) the same on shards scored once, with cached teacher
-    losses and no teacher loaded. All log ``loss/train/kept_fraction`` (tokenizers: TinyLlama's and Qwen2.5's, models:
-    tiny random-init)."""
+    batch, in the training process and in 2 loader workers; (b) ``train_loader: {name: vocagno}`` on our shards; (c)
+    the same on shards scored once, with cached teacher losses and no teacher loaded; (d) ``name: vocagno`` on a
+    mixture of two streams, logging each one's share and kept fraction. All log ``loss/train/kept_fraction``
+    (tokenizers: TinyLlama's and Qwen2.5's, models: tiny random-init)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VOCAGNO_CACHE")}
     result = _run([foundry_python, str(REPO / "tests" / "llmfoundry_run.py"), str(tmp_path)], 1200, cwd=tmp_path,
                   env={**env, "VOCAGNO_CACHE": str(tmp_path / "cache")})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     runs = {r["run"]: r for r in map(json.loads, (line for line in result.stdout.splitlines() if line.startswith("{")))}
-    assert set(runs) == {"text-loader", "text-loader-workers", "vocagno-loader", "vocagno-loader-cached"}
-    assert [run["teacher_loaded"] for run in runs.values()] == [True, True, True, False]
+    assert set(runs) == {"text-loader", "text-loader-workers", "vocagno-loader", "vocagno-loader-cached",
+                         "vocagno-loader-mixture"}
+    assert [run["teacher_loaded"] for run in runs.values()] == [True, True, True, False, True]
     # With workers they make the teacher side, and the run is the same: the same kept fractions, step by step.
     assert runs["text-loader-workers"]["collate"] == "WithTeacherSide" != runs["text-loader"]["collate"]
     assert runs["text-loader-workers"]["kept_fraction"] == runs["text-loader"]["kept_fraction"]
@@ -71,3 +73,10 @@ def test_llmfoundry_trains_with_vocagno_on_its_own_text_loader_and_on_ours(found
         assert run["versions"]["llm-foundry"] == "0.22.0"
         assert run["versions"]["mosaicml-streaming"].startswith("0.12.")
         assert run["versions"]["transformers"].startswith("4.51.")
+    mixture = runs["vocagno-loader-mixture"]["streams"]
+    assert sorted(mixture) == [f"vocagno/{what}/{name}" for what in ("kept_fraction", "stream_share")
+                               for name in ("gsm8k", "heldout")]
+    for step in range(3):
+        assert mixture["vocagno/stream_share/gsm8k"][step] + mixture["vocagno/stream_share/heldout"][step] == 1.0
+    assert all(0.2 < kept < 0.7 for name in ("gsm8k", "heldout") for kept in mixture[f"vocagno/kept_fraction/{name}"])
+    assert all(not run["streams"] for name, run in runs.items() if name != "vocagno-loader-mixture")

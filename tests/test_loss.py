@@ -116,8 +116,9 @@ def test_guided_loss_hand_case():
     assert out["teacher_loss"].item() == pytest.approx((0.5 + 2.9 + 0.3 + 0.3) / 4)
     assert out["score"].item() == pytest.approx((1.5 - 1.9 + 2.7 + 0.2) / 4)
 
-    out = guided_loss(logits, labels, teacher, start, end, topk_ratio=0.4, unmapped="exclude")
+    out = guided_loss(logits, labels, teacher, start, end, topk_ratio=0.4, unmapped="exclude", row_counts=True)
     assert out["total"].item() == pytest.approx((3.0 + 2.0) / 2)
+    assert out["row_counts"].tolist() == [[5, 2]]  # the row's tokens with a label, and kept ones
     # 75% of 4 -> 3 kept: token 3 (score 0.2) joins.
     out = guided_loss(logits, labels, teacher, start, end, topk_ratio=0.75, unmapped="exclude")
     assert out["total"].item() == pytest.approx((3.0 + 2.0 + 0.5) / 3)

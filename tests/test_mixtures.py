@@ -2,17 +2,25 @@
 streams made alike or refused by name, a kill and autoresume giving the uninterrupted run, per-stream logs."""
 
 import os
+import shutil
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers import assert_same_losses, kill_when, read_log
+import torch
+from composer import Trainer
+from composer.loggers import InMemoryLogger
+from composer.models import HuggingFaceModel
+from helpers import Capture, assert_same_losses, kill_when, read_log
 from streaming.base.util import clean_stale_shared_memory
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from conversion import convert_dataset
-from vocagno.data import TeacherGuidedDataset
+from vocagno import score
+from vocagno.algorithm import VocAgnoLM
+from vocagno.data import TeacherGuidedDataset, teacher_guided_loader
 from vocagno.tokenization import ASSETS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -96,3 +104,75 @@ def test_a_mixture_trains_logs_each_streams_share_and_kept_fraction_and_resumes_
         assert sum(shares) == pytest.approx(1.0) and 0 <= expected[step]["vocagno/kept_fraction/heldout"] <= 1
     overall = [expected[s]["vocagno/stream_share/gsm"] for s in trained]
     assert 0.5 <= sum(overall) / len(overall) <= 1.0  # 6 batches of 8 from a 75/25 mixture
+
+
+def tiny_llama(seed=0):
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=32000, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128))
+
+
+def mixture_fit(shards, streams, teacher, scope="batch", batches=1, **options):
+    """``batches`` steps of a tiny student on a 2-stream mixture, 8 rows a batch in microbatches of 4."""
+    clean_stale_shared_memory()
+    loader = teacher_guided_loader({"streams": {n: {"local": str(shards / n), "proportion": 0.5} for n in streams},
+                                    "epoch_size": 64, "shuffle": True, "shuffle_seed": 1, "num_canonical_nodes": 1},
+                                   "llama2", None, 8, drop_last=True)
+    memory, capture, student = InMemoryLogger(), Capture(), tiny_llama()
+    trainer = Trainer(model=HuggingFaceModel(student, use_logits=True), train_dataloader=loader,
+                      max_duration=f"{batches}ba", device_train_microbatch_size=4, callbacks=[capture],
+                      algorithms=[VocAgnoLM(teacher=teacher, teacher_dtype="float32", selection_scope=scope,
+                                            **options)],
+                      optimizers=torch.optim.SGD(student.parameters(), lr=0.1), device="cpu", loggers=[memory],
+                      progress_bar=False)
+    try:
+        trainer.fit()
+    finally:
+        clean_stale_shared_memory()
+    return memory.data, capture
+
+
+@pytest.mark.parametrize("scope", ["batch", "microbatch", "sequence"])
+def test_each_streams_kept_fraction_is_logged_over_the_whole_batch_in_every_selection_scope(shards, scope):
+    """``vocagno/kept_fraction/NAME`` adds the kept tokens of the stream's rows over both microbatches: the streams'
+    kept tokens add up to the batch's (as the microbatches' loss dicts count them), their shares to its rows."""
+    logged, capture = mixture_fit(shards, ("gsm", "heldout"), tiny_llama(1), scope, batches=2)
+    for step, batch in enumerate(capture.batches):
+        stream, labeled = batch["stream"], (batch["labels"][:, 1:] != -100).sum(1).float()
+        pieces = capture.losses[2 * step : 2 * step + 2]
+        if scope == "batch":  # each microbatch's counts are divided by the global batch's, times its share
+            kept = sum(p["kept_fraction"] for p in pieces) * labeled.sum() / 2
+        else:
+            kept = sum(p["kept_fraction"] * labeled[4 * i : 4 * i + 4].sum() for i, p in enumerate(pieces))
+        by_stream = 0.0
+        for index, name in enumerate(("gsm", "heldout")):
+            rows = stream == index
+            assert logged[f"vocagno/stream_share/{name}"][step][1] == pytest.approx(rows.float().mean().item())
+            if rows.any():
+                fraction = logged[f"vocagno/kept_fraction/{name}"][step][1]
+                assert 0.3 < fraction < 0.8  # 40% of the mapped tokens, plus the unmapped
+                by_stream += fraction * labeled[rows].sum()
+        assert float(by_stream) == pytest.approx(float(kept), rel=1e-5)
+
+
+@pytest.fixture(scope="module")
+def scored(shards, tmp_path_factory):
+    """The held-out stream scored by the shipped tiny teacher, twice (two streams), and left unscored."""
+    root = tmp_path_factory.mktemp("scored")
+    assert score.main(["--shards", str(shards / "heldout"), "--teacher", "tiny-math-teacher", "--dtype", "float32",
+                       "--device", "cpu", "--out", str(root / "one")]) == 0
+    shutil.copytree(root / "one", root / "two")
+    shutil.copytree(shards / "heldout", root / "unscored")
+    return root
+
+
+def test_cached_losses_are_checked_in_every_stream_naming_the_one_that_differs(scored):
+    teacher = "tiny-math-teacher"
+    with pytest.raises(ValueError, match="stream 'unscored': teacher_losses: cached, but the training shards carry no "
+                                         "teacher losses"):
+        mixture_fit(scored, ("one", "unscored"), teacher, teacher_losses="cached")
+    with pytest.raises(ValueError, match="stream 'one': the shards were scored by 'tiny-math-teacher', but the teacher "
+                                         "is 'another-teacher'"):
+        mixture_fit(scored, ("one", "two"), "another-teacher", teacher_losses="cached")
+    logged, capture = mixture_fit(scored, ("one", "two"), teacher, teacher_losses="cached")
+    assert "teacher_token_loss" in capture.batches[0] and 0.3 < logged["vocagno/kept_fraction/two"][0][1] < 0.8

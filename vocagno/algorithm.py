@@ -28,6 +28,10 @@ pass, the teacher scores each microbatch after the student's forward. Then each 
   Composer logs as ``loss/train/kept_fraction`` etc.); the teacher's forward time is logged as
   ``vocagno/teacher_forward_seconds``.
 
+On a mixture (``TeacherGuidedDataset`` ``streams``: rows carry their ``stream``), each stream's share of the global
+batch's rows and the share of its labeled tokens kept, counted over every microbatch and rank, are logged at the step's
+loss as ``vocagno/stream_share/NAME`` and ``vocagno/kept_fraction/NAME``.
+
 The teacher lives in the algorithm, never in ``state.model``: not in the optimizer, not in checkpoints. It is placed
 on every device whole, or sharded with FSDP when the run uses FSDP (``teacher_placement``).
 """
@@ -286,7 +290,7 @@ class VocAgnoLM(Algorithm):
         self._loss: dict[str, torch.Tensor] | None = None
         self._global_counts: dict[str, torch.Tensor] = {}  # the global batch's labeled, mapped and kept tokens
         self._global_samples = 0
-        self._row_counts: torch.Tensor | None = None  # per row of the rank's batch: labeled and kept tokens
+        self._stream_counts: torch.Tensor | None = None  # a mixture's, per stream: rows, labeled and kept tokens
         self._teacher_seconds = 0.0
 
     def __repr__(self) -> str:
@@ -300,8 +304,8 @@ class VocAgnoLM(Algorithm):
         return False
 
     def match(self, event: Event, state: State) -> bool:
-        return event in (Event.FIT_START, Event.AFTER_DATALOADER, Event.BEFORE_FORWARD, Event.AFTER_FORWARD,
-                         Event.AFTER_LOSS, Event.BATCH_END)
+        return event in (Event.FIT_START, Event.AFTER_DATALOADER, Event.BEFORE_TRAIN_BATCH, Event.BEFORE_FORWARD,
+                         Event.AFTER_FORWARD, Event.AFTER_LOSS, Event.AFTER_TRAIN_BATCH, Event.BATCH_END)
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         if event == Event.FIT_START:
@@ -328,8 +332,9 @@ class VocAgnoLM(Algorithm):
                 self._generator.manual_seed(self.seed * 1_000_003 + int(state.timestamp.batch))
             if self.selection_scope == "batch":
                 self._select_over_global_batch(state)
-            if "stream" in state.batch:
-                self._log_streams(state, logger)
+        elif event == Event.BEFORE_TRAIN_BATCH:  # also before each retry of the batch (Composer's auto microbatching)
+            names = getattr(getattr(state.train_dataloader, "dataset", None), "stream_names", None)
+            self._stream_counts = torch.zeros(len(names), 3) if "stream" in state.batch and names else None
         elif event == Event.BEFORE_FORWARD:
             self._labels = state.batch.pop("labels")
             state.batch.update(_no_cache(state.model))
@@ -340,40 +345,46 @@ class VocAgnoLM(Algorithm):
                 self._loss = teacher_guided_loss(
                     logits, self._labels, state.batch, state.batch["vocagno_teacher_loss"],
                     selected=state.batch["vocagno_selected"],
-                    token_counts={k: v * share for k, v in self._global_counts.items()}, **self.options,
+                    token_counts={k: v * share for k, v in self._global_counts.items()},
+                    row_counts=self._stream_counts is not None, **self.options,
                 )
             else:
                 teacher_loss = self._teacher_loss(state.batch)
                 self._loss = teacher_guided_loss(logits, self._labels, state.batch, teacher_loss,
                                                  per_sequence=self.selection_scope == "sequence",
-                                                 selection=self.selection, generator=self._generator, **self.options)
+                                                 selection=self.selection, generator=self._generator,
+                                                 row_counts=self._stream_counts is not None, **self.options)
+            if self._stream_counts is not None:
+                self._count_streams(state.batch["stream"], self._loss.pop("row_counts"))
             if hasattr(state.outputs, "logits"):
                 state.outputs["loss"] = self._loss["total"]  # HuggingFaceModel.loss returns it: no second CE
         elif event == Event.AFTER_LOSS:
             state.loss = self._loss
             self._labels = self._loss = None
+        elif event == Event.AFTER_TRAIN_BATCH:  # every microbatch done, the step not yet counted: the loss's step
+            if self._stream_counts is not None:
+                self._log_streams(state, logger)
         elif event == Event.BATCH_END:
             logger.log_metrics({"vocagno/teacher_forward_seconds": self._teacher_seconds})
             self._teacher_seconds = 0.0
 
+    def _count_streams(self, stream: torch.Tensor, row_counts: torch.Tensor) -> None:
+        """Add a microbatch's rows, labeled tokens and kept tokens to its streams' counts."""
+        counts = torch.cat([torch.ones_like(row_counts[:, :1]), row_counts], dim=1)
+        self._stream_counts.index_add_(0, stream.long().cpu(), counts.detach().float().cpu())
+
     def _log_streams(self, state: State, logger: Logger) -> None:
-        """A mixture's share of the global batch per stream (``vocagno/stream_share/NAME``) and, with the batch scope,
-        the share of each stream's labeled tokens the selection kept (``vocagno/kept_fraction/NAME``)."""
-        names = getattr(getattr(state.train_dataloader, "dataset", None), "stream_names", None)
-        stream = state.batch["stream"].long()
-        if not names:
-            names = [str(i) for i in range(int(stream.max()) + 1)]
-        per_stream = torch.zeros(len(names), 3, device=stream.device)  # rows, labeled tokens, kept tokens
-        per_stream[:, 0].index_add_(0, stream, torch.ones_like(stream, dtype=per_stream.dtype))
-        if self.selection_scope == "batch":
-            per_stream[:, 1:].index_add_(0, stream.to(self._row_counts.device), self._row_counts.to(per_stream))
-        dist.all_reduce(per_stream, reduce_operation="SUM")
+        """A mixture's share of the global batch per stream (``vocagno/stream_share/NAME``) and the share of each
+        stream's labeled tokens the selection kept (``vocagno/kept_fraction/NAME``), over every microbatch and rank."""
+        per_stream = state.device.tensor_to_device(self._stream_counts)
+        dist.all_reduce(per_stream, reduce_operation="SUM")  # rows, labeled tokens, kept tokens
         metrics = {}
-        for name, (rows, labeled, kept) in zip(names, per_stream.tolist()):
+        for name, (rows, labeled, kept) in zip(state.train_dataloader.dataset.stream_names, per_stream.tolist()):
             metrics[f"vocagno/stream_share/{name}"] = rows / max(per_stream[:, 0].sum().item(), 1)
-            if self.selection_scope == "batch" and labeled:
+            if labeled:
                 metrics[f"vocagno/kept_fraction/{name}"] = kept / labeled
         logger.log_metrics(metrics)
+        self._stream_counts = None
 
     def _teacher_side_in_workers(self, state: State) -> None:
         """Move the making of the teacher side into the training loader's workers (see the module's docstring)."""
@@ -489,8 +500,6 @@ class VocAgnoLM(Algorithm):
         kept = n_selected + (n_labeled - n_mapped if self.options["unmapped"] == "include" else 0)
         self._global_counts = {"labeled": n_labeled, "mapped": n_mapped, "kept": kept}
         self._global_samples = int(n_samples)
-        unmapped_kept = (labeled & ~mapped).sum(1) if self.options["unmapped"] == "include" else 0
-        self._row_counts = torch.stack([labeled.sum(1), selected.sum(1) + unmapped_kept], dim=1)
         batch["vocagno_selected"] = selected
         batch["vocagno_teacher_loss"] = torch.cat(teacher_losses)
 

@@ -196,6 +196,7 @@ def guided_loss(
     generator: torch.Generator | None = None,
     selected: torch.Tensor | None = None,
     token_counts: dict[str, torch.Tensor] | None = None,
+    row_counts: bool = False,
     ignore_index: int = -100,
 ) -> dict[str, torch.Tensor]:
     """Train only on the student tokens the teacher says are worth learning.
@@ -214,7 +215,9 @@ def guided_loss(
 
     Returns ``total`` (mean student cross-entropy over the kept tokens, the loss to train on) and detached statistics:
     ``kept_fraction`` and ``mapped_fraction`` (of tokens with a label), ``student_loss`` (mean over tokens with a
-    label), ``teacher_loss`` and ``score`` (means over mapped tokens).
+    label), ``teacher_loss`` and ``score`` (means over mapped tokens). With ``row_counts``, also ``row_counts``
+    ``[B, 2]``: each row's tokens with a label and kept ones, for a caller that reports per group of rows (a mixture's
+    streams); not a scalar, so not for a trainer to log as it is.
     """
     check_options(topk_ratio, aggregation, unmapped, selection=selection)
     if student_logits.shape[:-1] != labels.shape or labels.shape != start.shape or start.shape != end.shape:
@@ -242,6 +245,7 @@ def guided_loss(
     if token_counts is None:
         token_counts = {"labeled": labeled_f.sum(), "mapped": mapped_f.sum(), "kept": kept_f.sum()}
     n_labeled, n_mapped, n_kept = (token_counts[k].clamp(min=1) for k in ("labeled", "mapped", "kept"))
+    rows = {"row_counts": torch.stack([labeled_f.sum(1), kept_f.sum(1)], dim=1)} if row_counts else {}
     return {
         "total": (student_loss * kept_f).sum() / n_kept,
         "kept_fraction": kept_f.sum() / n_labeled,
@@ -249,4 +253,5 @@ def guided_loss(
         "student_loss": (student_loss.detach() * labeled_f).sum() / n_labeled,
         "teacher_loss": torch.where(mapped, teacher_loss, 0).sum() / n_mapped,
         "score": torch.where(mapped, score, 0).sum() / n_mapped,
+        **rows,
     }
