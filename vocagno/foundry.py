@@ -10,6 +10,9 @@ or, on shards made by ``conversion/convert_dataset.py`` (tokenized once, the fas
     algorithms: {vocagno: {teacher: Qwen/Qwen2.5-Math-7B-Instruct}}
     train_loader: {name: vocagno, dataset: {local: ..., remote: ..., split: ..., shuffle: true}, drop_last: true,
                    num_workers: 8}
+
+and on a mixture, ``dataset: {streams: {NAME: {local: ..., remote: ..., proportion: ...}, ...}, shuffle: true}``
+(Streaming's streams, as llm-foundry's own loaders take them; each stream's share and kept fraction are logged).
 """
 
 from __future__ import annotations
