@@ -334,7 +334,8 @@ class VocAgnoLM(Algorithm):
                 self._select_over_global_batch(state)
         elif event == Event.BEFORE_TRAIN_BATCH:  # also before each retry of the batch (Composer's auto microbatching)
             names = getattr(getattr(state.train_dataloader, "dataset", None), "stream_names", None)
-            self._stream_counts = torch.zeros(len(names), 3) if "stream" in state.batch and names else None
+            self._stream_counts = torch.zeros(len(names), 3, device=state.batch["stream"].device) if (
+                "stream" in state.batch and names) else None  # on the batch's device: no sync per microbatch
         elif event == Event.BEFORE_FORWARD:
             self._labels = state.batch.pop("labels")
             state.batch.update(_no_cache(state.model))
@@ -371,16 +372,17 @@ class VocAgnoLM(Algorithm):
     def _count_streams(self, stream: torch.Tensor, row_counts: torch.Tensor) -> None:
         """Add a microbatch's rows, labeled tokens and kept tokens to its streams' counts."""
         counts = torch.cat([torch.ones_like(row_counts[:, :1]), row_counts], dim=1)
-        self._stream_counts.index_add_(0, stream.long().cpu(), counts.detach().float().cpu())
+        self._stream_counts.index_add_(0, stream.long(), counts.detach().float())
 
     def _log_streams(self, state: State, logger: Logger) -> None:
         """A mixture's share of the global batch per stream (``vocagno/stream_share/NAME``) and the share of each
         stream's labeled tokens the selection kept (``vocagno/kept_fraction/NAME``), over every microbatch and rank."""
-        per_stream = state.device.tensor_to_device(self._stream_counts)
-        dist.all_reduce(per_stream, reduce_operation="SUM")  # rows, labeled tokens, kept tokens
+        dist.all_reduce(self._stream_counts, reduce_operation="SUM")
+        per_stream = self._stream_counts.tolist()  # rows, labeled tokens, kept tokens
+        all_rows = max(sum(rows for rows, _, _ in per_stream), 1)
         metrics = {}
-        for name, (rows, labeled, kept) in zip(state.train_dataloader.dataset.stream_names, per_stream.tolist()):
-            metrics[f"vocagno/stream_share/{name}"] = rows / max(per_stream[:, 0].sum().item(), 1)
+        for name, (rows, labeled, kept) in zip(state.train_dataloader.dataset.stream_names, per_stream):
+            metrics[f"vocagno/stream_share/{name}"] = rows / all_rows
             if labeled:
                 metrics[f"vocagno/kept_fraction/{name}"] = kept / labeled
         logger.log_metrics(metrics)
