@@ -161,6 +161,23 @@ def test_the_card_carries_the_evaluation_of_the_exported_model(whole_run, tmp_pa
     refused([whole_run, tmp_path / "other", "--eval", tmp_path], capsys, names="no results.json there")
 
 
+def test_the_card_of_a_mixture_run_names_each_stream_and_its_weight():
+    from omegaconf import OmegaConf as om
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from vocagno.config import load_config
+    from vocagno.export import model_card
+
+    streams = "{gsm: {remote: s3://runs/gsm, local: /tmp/gsm, proportion: 0.75}, heldout: {local: /tmp/heldout}}"
+    cfg = load_config(str(REPO / "yamls" / "tiny.yaml"), ["train_loader.dataset.local=null",
+                                                          f"train_loader.dataset.streams={streams}"])
+    state = {"callbacks": {"RunRecipe": {"yaml": om.to_yaml(cfg, resolve=True)}}}
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                                         num_attention_heads=1))
+    card = model_card("runs/mixture", "mixture", state, model)
+    assert "| data | mixture: gsm `s3://runs/gsm` (proportion 0.75), heldout `/tmp/heldout` |" in card
+
+
 @pytest.mark.distributed  # the sharded checkpoint is written by 2 gloo processes
 def test_a_sharded_checkpoint_and_its_save_folder_export_the_gathered_weights(sharded_run, tmp_path):
     reference = torch.load(sharded_run / "reference.pt")

@@ -140,10 +140,23 @@ def _recipe_rows(cfg) -> list[tuple[str, str]]:
         options = {**(VOCAGNO_DEFAULTS if name == "vocagno" else {}), **(options or {})}
         shown = ", ".join(f"{key} {value}" for key, value in options.items())
         rows.append(("method", name + (f": {shown}" if shown else "")))
-    dataset = cfg.train_loader.dataset
-    rows.append(("data", f"`{dataset.get('remote') or dataset.get('local')}`"))
+    rows.append(("data", _data(cfg.train_loader.dataset)))
     rows.append(("precision", str(cfg.get("precision"))))
     return rows
+
+
+def _data(dataset) -> str:
+    """Where the run's samples came from: its dataset, or each stream of a mixture with its weight."""
+    def where(stream) -> str:
+        return f"`{stream.get('remote') or stream.get('local')}`"
+
+    if not dataset.get("streams"):
+        return where(dataset)
+    named = []
+    for name, stream in dataset.streams.items():
+        weights = ", ".join(f"{key} {stream[key]}" for key in ("proportion", "repeat", "choose") if key in stream)
+        named.append(f"{name} {where(stream)}" + (f" ({weights})" if weights else ""))
+    return "mixture: " + ", ".join(named)
 
 
 def main(argv: list[str] | None = None) -> int:
