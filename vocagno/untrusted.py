@@ -1,0 +1,98 @@
+"""Files someone else wrote (a checkpoint in a shared bucket, a corpus folder, shards on an out-root): the one place
+that decides what of them is trusted.
+
+- A name read from such a file (a tokenizer file's key, a shard's name in ``.metadata`` or ``index.json``, an object
+  key, an archive member) becomes a path only through ``inside``: a relative path of plain names, never ``..``, an
+  absolute path, a backslash or a NUL, so nothing is read or written outside the folder it belongs to.
+- A sharded checkpoint's ``.metadata`` (a pickle) is read by ``read_dcp_metadata``: only the exact ``(module, name)``
+  pairs ``torch.distributed.checkpoint`` writes there are resolved, never a dotted name.
+- A whole checkpoint is read with ``torch.load(weights_only=True)`` and the few types a Composer checkpoint holds
+  (``vocagno.checkpoint.CHECKPOINT_GLOBALS``).
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path, PurePosixPath
+
+__all__ = ["UntrustedFile", "inside", "plain_name", "read_dcp_metadata"]
+
+
+class UntrustedFile(ValueError):
+    """A file from elsewhere that is refused; the message names it and says why, in one line."""
+
+
+def plain_name(name: object, source: str, what: str = "name") -> str:
+    """``name``, read from ``source``, if it is one plain file name: a non-empty string without ``/``, ``\\`` or NUL
+    that is not ``.`` or ``..``."""
+    if (not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\0")
+            or len(name.encode("utf-8", "surrogatepass")) > 255):
+        raise UntrustedFile(f"{source}: refused: its {what} {name!r} is not a plain file name (a path outside its "
+                            "folder, or no name at all)")
+    return name
+
+
+def inside(folder: str | Path, name: object, source: str, what: str = "name") -> Path:
+    """``folder / name`` for a ``name`` read from ``source`` that must stay inside ``folder``: a relative path whose
+    every part is a ``plain_name`` (``part-00001/shard.00000.mds`` passes; ``../x``, ``/tmp/x``, ``a//b`` don't)."""
+    if not isinstance(name, str) or not name:
+        plain_name(name, source, what)
+    parts = name.split("/")
+    for part in parts:
+        try:
+            plain_name(part, source, what)
+        except UntrustedFile:
+            raise UntrustedFile(f"{source}: refused: its {what} {name!r} is not a relative path inside its folder "
+                                "(an absolute path, '..', an empty part, a backslash or a NUL)") from None
+    return Path(folder).joinpath(*PurePosixPath(name).parts)
+
+
+# What torch.distributed.checkpoint pickles into a sharded checkpoint's .metadata (torch 2.6-2.7): its metadata
+# dataclasses, the filesystem writer's storage info, torch.Size, dtypes, layouts and memory formats. Exact pairs:
+# pickle resolves a dotted name (``torch.ctypes.util.subprocess.Popen``) by walking attributes from the module, so a
+# module prefix or "any attribute of that module" would let a crafted file reach anything torch imports.
+_DCP_METADATA = "torch.distributed.checkpoint.metadata"
+DCP_METADATA_GLOBALS = {
+    *((_DCP_METADATA, name) for name in (
+        "Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata", "BytesStorageMetadata",
+        "ChunkStorageMetadata", "TensorProperties")),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("collections", "OrderedDict"),
+    ("pathlib", "PosixPath"),
+    *(("torch", name) for name in (
+        "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
+        "complex64", "complex128", "float8_e4m3fn", "float8_e5m2", "strided", "sparse_coo",
+        "contiguous_format", "channels_last", "preserve_format")),
+}
+
+
+class _DCPMetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (module, name) not in DCP_METADATA_GLOBALS:
+            raise pickle.UnpicklingError(f"{module}.{name} is not part of torch.distributed.checkpoint's metadata")
+        return super().find_class(module, name)
+
+
+def read_dcp_metadata(path: Path, max_bytes: int = 1 << 30):
+    """A sharded checkpoint's ``.metadata``, refused (``UntrustedFile``) unless it holds only what
+    torch.distributed.checkpoint writes there; every shard name it gives is checked by ``inside``."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise UntrustedFile(f"{path}: refused: {size:,} bytes, more than a checkpoint's metadata ever needs")
+    with open(path, "rb") as f:
+        try:
+            metadata = _DCPMetadataUnpickler(f).load()
+        except Exception as error:  # a truncated or crafted pickle raises anything; all mean "not DCP's metadata"
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise UntrustedFile(f"{path}: refused to load: not torch.distributed.checkpoint's metadata ({reason})"
+                                ) from error
+    if not isinstance(metadata, Metadata) or not isinstance(getattr(metadata, "storage_data", None), dict):
+        raise UntrustedFile(f"{path}: refused to load: not torch.distributed.checkpoint's metadata (it holds a "
+                            f"{type(metadata).__name__})")
+    for info in metadata.storage_data.values():
+        inside(path.parent, getattr(info, "relative_path", None), str(path), "shard name")
+    return metadata
