@@ -205,16 +205,108 @@ def test_the_student_is_wrapped_per_decoder_layer_and_each_rank_holds_half(shard
 
 @pytest.mark.distributed  # the sharded checkpoint is written by 2 gloo processes
 def test_eval_reads_a_sharded_save_folder_as_its_export(sharded_run, tmp_path, capsys):
+    from vocagno.eval.__main__ import load_model
     from vocagno.eval.__main__ import main as eval_main
+    from vocagno.metrics import bits_per_byte
 
     text = tmp_path / "text.txt"
     text.write_text("Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting.")
     assert export_main([str(sharded_run), str(tmp_path / "model")]) == 0
-    printed = []
+    bpb = []
     for model in (sharded_run, tmp_path / "model"):
         assert eval_main(["--model", str(model), "--bpb", str(text), "--device", "cpu"]) == 0
-        printed.append(capsys.readouterr().out.split(": ")[-1])
-    assert printed[0] == printed[1], printed
+        assert "bits per byte on" in capsys.readouterr().out
+        bpb.append(bits_per_byte(*load_model(str(model), "cpu"), [text.read_text()]))  # the figure eval prints
+    assert bpb[0] == bpb[1], bpb  # the same model: the same number, not merely the same 4 printed decimals
+
+
+@pytest.fixture(scope="module")
+def whole_bf16_run(whole_run, tmp_path_factory):
+    """``whole_run``'s checkpoint as an ``amp_bf16`` run saves it (float32 weights; its recipe says amp_bf16), so
+    loading it computes in bfloat16."""
+    from omegaconf import OmegaConf as om
+
+    from vocagno.checkpoint import load_checkpoint
+
+    checkpoint = load_checkpoint(str(whole_run / "ep0-ba2-rank0.pt"))
+    recipe = checkpoint["state"]["callbacks"]["RunRecipe"]
+    cfg = om.create(recipe["yaml"])
+    cfg.precision = "amp_bf16"
+    recipe["yaml"] = om.to_yaml(cfg)
+    path = tmp_path_factory.mktemp("whole_bf16") / "ep0-ba2-rank0.pt"
+    torch.save(checkpoint, path)
+    return path
+
+
+def few_shot_prompt(min_tokens: int = 1024) -> str:
+    """The longest GSM8K question's 8-shot chain-of-thought prompt as ``vocagno.eval`` builds it, with the answer a
+    perfect model writes under it: the text the last generated tokens attend to."""
+    from vocagno.eval.benchmarks import SHIPPED_DATA, load_benchmark
+    from vocagno.tokenization import load_tokenizer
+
+    longest = max(load_benchmark("gsm8k", SHIPPED_DATA), key=lambda example: len(example.prompt))
+    text = longest.prompt + longest.gold_output
+    assert len(load_tokenizer("llama2")(text)["input_ids"]) >= min_tokens
+    return text
+
+
+@pytest.mark.parametrize("kind", ["whole", pytest.param("sharded", marks=pytest.mark.distributed)])
+def test_a_bf16_checkpoint_evaluates_exactly_as_its_export_on_a_few_shot_prompt(kind, request, tmp_path):
+    """Loaded by ``vocagno.eval``, a checkpoint of an amp_bf16 run and its export give the same logits to the last
+    bit over a 1,000+-token prompt: RoPE's frequencies stay float32 in both, as transformers computes them."""
+    from vocagno.eval.__main__ import load_model
+
+    checkpoint = request.getfixturevalue("whole_bf16_run" if kind == "whole" else "sharded_run")
+    assert export_main([str(checkpoint), str(tmp_path / "model")]) == 0
+    prompt = few_shot_prompt()
+    outputs = []
+    for location in (checkpoint, tmp_path / "model"):
+        model, tokenizer = load_model(str(location), "cpu")
+        assert next(model.parameters()).dtype == torch.bfloat16
+        with torch.no_grad():
+            outputs.append(model(tokenizer(prompt, return_tensors="pt")["input_ids"]).logits)
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=0, atol=0)
+
+
+def rotary_buffers_below_float32(model) -> list[str]:
+    """RoPE's buffers (``inv_freq``, which transformers computes in float32) held in a narrower dtype."""
+    return [f"{name}: {buffer.dtype}" for name, buffer in model.named_buffers()
+            if "rotary" in name and buffer.is_floating_point() and torch.finfo(buffer.dtype).bits < 32]
+
+
+@pytest.mark.distributed  # the sharded checkpoint is written by 2 gloo processes
+def test_no_path_that_builds_or_loads_a_bf16_model_narrows_its_rotary_frequencies(whole_bf16_run, sharded_run,
+                                                                                  tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from vocagno.algorithm import load_teacher
+    from vocagno.checkpoint import load_model as load_checkpoint_model
+    from vocagno.config import build_causal_lm, load_config
+    from vocagno.eval.__main__ import load_model as eval_load_model
+    from vocagno.score import Teacher
+    from vocagno.tokenization import load_tokenizer
+
+    assert export_main([str(sharded_run), str(tmp_path / "model")]) == 0
+    tiny = load_config(str(REPO / "yamls" / "tiny.yaml"), ["teacher.dtype=bfloat16", "model.dtype=bfloat16"])
+    qwen = load_config(str(REPO / "yamls" / "tiny_qwen.yaml"), ["teacher.dtype=bfloat16"])
+    models = {
+        "teacher online (VocAgnoLM's load_teacher)": load_teacher("tiny-math-teacher", "bfloat16"),
+        "teacher of the scoring pass, by name": Teacher.from_config(tiny, "tiny.yaml").scorer.model,
+        "teacher of the scoring pass, from a config": Teacher.from_config(qwen, "tiny_qwen.yaml").scorer.model,
+        "student of train.py": build_causal_lm(tiny.model, len(load_tokenizer(tiny.tokenizer.name)), tiny.seed),
+        "whole checkpoint": load_checkpoint_model(str(whole_bf16_run))[0],
+        "sharded checkpoint": load_checkpoint_model(str(sharded_run))[0],
+        "export": AutoModelForCausalLM.from_pretrained(tmp_path / "model", torch_dtype="auto"),
+        # vocagno.selection --student loads with vocagno.eval's load_model too.
+        "eval and selection --student, a sharded checkpoint": eval_load_model(str(sharded_run), "cpu")[0],
+        "eval and selection --student, a whole checkpoint": eval_load_model(str(whole_bf16_run), "cpu")[0],
+        "eval and selection --student, an export": eval_load_model(str(tmp_path / "model"), "cpu")[0],
+    }
+    for where, model in models.items():
+        assert next(model.parameters()).dtype == torch.bfloat16, where
+        assert any("rotary" in name for name, _ in model.named_buffers()), where
+    narrowed = {where: found for where, model in models.items() if (found := rotary_buffers_below_float32(model))}
+    assert not narrowed, narrowed
 
 
 def refused(args, capsys, *, names):

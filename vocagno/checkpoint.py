@@ -233,9 +233,13 @@ def recipe(state: dict[str, Any]) -> str | None:
     return (callbacks.get("RunRecipe") or {}).get("yaml")
 
 
-def model_from_state(state: dict[str, Any], name: str):
-    """The Hugging Face model (weights in the checkpoint's dtype) and tokenizer a checkpoint's state holds."""
+def model_from_state(state: dict[str, Any], name: str, dtype: str | None = None):
+    """The Hugging Face model and tokenizer a checkpoint's state holds, in ``dtype`` (else the weights' own, float32
+    where they mix), built as ``from_pretrained(..., torch_dtype=dtype)`` builds it: constructed in the dtype, then
+    given the weights, so buffers the architecture computes itself (RoPE's ``inv_freq``, float32 on purpose) are
+    not cast with them."""
     from composer.models import HuggingFaceModel
+    from composer.models.huggingface import get_hf_config_from_composer_state_dict
     from transformers import AutoModelForCausalLM
 
     saved = (state.get("integrations") or {}).get("huggingface")
@@ -247,19 +251,23 @@ def model_from_state(state: dict[str, Any], name: str):
         tokenizer = HuggingFaceModel.load_huggingface_tokenizer_from_saved_state(saved, tokenizer_save_dir=unpacked)
     if tokenizer is None:
         raise BadCheckpoint(f"{name}: the checkpoint holds no tokenizer (train.py saves one with the model)")
+    weights = {key.removeprefix("model."): value for key, value in state["model"].items()}  # FSDP's wrapper prefix
+    if dtype is None:
+        dtypes = {tensor.dtype for tensor in weights.values() if tensor.is_floating_point()}
+        torch_dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
+    else:
+        torch_dtype = DTYPES[dtype]
     # Built from the saved config as a causal LM: the saved class is FullyShardedDataParallel in an FSDP run (Composer
-    # records the wrapper's class). Its weights are the checkpoint's model state, under the wrapper's "model." prefix.
-    model = HuggingFaceModel.load_huggingface_model_from_saved_state(saved, {"state": state}, AutoModelForCausalLM, {})
-    weights = {key.removeprefix("model."): value for key, value in state["model"].items()}
+    # records the wrapper's class).
+    config = get_hf_config_from_composer_state_dict({"state": state})
+    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch_dtype)
     try:
-        model.load_state_dict(weights)
+        model.load_state_dict(weights)  # copied into the model's tensors: in their dtype
     except RuntimeError as error:
         raise BadCheckpoint(f"{name}: its weights don't fit the model its config describes "
                             f"({str(error).splitlines()[1].strip() if len(str(error).splitlines()) > 1 else error})"
                             ) from error
     model.config.use_cache = True  # train.py turns it off for training; generation needs it
-    dtypes = {tensor.dtype for tensor in weights.values() if tensor.is_floating_point()}
-    model.to(dtypes.pop() if len(dtypes) == 1 else torch.float32)
     embeddings = model.get_input_embeddings().num_embeddings
     if len(tokenizer) > embeddings:
         raise BadCheckpoint(f"{name}: its tokenizer has {len(tokenizer)} tokens and its model embeds {embeddings}: "
@@ -270,16 +278,14 @@ def model_from_state(state: dict[str, Any], name: str):
 def load_model(location: str, device: str = "cpu", dtype: str | None = None):
     """The model and tokenizer of the checkpoint at ``location`` (any kind ``fetch`` finds), in ``dtype`` or the
     dtype the run computed in (``RUN_DTYPES``, from its recipe; else the checkpoint's), and its state's other
-    parts (timestamp, the run's recipe)."""
+    parts (timestamp, the run's recipe). Every reader of a ``train.py`` checkpoint loads its model here."""
     if dtype is not None and dtype not in DTYPES:
         raise BadCheckpoint(f"dtype {dtype}: one of {', '.join(DTYPES)}")
     with tempfile.TemporaryDirectory(prefix="vocagno-checkpoint-") as downloads:
         state = read_state(fetch(location, downloads))
-    model, tokenizer = model_from_state(state, location)
     yaml = recipe(state)
     dtype = dtype or (RUN_DTYPES.get(str(om.create(yaml).get("precision"))) if yaml else None)
-    if dtype:
-        model.to(DTYPES[dtype])
+    model, tokenizer = model_from_state(state, location, dtype)
     return model.to(device), tokenizer, state
 
 
