@@ -33,7 +33,7 @@ from omegaconf import OmegaConf as om  # noqa: E402
 from vocagno.config import build_causal_lm, load_config  # noqa: E402
 from vocagno.data import teacher_guided_loader  # noqa: E402
 from vocagno.fsdp import wrap_per_decoder_layer  # noqa: E402
-from vocagno.checkpoint import repair  # noqa: E402
+from vocagno.checkpoint import BadCheckpoint, repair  # noqa: E402
 from vocagno.loggers import JSONLinesLogger, RunRecipe, SampleLog  # noqa: E402
 from vocagno.metrics import BitsPerByte  # noqa: E402
 from vocagno.tokenization import load_tokenizer  # noqa: E402
@@ -231,7 +231,10 @@ def main(cfg: DictConfig) -> Trainer:
     # A local folder is repaired by each node's first rank, an object store (shared by every node) by the first rank.
     if cfg.get("autoresume", False) and save_folder and dist.get_local_rank() == 0 and (
             "://" not in save_folder or dist.get_global_rank() == 0):
-        repair(format_name_with_dist(save_folder, cfg.run_name))
+        try:
+            repair(format_name_with_dist(save_folder, cfg.run_name))
+        except BadCheckpoint as error:  # it names the checkpoint and why; nothing was deleted
+            sys.exit(f"error: autoresume: {error}")
     dist.barrier()
     loggers, callbacks = build_loggers(cfg)
     console = _plain(cfg, "loggers").get("console") is not None

@@ -453,13 +453,26 @@ def test_a_sharded_save_cut_short_is_removed_and_latest_points_to_the_last_compl
     folder = tmp_path / "run"
     shutil.copytree(sharded_run, folder, symlinks=True)
     (folder / "ep0-ba2" / ".metadata").unlink()  # killed before rank 0 wrote the index, which comes last
-    shutil.copytree(folder / "ep0-ba1", folder / "ep0-ba3")
-    (folder / "ep0-ba3" / "__0_0.distcp").unlink()  # a shard lost (a full disk)
+    (folder / "ep0-ba3").mkdir()  # killed right after making the folder
     repair(str(folder))
-    assert "removing" in capsys.readouterr().out
+    assert capsys.readouterr().out.count("removing") == 2
     assert sorted(p.name for p in folder.iterdir() if p.name.startswith("ep")) == ["ep0-ba1"]
     assert os.readlink(folder / "latest-rank0.pt") == "ep0-ba1"
     assert export_main([str(folder), str(tmp_path / "model")]) == 0
+
+
+@pytest.mark.distributed  # the sharded checkpoint is written by 2 gloo processes
+def test_a_sharded_checkpoint_missing_a_shard_is_no_save_cut_short_and_stops_autoresume(sharded_run, tmp_path):
+    """.metadata is written after every shard, so a shard missing beside it (lost, or on another node's disk) is
+    no proof of a save cut short: repair names it, stops, and deletes nothing."""
+    folder = tmp_path / "run"
+    shutil.copytree(sharded_run, folder, symlinks=True)
+    (folder / "ep0-ba2" / "__1_0.distcp").unlink()
+    before = sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+    with pytest.raises(BadCheckpoint, match=r"ep0-ba2: a sharded checkpoint with shards missing: __1_0.distcp: "
+                                            r"autoresume can't tell .* leaves it in place"):
+        repair(str(folder))
+    assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) == before
 
 
 @pytest.mark.distributed  # the sharded checkpoint is written by 2 gloo processes

@@ -9,10 +9,9 @@ A checkpoint is a whole file (``ep0-ba100-rank0.pt``), a sharded folder (``ep0-b
 
 from __future__ import annotations
 
-import datetime
 import io
+import json
 import os
-import pickle
 import re
 import shutil
 import tempfile
@@ -20,10 +19,10 @@ import zipfile
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import torch
 from omegaconf import OmegaConf as om
-from torch.torch_version import TorchVersion
+
+from vocagno.untrusted import UntrustedFile, inside, load_torch, plain_name, read_dcp_metadata
 
 __all__ = ["BadCheckpoint", "fetch", "is_checkpoint", "load_checkpoint", "load_model", "read_state", "repair"]
 
@@ -44,28 +43,22 @@ class BadCheckpoint(ValueError):
     """A location that holds no usable checkpoint; the message names it and says what is wrong, in one line."""
 
 
-# What a Composer checkpoint holds besides tensors and plain containers (its timestamps, the numpy RNG state, the
-# torch version): unpickling allows these and nothing else, so a crafted checkpoint can't run code when loaded.
-CHECKPOINT_GLOBALS = [
-    datetime.timedelta, TorchVersion, np.ndarray, np.dtype, np.ndarray.__reduce__(np.zeros(1))[0],
-    *{type(np.dtype(t)) for t in ("uint32", "int64", "float64")},
-]
+class IncompleteCheckpoint(BadCheckpoint):
+    """A checkpoint whose save was positively cut short (the file or index written last is missing): the one kind
+    autoresume's ``repair`` removes."""
 
 
-def _safe_load(source: Any, name: str) -> Any:
-    with torch.serialization.safe_globals(CHECKPOINT_GLOBALS):
-        try:
-            return torch.load(source, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as error:
-            raise BadCheckpoint(
-                f"{name}: refused to load: it holds objects that are not tensors, containers or the few types a "
-                f"Composer checkpoint needs, and unpickling them could run code ({str(error).splitlines()[0]})"
-            ) from error
+def _untrusted(call: Callable, *args):
+    """``call(*args)``, a reader of ``vocagno.untrusted``, with what it refuses as a ``BadCheckpoint``."""
+    try:
+        return call(*args)
+    except UntrustedFile as error:
+        raise BadCheckpoint(str(error)) from error
 
 
 def load_checkpoint(path: str) -> dict:
     """A whole Composer checkpoint, unpickled with ``weights_only=True`` and ``CHECKPOINT_GLOBALS`` allowed."""
-    return _safe_load(path, path)
+    return _untrusted(load_torch, path, path)
 
 
 def is_checkpoint(location: str) -> bool:
@@ -79,7 +72,8 @@ def is_checkpoint(location: str) -> bool:
 
 def fetch(location: str, into: str) -> Path:
     """The checkpoint at ``location`` as a local path: a local one where it is (a save folder's latest followed),
-    a remote one downloaded into the folder ``into``. Nothing but a complete checkpoint is returned."""
+    a remote one downloaded into the folder ``into``. Nothing but a complete checkpoint is returned; a save cut short
+    raises ``IncompleteCheckpoint``, anything else wrong ``BadCheckpoint``."""
     if "://" in location:
         return _fetch_remote(location, Path(into))
     path = Path(location)
@@ -89,47 +83,56 @@ def fetch(location: str, into: str) -> Path:
         if (path / LATEST).exists():
             return fetch(str((path / LATEST).resolve()), into)
         if any(path.glob("*.distcp")):
-            raise BadCheckpoint(f"{location}: an incomplete sharded checkpoint: it has shards but no {METADATA}, "
-                                "which is written last (its save was interrupted)")
+            if _only_shards(p.name for p in path.iterdir()):
+                raise IncompleteCheckpoint(f"{location}: an incomplete sharded checkpoint: it has shards but no "
+                                           f"{METADATA}, which is written last (its save was interrupted)")
+            raise BadCheckpoint(f"{location}: shards without {METADATA}, beside files a sharded save does not write: "
+                                "not a checkpoint")
         raise BadCheckpoint(f"{location}: not a checkpoint: a folder without {METADATA} (a sharded checkpoint) or "
                             f"{LATEST} (a save folder)")
     if path.is_dir():
         missing = _missing_shards(path / METADATA, lambda name: (path / name).is_file())
-        if missing:
+        if missing:  # not a save cut short: .metadata is written after every shard
             raise BadCheckpoint(f"{location}: a sharded checkpoint with shards missing: {', '.join(missing)}")
-    elif not zipfile.is_zipfile(path):
-        raise BadCheckpoint(f"{location}: not a checkpoint: torch.save writes a zip file, and this is not one (or "
-                            "its save was interrupted)")
+        return path
+    try:
+        cut_short = _zip_cut_short(path)
+    except OSError as error:
+        raise BadCheckpoint(f"{location}: can't be read: {error.strerror or error}") from error
+    if cut_short:
+        raise IncompleteCheckpoint(f"{location}: an incomplete checkpoint: torch.save's zip without the directory "
+                                   "it writes last (its save was interrupted)")
+    if not zipfile.is_zipfile(path):
+        raise BadCheckpoint(f"{location}: not a checkpoint: torch.save writes a zip file, and this is not one")
     return path
 
 
-class _MetadataUnpickler(pickle.Unpickler):
-    """A sharded checkpoint's ``.metadata`` (a pickle, which ``FileSystemReader`` loads unchecked), allowing only
-    what torch.distributed.checkpoint writes there: its metadata classes, torch's sizes, dtypes and layouts."""
-
-    ALLOWED = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
-               ("torch.distributed.checkpoint.filesystem", "_StorageInfo")}
-
-    def find_class(self, module: str, name: str):
-        found = super().find_class(module, name) if module.startswith(("torch", "pathlib")) else None
-        if ((module, name) in self.ALLOWED or isinstance(found, torch.dtype)
-                or module == "torch.distributed.checkpoint.metadata" and isinstance(found, type)):
-            return found
-        raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
+# What a sharded save writes into its folder: each rank's shards, then .metadata (through a .tmp file it renames).
+_SHARD_FILE = re.compile(r"__\d+_\d+\.distcp|\.metadata\.tmp")
 
 
-def _read_metadata(metadata_file: Path):
-    with open(metadata_file, "rb") as f:
-        try:
-            return _MetadataUnpickler(f).load()
-        except (pickle.UnpicklingError, EOFError, AttributeError, ModuleNotFoundError) as error:
-            raise BadCheckpoint(f"{metadata_file}: refused to load: not torch.distributed.checkpoint's metadata "
-                                f"({str(error).splitlines()[0] if str(error) else type(error).__name__})") from error
+def _only_shards(names) -> bool:
+    return all(_SHARD_FILE.fullmatch(name) for name in names)
+
+
+def _zip_cut_short(path: Path) -> bool:
+    """Whether a file is positively a ``torch.save`` cut short: empty, or a zip begun (its first local header) whose
+    end-of-central-directory record, written last, is missing. An ``OSError`` proves nothing and is raised."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+        if not head:
+            return True
+        if head != b"PK\x03\x04":
+            return False
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - (22 + 0xFFFF)))  # the record is 22 bytes and a comment of at most 64 KiB
+        return b"PK\x05\x06" not in f.read()
 
 
 def _shard_names(metadata_file: Path) -> set[str]:
-    """The shard files a sharded checkpoint's ``.metadata`` names (every tensor and object points into one)."""
-    return {info.relative_path for info in _read_metadata(metadata_file).storage_data.values()}
+    """The shard files a sharded checkpoint's ``.metadata`` names (every tensor and object points into one), each
+    checked to be a plain name inside its folder."""
+    return {info.relative_path for info in _untrusted(read_dcp_metadata, metadata_file).storage_data.values()}
 
 
 def _missing_shards(metadata_file: Path, present: Callable[[str], bool]) -> list[str]:
@@ -155,28 +158,30 @@ def _listing(store, uri: str, prefix: str) -> list[str]:
                             f"{str(error).splitlines()[0] if str(error) else ''}") from error
 
 
-def _fetch_remote(uri: str, into: Path) -> Path:
+def _fetch_remote(uri: str, into: Path, follow_latest: bool = True) -> Path:
     store, key = _store(uri)
     names = set(_listing(store, uri, key))
     scheme, _, rest = uri.partition("://")
     if key in names:  # a whole checkpoint
+        local = into / _untrusted(plain_name, Path(key).name, uri, "object name")
         into.mkdir(parents=True, exist_ok=True)
-        store.download_object(key, str(into / Path(key).name))
-        return fetch(str(into / Path(key).name), str(into))
-    if f"{key}.symlink" in names or f"{key}/{LATEST}.symlink" in names:  # Composer's latest, a text file
-        link = f"{key}.symlink" if f"{key}.symlink" in names else f"{key}/{LATEST}.symlink"
+        store.download_object(key, str(local))
+        return fetch(str(local), str(into))
+    link = next((name for name in (f"{key}.symlink", f"{key}/{LATEST}.symlink") if name in names), None)
+    if link and follow_latest:  # Composer's latest, a text file naming the checkpoint's key
         store.download_object(link, str(into / "latest.symlink"))
-        target = (into / "latest.symlink").read_text().strip()
-        return _fetch_remote(f"{scheme}://{rest.split('/', 1)[0]}/{target}", into)
+        target = (into / "latest.symlink").read_text(errors="replace").strip()
+        # One hop: a latest names a checkpoint, never another latest (nor itself).
+        return _fetch_remote(f"{scheme}://{rest.split('/', 1)[0]}/{target}", into, follow_latest=False)
     if f"{key}/{METADATA}" in names:  # a sharded checkpoint: its index, then every shard it names
-        folder = into / Path(key).name
+        folder = into / _untrusted(plain_name, Path(key).name, uri, "object name")
         folder.mkdir(parents=True, exist_ok=True)
         store.download_object(f"{key}/{METADATA}", str(folder / METADATA))
         missing = _missing_shards(folder / METADATA, lambda name: f"{key}/{name}" in names)
         if missing:
             raise BadCheckpoint(f"{uri}: a sharded checkpoint with shards missing: {', '.join(missing)}")
         for name in sorted(_shard_names(folder / METADATA)):  # parsed again: small next to the shards' download
-            store.download_object(f"{key}/{name}", str(folder / name))
+            store.download_object(f"{key}/{name}", str(_untrusted(inside, folder, name, uri, "shard name")))
         return folder
     raise BadCheckpoint(f"{uri}: no checkpoint there: no such object, nor {METADATA} (a sharded checkpoint) or "
                         f"{LATEST}.symlink (a save folder) under it")
@@ -197,8 +202,23 @@ def read_state(path: Path, parts: tuple[str, ...] = MODEL_PARTS) -> dict[str, An
     return {part: state[part] for part in parts if part in state}
 
 
-def _read_sharded(folder: Path, parts: tuple[str, ...]) -> dict[str, Any]:
+def check_objects(path: Path) -> None:
+    """Read every pickled object of a local checkpoint as vocagno reads them (``load_torch``), leaving its tensors
+    unread: Composer's own loader, which autoresume calls next, unpickles them unchecked (a whole file with
+    ``weights_only=False``; each object in a sharded checkpoint's shards, and its ``.metadata``, with PyTorch's)."""
+    if path.is_dir():
+        from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+        metadata = _untrusted(read_dcp_metadata, path / METADATA)
+        _read_sharded(path, {fqn for fqn, item in metadata.state_dict_metadata.items()
+                             if isinstance(item, BytesStorageMetadata)})
+    else:
+        _untrusted(load_torch, str(path), str(path), True)
+
+
+def _read_sharded(folder: Path, parts: tuple[str, ...] | set[str]) -> dict[str, Any]:
     from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.metadata import StorageMeta
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
@@ -211,19 +231,31 @@ def _read_sharded(folder: Path, parts: tuple[str, ...]) -> dict[str, Any]:
             from torch.distributed.checkpoint._nested_dict import set_element
 
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn],
-                        _safe_load(value, str(folder)))
+                        _untrusted(load_torch, value, str(folder)))
 
     class SafeReader(FileSystemReader):
         def read_metadata(self):
-            metadata = _read_metadata(folder / METADATA)
+            metadata = _untrusted(read_dcp_metadata, folder / METADATA)
             if getattr(metadata, "storage_meta", None) is None:
                 metadata.storage_meta = StorageMeta()
             metadata.storage_meta.load_id = self.load_id
             return metadata
 
     state: dict[str, Any] = {}
-    _load_state_dict(state, storage_reader=SafeReader(str(folder)),
-                     planner=SafeEmptyPlanner(keys={f"state.{part}" for part in parts}), no_dist=True)
+    keys = parts if isinstance(parts, set) else {f"state.{part}" for part in parts}  # a set: flattened names
+    try:
+        _load_state_dict(state, storage_reader=SafeReader(str(folder)), planner=SafeEmptyPlanner(keys=keys),
+                         no_dist=True)
+    except BadCheckpoint:
+        raise
+    except (Exception, CheckpointException) as error:  # DCP wraps each rank's error in its own (a BaseException)
+        causes = [failure[0] if isinstance(failure, tuple) else failure
+                  for failure in (getattr(error, "failures", None) or {}).values()]
+        refused = next((cause for cause in causes if isinstance(cause, BadCheckpoint)), None)
+        if refused is not None:
+            raise refused from error
+        raise BadCheckpoint(f"{folder}: its shards can't be read: {type(error).__name__}: "
+                            f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}") from error
     return state.get("state", {})
 
 
@@ -233,12 +265,54 @@ def recipe(state: dict[str, Any]) -> str | None:
     return (callbacks.get("RunRecipe") or {}).get("yaml")
 
 
+# How Composer's HuggingFaceModel saves each tokenizer file into a checkpoint, by extension: what each holds. A .py
+# (a tokenizer's own code) is refused: vocagno never runs code from a checkpoint (trust_remote_code is off).
+_TOKENIZER_FILES = {".json": (dict, list), ".txt": list, ".jinja": str, ".model": bytes}
+
+
+def tokenizer_from_state(files: Any, name: str):
+    """The tokenizer a checkpoint's ``integrations.huggingface.tokenizer`` holds: each file written, under a name
+    checked to stay inside a temporary folder (Composer's own loader writes ``folder / key`` unchecked), and
+    loaded from there with no code of its own."""
+    from transformers import AutoTokenizer
+
+    if not files:
+        raise BadCheckpoint(f"{name}: the checkpoint holds no tokenizer (train.py saves one with the model)")
+    if not isinstance(files, dict):
+        raise BadCheckpoint(f"{name}: refused: its tokenizer is not a mapping of file names to files")
+    with tempfile.TemporaryDirectory(prefix="vocagno-tokenizer-") as unpacked:
+        for key, saved in files.items():
+            extension = saved.get("file_extension") if isinstance(saved, dict) else None
+            content = saved.get("content") if isinstance(saved, dict) else None
+            if extension not in _TOKENIZER_FILES or not isinstance(content, _TOKENIZER_FILES[extension]):
+                raise BadCheckpoint(f"{name}: refused: its tokenizer file {key!r} is a {extension!r} holding a "
+                                    f"{type(content).__name__} (vocagno reads {', '.join(_TOKENIZER_FILES)} files "
+                                    "of data, never code)")
+            filename = key if str(key).endswith(extension) else f"{key}{extension}"
+            path = Path(unpacked) / _untrusted(plain_name, filename, name, "tokenizer file name")
+            if extension == ".json":
+                path.write_text(json.dumps(content), encoding="utf-8")
+            elif extension == ".txt":
+                path.write_text("".join(f"{line}\n" for line in content), encoding="utf-8")
+            elif extension == ".jinja":
+                path.write_text(content, encoding="utf-8")
+            else:
+                path.write_bytes(content)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(unpacked, trust_remote_code=False)
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise BadCheckpoint(f"{name}: its tokenizer can't be loaded: {type(error).__name__}: "
+                                f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}") from error
+    config = files.get("tokenizer_config.json", files.get("tokenizer_config")) or {}
+    tokenizer.name_or_path = (config.get("content") or {}).get("name_or_path", "")  # not the temporary folder
+    return tokenizer
+
+
 def model_from_state(state: dict[str, Any], name: str, dtype: str | None = None):
     """The Hugging Face model and tokenizer a checkpoint's state holds, in ``dtype`` (else the weights' own, float32
     where they mix), built as ``from_pretrained(..., torch_dtype=dtype)`` builds it: constructed in the dtype, then
     given the weights, so buffers the architecture computes itself (RoPE's ``inv_freq``, float32 on purpose) are
     not cast with them."""
-    from composer.models import HuggingFaceModel
     from composer.models.huggingface import get_hf_config_from_composer_state_dict
     from transformers import AutoModelForCausalLM
 
@@ -246,11 +320,7 @@ def model_from_state(state: dict[str, Any], name: str, dtype: str | None = None)
     if not saved or "model" not in state:
         raise BadCheckpoint(f"{name}: not a checkpoint of a Hugging Face model (train.py's): it has no "
                             "state.integrations.huggingface")
-    # Composer otherwise unpacks the tokenizer into a folder under the working directory and leaves it there.
-    with tempfile.TemporaryDirectory() as unpacked:
-        tokenizer = HuggingFaceModel.load_huggingface_tokenizer_from_saved_state(saved, tokenizer_save_dir=unpacked)
-    if tokenizer is None:
-        raise BadCheckpoint(f"{name}: the checkpoint holds no tokenizer (train.py saves one with the model)")
+    tokenizer = tokenizer_from_state(saved.get("tokenizer"), name)
     weights = {key.removeprefix("model."): value for key, value in state["model"].items()}  # FSDP's wrapper prefix
     if dtype is None:
         dtypes = {tensor.dtype for tensor in weights.values() if tensor.is_floating_point()}
@@ -292,10 +362,12 @@ def load_model(location: str, device: str = "cpu", dtype: str | None = None):
 # ---- repairing a save folder for autoresume ----
 
 def repair(folder: str) -> None:
-    """Make a save folder resumable after a kill or a full disk during a save: a checkpoint that is not complete (a
-    whole file that is not a complete zip, whose directory comes last; a sharded folder without its ``.metadata`` or
-    a shard it names) is removed, and the latest points to the newest complete checkpoint (one saved whole just
-    before the kill included: Composer would otherwise refuse to resume before it). Local folders: each rank's
+    """Make a save folder resumable after a kill or a full disk during a save: a checkpoint whose save was positively
+    cut short (``IncompleteCheckpoint``: a whole file that is an empty or unfinished zip, whose directory comes last;
+    a sharded folder holding nothing, or only shards without their ``.metadata``, which comes last) is removed, and
+    the latest points to the newest complete checkpoint (one saved whole just before the kill included: Composer
+    would otherwise refuse to resume before it). Any other checkpoint that can't be read or is refused stops the
+    repair with a ``BadCheckpoint`` naming it, and stays where it is. Local folders: each rank's
     ``latest-rank{r}.pt`` symlink; object stores: ``latest-rank0.pt.symlink``."""
     if "://" in folder:
         _repair_remote(folder)
@@ -306,19 +378,37 @@ def repair(folder: str) -> None:
         if path.is_symlink() or not (whole and path.is_file() or sharded and path.is_dir()):
             continue
         try:
+            if sharded and not any(path.iterdir()):
+                raise IncompleteCheckpoint(f"{path}: an empty checkpoint folder")
             fetch(str(path), folder)
-        except BadCheckpoint as incomplete:
+        except IncompleteCheckpoint as incomplete:
             print(f"removing {path}: an incomplete checkpoint (its save was interrupted): {incomplete}", flush=True)
             shutil.rmtree(path) if path.is_dir() else path.unlink()
             continue
+        except (BadCheckpoint, OSError) as error:
+            raise BadCheckpoint(f"{_reason(error, path)}: autoresume can't tell that this checkpoint's save was cut "
+                                f"short, so it stops and leaves it in place (move it out of {folder} to resume "
+                                "without it)") from error
         epoch, batch, rank = map(int, (whole or sharded).groups() + ((0,) if sharded else ()))
         if (batch, epoch) > newest.get(rank, ((-1, -1), None))[0]:
             newest[rank] = ((batch, epoch), path)
     for rank, (_, path) in newest.items():
+        try:
+            check_objects(path)
+        except (BadCheckpoint, OSError) as error:
+            raise BadCheckpoint(f"{_reason(error, path)}: autoresume stops before Composer loads it, and leaves it "
+                                "in place") from error
         latest = Path(folder) / f"latest-rank{rank}.pt"
         if os.path.realpath(latest) != os.path.realpath(path):
             latest.unlink(missing_ok=True)
             latest.symlink_to(path.name)
+
+
+def _reason(error: Exception, path: Path) -> str:
+    """An error's one line, naming ``path`` (a ``BadCheckpoint`` names its file already)."""
+    if isinstance(error, BadCheckpoint):
+        return str(error)
+    return f"{path}: can't be read: {getattr(error, 'strerror', None) or error}"
 
 
 def _repair_remote(uri: str) -> None:
@@ -332,11 +422,20 @@ def _repair_remote(uri: str) -> None:
         elif sharded:
             key = f"{prefix}/{checkpoint}"
             shards = {name for name in names if name.startswith(key + "/")}
+            if not _only_shards(name[len(key) + 1:] for name in shards - {f"{key}/{METADATA}"}):
+                raise BadCheckpoint(f"{uri}/{checkpoint}: holds objects a sharded save does not write: autoresume "
+                                    "can't tell that its upload was cut short, so it stops and leaves it in place")
+            # Each rank uploads its own files, in no set order: .metadata without a shard it names is an upload cut
+            # short here, where on a local disk (.metadata written after every shard) it is not.
             done = f"{key}/{METADATA}" in shards
             if done:
                 with tempfile.TemporaryDirectory() as tmp:
                     store.download_object(f"{key}/{METADATA}", f"{tmp}/{METADATA}")
-                    done = not _missing_shards(Path(tmp) / METADATA, lambda name: f"{key}/{name}" in shards)
+                    try:
+                        done = not _missing_shards(Path(tmp) / METADATA, lambda name: f"{key}/{name}" in shards)
+                    except BadCheckpoint as error:
+                        raise BadCheckpoint(f"{uri}/{checkpoint}: {str(error).split(': ', 1)[-1]}: autoresume "
+                                            "stops and leaves it in place") from error
             (complete if done else incomplete).append(((int(sharded.group(2)), int(sharded.group(1))), checkpoint))
     if incomplete:
         # Composer would fail on the resumed run's first save to the same name (the objects exist, save_overwrite

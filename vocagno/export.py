@@ -34,8 +34,7 @@ def export(checkpoint: str, out: str, dtype: str | None = None, overwrite: bool 
            eval_dir: str | None = None) -> Path:
     """Write the Hugging Face folder ``out`` for ``checkpoint``; see the module's docstring."""
     out_path = Path(out)
-    if out_path.exists() and not overwrite:
-        raise BadCheckpoint(f"{out} exists: give another OUT, or --overwrite to replace it")
+    _check_out(checkpoint, out_path, overwrite)
     results = _eval_results(eval_dir) if eval_dir else None
     model, tokenizer, state = load_model(checkpoint, "cpu", dtype)
     _fill_generation_config(model, tokenizer)
@@ -53,12 +52,24 @@ def export(checkpoint: str, out: str, dtype: str | None = None, overwrite: bool 
         os.umask(umask)
         for written in partial.iterdir():  # safetensors writes its file private (0600): published files are not
             written.chmod(0o666 & ~umask)
+        _check_out(checkpoint, out_path, overwrite)  # again: OUT may have appeared while the model loaded
         if out_path.exists():
-            shutil.rmtree(out_path) if out_path.is_dir() else out_path.unlink()
+            shutil.rmtree(out_path) if out_path.is_dir() and not out_path.is_symlink() else out_path.unlink()
         partial.rename(out_path)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     return out_path
+
+
+def _check_out(checkpoint: str, out: Path, overwrite: bool) -> None:
+    """Refuse an OUT that exists (unless ``overwrite``), or that holds or lies inside a local checkpoint: replacing
+    it would delete the run it is exported from."""
+    if "://" not in checkpoint:
+        source, target = os.path.realpath(checkpoint), os.path.realpath(out)
+        if os.path.commonpath([source, target]) in (source, target):
+            raise BadCheckpoint(f"{out}: OUT holds or lies inside the checkpoint {checkpoint}: give an OUT outside it")
+    if (out.exists() or out.is_symlink()) and not overwrite:
+        raise BadCheckpoint(f"{out} exists: give another OUT, or --overwrite to replace it")
 
 
 def _fill_generation_config(model, tokenizer) -> None:

@@ -6,16 +6,22 @@ that decides what of them is trusted.
   absolute path, a backslash or a NUL, so nothing is read or written outside the folder it belongs to.
 - A sharded checkpoint's ``.metadata`` (a pickle) is read by ``read_dcp_metadata``: only the exact ``(module, name)``
   pairs ``torch.distributed.checkpoint`` writes there are resolved, never a dotted name.
-- A whole checkpoint is read with ``torch.load(weights_only=True)`` and the few types a Composer checkpoint holds
-  (``vocagno.checkpoint.CHECKPOINT_GLOBALS``).
+- A whole checkpoint (and every object in a sharded one's shards) is read by ``load_torch``: ``torch.load`` with
+  ``weights_only=True`` and the few types a Composer checkpoint holds (``CHECKPOINT_GLOBALS``).
 """
 
 from __future__ import annotations
 
+import datetime
 import pickle
 from pathlib import Path, PurePosixPath
+from typing import Any
 
-__all__ = ["UntrustedFile", "inside", "plain_name", "read_dcp_metadata"]
+import numpy as np
+import torch
+from torch.torch_version import TorchVersion
+
+__all__ = ["CHECKPOINT_GLOBALS", "UntrustedFile", "inside", "load_torch", "plain_name", "read_dcp_metadata"]
 
 
 class UntrustedFile(ValueError):
@@ -47,25 +53,24 @@ def inside(folder: str | Path, name: object, source: str, what: str = "name") ->
     return Path(folder).joinpath(*PurePosixPath(name).parts)
 
 
-# What torch.distributed.checkpoint pickles into a sharded checkpoint's .metadata (torch 2.6-2.7): its metadata
-# dataclasses, the filesystem writer's storage info, torch.Size, dtypes, layouts and memory formats. Exact pairs:
-# pickle resolves a dotted name (``torch.ctypes.util.subprocess.Popen``) by walking attributes from the module, so a
-# module prefix or "any attribute of that module" would let a crafted file reach anything torch imports.
+# What torch.distributed.checkpoint pickles into a sharded checkpoint's .metadata (torch 2.6-2.7, as Composer's
+# sharded save writes it): its metadata dataclasses and memory-format enum, the filesystem writer's storage info,
+# torch.Size, dtypes and layouts (``_get_layout`` looks a layout up by its name, nothing else). Exact pairs: pickle
+# resolves a dotted name (``torch.ctypes.util.subprocess.Popen``) by walking attributes from the module, so a module
+# prefix, or "any class of that module", would let a crafted file reach anything torch imports.
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"
-DCP_METADATA_GLOBALS = {
+DCP_METADATA_GLOBALS = frozenset({
     *((_DCP_METADATA, name) for name in (
         "Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata", "BytesStorageMetadata",
-        "ChunkStorageMetadata", "TensorProperties")),
+        "ChunkStorageMetadata", "TensorProperties", "_MEM_FORMAT_ENCODING")),
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     ("torch", "Size"),
     ("torch.serialization", "_get_layout"),
-    ("collections", "OrderedDict"),
-    ("pathlib", "PosixPath"),
+    ("pathlib", "PosixPath"),  # StorageMeta.checkpoint_id: the folder it was saved to
     *(("torch", name) for name in (
         "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
-        "complex64", "complex128", "float8_e4m3fn", "float8_e5m2", "strided", "sparse_coo",
-        "contiguous_format", "channels_last", "preserve_format")),
-}
+        "complex64", "complex128", "float8_e4m3fn", "float8_e5m2")),
+})
 
 
 class _DCPMetadataUnpickler(pickle.Unpickler):
@@ -96,3 +101,28 @@ def read_dcp_metadata(path: Path, max_bytes: int = 1 << 30):
     for info in metadata.storage_data.values():
         inside(path.parent, getattr(info, "relative_path", None), str(path), "shard name")
     return metadata
+
+
+# What a Composer checkpoint holds besides tensors and plain containers (its timestamps, the numpy RNG state, the
+# torch version): unpickling allows these and nothing else, so a crafted checkpoint can't run code when loaded.
+CHECKPOINT_GLOBALS = [
+    datetime.timedelta, TorchVersion, np.ndarray, np.dtype, np.ndarray.__reduce__(np.zeros(1))[0],
+    *{type(np.dtype(t)) for t in ("uint32", "int64", "float64")},
+]
+
+
+def load_torch(source: Any, name: str, mmap: bool = False) -> Any:
+    """What ``torch.save`` wrote to ``source`` (a path or a file object, named ``name``), refused
+    (``UntrustedFile``) where it holds anything but tensors, containers and ``CHECKPOINT_GLOBALS``. ``mmap``: the
+    tensors are mapped from the file, not read (a check of a large checkpoint's pickle costs next to nothing)."""
+    with torch.serialization.safe_globals(CHECKPOINT_GLOBALS):
+        try:
+            return torch.load(source, map_location="cpu", weights_only=True, mmap=mmap)
+        except pickle.UnpicklingError as error:
+            # torch's message starts with advice to load with weights_only=False; what was refused comes after.
+            lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+            refused = next((line for line in lines if "Unsupported" in line or "WeightsUnpickler" in line), lines[0])
+            raise UntrustedFile(
+                f"{name}: refused to load: it holds objects that are not tensors, containers or the few types a "
+                f"Composer checkpoint needs, and unpickling them could run code ({refused})"
+            ) from error

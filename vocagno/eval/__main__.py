@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from vocagno.checkpoint import is_checkpoint
+from vocagno.checkpoint import BadCheckpoint, is_checkpoint
 from vocagno.checkpoint import load_model as load_checkpoint_model
 from vocagno.eval.benchmarks import (
     BENCHMARKS, MAX_NEW_TOKENS, SHIPPED_DATA, STOP_SEQUENCES, TITLES, BenchmarkUnavailable, Example, load_benchmark,
@@ -133,7 +133,11 @@ def main(argv: list[str] | None = None) -> int:
 
     model = tokenizer = None
     if args.model:
-        model, tokenizer = load_model(args.model, args.device)
+        try:
+            model, tokenizer = load_model(args.model, args.device)
+        except BadCheckpoint as error:  # it names the file and what is wrong with it
+            print(f"error: --model {error}", file=sys.stderr)
+            return 2
     if args.bpb:
         from vocagno.metrics import bits_per_byte
 

@@ -1,0 +1,308 @@
+"""The attacker's side of the trust boundary: checkpoints someone else wrote (a shared bucket, a save folder) reach
+every reader (export, eval --model, selection --student, autoresume's repair) as crafted pickles, names that leave
+their folder, symlinks, oversized and truncated files. Each ends in one line naming the file and the reason, with a
+non-zero exit (or a BadCheckpoint, for the library's repair); nothing runs, nothing is written outside the output,
+nothing is deleted. The crafted files are made here, never shipped."""
+
+import json
+import os
+import pickle
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from vocagno.checkpoint import BadCheckpoint, repair
+from vocagno.eval.__main__ import main as eval_main
+from vocagno.export import main as export_main
+from vocagno.selection import main as selection_main
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def calls(module: str, name: str, *args) -> bytes:
+    """A protocol-4 pickle that calls ``module.name(*args)`` when loaded; protocol 4 resolves a dotted ``name`` by
+    walking attributes from the module."""
+    return b"\x80\x04c" + f"{module}\n{name}\n".encode() + pickle.dumps(args, protocol=2)[2:-1] + b"R."
+
+
+def gadgets(marker: Path) -> dict[str, bytes]:
+    """Pickles that create ``marker`` when loaded, each by another way in."""
+    touch = f"touch {marker}"
+    os_module = b"cbuiltins\n__import__\n(Vos\ntR"
+    return {
+        "os.system": calls("os", "system", touch),
+        "subprocess.Popen": calls("subprocess", "Popen", ["touch", str(marker)]),
+        "builtins.eval": calls("builtins", "eval", f"__import__('os').system('{touch}')"),
+        "Popen through DCP's metadata module": calls("torch.distributed.checkpoint.metadata",
+                                                     "torch.ctypes.util.subprocess.Popen", ["touch", str(marker)]),
+        "operator.attrgetter chain": b"\x80\x04coperator\nattrgetter\n(Vsystem\ntR(" + os_module
+                                     + f"tR(V{touch}\ntR.".encode(),
+        "attrgetter through torch._prims_common": b"\x80\x04ctorch.distributed.checkpoint.metadata\n"
+                                                  b"torch._prims_common.operator.attrgetter\n(Vsystem\ntR("
+                                                  + os_module + f"tR(V{touch}\ntR.".encode(),
+        "functools.partial": b"\x80\x04cfunctools\npartial\n(cos\nsystem\n" + f"V{touch}\ntR(tR.".encode(),
+    }
+
+
+def test_each_gadget_runs_when_pickle_loads_it(tmp_path):
+    """The gadgets are real: plain pickle runs every one (so each refusal below is a refusal of working code)."""
+    import time
+
+    for name, payload in gadgets(tmp_path / "ran").items():
+        try:
+            pickle.loads(payload)
+        except Exception:
+            pass  # the call ran before whatever the result fails at
+        deadline = time.monotonic() + 10
+        while not (tmp_path / "ran").exists() and time.monotonic() < deadline:  # Popen's touch runs on its own
+            time.sleep(0.05)
+        assert (tmp_path / "ran").exists(), name
+        (tmp_path / "ran").unlink()
+
+
+def whole_with(pickled: bytes, path: Path) -> Path:
+    """A torch.save zip whose pickle (``data.pkl``) is ``pickled``."""
+    torch.save({"state": {}}, path.with_suffix(".real"))
+    with zipfile.ZipFile(path.with_suffix(".real")) as real, zipfile.ZipFile(path, "w") as crafted:
+        for info in real.infolist():
+            data = pickled if info.filename.endswith("/data.pkl") else real.read(info)
+            crafted.writestr(info.filename, data)
+    path.with_suffix(".real").unlink()
+    return path
+
+
+def sharded_with_metadata(pickled: bytes, folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "__0_0.distcp").write_bytes(b"")
+    (folder / ".metadata").write_bytes(pickled)
+    return folder
+
+
+def dcp_save(state: dict, folder: Path) -> Path:
+    """A real sharded checkpoint of ``state``, saved by torch.distributed.checkpoint in this one process."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(folder)), no_dist=True)
+    return folder
+
+
+class RunsACommand:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.fixture(scope="module")
+def heldout(tmp_path_factory) -> Path:
+    from test_selection import TEXT, convert
+
+    texts = [json.loads(line)["text"] for line in open(TEXT / "gsm8k_heldout_100.jsonl", encoding="utf-8")][:8]
+    return convert(texts, tmp_path_factory.mktemp("heldout") / "shards")
+
+
+def readers(heldout: Path, text: Path):
+    """Every entry point that reads a checkpoint, as a user calls it: ``(name, call(checkpoint) -> exit code)``."""
+    return {
+        "export": lambda checkpoint, out: export_main([str(checkpoint), str(out)]),
+        "eval --model": lambda checkpoint, out: eval_main(["--model", str(checkpoint), "--bpb", str(text),
+                                                             "--device", "cpu"]),
+        "selection --student": lambda checkpoint, out: selection_main([
+            "--shards", str(heldout), "--teacher", "tiny-math-teacher", "--dtype", "float32", "--student",
+            str(checkpoint), "--samples", "4", "--json", str(out / "report.json")]),
+    }
+
+
+def snapshot(root: Path) -> dict[str, bytes | str]:
+    return {str(p.relative_to(root)): (os.readlink(p) if p.is_symlink() else p.read_bytes() if p.is_file() else "")
+            for p in sorted(root.rglob("*"))}
+
+
+def assert_refused_by_every_reader(checkpoint: Path, reason: str, heldout: Path, tmp_path: Path, capsys,
+                                   names: str | None = None) -> None:
+    text = tmp_path / "text.txt"
+    text.write_text("Natalia sold clips to 48 of her friends in April.")
+    for reader, read in readers(heldout, text).items():
+        before = snapshot(tmp_path)
+        out = tmp_path / f"out-{reader.split()[0]}"
+        assert read(checkpoint, out) != 0, reader
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and (names or checkpoint.name) in err[0] and reason in err[0], (reader, err)
+        assert snapshot(tmp_path) == before, f"{reader} wrote or deleted files"
+
+
+def assert_repair_refuses(checkpoint: Path, reason: str, save: Path) -> None:
+    before = snapshot(save)
+    with pytest.raises(BadCheckpoint, match=reason) as refused:
+        repair(str(save))
+    assert checkpoint.name in str(refused.value) and "\n" not in str(refused.value)
+    assert snapshot(save) == before, "repair deleted or changed files"
+
+
+@pytest.mark.parametrize("where", ["sharded .metadata", "whole .pt"])
+def test_pickle_gadgets_in_a_checkpoint_run_nothing_in_any_reader(where, heldout, tmp_path, capsys):
+    marker = tmp_path.parent / f"{tmp_path.name}-ran"
+    for name, payload in gadgets(marker).items():
+        case = tmp_path / name.replace(" ", "_").replace(".", "_")
+        save = case / "save"
+        if where == "whole .pt":
+            save.mkdir(parents=True)
+            checkpoint = whole_with(payload, save / "ep0-ba1-rank0.pt")
+            reason = "refused to load"
+        else:
+            checkpoint = sharded_with_metadata(payload, save / "ep0-ba1")
+            reason = "refused to load: not torch.distributed.checkpoint's metadata"
+        assert_refused_by_every_reader(checkpoint, reason, heldout, case, capsys)
+        assert_repair_refuses(checkpoint, reason, save)
+        assert not marker.exists(), f"{name} in a {where} ran"
+
+
+def test_a_pickled_object_in_a_sharded_checkpoints_shards_runs_nothing(heldout, tmp_path, capsys):
+    """DCP pickles each non-tensor object into the shards, and PyTorch's loader (Composer's autoresume) unpickles
+    them unchecked: vocagno reads them with weights_only, and repair does before Composer loads anything."""
+    marker = tmp_path.parent / f"{tmp_path.name}-ran"
+    save = tmp_path / "save"
+    checkpoint = dcp_save({"state": {"model": {"w": torch.ones(2)}, "timestamp": RunsACommand(marker),
+                                     "integrations": {"huggingface": {}}}}, save / "ep0-ba1")
+    assert_refused_by_every_reader(checkpoint, "refused to load: it holds objects that are not tensors", heldout,
+                                   tmp_path, capsys, names="ep0-ba1")
+    assert_repair_refuses(checkpoint, "refused to load: it holds objects that are not tensors", save)
+    assert not marker.exists()
+
+
+def crafted_state(tokenizer_files: dict) -> dict:
+    return {"state": {"model": {}, "integrations": {"huggingface": {"model": {}, "tokenizer": tokenizer_files}}}}
+
+
+@pytest.mark.parametrize("key, extension", [("../../outside", ".json"), ("/tmp/vocagno-absolute", ".json"),
+                                            ("../../sitecustomize", ".py"), ("tokenizer", ".py")])
+def test_a_tokenizer_file_name_or_code_in_a_checkpoint_writes_nothing(key, extension, heldout, tmp_path, capsys):
+    content = "import os; os.system('touch ran')" if extension == ".py" else {"x": 1}
+    deep = tmp_path / "a" / "b"
+    deep.mkdir(parents=True)
+    checkpoint = deep / "ep0-ba1-rank0.pt"
+    torch.save(crafted_state({key: {"file_extension": extension, "content": content}}), checkpoint)
+    reason = "never code" if extension == ".py" else "not a plain file name"
+    assert_refused_by_every_reader(checkpoint, reason, heldout, tmp_path, capsys)
+    assert not Path(key if key.startswith("/") else f"{key}{extension}").with_suffix(extension).exists()
+    assert not any(p.name.startswith(("outside", "sitecustomize")) for p in tmp_path.parent.rglob("*"))
+
+
+def with_shard_name(folder: Path, name: str) -> Path:
+    """A real sharded checkpoint whose ``.metadata`` names its shard ``name``."""
+    metadata_file = folder / ".metadata"
+    with open(metadata_file, "rb") as f:
+        metadata = pickle.load(f)
+    for info in metadata.storage_data.values():
+        info.relative_path = name
+    with open(metadata_file, "wb") as f:
+        pickle.dump(metadata, f)
+    return folder
+
+
+@pytest.mark.parametrize("name", ["../../outside.distcp", "/tmp/vocagno-outside.distcp", "a/../../b.distcp"])
+def test_a_shard_name_leaving_its_folder_is_refused_locally_and_in_a_store(name, s3, heldout, tmp_path, capsys,
+                                                                           monkeypatch):
+    env, client = s3
+    for variable, value in env.items():
+        monkeypatch.setenv(variable, value)
+    checkpoint = with_shard_name(dcp_save({"state": {"model": {"w": torch.ones(2)}}}, tmp_path / "save" / "ep0-ba1"),
+                                 name)
+    reason = "is not a relative path inside its folder"
+    assert_refused_by_every_reader(checkpoint, reason, heldout, tmp_path, capsys)
+    assert_repair_refuses(checkpoint, reason, tmp_path / "save")
+    prefix = f"{tmp_path.name}/ep0-ba1"
+    for path in checkpoint.iterdir():
+        client.upload_file(str(path), "runs", f"{prefix}/{path.name}")
+    assert export_main([f"s3://runs/{prefix}", str(tmp_path / "remote-out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and reason in err[0], err
+    assert not Path("/tmp/vocagno-outside.distcp").exists() and not (tmp_path.parent / "outside.distcp").exists()
+    with pytest.raises(BadCheckpoint, match=reason):
+        repair(f"s3://runs/{tmp_path.name}")
+    assert f"{prefix}/.metadata" in [o["Key"] for o in client.list_objects_v2(Bucket="runs")["Contents"]]
+
+
+def test_a_latest_link_in_a_store_naming_a_parent_is_refused(s3, tmp_path, capsys, monkeypatch):
+    env, client = s3
+    for variable, value in env.items():
+        monkeypatch.setenv(variable, value)
+    client.put_object(Bucket="runs", Key="dots/..", Body=b"not a checkpoint")
+    client.put_object(Bucket="runs", Key="dots/latest-rank0.pt.symlink", Body=b"dots/..")
+    assert export_main(["s3://runs/dots", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'..' is not a plain file name" in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_symlinks_pointing_outside_a_save_folder_are_neither_followed_nor_deleted_by_repair(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious.txt").write_text("keep")
+    (outside / "ep0-ba9").mkdir()
+    save = tmp_path / "save"
+    save.mkdir()
+    (save / "ep0-ba9").symlink_to(outside / "ep0-ba9")
+    (save / "ep0-ba8-rank0.pt").symlink_to(outside / "precious.txt")
+    before, kept = snapshot(save), snapshot(outside)
+    repair(str(save))
+    assert snapshot(save) == before and snapshot(outside) == kept
+
+
+def test_an_oversized_metadata_is_refused_unread(heldout, tmp_path, capsys):
+    save = tmp_path / "save"
+    checkpoint = sharded_with_metadata(b"", save / "ep0-ba1")
+    with open(checkpoint / ".metadata", "wb") as f:
+        f.truncate(3 << 30)  # sparse: 3 GiB that take no disk
+    reason = "more than a checkpoint's metadata ever needs"
+    assert_refused_by_every_reader(checkpoint, reason, heldout, tmp_path, capsys)
+    assert_repair_refuses(checkpoint, reason, save)
+
+
+def test_truncated_files_are_named_and_only_a_save_cut_short_is_removed(heldout, tmp_path, capsys):
+    real = dcp_save({"state": {"model": {"w": torch.ones(1000)}}}, tmp_path / "real")
+    save = tmp_path / "save"
+    cut_metadata = shutil.copytree(real, save / "ep0-ba1")
+    data = (cut_metadata / ".metadata").read_bytes()
+    (cut_metadata / ".metadata").write_bytes(data[: len(data) // 2])
+    reason = "refused to load: not torch.distributed.checkpoint's metadata"
+    assert_refused_by_every_reader(cut_metadata, reason, heldout, tmp_path, capsys)
+    assert_repair_refuses(cut_metadata, reason, save)
+    shutil.rmtree(cut_metadata)
+
+    cut_shard = shutil.copytree(real, save / "ep0-ba2")
+    shard = next(cut_shard.glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    assert_refused_by_every_reader(cut_shard, "its shards can't be read", heldout, tmp_path, capsys)
+    shutil.rmtree(cut_shard)
+
+    torch.save({"state": {"model": {"w": torch.ones(1000)}}}, save / "ep0-ba3-rank0.pt")
+    whole = (save / "ep0-ba3-rank0.pt").read_bytes()
+    (save / "ep0-ba3-rank0.pt").write_bytes(whole[: len(whole) // 2])
+    assert_refused_by_every_reader(save / "ep0-ba3-rank0.pt", "an incomplete checkpoint", heldout, tmp_path, capsys)
+    repair(str(save))  # a zip without its directory, which comes last: proof its save was cut short
+    assert not (save / "ep0-ba3-rank0.pt").exists()
+
+
+def test_a_read_error_is_no_proof_of_a_save_cut_short(tmp_path, monkeypatch):
+    """An NFS hiccup or a permission error while repair looks at a whole checkpoint stops it, naming the file; the
+    checkpoint stays (zipfile.is_zipfile, used before, answered False on any OSError, and the file was deleted)."""
+    import errno
+
+    import vocagno.checkpoint
+
+    save = tmp_path / "save"
+    save.mkdir()
+    torch.save({"state": {}}, save / "ep0-ba1-rank0.pt")
+
+    def hiccup(path):
+        raise OSError(errno.EIO, "Input/output error", str(path))
+
+    monkeypatch.setattr(vocagno.checkpoint, "_zip_cut_short", hiccup)
+    with pytest.raises(BadCheckpoint, match="ep0-ba1-rank0.pt: can't be read: Input/output error: autoresume"):
+        repair(str(save))
+    assert (save / "ep0-ba1-rank0.pt").exists()
