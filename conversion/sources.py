@@ -189,10 +189,8 @@ def _read_parquet(path: Path, text_of: TextOf) -> Iterator[Record]:
 
     parquet = pq.ParquetFile(path)
     columns = [c for c in text_of.columns if c in parquet.schema_arrow.names]  # a missing one: counted per record
-    for batch in parquet.iter_batches(columns=columns, batch_size=1024):
+    for batch in parquet.iter_batches(columns=columns, batch_size=1024):  # no columns: a {} per row
         yield from map(text_of, batch.to_pylist())
-    if not columns:
-        yield from (text_of({}) for _ in range(parquet.metadata.num_rows))
 
 
 def _read_arrow(path: Path, text_of: TextOf) -> Iterator[Record]:

@@ -564,6 +564,12 @@ def test_nothing_converted_is_a_failure_that_says_why(tmp_path, content, reason)
     assert reason in message and not (tmp_path / "shards" / "index.json").exists()
 
 
+def test_a_parquet_without_the_text_column_counts_each_row_once(tmp_path):
+    pq.write_table(pa.Table.from_pylist([{"body": "a"}, {"body": "b"}, {"body": "c"}]), tmp_path / "in.parquet")
+    message = converts(tmp_path / "shards", inputs=[tmp_path / "in.parquet"])
+    assert "only 0 of 3 documents converted (--min-converted 0.5); skipped: missing text field 'text': 3" in message
+
+
 def test_bom_case_compression_and_ignored_files(tmp_path, capsys):
     import gzip
 
