@@ -261,8 +261,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--input", nargs="+", default=[DEFAULT_INPUT],
         help="a Hugging Face dataset name (streamed), or .jsonl/.json/.parquet/.arrow/.txt files (any case, gzip or "
-             "zstd or not) or folders of them (a datasets save_to_disk folder among them), local or in an object "
-             "store Streaming reaches (s3://bucket/corpus/, gs://bucket/corpus/*.jsonl.zst, ...)",
+             "zstd or not) or folders of them (links to folders followed, wherever they point; a datasets "
+             "save_to_disk folder among them), local or in an object store Streaming reaches (s3://bucket/corpus/, "
+             "gs://bucket/corpus/*.jsonl.zst, ...)",
     )
     parser.add_argument("--split", default="train", help="the Hugging Face dataset's split (or a saved DatasetDict's)")
     parser.add_argument("--subset", default=None,

@@ -1,8 +1,8 @@
 """Reading a corpus: files (.jsonl, .json, .parquet, .arrow, .txt, any of them gzip- or zstd-compressed, and
-folders of them, a ``datasets`` ``save_to_disk`` folder among them), local or in an object store (``s3://``, ...),
-or a Hugging Face dataset (a configuration, data files), as ``Source`` objects that yield ``Record``s, with a
-fingerprint of each file for resumption. A record's text is one field (``--text-field``) or a template of fields
-(``--text-template "{title}\\n\\n{body}"``): ``TextOf``.
+folders of them at any depth, links to folders followed wherever they point, a ``datasets`` ``save_to_disk`` folder
+among them), local or in an object store (``s3://``, ...), or a Hugging Face dataset (a configuration, data files),
+as ``Source`` objects that yield ``Record``s, with a fingerprint of each file for resumption. A record's text is one
+field (``--text-field``) or a template of fields (``--text-template "{title}\\n\\n{body}"``): ``TextOf``.
 
 Nothing read aborts a conversion: a bad record is a ``Record`` with a ``problem`` (counted by reason), and a file
 that can't be read at all (a corrupt .parquet or .gz) ends in one such record and is named in
@@ -235,13 +235,14 @@ def local_sources(inputs: list[str], text_of: TextOf, split: str = "train") -> l
                                  f"{', '.join(splits)}")
             path = path / split
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and not (
-                p.name in SAVE_TO_DISK_METADATA and any(path.glob("*.arrow"))))
+            found, unreadable = _files_under(path)
+            found = [p for p in found if not (p.name in SAVE_TO_DISK_METADATA and any(path.glob("*.arrow")))]
             ignored = [p for p in found if _format(p) is None]
-            if ignored:
-                names = ", ".join(str(p.relative_to(path)) for p in ignored[:10])
-                print(f"{path}: ignored {len(ignored)} file(s) that are not {'/'.join(LOCAL_SUFFIXES)}[.gz/.zst]: {names}"
-                      + (", ..." if len(ignored) > 10 else ""))
+            for count, what, names in ((len(unreadable), "path(s) that can't be read", unreadable),
+                                       (len(ignored), f"file(s) that are not {'/'.join(LOCAL_SUFFIXES)}[.gz/.zst]",
+                                        [str(p.relative_to(path)) for p in ignored])):
+                if count:
+                    print(f"{path}: ignored {count} {what}: {', '.join(names[:10])}" + (", ..." if count > 10 else ""))
             if len(ignored) == len(found):
                 raise SystemExit(f"error: {path} holds no {', '.join(LOCAL_SUFFIXES)} files (or .gz/.zst of them)")
             files += [p for p in found if _format(p) is not None]
@@ -252,6 +253,38 @@ def local_sources(inputs: list[str], text_of: TextOf, split: str = "train") -> l
         else:
             raise SystemExit(f"error: input {item} does not exist")
     return [Source(str(p), lambda p=p: _read(p, text_of), lambda p=p: file_fingerprint(p)) for p in files]
+
+
+def _files_under(folder: Path) -> tuple[list[Path], list[str]]:
+    """The files under ``folder`` at any depth, sorted, through links to folders too (wherever they point: whoever
+    linked a folder in wants it read), and what can't be read, by name and why: a link to nothing, a link back to a
+    folder already read (a loop, or a second link to one), a folder that can't be listed, a FIFO or a socket."""
+    files, unreadable = [], []
+    seen = {folder.resolve()}
+
+    def cannot_list(error: OSError) -> None:
+        unreadable.append(f"{Path(error.filename).relative_to(folder)} (can't be listed: {error.strerror})")
+
+    for top, folders, names in os.walk(folder, onerror=cannot_list, followlinks=True):
+        top = Path(top)
+        folders.sort()  # which of two links to one folder reads it: always the same
+        for name in list(folders):
+            real = (top / name).resolve()
+            if real in seen:
+                folders.remove(name)
+                here = top.resolve()
+                why = "a loop: a link to a folder it is in" if real == here or real in here.parents else \
+                    "a link to a folder already read"
+                unreadable.append(f"{(top / name).relative_to(folder)} ({why})")
+            seen.add(real)
+        for name in names:
+            path = top / name
+            if path.is_file():
+                files.append(path)
+            else:
+                why = "a link to nothing" if path.is_symlink() and not path.exists() else "not a file"
+                unreadable.append(f"{path.relative_to(folder)} ({why})")
+    return sorted(files), sorted(unreadable)
 
 
 def _read(path: Path, text_of: TextOf) -> Iterator[Record | bytes]:

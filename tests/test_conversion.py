@@ -592,6 +592,23 @@ def test_bom_case_compression_and_ignored_files(tmp_path, capsys):
     assert read_samples(root, tmp_path)[0]["text"].startswith(docs[0][:40])  # no BOM, the first document whole
 
 
+def test_folders_linked_into_the_input_are_read_and_links_that_loop_or_point_nowhere_are_named(tmp_path, capsys):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    small_corpus(elsewhere / "b.jsonl")
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    small_corpus(folder / "a.jsonl")
+    (folder / "linked").symlink_to(elsewhere)  # a folder outside the input, linked in: read
+    (folder / "linked" / "again").symlink_to(elsewhere)  # a loop
+    (folder / "gone.jsonl").symlink_to(tmp_path / "deleted.jsonl")
+    root = tmp_path / "shards"
+    assert converts(root, inputs=[folder]) == 0
+    assert (f"{folder}: ignored 2 path(s) that can't be read: gone.jsonl (a link to nothing), linked/again (a loop: "
+            "a link to a folder it is in)") in capsys.readouterr().out
+    assert ShardMetadata.read(root).totals["documents read"] == 80
+
+
 def test_one_bad_record_or_file_does_not_abort_the_conversion(tmp_path, capsys):
     folder = tmp_path / "docs"
     folder.mkdir()
