@@ -56,6 +56,7 @@ from vocagno.shards import (  # noqa: E402
     COLUMNS, SHARD_HASH, Encoder, Packer, ShardMetadata, TokenizerInfo, tokenizer_info, write_atomically,
 )
 from vocagno.tokenization import load_tokenizer  # noqa: E402
+from vocagno.untrusted import UntrustedFile  # noqa: E402
 
 DEFAULT_INPUT = "open-web-math/open-web-math"
 CONFIG_FILE = "conversion.json"
@@ -245,9 +246,12 @@ def parts_of(sources: list[tuple[int, Source]], docs_per_part: int) -> Iterator[
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     output = Output(args.out_root, args.local_root)
-    unreadable = {} if args.merge_only else convert(args, output)
-    if args.merge_only or all_jobs_done(output, args.num_jobs):
-        return merge(output, args)
+    try:
+        unreadable = {} if args.merge_only else convert(args, output)
+        if args.merge_only or all_jobs_done(output, args.num_jobs):
+            return merge(output, args)
+    except UntrustedFile as error:  # an input, or a file on the out-root, that names a path outside its folder
+        raise SystemExit(f"error: {error}") from None
     print(f"job {args.job_index} of {args.num_jobs} done; the last job to finish merges the parts")
     return 1 if unreadable else 0
 

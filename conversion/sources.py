@@ -11,6 +11,7 @@ that can't be read at all (a corrupt .parquet or .gz) ends in one such record an
 
 from __future__ import annotations
 
+import fnmatch
 import gzip
 import hashlib
 import io
@@ -19,6 +20,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
+
+from vocagno.untrusted import plain_name
 
 __all__ = ["Record", "Source", "TextOf", "LOCAL_SUFFIXES", "sources_of", "hub_sources", "parse_jsonl_line"]
 
@@ -296,11 +299,12 @@ def _read(path: Path, text_of: TextOf) -> Iterator[Record | bytes]:
 
 
 def remote_sources(pattern: str, text_of: TextOf) -> list[Source]:
-    """Files in an object store: ``s3://bucket/corpus/`` (its files, at any depth), one file, or a glob
-    (``s3://bucket/corpus/*.jsonl.zst``), listed and read through Streaming's clients (boto3 for S3), as the
-    out-root is written. A file is downloaded when its records are first read, into a temporary folder, and deleted
-    when they are all read: one file on local disk at a time, never the corpus. Its fingerprint is its content's."""
-    import fnmatch
+    """Files in an object store: ``s3://bucket/corpus/`` (its files, at any depth; ``s3://bucket``: the whole
+    bucket's), one file, or a glob matched as a shell matches paths, a part between ``/`` at a time
+    (``s3://bucket/corpus/*.jsonl.zst``: not those in its sub-folders), listed and read through Streaming's clients
+    (boto3 for S3), as the out-root is written. A file is downloaded when its records are first read, into a
+    temporary folder, and deleted when they are all read: one file on local disk at a time, never the corpus. Its
+    fingerprint is its content's."""
     import tempfile
 
     from streaming.base.storage import CloudUploader
@@ -316,10 +320,10 @@ def remote_sources(pattern: str, text_of: TextOf) -> list[Source]:
         raise SystemExit(f"error: input {pattern}: the object store can't be read: {type(error).__name__}: "
                          f"{str(error).splitlines()[0] if str(error) else ''}") from error
     if globbed:
-        keys = [k for k in keys if fnmatch.fnmatchcase(k, key)]
+        keys = [k for k in keys if _glob_matches(k, key)]
     elif key in keys:
         keys = [key]
-    else:
+    elif key.strip("/"):
         keys = [k for k in keys if k.startswith(key.rstrip("/") + "/")]
     chosen = sorted(k for k in keys if _format(Path(k)) is not None)
     ignored = sorted(set(keys) - set(chosen))
@@ -331,15 +335,22 @@ def remote_sources(pattern: str, text_of: TextOf) -> list[Source]:
     return [_remote_source(f"{scheme}://{bucket}/{k}", text_of) for k in chosen]
 
 
+def _glob_matches(key: str, pattern: str) -> bool:
+    """Whether an object key matches a glob as a shell matches a path: part by part, so ``*`` takes no ``/``."""
+    parts, pattern_parts = key.split("/"), pattern.split("/")
+    return len(parts) == len(pattern_parts) and all(map(fnmatch.fnmatchcase, parts, pattern_parts))
+
+
 def _remote_source(url: str, text_of: TextOf) -> Source:
     import tempfile
 
     from streaming.base.storage import CloudDownloader
 
     content: dict = {}
+    name = plain_name(url.rsplit("/", 1)[1], url, "object key's last part")  # the name it is downloaded under
 
     def fetched(scratch: str) -> Path:
-        local = Path(scratch) / url.rsplit("/", 1)[1]
+        local = Path(scratch) / name
         CloudDownloader.direct_download(url, str(local))
         content.update({k: v for k, v in file_fingerprint(local).items() if k != "mtime"})
         return local

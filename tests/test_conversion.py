@@ -840,3 +840,23 @@ def test_inputs_in_an_object_store_convert_as_the_same_files_on_disk_and_a_chang
     with pytest.raises(SystemExit, match=rf"input {scheme}://runs/corpus/\*.txt: no .jsonl"):
         convert(tmp_path / "none", inputs=[f"{scheme}://runs/corpus/*.txt"])
     assert not list((tmp_path / "none").rglob("*.json"))  # inputs that can't be read leave nothing on the out-root
+
+
+def test_an_object_store_input_at_a_buckets_root_a_glob_within_one_folder_and_a_key_that_is_no_file_name(
+        s3, tmp_path, monkeypatch):
+    env, client = s3
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    client.create_bucket(Bucket="whole")
+    lines = open(SAMPLE, "rb").read().splitlines(keepends=True)
+    client.put_object(Bucket="whole", Key="a.jsonl", Body=b"".join(lines[:40]))
+    client.put_object(Bucket="whole", Key="deeper/b.jsonl", Body=b"".join(lines[40:80]))
+    for name, uri, documents in (("root", "s3://whole", 80), ("root-slash", "s3://whole/", 80),
+                                 ("top-glob", "s3://whole/*.jsonl", 40), ("deeper-glob", "s3://whole/*/*.jsonl", 40)):
+        convert(tmp_path / name, inputs=[uri])  # a glob's * takes no '/', as a shell's does
+        assert ShardMetadata.read(tmp_path / name).totals["documents read"] == documents, uri
+    # An object named like a folder (its key ends in '/') is no file to download: refused by name, nothing written.
+    client.put_object(Bucket="whole", Key="deeper/c.jsonl/", Body=b"".join(lines[:40]))
+    with pytest.raises(SystemExit, match=r"^error: s3://whole/deeper/c.jsonl/: refused: its object key's last part ''"):
+        convert(tmp_path / "refused", inputs=["s3://whole/deeper/"])
+    assert not list((tmp_path / "refused").rglob("*.json"))
