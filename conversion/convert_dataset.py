@@ -56,7 +56,7 @@ from vocagno.shards import (  # noqa: E402
     COLUMNS, SHARD_HASH, Encoder, Packer, ShardMetadata, TokenizerInfo, tokenizer_info, write_atomically,
 )
 from vocagno.tokenization import load_tokenizer  # noqa: E402
-from vocagno.untrusted import UntrustedFile  # noqa: E402
+from vocagno.untrusted import UntrustedFile, plain_name  # noqa: E402
 
 DEFAULT_INPUT = "open-web-math/open-web-math"
 CONFIG_FILE = "conversion.json"
@@ -467,9 +467,10 @@ def _merge(output: Output, args: argparse.Namespace) -> int:
             f"error: cannot merge {output}: job(s) {unfinished} of {args.num_jobs} have not finished; run them (the "
             "same command with their --job-index), or add --allow-partial to publish what the others made"
         )
-    jobs = [json.loads((root / markers[i]).read_text()) for i in done]
-    parts = sorted({p for job in jobs for p in job["parts"]})
-    unreadable = {name: error for job in jobs for name, error in job.get("unreadable", {}).items()}
+    jobs = {markers[i]: json.loads((root / markers[i]).read_text()) for i in done}
+    parts = sorted({plain_name(p, f"{output}/{marker}", "part name") for marker, job in jobs.items()
+                    for p in job["parts"]})
+    unreadable = {name: error for job in jobs.values() for name, error in job.get("unreadable", {}).items()}
     missing = unfinished_parts(output, parts)
     if missing:
         raise SystemExit(f"error: cannot merge {output}: parts not finished there: {missing}")
