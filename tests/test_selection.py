@@ -150,6 +150,18 @@ def test_a_trained_student_can_rank_instead_of_a_flat_one(heldout, tmp_path):
     assert report["variants"]["topk"]["precision"] == 1.0  # no canaries: everything kept is clean
 
 
+def _crafted(shards: Path, folder: Path) -> Path:
+    """A copy of ``shards`` whose index.json names its shards outside the folder, as someone else's file may."""
+    import shutil
+
+    shutil.copytree(shards, folder)
+    index = json.loads((folder / "index.json").read_text())
+    for info in index["shards"]:
+        info["zip_data"]["basename"] = "../../x"
+    (folder / "index.json").write_text(json.dumps(index))
+    return folder
+
+
 def _token_mds(folder: Path) -> Path:
     """An MDS folder of token ids alone (what llm-foundry's convert_dataset_json writes): no text, no offsets."""
     from streaming import MDSWriter
@@ -167,10 +179,11 @@ def _token_mds(folder: Path) -> Path:
     (["--teacher-tokenizer", "qwen2.5"], "teacher tokenizer is 'mistral' .* this run's teacher tokenizer is 'qwen2.5'"),
     (["--student", "STUDENT"], r"--student .*STUDENT\.pt: not a checkpoint"),
     (["--shards", "TOKENS"], "holds no vocagno.json: not vocagno shards"),
+    (["--shards", "CRAFTED"], r"index.json: refused: its shard name '\.\./\.\./x' is not a relative path inside its"),
     (["--teacher", "SMALL", "--teacher-tokenizer", "mistral"],
      "the teacher's embedding has 1000 rows, but the shards' teacher tokenizer 'mistral' has 32000 tokens"),
 ], ids=["canaries-above-1", "canaries-0", "samples-0", "noise", "teacher-tokenizer", "student-not-a-checkpoint",
-        "shards-without-offsets", "teacher-cannot-read"])
+        "shards-without-offsets", "shards-named-outside", "teacher-cannot-read"])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(heldout, tmp_path, capsys, arguments, message):
     import re
 
@@ -182,7 +195,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(heldout, tmp_path, cap
     MistralForCausalLM(MistralConfig(vocab_size=1000, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                      num_attention_heads=2, num_key_value_heads=1)).save_pretrained(tmp_path / "SMALL")
     replace = {"STUDENT": str(tmp_path / "STUDENT.pt"), "TOKENS": str(_token_mds(tmp_path / "tokens")),
-               "SMALL": str(tmp_path / "SMALL")}
+               "SMALL": str(tmp_path / "SMALL"), "CRAFTED": str(_crafted(heldout, tmp_path / "crafted"))}
     arguments = [replace.get(a, a) for a in arguments]
     base = {"--shards": str(heldout), "--teacher": "tiny-math-teacher"}
     for flag in base:

@@ -51,6 +51,7 @@ from vocagno.alignment import chunk_align
 from vocagno.canaries import CLEAN, NOISE, Canaries, clean_documents, mix, pack
 from vocagno.loss import check_options, excess_loss, next_token_cross_entropy, select_random, select_top
 from vocagno.shards import COLUMNS, METADATA_FILE, SHARD_HASH, ShardMetadata, describe_tokenizer
+from vocagno.untrusted import UntrustedFile
 
 __all__ = ["Settings", "Report", "measure", "main"]
 
@@ -448,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         report = _main(args)
-    except BadInput as error:
+    except (BadInput, UntrustedFile) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if report is None:
