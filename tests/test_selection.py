@@ -229,3 +229,18 @@ def test_two_ranks_share_the_scoring_and_the_last_to_finish_reports_what_one_pro
     monkeypatch.delenv("WORLD_SIZE")
     assert selection.main([*arguments[:-2], "--seed", "1", "--work", str(tmp_path / "work")]) == 2  # other rows
     assert "made with other settings (seed differ)" in capsys.readouterr().err
+
+
+def test_the_topk_row_selects_as_the_yaml_says_its_alignment_and_selection_included(heldout, tmp_path):
+    """--config's algorithms.vocagno: chunk alignment (4 chunks, the chunk's mean) makes the topk row the chunk_4
+    row; selection: random makes it the random row (the rows and scores, in --work, are made once)."""
+    base = ["--shards", str(heldout), "--config", str(REPO / "yamls" / "tiny.yaml"), "--canaries", "0.5",
+            "--samples", "16", "--work", str(tmp_path / "work")]
+    for overrides, same_as in ((["algorithms.vocagno.alignment=chunk", "algorithms.vocagno.num_chunks=4",
+                                 "algorithms.vocagno.aggregation=mean"], "chunk_4"),
+                               (["algorithms.vocagno.selection=random"], "random")):
+        assert selection.main([*base, *overrides, "--json", str(tmp_path / f"{same_as}.json")]) == 0
+        report = json.loads((tmp_path / f"{same_as}.json").read_text())
+        assert report["variants"]["topk"] == report["variants"][same_as], same_as
+        assert report["variants"]["topk"] != report["variants"]["chunk_1"]
+    assert report["settings"]["selection"] == "random" and report["settings"]["alignment"] == "token"

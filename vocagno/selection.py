@@ -15,10 +15,11 @@ checkpoint), or by default that of a student at initialization, ln V for every t
 teacher's alone. Each selection variant then keeps its tokens as training would (``vocagno.loss``: score = student
 loss - aggregated teacher loss, top-k over each global batch of rows, plus the unmapped tokens when included):
 
-    topk               the yaml's settings (--config; else top 40%, max, unmapped included, the batch scope)
+    topk               the selection training makes: the yaml's (--config: its top-k ratio, aggregation, unmapped,
+                       scope, selection and alignment; else top 40%, max, unmapped included, the batch scope)
     chunk_1/4/16       the paper's chunk-level alignment (Table 2's baseline as reconstructed: the chunk's mean loss)
     random             as many mapped tokens drawn at random
-    untrained_teacher  the yaml's settings with the teacher at initialization
+    untrained_teacher  topk's selection with the teacher at initialization
 
 and is measured by its precision (the share of the mapped tokens it keeps that are clean) and recall (the share of
 the clean mapped tokens it keeps), against the clean share (what a random selection gets). The report (terminal,
@@ -47,7 +48,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from vocagno.alignment import chunk_align
+from vocagno.alignment import check_alignment, chunk_align
 from vocagno.canaries import CLEAN, NOISE, Canaries, clean_documents, mix, pack
 from vocagno.loss import check_options, excess_loss, next_token_cross_entropy, select_random, select_top
 from vocagno.shards import COLUMNS, METADATA_FILE, SHARD_HASH, ShardMetadata, describe_tokenizer
@@ -73,9 +74,13 @@ class Settings:
     unmapped: str = "include"
     selection_scope: str = "batch"
     rows_per_selection: int = 8
+    selection: str = "topk"
+    alignment: str = "token"
+    num_chunks: int = 1
 
     def __post_init__(self):
-        check_options(self.topk_ratio, self.aggregation, self.unmapped, self.selection_scope)
+        check_options(self.topk_ratio, self.aggregation, self.unmapped, self.selection_scope, self.selection)
+        check_alignment(self.alignment, self.num_chunks)
 
     @classmethod
     def from_config(cls, cfg) -> "Settings":
@@ -85,11 +90,14 @@ class Settings:
         rows = cfg.global_train_batch_size if scope == "batch" else cfg.device_train_microbatch_size
         return cls(options.get("topk_ratio", cls.topk_ratio), options.get("aggregation", cls.aggregation),
                    options.get("unmapped", cls.unmapped), scope,
-                   rows if isinstance(rows, int) else cls.rows_per_selection)  # "auto" microbatches: the default
+                   rows if isinstance(rows, int) else cls.rows_per_selection,  # "auto" microbatches: the default
+                   options.get("selection", cls.selection), options.get("alignment", cls.alignment),
+                   options.get("num_chunks", cls.num_chunks))
 
     def describe(self) -> str:
-        return (f"top {self.topk_ratio:.0%}, {self.aggregation}, unmapped {self.unmapped}d, {self.selection_scope} "
-                f"scope ({self.rows_per_selection} rows)")
+        chunks = f", chunk alignment ({self.num_chunks} chunks)" if self.alignment == "chunk" else ""
+        return (f"{'top' if self.selection == 'topk' else 'random'} {self.topk_ratio:.0%}, {self.aggregation}, "
+                f"unmapped {self.unmapped}d, {self.selection_scope} scope ({self.rows_per_selection} rows){chunks}")
 
 
 # ------------------------------------------------------------------------------------------------- the measurement
@@ -191,11 +199,13 @@ def measure(rows: dict[str, torch.Tensor], canaries: Canaries, teacher_losses: d
     lengths = rows["attention_mask"].sum(1)
     teacher_lengths = rows["teacher_attention_mask"].sum(1)
     width = rows["input_ids"].shape[1]
-    variants = {"topk": ("teacher", None, settings.aggregation, False)}
+    trained_as = (settings.num_chunks if settings.alignment == "chunk" else None, settings.aggregation,
+                  settings.selection == "random")  # the selection training makes
+    variants = {"topk": ("teacher", *trained_as)}
     for n in CHUNKS:
         variants[f"chunk_{n}"] = ("teacher", n, "mean", False)  # the reconstruction takes the chunk's mean loss
     variants["random"] = ("teacher", None, settings.aggregation, True)
-    variants["untrained_teacher"] = ("untrained_teacher", None, settings.aggregation, False)
+    variants["untrained_teacher"] = ("untrained_teacher", *trained_as)
 
     results, chosen = {}, {}
     for name, (who, chunks, aggregation, at_random) in variants.items():
