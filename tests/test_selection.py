@@ -1,7 +1,10 @@
 """vocagno.selection and vocagno.canaries: what a teacher keeps, measured with canaries, on real tokenizers and text."""
 
 import json
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -209,25 +212,32 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(heldout, tmp_path, cap
     assert not (tmp_path / "out.json").exists() and not (tmp_path / "out.html").exists()
 
 
-def test_two_ranks_share_the_scoring_and_the_last_to_finish_reports_what_one_process_does(heldout, tmp_path, capsys,
-                                                                                         monkeypatch, measured):
-    """Ranks as the scoring pass uses them (RANK, WORLD_SIZE; here one after the other): rank 0 writes the rows and
-    scores its shards, then returns without a report; rank 1 scores the rest and reports, as one process would."""
+def test_two_ranks_share_the_scoring_and_rank_0_alone_reports_and_writes_files(heldout, tmp_path, capsys, monkeypatch,
+                                                                               measured):
+    """Ranks as torchrun starts them (RANK, WORLD_SIZE, the same arguments): rank 0 writes the rows, each scores its
+    shards, and rank 0 alone, whichever rank finishes last, reports and writes --json and --html."""
     arguments = ["--shards", str(heldout), "--teacher", "tiny-math-teacher", "--dtype", "float32", "--canaries", "0.5",
                  "--samples", "64", "--work", str(tmp_path / "work")]
+    files = ["--json", str(tmp_path / "report.json"), "--html", str(tmp_path / "page.html")]
+    other = subprocess.Popen([sys.executable, "-m", "vocagno.selection", *arguments, *files], cwd=REPO,
+                             env={**os.environ, "RANK": "1", "WORLD_SIZE": "2"}, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
-    assert selection.main([*arguments, "--json", str(tmp_path / "rank0.json")]) == 0
-    assert not (tmp_path / "rank0.json").exists() and "rank 0 of 2 done" in capsys.readouterr().out
+    assert selection.main([*arguments, *files]) == 0
+    out, err = other.communicate(timeout=600)
+    assert other.returncode == 0, err
+    assert "wrote" not in out
+    assert "precision" not in out  # no report
     assert len(json.loads((tmp_path / "work" / "rows" / "index.json").read_text())["shards"]) > 1
-    monkeypatch.setenv("RANK", "1")
-    assert selection.main([*arguments, "--json", str(tmp_path / "rank1.json")]) == 0
-    report = json.loads((tmp_path / "rank1.json").read_text())
+    assert f"wrote {tmp_path / 'report.json'}" in capsys.readouterr().out
+    report = json.loads((tmp_path / "report.json").read_text())
     alone, _ = measured
     assert report["variants"] == alone["variants"] and report["losses"] == alone["losses"]
+    assert (tmp_path / "page.html").exists()
     monkeypatch.delenv("RANK")
     monkeypatch.delenv("WORLD_SIZE")
-    assert selection.main([*arguments[:-2], "--seed", "1", "--work", str(tmp_path / "work")]) == 2  # other rows
+    assert selection.main([*arguments, "--seed", "1"]) == 2  # other rows
     assert "made with other settings (seed differ)" in capsys.readouterr().err
 
 

@@ -364,9 +364,9 @@ def run(shards: str, teacher, settings: Settings, *, student: torch.nn.Module | 
         samples: int = 64, canaries: float = 0.5, noise: tuple[str, ...] = tuple(NOISE), seed: int = 0,
         device: str = "cpu", work: str | None = None, batch_tokens: int = 16384, rank: int = 0, world: int = 1,
         page_rows: int = 12) -> Report | None:
-    """Measure what ``teacher`` (a ``vocagno.score.Teacher``) keeps of ``shards`` with canaries; None on a rank that
-    did not finish last (the last one to finish scoring reports). ``work`` holds the rows and their scores; unset,
-    a temporary folder (one process only)."""
+    """Measure what ``teacher`` (a ``vocagno.score.Teacher``) keeps of ``shards`` with canaries; None on ranks other
+    than 0 (rank 0 waits for the others' scores and reports). ``work`` holds the rows and their scores; unset, a
+    temporary folder (one process only)."""
     from vocagno.output import Output, check_or_write_settings
     from vocagno.score import score
     from vocagno.tokenization import load_tokenizer
@@ -403,8 +403,9 @@ def run(shards: str, teacher, settings: Settings, *, student: torch.nn.Module | 
         untrained = teacher.at_initialization(seed)
         score(str(folder / "rows"), Output(str(folder / "untrained"), None), untrained, device, batch_tokens, rank,
               world)
-        if not (folder / "untrained" / "index.json").exists():
-            return None  # another rank finishes last and reports
+        if rank != 0:
+            return None  # rank 0 reports: one report, and one writer of --json and --html
+        _wait_for(folder / "untrained" / "index.json")  # published by the rank that finishes scoring last
         scored = {who: read_scored(folder / who) for who in ("teacher", "untrained")}
         from vocagno.data import TeacherGuidedCollator
 
