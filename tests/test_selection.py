@@ -254,3 +254,22 @@ def test_the_topk_row_selects_as_the_yaml_says_its_alignment_and_selection_inclu
         assert report["variants"]["topk"] == report["variants"][same_as], same_as
         assert report["variants"]["topk"] != report["variants"]["chunk_1"]
     assert report["settings"]["selection"] == "random" and report["settings"]["alignment"] == "token"
+
+
+def test_the_json_report_is_strict_json_a_mean_over_no_tokens_is_null():
+    """A kind whose tokens all fell in the dropped tail has no mean loss: NaN in the terminal, null in --json (strict
+    parsers refuse NaN)."""
+    report = selection.Report(
+        kinds=["clean", "shuffled_words"], settings=selection.Settings(), teacher="t", student="s", rows=1, tokens=10,
+        mapped=8, clean_share=1.0, canaries=0.5,
+        variants={"topk": {"precision": 1.0, "recall": 0.5, "kept_share": {"clean": 0.5, "shuffled_words": 0.0}}},
+        losses={"teacher": {"clean": 2.5, "shuffled_words": float("nan")}},
+        kept_histogram={"clean": [0] * 5 + [1] + [0] * 4, "shuffled_words": [0] * 10}, unmapped_kept=2,
+        dropped_tokens=7)
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    parsed = json.loads(json.dumps(report.as_json()), parse_constant=refuse)
+    assert parsed["losses"]["teacher"] == {"clean": 2.5, "shuffled_words": None}
+    assert "nan" in report.table()

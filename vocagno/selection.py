@@ -24,7 +24,8 @@ loss - aggregated teacher loss, top-k over each global batch of rows, plus the u
 and is measured by its precision (the share of the mapped tokens it keeps that are clean) and recall (the share of
 the clean mapped tokens it keeps), against the clean share (what a random selection gets). The report (terminal,
 ``--json``, ``--html``) gives also the teacher's and the student's mean loss per kind of text and, per document, the
-fraction of its tokens the top-k keeps.
+fraction of its tokens the top-k keeps; a mean over no tokens is NaN in the terminal, null in ``--json``. With several
+ranks, rank 0 alone reports and writes ``--json`` and ``--html``.
 """
 
 from __future__ import annotations
@@ -139,11 +140,12 @@ class Report:
     page_rows: list[dict] = field(default_factory=list, repr=False)
 
     def as_json(self) -> dict[str, Any]:
+        """The report as JSON values: a mean over no tokens (NaN) is None, as strict JSON has no NaN."""
         value = asdict(self)
         value.pop("page_rows")
         value["settings"] = asdict(self.settings)
         value["bins"] = [round(k / BINS, 2) for k in range(BINS + 1)]
-        return value
+        return _finite(value)
 
     def table(self) -> str:
         noise = [k for k in self.kinds if k != CLEAN]
@@ -181,6 +183,17 @@ class Report:
                 "variants": {k: {"precision": v["precision"], "recall": v["recall"]} for k, v in self.variants.items()},
                 "clean_share": self.clean_share, "settings": self.settings.describe()}
         return _PAGE.replace("__TITLE__", html.escape(title)).replace("__DATA__", script_json(data))
+
+
+def _finite(value):
+    """``value`` with every non-finite float in it None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _mean(values: torch.Tensor, where: torch.Tensor) -> float:
@@ -468,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     print(report.table())
     print(f"({report.seconds:.0f} s)")
     if args.json:
-        Path(args.json).write_text(json.dumps(report.as_json(), indent=1) + "\n", encoding="utf-8")
+        Path(args.json).write_text(json.dumps(report.as_json(), indent=1, allow_nan=False) + "\n", encoding="utf-8")
         print(f"wrote {args.json}")
     if args.html:
         Path(args.html).write_text(report.page(f"What the teacher keeps: {args.shards}"), encoding="utf-8")
