@@ -56,6 +56,7 @@ from vocagno.shards import (  # noqa: E402
     COLUMNS, SHARD_HASH, Encoder, Packer, ShardMetadata, TokenizerInfo, tokenizer_info, write_atomically,
 )
 from vocagno.tokenization import load_tokenizer  # noqa: E402
+from vocagno.untrusted import UntrustedFile, plain_name  # noqa: E402
 
 DEFAULT_INPUT = "open-web-math/open-web-math"
 CONFIG_FILE = "conversion.json"
@@ -245,9 +246,12 @@ def parts_of(sources: list[tuple[int, Source]], docs_per_part: int) -> Iterator[
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     output = Output(args.out_root, args.local_root)
-    unreadable = {} if args.merge_only else convert(args, output)
-    if args.merge_only or all_jobs_done(output, args.num_jobs):
-        return merge(output, args)
+    try:
+        unreadable = {} if args.merge_only else convert(args, output)
+        if args.merge_only or all_jobs_done(output, args.num_jobs):
+            return merge(output, args)
+    except UntrustedFile as error:  # an input, or a file on the out-root, that names a path outside its folder
+        raise SystemExit(f"error: {error}") from None
     print(f"job {args.job_index} of {args.num_jobs} done; the last job to finish merges the parts")
     return 1 if unreadable else 0
 
@@ -261,8 +265,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--input", nargs="+", default=[DEFAULT_INPUT],
         help="a Hugging Face dataset name (streamed), or .jsonl/.json/.parquet/.arrow/.txt files (any case, gzip or "
-             "zstd or not) or folders of them (a datasets save_to_disk folder among them), local or in an object "
-             "store Streaming reaches (s3://bucket/corpus/, gs://bucket/corpus/*.jsonl.zst, ...)",
+             "zstd or not) or folders of them (links to folders followed, wherever they point; a datasets "
+             "save_to_disk folder among them), local or in an object store Streaming reaches (s3://bucket/corpus/, "
+             "gs://bucket/corpus/*.jsonl.zst, ...)",
     )
     parser.add_argument("--split", default="train", help="the Hugging Face dataset's split (or a saved DatasetDict's)")
     parser.add_argument("--subset", default=None,
@@ -462,9 +467,10 @@ def _merge(output: Output, args: argparse.Namespace) -> int:
             f"error: cannot merge {output}: job(s) {unfinished} of {args.num_jobs} have not finished; run them (the "
             "same command with their --job-index), or add --allow-partial to publish what the others made"
         )
-    jobs = [json.loads((root / markers[i]).read_text()) for i in done]
-    parts = sorted({p for job in jobs for p in job["parts"]})
-    unreadable = {name: error for job in jobs for name, error in job.get("unreadable", {}).items()}
+    jobs = {markers[i]: json.loads((root / markers[i]).read_text()) for i in done}
+    parts = sorted({plain_name(p, f"{output}/{marker}", "part name") for marker, job in jobs.items()
+                    for p in job["parts"]})
+    unreadable = {name: error for job in jobs.values() for name, error in job.get("unreadable", {}).items()}
     missing = unfinished_parts(output, parts)
     if missing:
         raise SystemExit(f"error: cannot merge {output}: parts not finished there: {missing}")

@@ -1,8 +1,8 @@
 """Reading a corpus: files (.jsonl, .json, .parquet, .arrow, .txt, any of them gzip- or zstd-compressed, and
-folders of them, a ``datasets`` ``save_to_disk`` folder among them), local or in an object store (``s3://``, ...),
-or a Hugging Face dataset (a configuration, data files), as ``Source`` objects that yield ``Record``s, with a
-fingerprint of each file for resumption. A record's text is one field (``--text-field``) or a template of fields
-(``--text-template "{title}\\n\\n{body}"``): ``TextOf``.
+folders of them at any depth, links to folders followed wherever they point, a ``datasets`` ``save_to_disk`` folder
+among them), local or in an object store (``s3://``, ...), or a Hugging Face dataset (a configuration, data files),
+as ``Source`` objects that yield ``Record``s, with a fingerprint of each file for resumption. A record's text is one
+field (``--text-field``) or a template of fields (``--text-template "{title}\\n\\n{body}"``): ``TextOf``.
 
 Nothing read aborts a conversion: a bad record is a ``Record`` with a ``problem`` (counted by reason), and a file
 that can't be read at all (a corrupt .parquet or .gz) ends in one such record and is named in
@@ -11,6 +11,7 @@ that can't be read at all (a corrupt .parquet or .gz) ends in one such record an
 
 from __future__ import annotations
 
+import fnmatch
 import gzip
 import hashlib
 import io
@@ -19,6 +20,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
+
+from vocagno.untrusted import plain_name
 
 __all__ = ["Record", "Source", "TextOf", "LOCAL_SUFFIXES", "sources_of", "hub_sources", "parse_jsonl_line"]
 
@@ -189,10 +192,8 @@ def _read_parquet(path: Path, text_of: TextOf) -> Iterator[Record]:
 
     parquet = pq.ParquetFile(path)
     columns = [c for c in text_of.columns if c in parquet.schema_arrow.names]  # a missing one: counted per record
-    for batch in parquet.iter_batches(columns=columns, batch_size=1024):
+    for batch in parquet.iter_batches(columns=columns, batch_size=1024):  # no columns: a {} per row
         yield from map(text_of, batch.to_pylist())
-    if not columns:
-        yield from (text_of({}) for _ in range(parquet.metadata.num_rows))
 
 
 def _read_arrow(path: Path, text_of: TextOf) -> Iterator[Record]:
@@ -237,13 +238,14 @@ def local_sources(inputs: list[str], text_of: TextOf, split: str = "train") -> l
                                  f"{', '.join(splits)}")
             path = path / split
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and not (
-                p.name in SAVE_TO_DISK_METADATA and any(path.glob("*.arrow"))))
+            found, unreadable = _files_under(path)
+            found = [p for p in found if not (p.name in SAVE_TO_DISK_METADATA and any(path.glob("*.arrow")))]
             ignored = [p for p in found if _format(p) is None]
-            if ignored:
-                names = ", ".join(str(p.relative_to(path)) for p in ignored[:10])
-                print(f"{path}: ignored {len(ignored)} file(s) that are not {'/'.join(LOCAL_SUFFIXES)}[.gz/.zst]: {names}"
-                      + (", ..." if len(ignored) > 10 else ""))
+            for count, what, names in ((len(unreadable), "path(s) that can't be read", unreadable),
+                                       (len(ignored), f"file(s) that are not {'/'.join(LOCAL_SUFFIXES)}[.gz/.zst]",
+                                        [str(p.relative_to(path)) for p in ignored])):
+                if count:
+                    print(f"{path}: ignored {count} {what}: {', '.join(names[:10])}" + (", ..." if count > 10 else ""))
             if len(ignored) == len(found):
                 raise SystemExit(f"error: {path} holds no {', '.join(LOCAL_SUFFIXES)} files (or .gz/.zst of them)")
             files += [p for p in found if _format(p) is not None]
@@ -256,6 +258,38 @@ def local_sources(inputs: list[str], text_of: TextOf, split: str = "train") -> l
     return [Source(str(p), lambda p=p: _read(p, text_of), lambda p=p: file_fingerprint(p)) for p in files]
 
 
+def _files_under(folder: Path) -> tuple[list[Path], list[str]]:
+    """The files under ``folder`` at any depth, sorted, through links to folders too (wherever they point: whoever
+    linked a folder in wants it read), and what can't be read, by name and why: a link to nothing, a link back to a
+    folder already read (a loop, or a second link to one), a folder that can't be listed, a FIFO or a socket."""
+    files, unreadable = [], []
+    seen = {folder.resolve()}
+
+    def cannot_list(error: OSError) -> None:
+        unreadable.append(f"{Path(error.filename).relative_to(folder)} (can't be listed: {error.strerror})")
+
+    for top, folders, names in os.walk(folder, onerror=cannot_list, followlinks=True):
+        top = Path(top)
+        folders.sort()  # which of two links to one folder reads it: always the same
+        for name in list(folders):
+            real = (top / name).resolve()
+            if real in seen:
+                folders.remove(name)
+                here = top.resolve()
+                why = "a loop: a link to a folder it is in" if real == here or real in here.parents else \
+                    "a link to a folder already read"
+                unreadable.append(f"{(top / name).relative_to(folder)} ({why})")
+            seen.add(real)
+        for name in names:
+            path = top / name
+            if path.is_file():
+                files.append(path)
+            else:
+                why = "a link to nothing" if path.is_symlink() and not path.exists() else "not a file"
+                unreadable.append(f"{path.relative_to(folder)} ({why})")
+    return sorted(files), sorted(unreadable)
+
+
 def _read(path: Path, text_of: TextOf) -> Iterator[Record | bytes]:
     """A local file's records, by the reader its name asks for."""
     readers = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet, ".arrow": _read_arrow,
@@ -265,11 +299,12 @@ def _read(path: Path, text_of: TextOf) -> Iterator[Record | bytes]:
 
 
 def remote_sources(pattern: str, text_of: TextOf) -> list[Source]:
-    """Files in an object store: ``s3://bucket/corpus/`` (its files, at any depth), one file, or a glob
-    (``s3://bucket/corpus/*.jsonl.zst``), listed and read through Streaming's clients (boto3 for S3), as the
-    out-root is written. A file is downloaded when its records are first read, into a temporary folder, and deleted
-    when they are all read: one file on local disk at a time, never the corpus. Its fingerprint is its content's."""
-    import fnmatch
+    """Files in an object store: ``s3://bucket/corpus/`` (its files, at any depth; ``s3://bucket``: the whole
+    bucket's), one file, or a glob matched as a shell matches paths, a part between ``/`` at a time
+    (``s3://bucket/corpus/*.jsonl.zst``: not those in its sub-folders), listed and read through Streaming's clients
+    (boto3 for S3), as the out-root is written. A file is downloaded when its records are first read, into a
+    temporary folder, and deleted when they are all read: one file on local disk at a time, never the corpus. Its
+    fingerprint is its content's."""
     import tempfile
 
     from streaming.base.storage import CloudUploader
@@ -285,10 +320,10 @@ def remote_sources(pattern: str, text_of: TextOf) -> list[Source]:
         raise SystemExit(f"error: input {pattern}: the object store can't be read: {type(error).__name__}: "
                          f"{str(error).splitlines()[0] if str(error) else ''}") from error
     if globbed:
-        keys = [k for k in keys if fnmatch.fnmatchcase(k, key)]
+        keys = [k for k in keys if _glob_matches(k, key)]
     elif key in keys:
         keys = [key]
-    else:
+    elif key.strip("/"):
         keys = [k for k in keys if k.startswith(key.rstrip("/") + "/")]
     chosen = sorted(k for k in keys if _format(Path(k)) is not None)
     ignored = sorted(set(keys) - set(chosen))
@@ -300,15 +335,22 @@ def remote_sources(pattern: str, text_of: TextOf) -> list[Source]:
     return [_remote_source(f"{scheme}://{bucket}/{k}", text_of) for k in chosen]
 
 
+def _glob_matches(key: str, pattern: str) -> bool:
+    """Whether an object key matches a glob as a shell matches a path: part by part, so ``*`` takes no ``/``."""
+    parts, pattern_parts = key.split("/"), pattern.split("/")
+    return len(parts) == len(pattern_parts) and all(map(fnmatch.fnmatchcase, parts, pattern_parts))
+
+
 def _remote_source(url: str, text_of: TextOf) -> Source:
     import tempfile
 
     from streaming.base.storage import CloudDownloader
 
     content: dict = {}
+    name = plain_name(url.rsplit("/", 1)[1], url, "object key's last part")  # the name it is downloaded under
 
     def fetched(scratch: str) -> Path:
-        local = Path(scratch) / url.rsplit("/", 1)[1]
+        local = Path(scratch) / name
         CloudDownloader.direct_download(url, str(local))
         content.update({k: v for k, v in file_fingerprint(local).items() if k != "mtime"})
         return local

@@ -500,6 +500,45 @@ def test_an_input_changed_under_an_existing_root_is_refused_by_name(tmp_path):
     assert f"error: {corpus} changed since part-00000-000000" in converts(root, inputs=[corpus])
 
 
+def test_a_part_or_shard_name_on_the_out_root_that_leaves_its_folder_is_refused_by_name(tmp_path):
+    """Job markers and parts' index.json on an out-root may have been written by someone else (a shared bucket): a
+    part or shard name in them that leaves its folder is refused in one line, and nothing outside it is merged."""
+    import shutil
+
+    corpus = small_corpus(tmp_path / "docs.jsonl")
+    root = tmp_path / "shards"
+    assert converts(root, inputs=[corpus]) == 0
+    part = next(root.glob("part-*"))
+    shutil.copytree(part, tmp_path / "elsewhere")  # a complete part outside the out-root
+    marker = root / "job-0000-of-0001.json"
+    job = json.loads(marker.read_text())
+    marker.write_text(json.dumps({**job, "parts": [*job["parts"], "../elsewhere"]}))
+    assert converts(root, "--merge-only", inputs=[corpus]) == (
+        f"error: {marker}: refused: its part name '../elsewhere' is not a plain file name (a path outside its folder, "
+        "or no name at all)")
+    marker.write_text(json.dumps(job))
+    index = json.loads((part / "index.json").read_text())
+    index["shards"][0]["zip_data"]["basename"] = "../elsewhere/shard.00000.mds.zstd"
+    (part / "index.json").write_text(json.dumps(index))
+    assert converts(root, "--merge-only", inputs=[corpus]) == (
+        f"error: {part / 'index.json'}: refused: its shard name '../elsewhere/shard.00000.mds.zstd' is not a relative "
+        "path inside its folder (an absolute path, '..', an empty part, a backslash or a NUL)")
+    assert "elsewhere" not in (root / "index.json").read_text()  # the first merge's, untouched
+
+
+def test_the_merged_index_refuses_a_shard_name_that_leaves_its_part(tmp_path):
+    from vocagno.output import merged_index
+    from vocagno.untrusted import UntrustedFile
+
+    root = convert(tmp_path / "shards", inputs=[small_corpus(tmp_path / "docs.jsonl")])
+    part = next(root.glob("part-*"))
+    index = json.loads((part / "index.json").read_text())
+    index["shards"][0]["raw_data"]["basename"] = "/tmp/x"
+    (part / "index.json").write_text(json.dumps(index))
+    with pytest.raises(UntrustedFile, match=rf"^{part / 'index.json'}: refused: its shard name '/tmp/x'"):
+        merged_index(root, [part.name])
+
+
 def test_a_stale_merge_lock_is_taken_over(tmp_path):
     corpus, root = small_corpus(tmp_path / "docs.jsonl"), tmp_path / "shards"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
@@ -564,6 +603,12 @@ def test_nothing_converted_is_a_failure_that_says_why(tmp_path, content, reason)
     assert reason in message and not (tmp_path / "shards" / "index.json").exists()
 
 
+def test_a_parquet_without_the_text_column_counts_each_row_once(tmp_path):
+    pq.write_table(pa.Table.from_pylist([{"body": "a"}, {"body": "b"}, {"body": "c"}]), tmp_path / "in.parquet")
+    message = converts(tmp_path / "shards", inputs=[tmp_path / "in.parquet"])
+    assert "only 0 of 3 documents converted (--min-converted 0.5); skipped: missing text field 'text': 3" in message
+
+
 def test_bom_case_compression_and_ignored_files(tmp_path, capsys):
     import gzip
 
@@ -584,6 +629,23 @@ def test_bom_case_compression_and_ignored_files(tmp_path, capsys):
     meta = ShardMetadata.read(root)
     assert meta.totals["documents read"] == meta.totals["documents converted"] == 30
     assert read_samples(root, tmp_path)[0]["text"].startswith(docs[0][:40])  # no BOM, the first document whole
+
+
+def test_folders_linked_into_the_input_are_read_and_links_that_loop_or_point_nowhere_are_named(tmp_path, capsys):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    small_corpus(elsewhere / "b.jsonl")
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    small_corpus(folder / "a.jsonl")
+    (folder / "linked").symlink_to(elsewhere)  # a folder outside the input, linked in: read
+    (folder / "linked" / "again").symlink_to(elsewhere)  # a loop
+    (folder / "gone.jsonl").symlink_to(tmp_path / "deleted.jsonl")
+    root = tmp_path / "shards"
+    assert converts(root, inputs=[folder]) == 0
+    assert (f"{folder}: ignored 2 path(s) that can't be read: gone.jsonl (a link to nothing), linked/again (a loop: "
+            "a link to a folder it is in)") in capsys.readouterr().out
+    assert ShardMetadata.read(root).totals["documents read"] == 80
 
 
 def test_one_bad_record_or_file_does_not_abort_the_conversion(tmp_path, capsys):
@@ -817,3 +879,23 @@ def test_inputs_in_an_object_store_convert_as_the_same_files_on_disk_and_a_chang
     with pytest.raises(SystemExit, match=rf"input {scheme}://runs/corpus/\*.txt: no .jsonl"):
         convert(tmp_path / "none", inputs=[f"{scheme}://runs/corpus/*.txt"])
     assert not list((tmp_path / "none").rglob("*.json"))  # inputs that can't be read leave nothing on the out-root
+
+
+def test_an_object_store_input_at_a_buckets_root_a_glob_within_one_folder_and_a_key_that_is_no_file_name(
+        s3, tmp_path, monkeypatch):
+    env, client = s3
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    client.create_bucket(Bucket="whole")
+    lines = open(SAMPLE, "rb").read().splitlines(keepends=True)
+    client.put_object(Bucket="whole", Key="a.jsonl", Body=b"".join(lines[:40]))
+    client.put_object(Bucket="whole", Key="deeper/b.jsonl", Body=b"".join(lines[40:80]))
+    for name, uri, documents in (("root", "s3://whole", 80), ("root-slash", "s3://whole/", 80),
+                                 ("top-glob", "s3://whole/*.jsonl", 40), ("deeper-glob", "s3://whole/*/*.jsonl", 40)):
+        convert(tmp_path / name, inputs=[uri])  # a glob's * takes no '/', as a shell's does
+        assert ShardMetadata.read(tmp_path / name).totals["documents read"] == documents, uri
+    # An object named like a folder (its key ends in '/') is no file to download: refused by name, nothing written.
+    client.put_object(Bucket="whole", Key="deeper/c.jsonl/", Body=b"".join(lines[:40]))
+    with pytest.raises(SystemExit, match=r"^error: s3://whole/deeper/c.jsonl/: refused: its object key's last part ''"):
+        convert(tmp_path / "refused", inputs=["s3://whole/deeper/"])
+    assert not list((tmp_path / "refused").rglob("*.json"))

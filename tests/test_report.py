@@ -28,6 +28,39 @@ def test_the_report_prints_the_table_with_gains_over_cpt_and_plots_a_sweep(tmp_p
     assert (tmp_path / "k.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def report(*arguments):
+    return subprocess.run([sys.executable, "-m", "vocagno.report", *map(str, arguments)], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_runs_in_folders_of_the_same_name_stay_apart_named_by_their_path_below_the_common_folder(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    runs = [eval_folder(tmp_path / "a", "cpt", 10.0), eval_folder(tmp_path / "a", "qwen-topk40", 14.6),
+            eval_folder(tmp_path / "b", "cpt", 12.0)]
+    out = report(*runs, "--baseline", "a/cpt")
+    assert out.returncode == 0, out.stderr
+    rows = out.stdout.splitlines()[2:]
+    assert [row.split(" | ")[0] for row in rows] == ["| a/cpt", "| a/qwen-topk40", "| b/cpt"]
+    assert rows[1].endswith("| 18.6 | +32.9% |") and rows[2].endswith("| 16.0 | +14.3% |")
+    out = report(*runs)  # two runs named cpt: which is the baseline is not guessed
+    assert out.returncode != 0
+    assert "two or more runs are named *cpt* (a/cpt, b/cpt): choose one with --baseline" in out.stderr
+
+
+def test_the_plot_places_each_run_at_the_number_after_the_x_key_in_its_name(tmp_path):
+    runs = [eval_folder(tmp_path, "cpt", 10.0), eval_folder(tmp_path, "qwen2.5-topk40-seed1", 14.6),
+            eval_folder(tmp_path, "qwen2.5-topk20-seed1", 13.0), eval_folder(tmp_path, "chunk16-seed2", 12.0)]
+    out = report(*runs, "--plot", tmp_path / "k.png")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == (
+        f"wrote {tmp_path / 'k.png'}: x is the number after 'topk' in each run's name: qwen2.5-topk20-seed1 at 20, "
+        "qwen2.5-topk40-seed1 at 40; without it, a dashed line each: cpt, chunk16-seed2")
+    out = report(*runs, "--plot", tmp_path / "c.png", "--x-key", "chunk", "--x-label", "chunks")
+    assert out.stdout.splitlines()[-1].startswith(
+        f"wrote {tmp_path / 'c.png'}: x is the number after 'chunk' in each run's name: chunk16-seed2 at 16; ")
+
+
 def test_a_folder_without_results_is_named(tmp_path):
     (tmp_path / "empty").mkdir()
     out = subprocess.run([sys.executable, "-m", "vocagno.report", str(tmp_path / "empty")], capture_output=True,

@@ -1,7 +1,10 @@
 """vocagno.selection and vocagno.canaries: what a teacher keeps, measured with canaries, on real tokenizers and text."""
 
 import json
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -150,6 +153,18 @@ def test_a_trained_student_can_rank_instead_of_a_flat_one(heldout, tmp_path):
     assert report["variants"]["topk"]["precision"] == 1.0  # no canaries: everything kept is clean
 
 
+def _crafted(shards: Path, folder: Path) -> Path:
+    """A copy of ``shards`` whose index.json names its shards outside the folder, as someone else's file may."""
+    import shutil
+
+    shutil.copytree(shards, folder)
+    index = json.loads((folder / "index.json").read_text())
+    for info in index["shards"]:
+        info["zip_data"]["basename"] = "../../x"
+    (folder / "index.json").write_text(json.dumps(index))
+    return folder
+
+
 def _token_mds(folder: Path) -> Path:
     """An MDS folder of token ids alone (what llm-foundry's convert_dataset_json writes): no text, no offsets."""
     from streaming import MDSWriter
@@ -167,10 +182,11 @@ def _token_mds(folder: Path) -> Path:
     (["--teacher-tokenizer", "qwen2.5"], "teacher tokenizer is 'mistral' .* this run's teacher tokenizer is 'qwen2.5'"),
     (["--student", "STUDENT"], r"--student .*STUDENT\.pt: not a checkpoint"),
     (["--shards", "TOKENS"], "holds no vocagno.json: not vocagno shards"),
+    (["--shards", "CRAFTED"], r"index.json: refused: its shard name '\.\./\.\./x' is not a relative path inside its"),
     (["--teacher", "SMALL", "--teacher-tokenizer", "mistral"],
      "the teacher's embedding has 1000 rows, but the shards' teacher tokenizer 'mistral' has 32000 tokens"),
 ], ids=["canaries-above-1", "canaries-0", "samples-0", "noise", "teacher-tokenizer", "student-not-a-checkpoint",
-        "shards-without-offsets", "teacher-cannot-read"])
+        "shards-without-offsets", "shards-named-outside", "teacher-cannot-read"])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(heldout, tmp_path, capsys, arguments, message):
     import re
 
@@ -182,7 +198,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(heldout, tmp_path, cap
     MistralForCausalLM(MistralConfig(vocab_size=1000, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                      num_attention_heads=2, num_key_value_heads=1)).save_pretrained(tmp_path / "SMALL")
     replace = {"STUDENT": str(tmp_path / "STUDENT.pt"), "TOKENS": str(_token_mds(tmp_path / "tokens")),
-               "SMALL": str(tmp_path / "SMALL")}
+               "SMALL": str(tmp_path / "SMALL"), "CRAFTED": str(_crafted(heldout, tmp_path / "crafted"))}
     arguments = [replace.get(a, a) for a in arguments]
     base = {"--shards": str(heldout), "--teacher": "tiny-math-teacher"}
     for flag in base:
@@ -196,23 +212,64 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(heldout, tmp_path, cap
     assert not (tmp_path / "out.json").exists() and not (tmp_path / "out.html").exists()
 
 
-def test_two_ranks_share_the_scoring_and_the_last_to_finish_reports_what_one_process_does(heldout, tmp_path, capsys,
-                                                                                         monkeypatch, measured):
-    """Ranks as the scoring pass uses them (RANK, WORLD_SIZE; here one after the other): rank 0 writes the rows and
-    scores its shards, then returns without a report; rank 1 scores the rest and reports, as one process would."""
+def test_two_ranks_share_the_scoring_and_rank_0_alone_reports_and_writes_files(heldout, tmp_path, capsys, monkeypatch,
+                                                                               measured):
+    """Ranks as torchrun starts them (RANK, WORLD_SIZE, the same arguments): rank 0 writes the rows, each scores its
+    shards, and rank 0 alone, whichever rank finishes last, reports and writes --json and --html."""
     arguments = ["--shards", str(heldout), "--teacher", "tiny-math-teacher", "--dtype", "float32", "--canaries", "0.5",
                  "--samples", "64", "--work", str(tmp_path / "work")]
+    files = ["--json", str(tmp_path / "report.json"), "--html", str(tmp_path / "page.html")]
+    other = subprocess.Popen([sys.executable, "-m", "vocagno.selection", *arguments, *files], cwd=REPO,
+                             env={**os.environ, "RANK": "1", "WORLD_SIZE": "2"}, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
-    assert selection.main([*arguments, "--json", str(tmp_path / "rank0.json")]) == 0
-    assert not (tmp_path / "rank0.json").exists() and "rank 0 of 2 done" in capsys.readouterr().out
+    assert selection.main([*arguments, *files]) == 0
+    out, err = other.communicate(timeout=600)
+    assert other.returncode == 0, err
+    assert "wrote" not in out
+    assert "precision" not in out  # no report
     assert len(json.loads((tmp_path / "work" / "rows" / "index.json").read_text())["shards"]) > 1
-    monkeypatch.setenv("RANK", "1")
-    assert selection.main([*arguments, "--json", str(tmp_path / "rank1.json")]) == 0
-    report = json.loads((tmp_path / "rank1.json").read_text())
+    assert f"wrote {tmp_path / 'report.json'}" in capsys.readouterr().out
+    report = json.loads((tmp_path / "report.json").read_text())
     alone, _ = measured
     assert report["variants"] == alone["variants"] and report["losses"] == alone["losses"]
+    assert (tmp_path / "page.html").exists()
     monkeypatch.delenv("RANK")
     monkeypatch.delenv("WORLD_SIZE")
-    assert selection.main([*arguments[:-2], "--seed", "1", "--work", str(tmp_path / "work")]) == 2  # other rows
+    assert selection.main([*arguments, "--seed", "1"]) == 2  # other rows
     assert "made with other settings (seed differ)" in capsys.readouterr().err
+
+
+def test_the_topk_row_selects_as_the_yaml_says_its_alignment_and_selection_included(heldout, tmp_path):
+    """--config's algorithms.vocagno: chunk alignment (4 chunks, the chunk's mean) makes the topk row the chunk_4
+    row; selection: random makes it the random row (the rows and scores, in --work, are made once)."""
+    base = ["--shards", str(heldout), "--config", str(REPO / "yamls" / "tiny.yaml"), "--canaries", "0.5",
+            "--samples", "16", "--work", str(tmp_path / "work")]
+    for overrides, same_as in ((["algorithms.vocagno.alignment=chunk", "algorithms.vocagno.num_chunks=4",
+                                 "algorithms.vocagno.aggregation=mean"], "chunk_4"),
+                               (["algorithms.vocagno.selection=random"], "random")):
+        assert selection.main([*base, *overrides, "--json", str(tmp_path / f"{same_as}.json")]) == 0
+        report = json.loads((tmp_path / f"{same_as}.json").read_text())
+        assert report["variants"]["topk"] == report["variants"][same_as], same_as
+        assert report["variants"]["topk"] != report["variants"]["chunk_1"]
+    assert report["settings"]["selection"] == "random" and report["settings"]["alignment"] == "token"
+
+
+def test_the_json_report_is_strict_json_a_mean_over_no_tokens_is_null():
+    """A kind whose tokens all fell in the dropped tail has no mean loss: NaN in the terminal, null in --json (strict
+    parsers refuse NaN)."""
+    report = selection.Report(
+        kinds=["clean", "shuffled_words"], settings=selection.Settings(), teacher="t", student="s", rows=1, tokens=10,
+        mapped=8, clean_share=1.0, canaries=0.5,
+        variants={"topk": {"precision": 1.0, "recall": 0.5, "kept_share": {"clean": 0.5, "shuffled_words": 0.0}}},
+        losses={"teacher": {"clean": 2.5, "shuffled_words": float("nan")}},
+        kept_histogram={"clean": [0] * 5 + [1] + [0] * 4, "shuffled_words": [0] * 10}, unmapped_kept=2,
+        dropped_tokens=7)
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    parsed = json.loads(json.dumps(report.as_json()), parse_constant=refuse)
+    assert parsed["losses"]["teacher"] == {"clean": 2.5, "shuffled_words": None}
+    assert "nan" in report.table()

@@ -51,7 +51,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
-from vocagno.alignment import chunk_align
+from vocagno.alignment import check_alignment, chunk_align
 from vocagno.data import TeacherGuidedCollator
 from vocagno.fsdp import decoder_layer_classes
 from vocagno.loss import (
@@ -262,10 +262,7 @@ class VocAgnoLM(Algorithm):
         check_options(topk_ratio, aggregation, unmapped, selection_scope, selection)
         if teacher_losses not in ("online", "cached"):
             raise ValueError(f"teacher_losses must be 'online' or 'cached', got {teacher_losses!r}")
-        if alignment not in ("token", "chunk"):
-            raise ValueError(f"alignment must be 'token' or 'chunk', got {alignment!r}")
-        if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 1:
-            raise ValueError(f"num_chunks must be a positive integer, got {num_chunks!r}")
+        check_alignment(alignment, num_chunks)
         if teacher_placement not in PLACEMENTS:
             raise ValueError(f"teacher_placement must be one of {PLACEMENTS}, got {teacher_placement!r}")
         check_teacher_options(teacher_dtype, trust_remote_code)

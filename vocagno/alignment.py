@@ -27,6 +27,7 @@ __all__ = [
     "align_batch",
     "align_reference",
     "alignment_quality",
+    "check_alignment",
     "chunk_align",
     "chunk_overlap",
     "uncovered_characters",
@@ -211,6 +212,14 @@ def _model_vocab(tokenizer) -> set[str]:
 def _chunk_size(length, num_chunks: int):
     """Tokens per chunk when ``length`` tokens are cut into ``num_chunks`` chunks (the last one shorter)."""
     return (length + num_chunks - 1) // num_chunks
+
+
+def check_alignment(alignment: str, num_chunks: int) -> None:
+    """Refuse alignment options ``VocAgnoLM`` doesn't know (``token``; ``chunk``, in ``num_chunks``), naming them."""
+    if alignment not in ("token", "chunk"):
+        raise ValueError(f"alignment must be 'token' or 'chunk', got {alignment!r}")
+    if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 1:
+        raise ValueError(f"num_chunks must be a positive integer, got {num_chunks!r}")
 
 
 def chunk_align(

@@ -26,6 +26,7 @@ from typing import Callable, TypeVar
 from streaming.base.hashing import get_hash
 
 from vocagno.shards import METADATA_FILE, SHARD_HASH, write_atomically
+from vocagno.untrusted import inside
 
 T = TypeVar("T")
 
@@ -182,7 +183,7 @@ def verify_shards(output: Output, parts: list[str]) -> list[str]:
     for part in parts:
         for shard in json.loads((output.local / part / "index.json").read_text())["shards"]:
             info = shard.get("zip_data") or shard["raw_data"]
-            relative = f"{part}/{info['basename']}"
+            relative = _shard_path(output, part, info["basename"])
             data = output.read_from_out_root(relative)
             if data is None:
                 problems.append(f"{relative} is missing")
@@ -201,9 +202,15 @@ def merged_index(root: Path, parts: list[str]) -> dict:
         for shard in json.loads((root / part / "index.json").read_text())["shards"]:
             for key in ("raw_data", "zip_data", "raw_meta", "zip_meta"):
                 if shard.get(key):
-                    shard[key]["basename"] = f"{part}/{shard[key]['basename']}"
+                    shard[key]["basename"] = _shard_path(root, part, shard[key]["basename"])
             shards.append(shard)
     return {"version": 2, "shards": shards}
+
+
+def _shard_path(where: Output | Path, part: str, basename: object) -> str:
+    """``part/basename`` for a shard that a part's index.json names, refused (``UntrustedFile``) if it leaves the
+    part: the out-root's files may have been written by someone else."""
+    return inside(part, basename, f"{where}/{part}/index.json", "shard name").as_posix()
 
 
 class OwnedLock:

@@ -4,11 +4,14 @@
     python -m vocagno.report evals/qwen-topk20 evals/qwen-topk40 ... --plot topk.png --x-label "top-k ratio (%)"
     python -m vocagno.report --miniature miniature/miniature.json --plot bpb.png   # experiments/miniature.py's result
 
-Each RUN folder is a ``python -m vocagno.eval --output`` folder (its ``results.json``); the row is named by the folder.
+Each RUN folder is a ``python -m vocagno.eval --output`` folder (its ``results.json``); its row is named by its path
+below the folder all the runs are in (``evals/cpt evals/qwen``: ``cpt``, ``qwen``; ``a/cpt b/cpt``: two rows).
 Prints a markdown table in the shape of the paper's Tables 1-3: the nine benchmarks (few-shot CoT accuracy, %) and
-their average, and the average's gain relative to the baseline row (``--baseline``, default the run whose name holds
-"cpt"), as the paper states "+46% over CPT". ``--plot`` draws the average against the last number in each run's
-name (``topk20`` -> 20, ``chunk16`` -> 16), for the top-k sweep and the chunk counts of Table 2 (Figures 3/6).
+their average, and the average's gain relative to the baseline row (``--baseline``, default the one run whose folder
+name holds "cpt"), as the paper states "+46% over CPT". ``--plot`` draws the average against the number right after
+``--x-key`` in each run's folder name (default ``topk``: ``qwen2.5-topk20-seed1`` -> 20; ``--x-key chunk``:
+``chunk16`` -> 16), for the top-k sweep and the chunk counts of Table 2 (Figures 3/6); a run without it (the CPT
+baseline) is a dashed line.
 ``--miniature`` prints the miniature's table instead (held-out bits per byte over seeds, each method against plain)
 and plots bits per byte against the top-k ratio.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import sys
@@ -24,7 +28,7 @@ from pathlib import Path
 
 from vocagno.eval.benchmarks import BENCHMARKS, TITLES
 
-__all__ = ["read_run", "results_table", "miniature_table", "main"]
+__all__ = ["read_run", "run_names", "results_table", "sweep", "miniature_table", "main"]
 
 
 def read_run(folder: Path) -> dict[str, float]:
@@ -34,6 +38,13 @@ def read_run(folder: Path) -> dict[str, float]:
         raise FileNotFoundError(f"{path} is missing: give folders written by python -m vocagno.eval --output")
     results = json.loads(path.read_text(encoding="utf-8"))
     return {name: value for name, value in results.items() if isinstance(value, (int, float))}
+
+
+def run_names(folders: list[Path]) -> list[str]:
+    """Each run's name: its folder's path below the folder all the runs' folders are in."""
+    absolute = [Path(os.path.abspath(folder)) for folder in folders]
+    common = os.path.commonpath([folder.parent for folder in absolute])
+    return [folder.relative_to(common).as_posix() for folder in absolute]
 
 
 def _average(results: dict[str, float]) -> float:
@@ -59,31 +70,40 @@ def results_table(runs: dict[str, dict[str, float]], baseline: str | None) -> st
     return "\n".join(lines)
 
 
-def plot(runs: dict[str, dict[str, float]], path: Path, x_label: str) -> None:
-    """AVG against the last number in each run's name; a run with no number (the CPT baseline) is a dashed line."""
+def sweep(runs: dict[str, dict[str, float]], x_key: str) -> tuple[list[tuple[float, str]], list[str]]:
+    """The plot's points, ``(x, run)`` sorted by x, for the runs whose folder name holds a number right after
+    ``x_key`` (``qwen2.5-topk20-seed1``, ``topk``: 20); the other runs (the CPT baseline), drawn as dashed lines."""
+    points, levels = [], []
+    for name in runs:
+        found = re.search(rf"{re.escape(x_key)}(\d+(?:\.\d+)?)", Path(name).name)
+        if found:
+            points.append((float(found.group(1)), name))
+        else:
+            levels.append(name)
+    return sorted(points), levels
+
+
+def plot(runs: dict[str, dict[str, float]], path: Path, x_key: str, x_label: str) -> str:
+    """AVG against the number after ``x_key`` in each run's name (``sweep``); what it placed where, in words."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points, levels = [], []
-    for name, results in runs.items():
-        numbers = re.findall(r"\d+(?:\.\d+)?", name)
-        if numbers:
-            points.append((float(numbers[-1]), _average(results)))
-        else:
-            levels.append((name, _average(results)))
-    points.sort()
+    placed, dashed = sweep(runs, x_key)
     figure, axes = plt.subplots(figsize=(5, 3.5))
-    axes.plot([x for x, _ in points], [y for _, y in points], marker="o")
-    for name, level in levels:
-        axes.axhline(level, linestyle="--", color="gray")
-        axes.annotate(name, (points[0][0] if points else 0, level), va="bottom")
+    axes.plot([x for x, _ in placed], [_average(runs[name]) for _, name in placed], marker="o")
+    for name in dashed:
+        axes.axhline(_average(runs[name]), linestyle="--", color="gray")
+        axes.annotate(name, (placed[0][0] if placed else 0, _average(runs[name])), va="bottom")
     axes.set_xlabel(x_label)
     axes.set_ylabel("average accuracy (%)")
     axes.grid(alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=150)
+    return (f"x is the number after {x_key!r} in each run's name: "
+            + (", ".join(f"{name} at {x:g}" for x, name in placed) or "no run has one")
+            + (f"; without it, a dashed line each: {', '.join(dashed)}" if dashed else ""))
 
 
 def _spread(values: list[float]) -> float:
@@ -162,8 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vocagno.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="*", type=Path, help="python -m vocagno.eval --output folders")
     parser.add_argument("--miniature", type=Path, help="experiments/miniature.py's miniature.json, instead of runs")
-    parser.add_argument("--baseline", help="the run the gains are relative to (default: the one named *cpt*)")
-    parser.add_argument("--plot", type=Path, help="write a PNG of AVG against the number in each run's name")
+    parser.add_argument("--baseline", help="the run the gains are relative to, by its name in the table (default: "
+                                           "the one whose folder is named *cpt*)")
+    parser.add_argument("--plot", type=Path, help="write a PNG of AVG against the number after --x-key in each run's "
+                                                  "folder name")
+    parser.add_argument("--x-key", default="topk", help="the plot's x: the number right after this in a run's "
+                                                       "folder name (topk20 -> 20; chunk for chunk16)")
     parser.add_argument("--x-label", default="top-k ratio (%)", help="the plot's x axis")
     args = parser.parse_args(argv)
     if args.miniature is not None:
@@ -177,17 +201,23 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.runs:
         parser.error("give python -m vocagno.eval --output folders, or --miniature")
+    names = run_names(args.runs)
+    if len(set(names)) < len(names):
+        parser.error(f"a run is given twice: {', '.join(sorted({n for n in names if names.count(n) > 1}))}")
     try:
-        runs = {folder.name: read_run(folder) for folder in args.runs}
+        runs = {name: read_run(folder) for name, folder in zip(names, args.runs)}
     except FileNotFoundError as error:
         parser.error(str(error))
-    baseline = args.baseline or next((name for name in runs if "cpt" in name.lower()), None)
+    named_cpt = [name for name in runs if "cpt" in Path(name).name.lower()]
+    if args.baseline is None and len(named_cpt) > 1:
+        parser.error(f"two or more runs are named *cpt* ({', '.join(named_cpt)}): choose one with --baseline")
+    baseline = args.baseline or next(iter(named_cpt), None)
     if baseline is not None and baseline not in runs:
         parser.error(f"--baseline {baseline} is not one of the runs: {', '.join(runs)}")
     print(results_table(runs, baseline))
     if args.plot:
-        plot(runs, args.plot, args.x_label)
-        print(f"wrote {args.plot}")
+        placed = plot(runs, args.plot, args.x_key, args.x_label)
+        print(f"wrote {args.plot}: {placed}")
     return 0
 
 

@@ -46,6 +46,7 @@ from vocagno.output import (
     unfinished_parts,
 )
 from vocagno.shards import COLUMNS, METADATA_FILE, SCORED_COLUMNS, SHARD_HASH, ShardMetadata, write_atomically
+from vocagno.untrusted import UntrustedFile, inside
 
 __all__ = ["Teacher", "score", "main"]
 
@@ -166,22 +167,23 @@ def _digest(value: dict) -> str:
 
 def read_shard(shards_root: Path, info: dict, scratch: Path) -> list[dict]:
     """The samples of one input shard, in order. A compressed shard is checked against its hash and decompressed
-    into ``scratch``: the input folder is only read."""
+    into ``scratch``: the input folder is only read. A shard name in the index that leaves its folder is refused
+    (``UntrustedFile``)."""
     from streaming.base.compression import decompress
     from streaming.base.format import reader_from_json
     from streaming.base.hashing import get_hash
 
-    dirname = shards_root
+    index = str(shards_root / "index.json")
+    dirname = scratch if info.get("zip_data") else shards_root
+    raw = inside(dirname, info["raw_data"]["basename"], index, "shard name")  # where Streaming's reader opens it
     if info.get("zip_data"):
-        zipped = info["zip_data"]
-        data = (shards_root / zipped["basename"]).read_bytes()
-        expected = zipped.get("hashes", {}).get(SHARD_HASH)
+        zipped = inside(shards_root, info["zip_data"]["basename"], index, "shard name")
+        data = zipped.read_bytes()
+        expected = info["zip_data"].get("hashes", {}).get(SHARD_HASH)
         if expected is not None and get_hash(SHARD_HASH, data) != expected:
-            raise SystemExit(f"error: {shards_root / zipped['basename']} does not match its {SHARD_HASH} hash")
-        raw = scratch / info["raw_data"]["basename"]
+            raise SystemExit(f"error: {zipped} does not match its {SHARD_HASH} hash")
         raw.parent.mkdir(parents=True, exist_ok=True)
         raw.write_bytes(decompress(info["compression"], data))
-        dirname = scratch
     reader = reader_from_json(str(dirname), None, info)
     return [reader.get_item(i) for i in range(info["samples"])]
 
@@ -269,7 +271,10 @@ def main(argv: list[str] | None = None) -> int:
         chosen = Teacher(load_teacher(args.teacher, args.dtype), args.teacher, args.dtype, args.chunk_size)
     device = args.device or (f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu")
     rank, world = rank_and_world()
-    samples = score(args.shards, Output(args.out, args.local_root), chosen, device, args.batch_tokens, rank, world)
+    try:
+        samples = score(args.shards, Output(args.out, args.local_root), chosen, device, args.batch_tokens, rank, world)
+    except UntrustedFile as error:  # an index.json, the input's or a part's on --out, naming a path outside its folder
+        raise SystemExit(f"error: {error}") from None
     print(f"rank {rank} of {world}: {samples} samples scored with {chosen.scored_by['name']} into {args.out}")
     return 0
 

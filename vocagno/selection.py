@@ -15,15 +15,17 @@ checkpoint), or by default that of a student at initialization, ln V for every t
 teacher's alone. Each selection variant then keeps its tokens as training would (``vocagno.loss``: score = student
 loss - aggregated teacher loss, top-k over each global batch of rows, plus the unmapped tokens when included):
 
-    topk               the yaml's settings (--config; else top 40%, max, unmapped included, the batch scope)
+    topk               the selection training makes: the yaml's (--config: its top-k ratio, aggregation, unmapped,
+                       scope, selection and alignment; else top 40%, max, unmapped included, the batch scope)
     chunk_1/4/16       the paper's chunk-level alignment (Table 2's baseline as reconstructed: the chunk's mean loss)
     random             as many mapped tokens drawn at random
-    untrained_teacher  the yaml's settings with the teacher at initialization
+    untrained_teacher  topk's selection with the teacher at initialization
 
 and is measured by its precision (the share of the mapped tokens it keeps that are clean) and recall (the share of
 the clean mapped tokens it keeps), against the clean share (what a random selection gets). The report (terminal,
 ``--json``, ``--html``) gives also the teacher's and the student's mean loss per kind of text and, per document, the
-fraction of its tokens the top-k keeps.
+fraction of its tokens the top-k keeps; a mean over no tokens is NaN in the terminal, null in ``--json``. With several
+ranks, rank 0 alone reports and writes ``--json`` and ``--html``.
 """
 
 from __future__ import annotations
@@ -47,10 +49,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from vocagno.alignment import chunk_align
+from vocagno.alignment import check_alignment, chunk_align
 from vocagno.canaries import CLEAN, NOISE, Canaries, clean_documents, mix, pack
 from vocagno.loss import check_options, excess_loss, next_token_cross_entropy, select_random, select_top
 from vocagno.shards import COLUMNS, METADATA_FILE, SHARD_HASH, ShardMetadata, describe_tokenizer
+from vocagno.untrusted import UntrustedFile
 
 __all__ = ["Settings", "Report", "measure", "main"]
 
@@ -72,9 +75,13 @@ class Settings:
     unmapped: str = "include"
     selection_scope: str = "batch"
     rows_per_selection: int = 8
+    selection: str = "topk"
+    alignment: str = "token"
+    num_chunks: int = 1
 
     def __post_init__(self):
-        check_options(self.topk_ratio, self.aggregation, self.unmapped, self.selection_scope)
+        check_options(self.topk_ratio, self.aggregation, self.unmapped, self.selection_scope, self.selection)
+        check_alignment(self.alignment, self.num_chunks)
 
     @classmethod
     def from_config(cls, cfg) -> "Settings":
@@ -84,11 +91,14 @@ class Settings:
         rows = cfg.global_train_batch_size if scope == "batch" else cfg.device_train_microbatch_size
         return cls(options.get("topk_ratio", cls.topk_ratio), options.get("aggregation", cls.aggregation),
                    options.get("unmapped", cls.unmapped), scope,
-                   rows if isinstance(rows, int) else cls.rows_per_selection)  # "auto" microbatches: the default
+                   rows if isinstance(rows, int) else cls.rows_per_selection,  # "auto" microbatches: the default
+                   options.get("selection", cls.selection), options.get("alignment", cls.alignment),
+                   options.get("num_chunks", cls.num_chunks))
 
     def describe(self) -> str:
-        return (f"top {self.topk_ratio:.0%}, {self.aggregation}, unmapped {self.unmapped}d, {self.selection_scope} "
-                f"scope ({self.rows_per_selection} rows)")
+        chunks = f", chunk alignment ({self.num_chunks} chunks)" if self.alignment == "chunk" else ""
+        return (f"{'top' if self.selection == 'topk' else 'random'} {self.topk_ratio:.0%}, {self.aggregation}, "
+                f"unmapped {self.unmapped}d, {self.selection_scope} scope ({self.rows_per_selection} rows){chunks}")
 
 
 # ------------------------------------------------------------------------------------------------- the measurement
@@ -130,11 +140,12 @@ class Report:
     page_rows: list[dict] = field(default_factory=list, repr=False)
 
     def as_json(self) -> dict[str, Any]:
+        """The report as JSON values: a mean over no tokens (NaN) is None, as strict JSON has no NaN."""
         value = asdict(self)
         value.pop("page_rows")
         value["settings"] = asdict(self.settings)
         value["bins"] = [round(k / BINS, 2) for k in range(BINS + 1)]
-        return value
+        return _finite(value)
 
     def table(self) -> str:
         noise = [k for k in self.kinds if k != CLEAN]
@@ -174,6 +185,17 @@ class Report:
         return _PAGE.replace("__TITLE__", html.escape(title)).replace("__DATA__", script_json(data))
 
 
+def _finite(value):
+    """``value`` with every non-finite float in it None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
 def _mean(values: torch.Tensor, where: torch.Tensor) -> float:
     return float(values[where].double().mean()) if bool(where.any()) else float("nan")
 
@@ -190,11 +212,13 @@ def measure(rows: dict[str, torch.Tensor], canaries: Canaries, teacher_losses: d
     lengths = rows["attention_mask"].sum(1)
     teacher_lengths = rows["teacher_attention_mask"].sum(1)
     width = rows["input_ids"].shape[1]
-    variants = {"topk": ("teacher", None, settings.aggregation, False)}
+    trained_as = (settings.num_chunks if settings.alignment == "chunk" else None, settings.aggregation,
+                  settings.selection == "random")  # the selection training makes
+    variants = {"topk": ("teacher", *trained_as)}
     for n in CHUNKS:
         variants[f"chunk_{n}"] = ("teacher", n, "mean", False)  # the reconstruction takes the chunk's mean loss
     variants["random"] = ("teacher", None, settings.aggregation, True)
-    variants["untrained_teacher"] = ("untrained_teacher", None, settings.aggregation, False)
+    variants["untrained_teacher"] = ("untrained_teacher", *trained_as)
 
     results, chosen = {}, {}
     for name, (who, chunks, aggregation, at_random) in variants.items():
@@ -353,9 +377,9 @@ def run(shards: str, teacher, settings: Settings, *, student: torch.nn.Module | 
         samples: int = 64, canaries: float = 0.5, noise: tuple[str, ...] = tuple(NOISE), seed: int = 0,
         device: str = "cpu", work: str | None = None, batch_tokens: int = 16384, rank: int = 0, world: int = 1,
         page_rows: int = 12) -> Report | None:
-    """Measure what ``teacher`` (a ``vocagno.score.Teacher``) keeps of ``shards`` with canaries; None on a rank that
-    did not finish last (the last one to finish scoring reports). ``work`` holds the rows and their scores; unset,
-    a temporary folder (one process only)."""
+    """Measure what ``teacher`` (a ``vocagno.score.Teacher``) keeps of ``shards`` with canaries; None on ranks other
+    than 0 (rank 0 waits for the others' scores and reports). ``work`` holds the rows and their scores; unset, a
+    temporary folder (one process only)."""
     from vocagno.output import Output, check_or_write_settings
     from vocagno.score import score
     from vocagno.tokenization import load_tokenizer
@@ -392,8 +416,9 @@ def run(shards: str, teacher, settings: Settings, *, student: torch.nn.Module | 
         untrained = teacher.at_initialization(seed)
         score(str(folder / "rows"), Output(str(folder / "untrained"), None), untrained, device, batch_tokens, rank,
               world)
-        if not (folder / "untrained" / "index.json").exists():
-            return None  # another rank finishes last and reports
+        if rank != 0:
+            return None  # rank 0 reports: one report, and one writer of --json and --html
+        _wait_for(folder / "untrained" / "index.json")  # published by the rank that finishes scoring last
         scored = {who: read_scored(folder / who) for who in ("teacher", "untrained")}
         from vocagno.data import TeacherGuidedCollator
 
@@ -448,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         report = _main(args)
-    except BadInput as error:
+    except (BadInput, UntrustedFile) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if report is None:
@@ -456,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     print(report.table())
     print(f"({report.seconds:.0f} s)")
     if args.json:
-        Path(args.json).write_text(json.dumps(report.as_json(), indent=1) + "\n", encoding="utf-8")
+        Path(args.json).write_text(json.dumps(report.as_json(), indent=1, allow_nan=False) + "\n", encoding="utf-8")
         print(f"wrote {args.json}")
     if args.html:
         Path(args.html).write_text(report.page(f"What the teacher keeps: {args.shards}"), encoding="utf-8")
