@@ -1,6 +1,7 @@
 """The attacker's side of the trust boundary: checkpoints someone else wrote (a shared bucket, a save folder) reach
 every reader (export, eval --model, selection --student, autoresume's repair) as crafted pickles, names that leave
-their folder, symlinks, oversized and truncated files. Each ends in one line naming the file and the reason, with a
+their folder, symlinks, oversized and truncated files; shards and out-roots reach the scoring pass and the
+converter's merge with names that leave their folder (the converter's own inputs: tests/test_conversion.py). Each ends in one line naming the file and the reason, with a
 non-zero exit (or a BadCheckpoint, for the library's repair); nothing runs, nothing is written outside the output,
 nothing is deleted. The crafted files are made here, never shipped."""
 
@@ -13,7 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_conversion import convert, converts, small_corpus
+from test_selection import TEXT
+from test_selection import convert as convert_texts
 
+from vocagno import score
 from vocagno.checkpoint import BadCheckpoint, repair
 from vocagno.eval.__main__ import main as eval_main
 from vocagno.export import main as export_main
@@ -99,10 +104,8 @@ class RunsACommand:
 
 @pytest.fixture(scope="module")
 def heldout(tmp_path_factory) -> Path:
-    from test_selection import TEXT, convert
-
     texts = [json.loads(line)["text"] for line in open(TEXT / "gsm8k_heldout_100.jsonl", encoding="utf-8")][:8]
-    return convert(texts, tmp_path_factory.mktemp("heldout") / "shards")
+    return convert_texts(texts, tmp_path_factory.mktemp("heldout") / "shards")
 
 
 def readers(heldout: Path, text: Path):
@@ -306,3 +309,63 @@ def test_a_read_error_is_no_proof_of_a_save_cut_short(tmp_path, monkeypatch):
     with pytest.raises(BadCheckpoint, match="ep0-ba1-rank0.pt: can't be read: Input/output error: autoresume"):
         repair(str(save))
     assert (save / "ep0-ba1-rank0.pt").exists()
+
+
+# ---- shards and out-roots: names in index.json and job markers ----
+
+@pytest.mark.parametrize("column, basename", [("zip_data", "../../x"), ("raw_data", "OUTSIDE")])
+def test_an_input_index_naming_a_shard_outside_its_folder_is_refused_by_name(heldout, tmp_path, column, basename):
+    """An index.json is a file someone else wrote: a shard name in it that leaves the folder ('..', an absolute
+    path, where the decompressed shard would be written) is refused in one line, and nothing is read or written
+    there."""
+    shards = tmp_path / "shards"
+    shutil.copytree(heldout, shards)
+    outside = tmp_path / "outside" / "x"
+    basename = str(outside) if basename == "OUTSIDE" else basename
+    index = json.loads((shards / "index.json").read_text())
+    index["shards"][0][column]["basename"] = basename
+    (shards / "index.json").write_text(json.dumps(index))
+    with pytest.raises(SystemExit) as error:
+        score.main(["--shards", str(shards), "--teacher", "tiny-math-teacher", "--dtype", "float32",
+                    "--device", "cpu", "--out", str(tmp_path / "scored")])
+    assert str(error.value.code) == (f"error: {shards / 'index.json'}: refused: its shard name {basename!r} is not a "
+                                     "relative path inside its folder (an absolute path, '..', an empty part, a "
+                                     "backslash or a NUL)")
+    assert not outside.exists() and not (tmp_path / "outside").exists()
+
+
+def test_a_part_or_shard_name_on_the_out_root_that_leaves_its_folder_is_refused_by_name(tmp_path):
+    """Job markers and parts' index.json on an out-root may have been written by someone else (a shared bucket): a
+    part or shard name in them that leaves its folder is refused in one line, and nothing outside it is merged."""
+    corpus = small_corpus(tmp_path / "docs.jsonl")
+    root = tmp_path / "shards"
+    assert converts(root, inputs=[corpus]) == 0
+    part = next(root.glob("part-*"))
+    shutil.copytree(part, tmp_path / "elsewhere")  # a complete part outside the out-root
+    marker = root / "job-0000-of-0001.json"
+    job = json.loads(marker.read_text())
+    marker.write_text(json.dumps({**job, "parts": [*job["parts"], "../elsewhere"]}))
+    assert converts(root, "--merge-only", inputs=[corpus]) == (
+        f"error: {marker}: refused: its part name '../elsewhere' is not a plain file name (a path outside its folder, "
+        "or no name at all)")
+    marker.write_text(json.dumps(job))
+    index = json.loads((part / "index.json").read_text())
+    index["shards"][0]["zip_data"]["basename"] = "../elsewhere/shard.00000.mds.zstd"
+    (part / "index.json").write_text(json.dumps(index))
+    assert converts(root, "--merge-only", inputs=[corpus]) == (
+        f"error: {part / 'index.json'}: refused: its shard name '../elsewhere/shard.00000.mds.zstd' is not a relative "
+        "path inside its folder (an absolute path, '..', an empty part, a backslash or a NUL)")
+    assert "elsewhere" not in (root / "index.json").read_text()  # the first merge's, untouched
+
+
+def test_the_merged_index_refuses_a_shard_name_that_leaves_its_part(tmp_path):
+    from vocagno.output import merged_index
+    from vocagno.untrusted import UntrustedFile
+
+    root = convert(tmp_path / "shards", inputs=[small_corpus(tmp_path / "docs.jsonl")])
+    part = next(root.glob("part-*"))
+    index = json.loads((part / "index.json").read_text())
+    index["shards"][0]["raw_data"]["basename"] = "/tmp/x"
+    (part / "index.json").write_text(json.dumps(index))
+    with pytest.raises(UntrustedFile, match=rf"^{part / 'index.json'}: refused: its shard name '/tmp/x'"):
+        merged_index(root, [part.name])
