@@ -179,7 +179,9 @@ def test_a_pickled_object_in_a_sharded_checkpoints_shards_runs_nothing(heldout, 
 
 
 def crafted_state(tokenizer_files: dict) -> dict:
-    return {"state": {"model": {}, "integrations": {"huggingface": {"model": {}, "tokenizer": tokenizer_files}}}}
+    """A checkpoint's state as train.py saves one, of a Llama with no weights, holding ``tokenizer_files``."""
+    config = {"config": {"content": {"model_type": "llama"}}}
+    return {"state": {"model": {}, "integrations": {"huggingface": {"model": config, "tokenizer": tokenizer_files}}}}
 
 
 @pytest.mark.parametrize("key, extension", [("../../outside", ".json"), ("/tmp/vocagno-absolute", ".json"),
@@ -371,3 +373,107 @@ def test_the_merged_index_refuses_a_shard_name_that_leaves_its_part(tmp_path):
     (part / "index.json").write_text(json.dumps(index))
     with pytest.raises(UntrustedFile, match=rf"^{part / 'index.json'}: refused: its shard name '/tmp/x'"):
         merged_index(root, [part.name])
+
+
+# ---- what a reviewer found: a config naming code, latest links, a folder judged by one file, the recipe ----
+
+@pytest.mark.parametrize("model_type, reason", [
+    ("evil", "refused: its model config is not one of an architecture transformers ships (model_type 'evil')"),
+    ("llama", "the checkpoint holds no tokenizer"),  # read as a llama config: auto_map and the rest dropped
+])
+def test_a_model_config_naming_code_or_a_place_to_load_from_runs_nothing(model_type, reason, heldout, tmp_path,
+                                                                          capsys):
+    """Composer's config reader falls back to ``from_pretrained(_name_or_path, **fields)`` for an unknown
+    model_type, trust_remote_code included: vocagno builds the config from the fields alone."""
+    marker = tmp_path.parent / f"{tmp_path.name}-ran"
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "configuration_evil.py").write_text(f"import os\nos.system('touch {marker}')\n"
+                                                "from transformers import PretrainedConfig\n"
+                                                "class EvilConfig(PretrainedConfig):\n    model_type = 'evil'\n")
+    (repo / "config.json").write_text(json.dumps({"model_type": "evil",
+                                                  "auto_map": {"AutoConfig": "configuration_evil.EvilConfig"}}))
+    config = {"model_type": model_type, "_name_or_path": str(repo), "trust_remote_code": True,
+              "auto_map": {"AutoConfig": "configuration_evil.EvilConfig"}}
+    state = crafted_state({})
+    state["state"]["integrations"]["huggingface"]["model"] = {"config": {"content": config}}
+    deep = tmp_path / "a"
+    deep.mkdir()
+    torch.save(state, deep / "ep0-ba1-rank0.pt")
+    assert_refused_by_every_reader(deep / "ep0-ba1-rank0.pt", reason, heldout, tmp_path, capsys)
+    assert not marker.exists()
+
+
+def test_a_store_save_folders_newest_checkpoint_is_checked_before_its_latest_points_at_it(s3, tmp_path,
+                                                                                             monkeypatch):
+    """Composer's autoresume downloads a store's latest and loads it with torch.load(weights_only=False)."""
+    env, client = s3
+    for variable, value in env.items():
+        monkeypatch.setenv(variable, value)
+    marker = tmp_path.parent / f"{tmp_path.name}-ran"
+    torch.save({"state": {"timestamp": RunsACommand(marker)}}, tmp_path / "evil.pt")
+    prefix = f"{tmp_path.name}/run"
+    client.upload_file(str(tmp_path / "evil.pt"), "runs", f"{prefix}/ep0-ba9-rank0.pt")
+    with pytest.raises(BadCheckpoint, match=r"ep0-ba9-rank0.pt: refused to load: .* autoresume stops"):
+        repair(f"s3://runs/{prefix}")
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket="runs", Prefix=prefix)["Contents"]]
+    assert keys == [f"{prefix}/ep0-ba9-rank0.pt"] and not marker.exists()  # no latest link written, nothing deleted
+
+
+def test_a_latest_file_or_link_in_a_save_folder_is_checked_or_refused(tmp_path):
+    marker = tmp_path.parent / f"{tmp_path.name}-ran"
+    crafted = tmp_path / "crafted"
+    crafted.mkdir()
+    torch.save({"state": {"timestamp": RunsACommand(marker)}}, crafted / "latest-rank0.pt")
+    with pytest.raises(BadCheckpoint, match=r"latest-rank0.pt: refused to load: .* autoresume stops"):
+        repair(str(crafted))  # a file Composer would load, with no checkpoint beside it
+    outside = tmp_path / "real"
+    outside.mkdir()
+    torch.save({"state": {}}, outside / "ep0-ba1-rank0.pt")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "latest-rank0.pt").symlink_to(outside / "ep0-ba1-rank0.pt")
+    with pytest.raises(BadCheckpoint, match=r"latest-rank0.pt: refused: its link target '/.*' is not a plain file"):
+        repair(str(linked))
+    # export of that save folder into the folder its latest points at would delete the real checkpoint
+    assert export_main([str(linked), str(outside), "--overwrite"]) == 2
+    assert (outside / "ep0-ba1-rank0.pt").exists() and not marker.exists()
+
+
+def test_a_checkpoint_folder_is_judged_by_what_a_save_writes_never_by_a_link_inside_it(tmp_path):
+    save = tmp_path / "save"
+    (save / "ep0-ba5").mkdir(parents=True)
+    (save / "ep0-ba5" / "precious.txt").write_text("keep")
+    (save / "ep0-ba5" / "latest-rank0.pt").write_bytes(b"")  # an empty file: "cut short", were it followed
+    with pytest.raises(BadCheckpoint, match="ep0-ba5: a checkpoint folder without .metadata, holding files a "
+                                            "sharded save does not write"):
+        repair(str(save))
+    assert (save / "ep0-ba5" / "precious.txt").read_text() == "keep"
+
+
+def test_a_recipe_that_reads_the_environment_is_refused(tmp_path, capsys, monkeypatch):
+    from omegaconf import OmegaConf as om
+
+    from vocagno.checkpoint import load_checkpoint
+
+    monkeypatch.setenv("VOCAGNO_TEST_SECRET", "hunter2")
+    state = crafted_state({})
+    state["state"]["callbacks"] = {"RunRecipe": {"yaml": om.to_yaml({"run_name": "${oc.env:VOCAGNO_TEST_SECRET}"})}}
+    torch.save(state, tmp_path / "ep0-ba1-rank0.pt")
+    assert load_checkpoint(str(tmp_path / "ep0-ba1-rank0.pt"))  # a plain checkpoint, read
+    assert export_main([str(tmp_path / "ep0-ba1-rank0.pt"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "refused: its recipe holds interpolations (run_name)" in err and "hunter2" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_link_planted_in_the_scoring_pass_out_root_is_not_written_through(heldout, tmp_path):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    out = tmp_path / "scored"
+    out.mkdir()
+    (out / ".scratch-part-00000").symlink_to(victim)
+    (out / ".tmp-part-00000").symlink_to(victim)
+    assert score.main(["--shards", str(heldout), "--teacher", "tiny-math-teacher", "--dtype", "float32",
+                       "--device", "cpu", "--out", str(out)]) == 0
+    assert list(victim.iterdir()) == [] and (out / "index.json").exists()

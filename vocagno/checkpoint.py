@@ -81,19 +81,12 @@ def fetch(location: str, into: str) -> Path:
         raise BadCheckpoint(f"{location}: no such file or folder")
     if path.is_dir() and not (path / METADATA).exists():
         if (path / LATEST).exists():
-            return fetch(str((path / LATEST).resolve()), into)
-        if any(path.glob("*.distcp")):
-            if _only_shards(p.name for p in path.iterdir()):
-                raise IncompleteCheckpoint(f"{location}: an incomplete sharded checkpoint: it has shards but no "
-                                           f"{METADATA}, which is written last (its save was interrupted)")
-            raise BadCheckpoint(f"{location}: shards without {METADATA}, beside files a sharded save does not write: "
-                                "not a checkpoint")
-        raise BadCheckpoint(f"{location}: not a checkpoint: a folder without {METADATA} (a sharded checkpoint) or "
-                            f"{LATEST} (a save folder)")
+            return fetch(str(_latest_target(path / LATEST)), into)
+        if not any(path.glob("*.distcp")):
+            raise BadCheckpoint(f"{location}: not a checkpoint: a folder without {METADATA} (a sharded checkpoint) or "
+                                f"{LATEST} (a save folder)")
     if path.is_dir():
-        missing = _missing_shards(path / METADATA, lambda name: (path / name).is_file())
-        if missing:  # not a save cut short: .metadata is written after every shard
-            raise BadCheckpoint(f"{location}: a sharded checkpoint with shards missing: {', '.join(missing)}")
+        _check_saved(path)
         return path
     try:
         cut_short = _zip_cut_short(path)
@@ -105,6 +98,14 @@ def fetch(location: str, into: str) -> Path:
     if not zipfile.is_zipfile(path):
         raise BadCheckpoint(f"{location}: not a checkpoint: torch.save writes a zip file, and this is not one")
     return path
+
+
+def _latest_target(latest: Path) -> Path:
+    """What a save folder's ``latest-rank{r}.pt`` names: itself where it is a file, else its link's target, which
+    must be a checkpoint's plain name in the same folder (Composer links it so)."""
+    if not latest.is_symlink():
+        return latest
+    return latest.parent / _untrusted(plain_name, os.readlink(latest), str(latest), "link target")
 
 
 # What a sharded save writes into its folder: each rank's shards, then .metadata (through a .tmp file it renames).
@@ -265,6 +266,38 @@ def recipe(state: dict[str, Any]) -> str | None:
     return (callbacks.get("RunRecipe") or {}).get("yaml")
 
 
+def recipe_config(state: dict[str, Any], name: str):
+    """The recipe as a config, or None. ``train.py`` saves it resolved: an interpolation left in it (``${oc.env:...}``
+    reads the environment, into a model card people publish) is refused."""
+    from omegaconf import DictConfig, ListConfig
+
+    yaml = recipe(state)
+    if yaml is None:
+        return None
+    try:
+        cfg = om.create(yaml)
+    except Exception as error:  # omegaconf and yaml raise their own kinds: all mean "not a yaml mapping"
+        raise BadCheckpoint(f"{name}: its recipe is not a yaml mapping ({type(error).__name__})") from error
+
+    def interpolations(node, where=""):
+        keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
+        for key in keys:
+            if om.is_interpolation(node, key):
+                yield f"{where}{key}"
+            else:
+                child = node._get_node(key)
+                if isinstance(child, (DictConfig, ListConfig)):
+                    yield from interpolations(child, f"{where}{key}.")
+
+    if not isinstance(cfg, DictConfig):
+        raise BadCheckpoint(f"{name}: its recipe is not a yaml mapping")
+    found = list(interpolations(cfg))
+    if found:
+        raise BadCheckpoint(f"{name}: refused: its recipe holds interpolations ({', '.join(found[:3])}), which "
+                            "train.py resolves before saving it")
+    return cfg
+
+
 # How Composer's HuggingFaceModel saves each tokenizer file into a checkpoint, by extension: what each holds. A .py
 # (a tokenizer's own code) is refused: vocagno never runs code from a checkpoint (trust_remote_code is off).
 _TOKENIZER_FILES = {".json": (dict, list), ".txt": list, ".jinja": str, ".model": bytes}
@@ -308,18 +341,44 @@ def tokenizer_from_state(files: Any, name: str):
     return tokenizer
 
 
+# Config fields that name code or a place to load more from: a checkpoint's config is data, built here by its
+# model_type alone (Composer's reader falls back to from_pretrained(_name_or_path, **fields), trust_remote_code too).
+_CODE_FIELDS = ("auto_map", "trust_remote_code", "_name_or_path", "name_or_path")
+
+
+def _config(saved: dict, name: str):
+    """The model config a checkpoint's ``integrations.huggingface.model.config`` holds, of an architecture
+    transformers ships, without fields that name code or another place to load from."""
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    content = ((saved.get("model") or {}).get("config") or {}).get("content")
+    if not isinstance(content, dict) or content.get("model_type") not in CONFIG_MAPPING:
+        model_type = content.get("model_type") if isinstance(content, dict) else None
+        raise BadCheckpoint(f"{name}: refused: its model config is not one of an architecture transformers ships "
+                            f"(model_type {model_type!r})")
+    fields = {key: value for key, value in content.items() if key not in _CODE_FIELDS}
+    if "id2label" in fields and isinstance(fields["id2label"], dict):  # JSON made its keys strings
+        fields["id2label"] = {int(key): label for key, label in fields["id2label"].items()}
+    try:
+        return AutoConfig.for_model(**fields)
+    except (ValueError, TypeError, KeyError) as error:
+        raise BadCheckpoint(f"{name}: its model config can't be read: {type(error).__name__}: "
+                            f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}") from error
+
+
 def model_from_state(state: dict[str, Any], name: str, dtype: str | None = None):
     """The Hugging Face model and tokenizer a checkpoint's state holds, in ``dtype`` (else the weights' own, float32
     where they mix), built as ``from_pretrained(..., torch_dtype=dtype)`` builds it: constructed in the dtype, then
     given the weights, so buffers the architecture computes itself (RoPE's ``inv_freq``, float32 on purpose) are
     not cast with them."""
-    from composer.models.huggingface import get_hf_config_from_composer_state_dict
     from transformers import AutoModelForCausalLM
 
     saved = (state.get("integrations") or {}).get("huggingface")
     if not saved or "model" not in state:
         raise BadCheckpoint(f"{name}: not a checkpoint of a Hugging Face model (train.py's): it has no "
                             "state.integrations.huggingface")
+    config = _config(saved, name)
     tokenizer = tokenizer_from_state(saved.get("tokenizer"), name)
     weights = {key.removeprefix("model."): value for key, value in state["model"].items()}  # FSDP's wrapper prefix
     if dtype is None:
@@ -329,8 +388,7 @@ def model_from_state(state: dict[str, Any], name: str, dtype: str | None = None)
         torch_dtype = DTYPES[dtype]
     # Built from the saved config as a causal LM: the saved class is FullyShardedDataParallel in an FSDP run (Composer
     # records the wrapper's class).
-    config = get_hf_config_from_composer_state_dict({"state": state})
-    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch_dtype)
+    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch_dtype, trust_remote_code=False)
     try:
         model.load_state_dict(weights)  # copied into the model's tensors: in their dtype
     except RuntimeError as error:
@@ -353,8 +411,8 @@ def load_model(location: str, device: str = "cpu", dtype: str | None = None):
         raise BadCheckpoint(f"dtype {dtype}: one of {', '.join(DTYPES)}")
     with tempfile.TemporaryDirectory(prefix="vocagno-checkpoint-") as downloads:
         state = read_state(fetch(location, downloads))
-    yaml = recipe(state)
-    dtype = dtype or (RUN_DTYPES.get(str(om.create(yaml).get("precision"))) if yaml else None)
+    cfg = recipe_config(state, location)
+    dtype = dtype or (RUN_DTYPES.get(str(cfg.get("precision"))) if cfg is not None else None)
     model, tokenizer = model_from_state(state, location, dtype)
     return model.to(device), tokenizer, state
 
@@ -378,9 +436,7 @@ def repair(folder: str) -> None:
         if path.is_symlink() or not (whole and path.is_file() or sharded and path.is_dir()):
             continue
         try:
-            if sharded and not any(path.iterdir()):
-                raise IncompleteCheckpoint(f"{path}: an empty checkpoint folder")
-            fetch(str(path), folder)
+            _check_saved(path)
         except IncompleteCheckpoint as incomplete:
             print(f"removing {path}: an incomplete checkpoint (its save was interrupted): {incomplete}", flush=True)
             shutil.rmtree(path) if path.is_dir() else path.unlink()
@@ -392,16 +448,39 @@ def repair(folder: str) -> None:
         epoch, batch, rank = map(int, (whole or sharded).groups() + ((0,) if sharded else ()))
         if (batch, epoch) > newest.get(rank, ((-1, -1), None))[0]:
             newest[rank] = ((batch, epoch), path)
-    for rank, (_, path) in newest.items():
+    # What Composer loads next, each rank its latest (repointed here, or whatever else left one): checked first.
+    latests = {Path(folder) / f"latest-rank{rank}.pt": path for rank, (_, path) in newest.items()}
+    for latest in sorted(Path(folder).glob("latest-rank*.pt")):
+        latests.setdefault(latest, None)
+    for latest, path in latests.items():
         try:
-            check_objects(path)
+            check_objects(path or _latest_target(latest))
         except (BadCheckpoint, OSError) as error:
-            raise BadCheckpoint(f"{_reason(error, path)}: autoresume stops before Composer loads it, and leaves it "
-                                "in place") from error
-        latest = Path(folder) / f"latest-rank{rank}.pt"
-        if os.path.realpath(latest) != os.path.realpath(path):
+            raise BadCheckpoint(f"{_reason(error, path or latest)}: autoresume stops before Composer loads it, and "
+                                "leaves it in place") from error
+    for latest, path in latests.items():
+        if path is not None and not (latest.is_symlink() and os.readlink(latest) == path.name):
             latest.unlink(missing_ok=True)
             latest.symlink_to(path.name)
+
+
+def _check_saved(path: Path) -> None:
+    """Raise ``IncompleteCheckpoint`` where the save at ``path`` (a save folder's whole file or sharded folder) was
+    positively cut short, ``BadCheckpoint`` where it is wrong otherwise; judged by what the save itself writes, no
+    link inside it followed."""
+    if path.is_file():
+        fetch(str(path), os.devnull)
+        return
+    names = [p.name for p in path.iterdir()]
+    if METADATA not in names:
+        if _only_shards(names):  # nothing, or shards alone: .metadata is written last
+            raise IncompleteCheckpoint(f"{path}: an incomplete sharded checkpoint: "
+                                       f"{'empty' if not names else 'shards without ' + METADATA}, which is written last")
+        raise BadCheckpoint(f"{path}: a checkpoint folder without {METADATA}, holding files a sharded save does not "
+                            "write")
+    missing = _missing_shards(path / METADATA, lambda name: (path / name).is_file())
+    if missing:  # not a save cut short: .metadata is written after every shard
+        raise BadCheckpoint(f"{path}: a sharded checkpoint with shards missing: {', '.join(missing)}")
 
 
 def _reason(error: Exception, path: Path) -> str:
@@ -451,6 +530,14 @@ def _repair_remote(uri: str) -> None:
     if not complete:
         return
     newest = f"{prefix}/{max(complete)[1]}"
+    with tempfile.TemporaryDirectory(prefix="vocagno-repair-") as downloads:
+        try:  # what Composer downloads and loads next: downloaded once more, to be checked first
+            scheme, _, rest = uri.partition("://")
+            check_objects(_fetch_remote(f"{scheme}://{rest.split('/', 1)[0]}/{newest}", Path(downloads),
+                                        follow_latest=False))
+        except BadCheckpoint as error:
+            raise BadCheckpoint(f"{error}: autoresume stops before Composer loads it, and leaves it in place"
+                                ) from error
     link = f"{prefix}/{LATEST}.symlink"
     with tempfile.TemporaryDirectory() as tmp:
         if link in names:

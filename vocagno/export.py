@@ -25,7 +25,7 @@ from typing import Any
 from omegaconf import OmegaConf as om
 
 from vocagno.algorithm import VocAgnoLM
-from vocagno.checkpoint import DTYPES, BadCheckpoint, load_model, recipe
+from vocagno.checkpoint import DTYPES, BadCheckpoint, fetch, load_model, recipe, recipe_config
 
 __all__ = ["export", "main", "model_card"]
 
@@ -65,9 +65,11 @@ def _check_out(checkpoint: str, out: Path, overwrite: bool) -> None:
     """Refuse an OUT that exists (unless ``overwrite``), or that holds or lies inside a local checkpoint: replacing
     it would delete the run it is exported from."""
     if "://" not in checkpoint:
-        source, target = os.path.realpath(checkpoint), os.path.realpath(out)
-        if os.path.commonpath([source, target]) in (source, target):
-            raise BadCheckpoint(f"{out}: OUT holds or lies inside the checkpoint {checkpoint}: give an OUT outside it")
+        target = os.path.realpath(out)
+        for source in {os.path.realpath(checkpoint), os.path.realpath(fetch(checkpoint, os.devnull))}:
+            if os.path.commonpath([source, target]) in (source, target):
+                raise BadCheckpoint(f"{out}: OUT holds or lies inside the checkpoint {checkpoint}: give an OUT "
+                                    "outside it")
     if (out.exists() or out.is_symlink()) and not overwrite:
         raise BadCheckpoint(f"{out} exists: give another OUT, or --overwrite to replace it")
 
@@ -94,8 +96,7 @@ def model_card(checkpoint: str, folder: str, state: dict[str, Any], model, resul
     timestamp), how it scored (``vocagno.eval``'s results)."""
     from vocagno.eval.__main__ import table
 
-    yaml = recipe(state)
-    cfg = om.create(yaml) if yaml else None
+    cfg = recipe_config(state, checkpoint)
     timestamp = (state.get("timestamp") or {}).get("Timestamp") or {}
     name = cfg.get("run_name") if cfg is not None else Path(checkpoint.rstrip("/")).name
     params = sum(p.numel() for p in model.parameters())
@@ -118,9 +119,9 @@ def model_card(checkpoint: str, folder: str, state: dict[str, Any], model, resul
               f'model = AutoModelForCausalLM.from_pretrained("{folder}")',
               f'tokenizer = AutoTokenizer.from_pretrained("{folder}")',
               "```", ""]
-    if yaml:
+    if cfg is not None:
         lines += ["## The run's yaml", "", "`composer train.py` ran with this (resolved):", "", "```yaml",
-                  yaml.rstrip(), "```", ""]
+                  recipe(state).rstrip(), "```", ""]
     else:
         lines += ["The checkpoint holds no recipe (it was not written by vocagno's train.py, or by an older one).", ""]
     return "\n".join(lines)

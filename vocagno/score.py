@@ -30,7 +30,6 @@ import argparse
 import hashlib
 import json
 import os
-import shutil
 import sys
 import time
 from dataclasses import replace
@@ -46,7 +45,7 @@ from vocagno.output import (
     unfinished_parts,
 )
 from vocagno.shards import COLUMNS, METADATA_FILE, SCORED_COLUMNS, SHARD_HASH, ShardMetadata, write_atomically
-from vocagno.untrusted import UntrustedFile, inside
+from vocagno.untrusted import UntrustedFile, inside, remove
 
 __all__ = ["Teacher", "score", "main"]
 
@@ -128,7 +127,7 @@ def score(shards: str, output: Output, teacher: Teacher, device: str, batch_toke
         mine = [i for i in range(len(index["shards"])) if i % world == rank]
         for i in mine:  # what a kill left unfinished
             for stale in (f".tmp-{_part(i)}", f".scratch-{_part(i)}"):
-                shutil.rmtree(output.local / stale, ignore_errors=True)
+                remove(output.local / stale)
         scorer = teacher.scorer.to(device)
         progress = tqdm(total=sum(index["shards"][i]["samples"] for i in mine), unit="sample", desc="scoring",
                         dynamic_ncols=True, mininterval=1.0, disable=rank != 0)
@@ -213,8 +212,10 @@ def _score_part(shards_root: Path, info: dict, final: Path, scorer: TeacherScore
 
     begin = time.perf_counter()
     staging, scratch = final.with_name(f".tmp-{final.name}"), final.with_name(f".scratch-{final.name}")
+    remove(scratch)  # nothing planted there is written through
+    remove(staging)
     samples = read_shard(shards_root, info, scratch)
-    shutil.rmtree(scratch, ignore_errors=True)
+    remove(scratch)
     rows = [np.asarray(sample["teacher_ids"], dtype=np.int64) for sample in samples]
     losses: list[np.ndarray] = [np.empty(0)] * len(rows)
     for batch in length_batches([len(row) for row in rows], batch_tokens):

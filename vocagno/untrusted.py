@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import pickle
+import shutil
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 from torch.torch_version import TorchVersion
 
-__all__ = ["CHECKPOINT_GLOBALS", "UntrustedFile", "inside", "load_torch", "plain_name", "read_dcp_metadata"]
+__all__ = ["CHECKPOINT_GLOBALS", "UntrustedFile", "inside", "load_torch", "plain_name", "read_dcp_metadata", "remove"]
 
 
 class UntrustedFile(ValueError):
@@ -51,6 +52,16 @@ def inside(folder: str | Path, name: object, source: str, what: str = "name") ->
             raise UntrustedFile(f"{source}: refused: its {what} {name!r} is not a relative path inside its folder "
                                 "(an absolute path, '..', an empty part, a backslash or a NUL)") from None
     return Path(folder).joinpath(*PurePosixPath(name).parts)
+
+
+def remove(path: Path) -> None:
+    """Remove what stands at ``path``, a scratch or staging name of ours in a folder others can write: a link planted
+    there is removed, never followed (``shutil.rmtree`` refuses a link, and with ``ignore_errors`` left it in place
+    for the next write to go through)."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
 
 
 # What torch.distributed.checkpoint pickles into a sharded checkpoint's .metadata (torch 2.6-2.7, as Composer's
