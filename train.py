@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import os
+import re
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -59,6 +60,19 @@ CALLBACKS: dict[str, Any] = {
     "load_checkpoint": "LoadCheckpoint",
     "sample_log": SampleLog,
 }
+
+def _signal_files_per_node() -> None:
+    """Composer's file-based waits within a node (autoresume, checkpoint downloads) name their signal file after node
+    0 on every node: the name is broadcast from rank 0. In a save folder every node shares, the nodes then write and
+    remove one file, and the second removal fails (FileNotFoundError; mosaicml/llm-foundry#1736, unfixed in Composer
+    0.32.1). Each node's wait gets a name of its own: its node rank where node 0's stood."""
+    broadcast_name = dist.get_node_signal_file_name
+
+    def per_node(rng=None):
+        return re.sub(r"_node\d+_", f"_node{dist.get_node_rank()}_", broadcast_name(rng), count=1)
+
+    dist.get_node_signal_file_name = per_node
+
 
 def build_loader(section: DictConfig, student_tok, teacher_tok, batch_size: int):
     dataset_cfg = om.to_container(section.dataset)
@@ -180,6 +194,7 @@ def build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> DecoupledAdamW:
 
 def main(cfg: DictConfig) -> Trainer:
     dist.initialize_dist(get_device(None), timeout=cfg.get("dist_timeout", 600))
+    _signal_files_per_node()
     clean_stale_shared_memory()  # what a killed run left behind would stop Streaming; every rank calls it
     reproducibility.seed_all(cfg.seed)
     world = dist.get_world_size()
@@ -228,9 +243,9 @@ def main(cfg: DictConfig) -> Trainer:
     scheduler = CosineAnnealingWithWarmupScheduler(t_warmup=sched.t_warmup, alpha_f=sched.get("alpha_f", 0.0))
 
     save_folder = cfg.get("save_folder")
-    # A local folder is repaired by each node's first rank, an object store (shared by every node) by the first rank.
-    if cfg.get("autoresume", False) and save_folder and dist.get_local_rank() == 0 and (
-            "://" not in save_folder or dist.get_global_rank() == 0):
+    # Repaired once, by the first rank: a run of several nodes saves where every node reaches (an object store or a
+    # shared file system), and two nodes repairing one folder at once would race.
+    if cfg.get("autoresume", False) and save_folder and dist.get_global_rank() == 0:
         try:
             repair(format_name_with_dist(save_folder, cfg.run_name))
         except BadCheckpoint as error:  # it names the checkpoint and why; nothing was deleted
