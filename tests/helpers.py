@@ -2,6 +2,7 @@
 an uninterrupted run's, an S3 bucket's keys, what the algorithm left in a Trainer's batches and losses."""
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -36,15 +37,33 @@ def bucket_keys(client, prefix, bucket="runs"):
 
 
 def kill_when(command, ready, settle=0.0, timeout=600, **popen):
-    """Start ``command`` and ``kill -9`` it as soon as ``ready()`` holds (``settle`` seconds later), or when
-    ``timeout`` passed or it ended by itself."""
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **popen)
+    """Start ``command`` in a process group of its own and ``kill -9`` the whole group, as a node's death kills a
+    run with its children (dataloader workers, spawned ranks, resource trackers), as soon as ``ready()`` holds
+    (``settle`` seconds later), or when ``timeout`` passed or it ended by itself; nothing of it outlives this."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                               **popen)
     deadline = time.time() + timeout
     while not ready() and time.time() < deadline and process.poll() is None:
         time.sleep(0.05)
     time.sleep(settle)
-    process.send_signal(signal.SIGKILL)
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:  # it ended by itself, its group with it
+        pass
     process.wait()
+    assert_group_gone(process.pid)
+
+
+def assert_group_gone(group: int, timeout: float = 30.0) -> None:
+    """No process of the process group ``group`` is left (killed ones are reaped within ``timeout`` seconds)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    pytest.fail(f"processes of the killed process group {group} outlived it")
 
 
 class Capture(Callback):

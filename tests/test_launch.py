@@ -64,3 +64,16 @@ def test_a_training_launch_without_a_shared_save_folder_or_its_shards_is_refused
     with pytest.raises(SystemExit):
         main([*common[:3], "2", *common[4:], "score", "--shards", "x"])
     assert "--node-rank 2 of --nodes 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # after the job it is the job's argument: the run would start
+        main([*common[:-1], "score", "--shards", "x", "--dry-run"])
+    assert "--dry-run goes before the job" in capsys.readouterr().err
+
+
+def test_each_node_reads_the_eval_shards_from_its_own_cache_too():
+    """tiny.yaml's eval loader converts into its local folder when missing: on several nodes, each node's own."""
+    command = node_command("train", [str(REPO / "yamls" / "tiny.yaml"), "save_folder=/shared/run"], nodes=2,
+                           node_rank=1, nproc=2, master_addr="h", cache="/local", shards="/shared/shards")
+    assert "eval_loader.dataset.local=/local/eval" in command and "train_loader.dataset.local=/local/train" in command
+    no_eval = node_command("train", [str(REPO / "yamls" / "tiny.yaml"), "save_folder=/shared/run", "eval_loader=null"],
+                           nodes=2, node_rank=1, nproc=2, master_addr="h", cache="/local", shards="/shared/shards")
+    assert not [arg for arg in no_eval if arg.startswith("eval_loader.dataset")]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import read_log
+from helpers import assert_group_gone, read_log
 
 from vocagno.launch import node_command
 
@@ -81,7 +81,11 @@ class Nodes:
                                                    start_new_session=True))
 
     def wait(self, timeout=900):
-        codes = [process.wait(timeout) for process in self.processes]
+        try:
+            codes = [process.wait(timeout) for process in self.processes]
+        except BaseException:  # a hung rendezvous or collective: the nodes go with the test
+            self.end(grace=0)
+            raise
         assert codes == [0] * len(codes), f"exit codes {codes}:\n{self.output()[-4000:]}"
         self.assert_gone()
         return self
@@ -104,15 +108,7 @@ class Nodes:
 
     def assert_gone(self):
         for process in self.processes:
-            deadline = time.time() + 30
-            while time.time() < deadline:
-                try:
-                    os.killpg(process.pid, 0)
-                except ProcessLookupError:
-                    break
-                time.sleep(0.2)
-            else:
-                pytest.fail(f"processes of node pid {process.pid}'s group outlived it")
+            assert_group_gone(process.pid)
 
     def output(self) -> str:
         files = sorted(self.where.glob("node*.out")) + sorted((self.where / "logs").glob("*"))

@@ -477,3 +477,29 @@ def test_a_link_planted_in_the_scoring_pass_out_root_is_not_written_through(held
     assert score.main(["--shards", str(heldout), "--teacher", "tiny-math-teacher", "--dtype", "float32",
                        "--device", "cpu", "--out", str(out)]) == 0
     assert list(victim.iterdir()) == [] and (out / "index.json").exists()
+
+
+@pytest.mark.parametrize("planted", ["latest object", "link without a checkpoint"])
+def test_a_store_latest_that_composer_would_load_is_checked_or_refused(planted, s3, tmp_path, monkeypatch):
+    """Composer's autoresume downloads a plain ``latest-rank0.pt`` object before its ``.symlink``, and follows a
+    ``.symlink`` to any key, even where no checkpoint of the run is complete."""
+    env, client = s3
+    for variable, value in env.items():
+        monkeypatch.setenv(variable, value)
+    marker = tmp_path.parent / f"{tmp_path.name}-ran"
+    torch.save({"state": {"timestamp": RunsACommand(marker)}}, tmp_path / "evil.pt")
+    prefix = f"{tmp_path.name}/run"
+    if planted == "latest object":
+        torch.save({"state": {}}, tmp_path / "good.pt")
+        client.upload_file(str(tmp_path / "good.pt"), "runs", f"{prefix}/ep0-ba2-rank0.pt")
+        client.upload_file(str(tmp_path / "evil.pt"), "runs", f"{prefix}/latest-rank0.pt")
+        reason = "latest-rank0.pt: a latest object Composer's autoresume would load"
+    else:
+        client.upload_file(str(tmp_path / "evil.pt"), "runs", f"{tmp_path.name}/elsewhere/x.pt")
+        client.put_object(Bucket="runs", Key=f"{prefix}/latest-rank0.pt.symlink", Body=f"{tmp_path.name}/elsewhere/x.pt")
+        reason = "x.pt: refused to load: .* autoresume stops"
+    before = [o["Key"] for o in client.list_objects_v2(Bucket="runs", Prefix=tmp_path.name)["Contents"]]
+    with pytest.raises(BadCheckpoint, match=reason):
+        repair(f"s3://runs/{prefix}")
+    assert [o["Key"] for o in client.list_objects_v2(Bucket="runs", Prefix=tmp_path.name)["Contents"]] == before
+    assert not marker.exists()

@@ -527,22 +527,50 @@ def _repair_remote(uri: str) -> None:
             print(f"removing {uri}/{name}: an incomplete checkpoint (its upload was interrupted)", flush=True)
             for key in sorted(n for n in names if n.startswith(f"{prefix}/{name}/")):
                 store.client.delete_object(Bucket=store.bucket, Key=store.get_key(key))
-    if not complete:
-        return
-    newest = f"{prefix}/{max(complete)[1]}"
-    with tempfile.TemporaryDirectory(prefix="vocagno-repair-") as downloads:
-        try:  # what Composer downloads and loads next: downloaded once more, to be checked first
-            scheme, _, rest = uri.partition("://")
-            check_objects(_fetch_remote(f"{scheme}://{rest.split('/', 1)[0]}/{newest}", Path(downloads),
-                                        follow_latest=False))
-        except BadCheckpoint as error:
-            raise BadCheckpoint(f"{error}: autoresume stops before Composer loads it, and leaves it in place"
-                                ) from error
+    # Composer's autoresume downloads a plain latest-rank{r}.pt object before it looks for its .symlink: not Composer's
+    # to upload, and it would be loaded unchecked.
+    planted = sorted(name for name in names if re.fullmatch(rf"{re.escape(prefix)}/latest-rank\d+\.pt", name))
+    if planted:
+        raise BadCheckpoint(f"{uri}: {', '.join(planted)}: a latest object Composer's autoresume would load before "
+                            "its .symlink; Composer uploads none: autoresume stops (delete it to resume)")
     link = f"{prefix}/{LATEST}.symlink"
-    with tempfile.TemporaryDirectory() as tmp:
+    scheme, _, rest = uri.partition("://")
+    bucket = f"{scheme}://{rest.split('/', 1)[0]}"
+    with tempfile.TemporaryDirectory(prefix="vocagno-repair-") as tmp:
+        old = None
         if link in names:
             store.download_object(link, f"{tmp}/old")
-            if Path(f"{tmp}/old").read_text().strip() == newest:
-                return
-        Path(f"{tmp}/new").write_text(newest)
-        store.upload_object(link, f"{tmp}/new")
+            old = Path(f"{tmp}/old").read_text(errors="replace").strip()
+        newest = f"{prefix}/{max(complete)[1]}" if complete else old
+        if newest is None:
+            return
+        try:  # what Composer downloads and loads next: its objects downloaded and checked first
+            _check_remote_objects(store, bucket, newest, Path(tmp) / "check")
+        except (BadCheckpoint, OSError) as error:
+            raise BadCheckpoint(f"{_reason(error, Path(newest))}: autoresume stops before Composer loads it, and "
+                                "leaves it in place") from error
+        if newest != old:
+            Path(f"{tmp}/new").write_text(newest)
+            store.upload_object(link, f"{tmp}/new")
+
+
+def _check_remote_objects(store, bucket: str, key: str, into: Path) -> None:
+    """``check_objects`` on a checkpoint in a store: a whole file downloaded; of a sharded one, ``.metadata`` and
+    only the shards that hold its pickled objects (rank 0's, in practice), not every rank's tensors."""
+    names = set(_listing(store, f"{bucket}/{key}", key))
+    if key in names:
+        check_objects(_fetch_remote(f"{bucket}/{key}", into, follow_latest=False))
+        return
+    if f"{key}/{METADATA}" not in names:
+        raise BadCheckpoint(f"{bucket}/{key}: no checkpoint there (the latest link names it)")
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    folder = into / _untrusted(plain_name, Path(key).name, f"{bucket}/{key}", "object name")
+    folder.mkdir(parents=True, exist_ok=True)
+    store.download_object(f"{key}/{METADATA}", str(folder / METADATA))
+    metadata = _untrusted(read_dcp_metadata, folder / METADATA)
+    objects = {fqn for fqn, item in metadata.state_dict_metadata.items() if isinstance(item, BytesStorageMetadata)}
+    shards = {info.relative_path for index, info in metadata.storage_data.items() if index.fqn in objects}
+    for name in sorted(shards):
+        store.download_object(f"{key}/{name}", str(_untrusted(inside, folder, name, f"{bucket}/{key}", "shard name")))
+    _read_sharded(folder, objects)

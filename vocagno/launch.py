@@ -31,8 +31,9 @@ def node_command(job: str, job_args: list[str], *, nodes: int, node_rank: int, n
                  master_port: int = 29500, cache: str | None = None, shards: str | None = None,
                  eval_shards: str | None = None, logs: str | None = None, python: str = sys.executable) -> list[str]:
     """The command node ``node_rank`` of ``nodes`` runs for ``job`` (``train``: ``job_args`` are the yaml and its
-    overrides; ``score``, ``selection``: the module's own arguments). ``logs``: a folder for every rank's output
-    (``RANK.out``, ``RANK.err``; Composer's launcher otherwise drops all but each node's first rank's)."""
+    overrides; ``score``, ``selection``: the module's own arguments). ``logs``: a folder for the output of every rank
+    but each node's first, whose output is the node's own (``RANK.out``, ``RANK.err``; Composer's launcher
+    otherwise drops it)."""
     if job not in JOBS:
         raise ValueError(f"job {job!r}: one of {', '.join(JOBS)}")
     if nodes < 1 or nproc < 1 or not 0 <= node_rank < nodes:
@@ -51,12 +52,16 @@ def node_command(job: str, job_args: list[str], *, nodes: int, node_rank: int, n
                          "system) and --cache (a folder on this node's own disk for Streaming's local copies)")
     from vocagno.config import load_config
 
-    if not load_config(job_args[0], job_args[1:]).get("save_folder"):
+    cfg = load_config(job_args[0], job_args[1:])
+    if not cfg.get("save_folder"):
         raise ValueError(f"train: {job_args[0]} sets no save_folder: a run of several nodes resumes from where every "
                          "node reaches it (save_folder=s3://... or a shared file system)")
     loaders = [f"train_loader.dataset.remote={shards}", f"train_loader.dataset.local={cache}/train"]
-    if eval_shards:
-        loaders += [f"eval_loader.dataset.remote={eval_shards}", f"eval_loader.dataset.local={cache}/eval"]
+    if cfg.get("eval_loader") is not None:  # node-local too: without --eval-shards, each node converts its own
+        loaders += [*([f"eval_loader.dataset.remote={eval_shards}"] if eval_shards else []),
+                    f"eval_loader.dataset.local={cache}/eval"]
+    elif eval_shards:
+        raise ValueError(f"--eval-shards, but {job_args[0]} has no eval_loader")
     return [*launcher, str(TRAIN_SCRIPT), *job_args, *loaders, "autoresume=true"]
 
 
@@ -73,13 +78,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shards", help="train: the training shards, where every node reads them (s3://..., or a "
                                          "shared file system)")
     parser.add_argument("--eval-shards", help="train: the eval loader's shards, likewise")
-    parser.add_argument("--logs", help="a folder for every rank's stdout and stderr (RANK.out, RANK.err)")
+    parser.add_argument("--logs", help="a folder for the stdout and stderr of every rank but the node's first "
+                                       "(RANK.out, RANK.err), which prints as the node")
     parser.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     parser.add_argument("job", choices=sorted(JOBS), help="train (train.py), score (vocagno.score) or selection "
                                                           "(vocagno.selection)")
     parser.add_argument("job_args", nargs=argparse.REMAINDER, help="train: YAML [key=value ...]; score, selection: "
                                                                    "the module's arguments")
     args = parser.parse_args(argv)
+    if "--dry-run" in args.job_args:  # after the job it would be the job's: the run would start
+        parser.error("--dry-run goes before the job (train, score, selection)")
     try:
         command = node_command(args.job, args.job_args, nodes=args.nodes, node_rank=args.node_rank, nproc=args.nproc,
                                master_addr=args.master_addr, master_port=args.master_port, cache=args.cache,

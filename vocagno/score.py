@@ -214,6 +214,7 @@ def _score_part(shards_root: Path, info: dict, final: Path, scorer: TeacherScore
     staging, scratch = final.with_name(f".tmp-{final.name}"), final.with_name(f".scratch-{final.name}")
     remove(scratch)  # nothing planted there is written through
     remove(staging)
+    staging.mkdir()  # ours from now on: a link planted later makes mkdir fail, not the writer write through it
     samples = read_shard(shards_root, info, scratch)
     remove(scratch)
     rows = [np.asarray(sample["teacher_ids"], dtype=np.int64) for sample in samples]
