@@ -109,6 +109,15 @@ def heldout(tmp_path_factory) -> Path:
     return convert_texts(texts, tmp_path_factory.mktemp("heldout") / "shards")
 
 
+@pytest.fixture
+def store(s3, monkeypatch):
+    """conftest's S3 server, which Composer's and Streaming's clients reach through the environment: its client."""
+    env, client = s3
+    for variable, value in env.items():
+        monkeypatch.setenv(variable, value)
+    return client
+
+
 def readers(heldout: Path, text: Path):
     """Every entry point that reads a checkpoint, as a user calls it: ``(name, call(checkpoint) -> exit code)``."""
     return {
@@ -212,11 +221,8 @@ def with_shard_name(folder: Path, name: str) -> Path:
 
 
 @pytest.mark.parametrize("name", ["../../outside.distcp", "/tmp/vocagno-outside.distcp", "a/../../b.distcp"])
-def test_a_shard_name_leaving_its_folder_is_refused_locally_and_in_a_store(name, s3, heldout, tmp_path, capsys,
-                                                                           monkeypatch):
-    env, client = s3
-    for variable, value in env.items():
-        monkeypatch.setenv(variable, value)
+def test_a_shard_name_leaving_its_folder_is_refused_locally_and_in_a_store(name, store, heldout, tmp_path, capsys):
+    client = store
     checkpoint = with_shard_name(dcp_save({"state": {"model": {"w": torch.ones(2)}}}, tmp_path / "save" / "ep0-ba1"),
                                  name)
     reason = "is not a relative path inside its folder"
@@ -234,10 +240,8 @@ def test_a_shard_name_leaving_its_folder_is_refused_locally_and_in_a_store(name,
     assert f"{prefix}/.metadata" in [o["Key"] for o in client.list_objects_v2(Bucket="runs")["Contents"]]
 
 
-def test_a_latest_link_in_a_store_naming_a_parent_is_refused(s3, tmp_path, capsys, monkeypatch):
-    env, client = s3
-    for variable, value in env.items():
-        monkeypatch.setenv(variable, value)
+def test_a_latest_link_in_a_store_naming_a_parent_is_refused(store, tmp_path, capsys):
+    client = store
     client.put_object(Bucket="runs", Key="dots/..", Body=b"not a checkpoint")
     client.put_object(Bucket="runs", Key="dots/latest-rank0.pt.symlink", Body=b"dots/..")
     assert export_main(["s3://runs/dots", str(tmp_path / "out")]) == 2
@@ -404,22 +408,6 @@ def test_a_model_config_naming_code_or_a_place_to_load_from_runs_nothing(model_t
     assert not marker.exists()
 
 
-def test_a_store_save_folders_newest_checkpoint_is_checked_before_its_latest_points_at_it(s3, tmp_path,
-                                                                                             monkeypatch):
-    """Composer's autoresume downloads a store's latest and loads it with torch.load(weights_only=False)."""
-    env, client = s3
-    for variable, value in env.items():
-        monkeypatch.setenv(variable, value)
-    marker = tmp_path.parent / f"{tmp_path.name}-ran"
-    torch.save({"state": {"timestamp": RunsACommand(marker)}}, tmp_path / "evil.pt")
-    prefix = f"{tmp_path.name}/run"
-    client.upload_file(str(tmp_path / "evil.pt"), "runs", f"{prefix}/ep0-ba9-rank0.pt")
-    with pytest.raises(BadCheckpoint, match=r"ep0-ba9-rank0.pt: refused to load: .* autoresume stops"):
-        repair(f"s3://runs/{prefix}")
-    keys = [o["Key"] for o in client.list_objects_v2(Bucket="runs", Prefix=prefix)["Contents"]]
-    assert keys == [f"{prefix}/ep0-ba9-rank0.pt"] and not marker.exists()  # no latest link written, nothing deleted
-
-
 def test_a_latest_file_or_link_in_a_save_folder_is_checked_or_refused(tmp_path):
     marker = tmp_path.parent / f"{tmp_path.name}-ran"
     crafted = tmp_path / "crafted"
@@ -479,27 +467,28 @@ def test_a_link_planted_in_the_scoring_pass_out_root_is_not_written_through(held
     assert list(victim.iterdir()) == [] and (out / "index.json").exists()
 
 
-@pytest.mark.parametrize("planted", ["latest object", "link without a checkpoint"])
-def test_a_store_latest_that_composer_would_load_is_checked_or_refused(planted, s3, tmp_path, monkeypatch):
-    """Composer's autoresume downloads a plain ``latest-rank0.pt`` object before its ``.symlink``, and follows a
-    ``.symlink`` to any key, even where no checkpoint of the run is complete."""
-    env, client = s3
-    for variable, value in env.items():
-        monkeypatch.setenv(variable, value)
+@pytest.mark.parametrize("planted", ["newest checkpoint", "latest object", "link without a checkpoint"])
+def test_what_composer_would_load_from_a_store_save_folder_is_checked_first(planted, store, tmp_path):
+    """Composer's autoresume downloads a store's latest and loads it with torch.load(weights_only=False): the newest
+    checkpoint the repaired link names, a plain ``latest-rank0.pt`` object (loaded before any ``.symlink``), or
+    what a ``.symlink`` names where no checkpoint of the run is complete."""
     marker = tmp_path.parent / f"{tmp_path.name}-ran"
     torch.save({"state": {"timestamp": RunsACommand(marker)}}, tmp_path / "evil.pt")
     prefix = f"{tmp_path.name}/run"
-    if planted == "latest object":
+    if planted == "newest checkpoint":
+        store.upload_file(str(tmp_path / "evil.pt"), "runs", f"{prefix}/ep0-ba9-rank0.pt")
+        reason = r"ep0-ba9-rank0.pt: refused to load: .* autoresume stops"
+    elif planted == "latest object":
         torch.save({"state": {}}, tmp_path / "good.pt")
-        client.upload_file(str(tmp_path / "good.pt"), "runs", f"{prefix}/ep0-ba2-rank0.pt")
-        client.upload_file(str(tmp_path / "evil.pt"), "runs", f"{prefix}/latest-rank0.pt")
+        store.upload_file(str(tmp_path / "good.pt"), "runs", f"{prefix}/ep0-ba2-rank0.pt")
+        store.upload_file(str(tmp_path / "evil.pt"), "runs", f"{prefix}/latest-rank0.pt")
         reason = "latest-rank0.pt: a latest object Composer's autoresume would load"
     else:
-        client.upload_file(str(tmp_path / "evil.pt"), "runs", f"{tmp_path.name}/elsewhere/x.pt")
-        client.put_object(Bucket="runs", Key=f"{prefix}/latest-rank0.pt.symlink", Body=f"{tmp_path.name}/elsewhere/x.pt")
+        store.upload_file(str(tmp_path / "evil.pt"), "runs", f"{tmp_path.name}/elsewhere/x.pt")
+        store.put_object(Bucket="runs", Key=f"{prefix}/latest-rank0.pt.symlink", Body=f"{tmp_path.name}/elsewhere/x.pt")
         reason = "x.pt: refused to load: .* autoresume stops"
-    before = [o["Key"] for o in client.list_objects_v2(Bucket="runs", Prefix=tmp_path.name)["Contents"]]
+    before = [o["Key"] for o in store.list_objects_v2(Bucket="runs", Prefix=tmp_path.name)["Contents"]]
     with pytest.raises(BadCheckpoint, match=reason):
         repair(f"s3://runs/{prefix}")
-    assert [o["Key"] for o in client.list_objects_v2(Bucket="runs", Prefix=tmp_path.name)["Contents"]] == before
+    assert [o["Key"] for o in store.list_objects_v2(Bucket="runs", Prefix=tmp_path.name)["Contents"]] == before
     assert not marker.exists()
