@@ -1,7 +1,8 @@
 """The attacker's side of the trust boundary: checkpoints someone else wrote (a shared bucket, a save folder) reach
 every reader (export, eval --model, selection --student, autoresume's repair) as crafted pickles, names that leave
 their folder, symlinks, oversized and truncated files; shards and out-roots reach the scoring pass and the
-converter's merge with names that leave their folder (the converter's own inputs: tests/test_conversion.py). Each ends in one line naming the file and the reason, with a
+converter's merge with names that leave their folder; a corpus folder reaches the converter with a truncated file,
+a loop and a dangling link (object-store keys that are no file name: tests/test_conversion.py). Each ends in one line naming the file and the reason, with a
 non-zero exit (or a BadCheckpoint, for the library's repair); nothing runs, nothing is written outside the output,
 nothing is deleted. The crafted files are made here, never shipped."""
 
@@ -492,3 +493,25 @@ def test_what_composer_would_load_from_a_store_save_folder_is_checked_first(plan
         repair(f"s3://runs/{prefix}")
     assert [o["Key"] for o in store.list_objects_v2(Bucket="runs", Prefix=tmp_path.name)["Contents"]] == before
     assert not marker.exists()
+
+
+def test_a_corpus_folder_with_a_truncated_file_a_loop_and_a_dangling_link_is_read_as_far_as_it_goes(tmp_path,
+                                                                                                     capsys):
+    """The converter's inputs: what can't be read is named with its reason and counted, the rest converts, and the
+    job ends in one line naming the unreadable file, exit 1; nothing is written outside the out-root."""
+    import gzip
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    small_corpus(docs / "good.jsonl")
+    whole = gzip.compress(b'{"text": "Natalia sold clips to 48 of her friends in April."}\n' * 500)
+    (docs / "cut.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    (docs / "loop").symlink_to(docs)
+    (docs / "gone.jsonl").symlink_to(tmp_path / "deleted.jsonl")
+    before = snapshot(docs)
+    assert converts(tmp_path / "shards", inputs=[docs]) == 1
+    out, err = capsys.readouterr()
+    assert f"{docs}: ignored 2 path(s) that can't be read: gone.jsonl (a link to nothing), loop (a loop" in out
+    assert f"UNREADABLE: {docs / 'cut.jsonl.gz'}: EOFError" in out and "without the 1 unreadable file(s)" in out
+    assert err.strip().splitlines()[-1].startswith(f"error: could not read {docs / 'cut.jsonl.gz'}: EOFError")
+    assert snapshot(docs) == before and sorted(p.name for p in tmp_path.iterdir()) == ["docs", "shards"]
