@@ -24,7 +24,8 @@ from omegaconf import OmegaConf as om
 
 from vocagno.untrusted import UntrustedFile, inside, load_torch, plain_name, read_dcp_metadata
 
-__all__ = ["BadCheckpoint", "fetch", "is_checkpoint", "load_checkpoint", "load_model", "read_state", "repair"]
+__all__ = ["BadCheckpoint", "IncompleteCheckpoint", "check_objects", "fetch", "is_checkpoint", "load_checkpoint",
+           "load_model", "read_state", "recipe_config", "repair", "tokenizer_from_state"]
 
 LATEST = "latest-rank0.pt"  # Composer's latest_filename for rank 0, the rank that saves a sharded run's symlink
 METADATA = ".metadata"  # torch.distributed.checkpoint's index of a sharded checkpoint, written after every shard
