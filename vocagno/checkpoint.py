@@ -209,13 +209,16 @@ def check_objects(path: Path) -> None:
     unread: Composer's own loader, which autoresume calls next, unpickles them unchecked (a whole file with
     ``weights_only=False``; each object in a sharded checkpoint's shards, and its ``.metadata``, with PyTorch's)."""
     if path.is_dir():
-        from torch.distributed.checkpoint.metadata import BytesStorageMetadata
-
-        metadata = _untrusted(read_dcp_metadata, path / METADATA)
-        _read_sharded(path, {fqn for fqn, item in metadata.state_dict_metadata.items()
-                             if isinstance(item, BytesStorageMetadata)})
+        _read_sharded(path, _pickled_objects(_untrusted(read_dcp_metadata, path / METADATA)))
     else:
         _untrusted(load_torch, str(path), str(path), True)
+
+
+def _pickled_objects(metadata) -> set[str]:
+    """The flattened names of what a sharded checkpoint holds as pickled objects rather than tensors."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    return {fqn for fqn, item in metadata.state_dict_metadata.items() if isinstance(item, BytesStorageMetadata)}
 
 
 def _read_sharded(folder: Path, parts: tuple[str, ...] | set[str]) -> dict[str, Any]:
@@ -564,13 +567,11 @@ def _check_remote_objects(store, bucket: str, key: str, into: Path) -> None:
         return
     if f"{key}/{METADATA}" not in names:
         raise BadCheckpoint(f"{bucket}/{key}: no checkpoint there (the latest link names it)")
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
-
     folder = into / _untrusted(plain_name, Path(key).name, f"{bucket}/{key}", "object name")
     folder.mkdir(parents=True, exist_ok=True)
     store.download_object(f"{key}/{METADATA}", str(folder / METADATA))
     metadata = _untrusted(read_dcp_metadata, folder / METADATA)
-    objects = {fqn for fqn, item in metadata.state_dict_metadata.items() if isinstance(item, BytesStorageMetadata)}
+    objects = _pickled_objects(metadata)
     shards = {info.relative_path for index, info in metadata.storage_data.items() if index.fqn in objects}
     for name in sorted(shards):
         store.download_object(f"{key}/{name}", str(_untrusted(inside, folder, name, f"{bucket}/{key}", "shard name")))
