@@ -49,6 +49,12 @@ class IncompleteCheckpoint(BadCheckpoint):
     autoresume's ``repair`` removes."""
 
 
+def _first_line(error: Exception) -> str:
+    """An error's first line (empty for an error without a message): what a one-line refusal quotes of it."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else ""
+
+
 def _untrusted(call: Callable, *args):
     """``call(*args)``, a reader of ``vocagno.untrusted``, with what it refuses as a ``BadCheckpoint``."""
     try:
@@ -157,7 +163,7 @@ def _listing(store, uri: str, prefix: str) -> list[str]:
         return store.list_objects(prefix)
     except Exception as error:  # each store raises its own client's errors: all mean "can't read it"
         raise BadCheckpoint(f"{uri}: the object store can't be read: {type(error).__name__}: "
-                            f"{str(error).splitlines()[0] if str(error) else ''}") from error
+                            f"{_first_line(error)}") from error
 
 
 def _fetch_remote(uri: str, into: Path, follow_latest: bool = True) -> Path:
@@ -260,7 +266,7 @@ def _read_sharded(folder: Path, parts: tuple[str, ...] | set[str]) -> dict[str, 
         if refused is not None:
             raise refused from error
         raise BadCheckpoint(f"{folder}: its shards can't be read: {type(error).__name__}: "
-                            f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}") from error
+                            f"{_first_line(error)}") from error
     return state.get("state", {})
 
 
@@ -339,7 +345,7 @@ def tokenizer_from_state(files: Any, name: str):
             tokenizer = AutoTokenizer.from_pretrained(unpacked, trust_remote_code=False)
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise BadCheckpoint(f"{name}: its tokenizer can't be loaded: {type(error).__name__}: "
-                                f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}") from error
+                                f"{_first_line(error)}") from error
     config = files.get("tokenizer_config.json", files.get("tokenizer_config")) or {}
     tokenizer.name_or_path = (config.get("content") or {}).get("name_or_path", "")  # not the temporary folder
     return tokenizer
@@ -368,7 +374,7 @@ def _config(saved: dict, name: str):
         return AutoConfig.for_model(**fields)
     except (ValueError, TypeError, KeyError) as error:
         raise BadCheckpoint(f"{name}: its model config can't be read: {type(error).__name__}: "
-                            f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}") from error
+                            f"{_first_line(error)}") from error
 
 
 def model_from_state(state: dict[str, Any], name: str, dtype: str | None = None):
