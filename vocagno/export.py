@@ -34,7 +34,10 @@ def export(checkpoint: str, out: str, dtype: str | None = None, overwrite: bool 
            eval_dir: str | None = None) -> Path:
     """Write the Hugging Face folder ``out`` for ``checkpoint``; see the module's docstring."""
     out_path = Path(out)
-    _check_out(checkpoint, out_path, overwrite)
+    # A local checkpoint, and the one a save folder's latest leads to: OUT may hold neither.
+    sources = set() if "://" in checkpoint else {os.path.realpath(checkpoint),
+                                                 os.path.realpath(fetch(checkpoint, os.devnull))}
+    _check_out(sources, out_path, overwrite)
     results = _eval_results(eval_dir) if eval_dir else None
     model, tokenizer, state = load_model(checkpoint, "cpu", dtype)
     _fill_generation_config(model, tokenizer)
@@ -52,7 +55,7 @@ def export(checkpoint: str, out: str, dtype: str | None = None, overwrite: bool 
         os.umask(umask)
         for written in partial.iterdir():  # safetensors writes its file private (0600): published files are not
             written.chmod(0o666 & ~umask)
-        _check_out(checkpoint, out_path, overwrite)  # again: OUT may have appeared while the model loaded
+        _check_out(sources, out_path, overwrite)  # again: OUT may have appeared while the model loaded
         if out_path.exists():
             shutil.rmtree(out_path) if out_path.is_dir() and not out_path.is_symlink() else out_path.unlink()
         partial.rename(out_path)
@@ -61,15 +64,13 @@ def export(checkpoint: str, out: str, dtype: str | None = None, overwrite: bool 
     return out_path
 
 
-def _check_out(checkpoint: str, out: Path, overwrite: bool) -> None:
-    """Refuse an OUT that exists (unless ``overwrite``), or that holds or lies inside a local checkpoint: replacing
-    it would delete the run it is exported from."""
-    if "://" not in checkpoint:
-        target = os.path.realpath(out)
-        for source in {os.path.realpath(checkpoint), os.path.realpath(fetch(checkpoint, os.devnull))}:
-            if os.path.commonpath([source, target]) in (source, target):
-                raise BadCheckpoint(f"{out}: OUT holds or lies inside the checkpoint {checkpoint}: give an OUT "
-                                    "outside it")
+def _check_out(sources: set[str], out: Path, overwrite: bool) -> None:
+    """Refuse an OUT that exists (unless ``overwrite``), or that holds or lies inside one of the local checkpoint
+    paths ``sources``: replacing it would delete the run it is exported from."""
+    target = os.path.realpath(out)
+    for source in sources:
+        if os.path.commonpath([source, target]) in (source, target):
+            raise BadCheckpoint(f"{out}: OUT holds or lies inside the checkpoint {source}: give an OUT outside it")
     if (out.exists() or out.is_symlink()) and not overwrite:
         raise BadCheckpoint(f"{out} exists: give another OUT, or --overwrite to replace it")
 
