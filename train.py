@@ -5,7 +5,8 @@
 
 The yaml (omegaconf, ``${variables.x}`` interpolation, command-line overrides as dotted keys) has llm-foundry's keys;
 unknown or misspelled keys are an error. ``teacher:`` plus ``algorithms: {vocagno: {...}}`` train with the teacher;
-without both it is plain continual pretraining (``yamls/cpt_baseline.yaml``). Models are Hugging Face names or folders
+``teachers: {NAME: {...}, ...}`` (each with ``teacher:``'s keys) with several (``vocagno.teachers``);
+without a teacher it is plain continual pretraining (``yamls/cpt_baseline.yaml``). Models are Hugging Face names or folders
 (``name_or_path``), or built with random weights from a ``config`` (``model_type`` and its fields).
 """
 
@@ -107,15 +108,29 @@ def build_algorithms(cfg: DictConfig, teacher_tok) -> list:
         if name not in available:
             raise ValueError(f"unknown algorithm {name!r}; registered ({ALGORITHM_GROUP}): {', '.join(available)}")
         kwargs = dict(kwargs)
-        if name in TEACHER_ALGORITHMS:
+        if name in TEACHER_ALGORITHMS and cfg.get("teachers") is not None:
+            if name != "vocagno":
+                raise ValueError(f"teachers: only algorithms.vocagno takes several teachers, not algorithms.{name}")
+            kwargs["teachers"] = {key: teacher_spec(section, cfg.seed) for key, section in cfg.teachers.items()}
+        elif name in TEACHER_ALGORITHMS:
             if cfg.get("teacher") is None:
                 raise ValueError(f"algorithms.{name} needs a teacher: section")
             kwargs.update(teacher_kwargs(cfg.teacher, teacher_tok, TEACHER_ALGORITHMS[name], cfg.seed))
         algorithms.append(available[name].load()(**kwargs))
-    if cfg.get("teacher") is not None and not set(chosen) & set(TEACHER_ALGORITHMS):
-        raise ValueError(f"a teacher: section without one of algorithms.{{{', '.join(TEACHER_ALGORITHMS)}}} would load "
-                         "a teacher and never use it")
+    if (cfg.get("teacher") or cfg.get("teachers")) is not None and not set(chosen) & set(TEACHER_ALGORITHMS):
+        raise ValueError(f"a teacher without one of algorithms.{{{', '.join(TEACHER_ALGORITHMS)}}} would be loaded "
+                         "and never used")
     return algorithms
+
+
+def teacher_spec(section: DictConfig, seed: int) -> dict[str, Any]:
+    """A ``teachers:`` entry (``teacher:``'s keys) as ``vocagno.teachers.TeacherSpec``'s fields."""
+    if not isinstance(section, DictConfig) or section.get("tokenizer") is None:
+        raise ValueError("each teachers: entry needs teacher:'s keys, its tokenizer included")
+    kwargs = teacher_kwargs(section, load_tokenizer(section.tokenizer), TEACHER_ALGORITHMS["vocagno"], seed)
+    return {"teacher": kwargs["teacher"], "tokenizer": kwargs["teacher_tokenizer"], "dtype": kwargs["teacher_dtype"],
+            "placement": kwargs["teacher_placement"], "chunk_size": kwargs["chunk_size"],
+            "trust_remote_code": kwargs["trust_remote_code"]}
 
 
 def teacher_kwargs(section: DictConfig, teacher_tok, takes: tuple[str, ...], seed: int) -> dict[str, Any]:
@@ -203,6 +218,9 @@ def main(cfg: DictConfig) -> Trainer:
     device_batch = cfg.global_train_batch_size // world
 
     student_tok = load_tokenizer(cfg.tokenizer.name)
+    if cfg.get("teacher") is not None and cfg.get("teachers") is not None:
+        raise ValueError("give teacher: (one) or teachers: (several, by name), not both")
+    # Several teachers: the shards' teacher tokens are taken as they are; the algorithm finds the teacher they fit.
     teacher_tok = load_tokenizer(cfg.teacher.tokenizer) if cfg.get("teacher") is not None else None
     train_loader = build_loader(cfg.train_loader, student_tok, teacher_tok, device_batch)
     samples = train_loader.dataset.size

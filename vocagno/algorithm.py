@@ -40,7 +40,8 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import Any
+from dataclasses import replace
+from typing import Any, Mapping
 
 import torch
 from composer.core import Algorithm, Event, State
@@ -52,13 +53,14 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
 from vocagno.alignment import check_alignment, chunk_align
-from vocagno.data import TeacherGuidedCollator
+from vocagno.data import TeacherGuidedCollator, batch_key
 from vocagno.fsdp import decoder_layer_classes
 from vocagno.loss import (
     check_options, excess_loss, guided_loss, next_token_cross_entropy, select_random, select_top, teacher_token_loss,
 )
 from vocagno.shards import describe_tokenizer
 from vocagno.teacher_side import TeacherSide, WithTeacherSide, unpack_teacher_side
+from vocagno.teachers import OtherTeachers, TeacherSpec, WithOtherTeachers, teacher_specs
 from vocagno.tokenization import as_tokenizer, resolve_shipped
 
 __all__ = [
@@ -115,6 +117,7 @@ def teacher_guided_loss(
     batch: dict[str, torch.Tensor],
     teacher_loss: torch.Tensor,
     selected: torch.Tensor | None = None,
+    others: Mapping[str, torch.Tensor] | None = None,
     **options: Any,
 ) -> dict[str, torch.Tensor]:
     """The functional form: ``guided_loss``'s dict for a ``TeacherGuidedCollator`` batch.
@@ -123,14 +126,17 @@ def teacher_guided_loss(
     ``teacher_loss`` is ``TeacherScorer``'s ``[B, M]``; position i predicts student token i + 1, so labels and the
     batch's ``align_start``/``align_end`` move one place left here (the last position gets no label, as Hugging Face's
     loss pads it: slicing the logits instead would copy all B x N x V of them). ``selected`` ``[B, N - 1]`` and
-    ``token_counts`` (``guided_loss``'s), when given, are per predicted token already.
+    ``token_counts`` (``guided_loss``'s), when given, are per predicted token already. ``others``: the token losses of
+    a set's other teachers by name (``vocagno.teachers``), aligned by the batch's ``teachers.NAME.align_*``.
     """
+    losses, starts, ends = teacher_loss, _shift_left(batch["align_start"], 0), _shift_left(batch["align_end"], 0)
+    if others:
+        losses, starts, ends = [losses, *others.values()], [starts], [ends]
+        for name in others:
+            starts.append(_shift_left(batch[batch_key(name, "align_start")], 0))
+            ends.append(_shift_left(batch[batch_key(name, "align_end")], 0))
     return guided_loss(
-        student_logits,
-        _shift_left(labels, -100),
-        teacher_loss,
-        _shift_left(batch["align_start"], 0),
-        _shift_left(batch["align_end"], 0),
+        student_logits, _shift_left(labels, -100), losses, starts, ends,
         selected=None if selected is None else F.pad(selected, (0, 1), value=False),
         **options,
     )
@@ -241,7 +247,7 @@ class VocAgnoLM(Algorithm):
 
     def __init__(
         self,
-        teacher: str | nn.Module,
+        teacher: str | nn.Module | None = None,
         topk_ratio: float = 0.4,
         aggregation: str = "max",
         unmapped: str = "include",
@@ -258,30 +264,38 @@ class VocAgnoLM(Algorithm):
         teacher_placement: str = "auto",
         chunk_size: int = 1024,
         trust_remote_code: bool = False,
+        teachers: Mapping[str, Any] | None = None,
+        combine: str = "min",
     ):
-        check_options(topk_ratio, aggregation, unmapped, selection_scope, selection)
+        check_options(topk_ratio, aggregation, unmapped, selection_scope, selection, combine)
+        if (teacher is None) == (teachers is None):
+            raise ValueError("VocAgnoLM: give teacher (one) or teachers (several, by name), not both")
+        specs = teacher_specs(teachers) if teachers is not None else [
+            TeacherSpec("teacher", teacher, teacher_tokenizer, teacher_dtype, teacher_placement, chunk_size,
+                        trust_remote_code)]
+        if len(specs) > 1 and alignment == "chunk":
+            raise ValueError("alignment: chunk takes one teacher (the paper's Table 2 baseline), not teachers")
         if teacher_losses not in ("online", "cached"):
             raise ValueError(f"teacher_losses must be 'online' or 'cached', got {teacher_losses!r}")
         check_alignment(alignment, num_chunks)
-        if teacher_placement not in PLACEMENTS:
-            raise ValueError(f"teacher_placement must be one of {PLACEMENTS}, got {teacher_placement!r}")
-        check_teacher_options(teacher_dtype, trust_remote_code)
-        self.options = dict(topk_ratio=topk_ratio, aggregation=aggregation, unmapped=unmapped)
+        for spec in specs:
+            try:
+                if spec.placement not in PLACEMENTS:
+                    raise ValueError(f"teacher_placement must be one of {PLACEMENTS}, got {spec.placement!r}")
+                check_teacher_options(spec.dtype, spec.trust_remote_code)
+            except ValueError as error:
+                raise ValueError(f"teachers.{spec.name}: {error}" if teachers is not None else str(error)) from None
+        self.options = dict(topk_ratio=topk_ratio, aggregation=aggregation, unmapped=unmapped, combine=combine)
         self.selection_scope = selection_scope
         self.selection, self.seed = selection, seed
         self.alignment, self.num_chunks = alignment, num_chunks
         self.cached = teacher_losses == "cached"
         self.check_scored_by = check_scored_by
         self._generator: torch.Generator | None = None  # for selection="random", seeded per batch
-        self.teacher = teacher
-        self.teacher_tokenizer = teacher_tokenizer if teacher_tokenizer is not None else (
-            teacher if isinstance(teacher, str) else None)
+        self.specs = specs
+        self._as_teacher(specs[0])  # the set's teacher that reads the shards' teacher side: chosen again at FIT_START
         self.student_tokenizer = student_tokenizer
         self.teacher_side: TeacherSide | None = None  # made on the first batch that has no teacher tokens
-        self.teacher_dtype = teacher_dtype
-        self.teacher_placement = teacher_placement
-        self.chunk_size = chunk_size
-        self.trust_remote_code = trust_remote_code
         self.scorer: nn.Module | None = None
         self._labels: torch.Tensor | None = None
         self._loss: dict[str, torch.Tensor] | None = None
@@ -289,11 +303,23 @@ class VocAgnoLM(Algorithm):
         self._global_samples = 0
         self._stream_counts: torch.Tensor | None = None  # a mixture's, per stream: rows, labeled and kept tokens
         self._teacher_seconds = 0.0
+        self._teacher_counts: torch.Tensor | None = None  # several teachers: the step's kept tokens each one gave
+
+    def _as_teacher(self, spec: TeacherSpec) -> None:
+        """Make ``spec`` the teacher that reads the batch's own teacher side; the set's others go to ``others``."""
+        self.teacher_name, self.teacher, self.teacher_tokenizer = spec.name, spec.teacher, spec.tokenizer
+        self.teacher_dtype, self.teacher_placement = spec.dtype, spec.placement
+        self.chunk_size, self.trust_remote_code = spec.chunk_size, spec.trust_remote_code
+        self.others = OtherTeachers([other for other in self.specs if other is not spec], self.cached)
 
     def __repr__(self) -> str:
+        if len(self.specs) > 1:
+            names = {spec.name: spec.teacher if isinstance(spec.teacher, str) else type(spec.teacher).__name__
+                     for spec in self.specs}
+            return f"VocAgnoLM(teachers={names!r}, " + ", ".join(f"{k}={v!r}" for k, v in self.options.items()) + ")"
         name = self.teacher if isinstance(self.teacher, str) else type(self.teacher).__name__
-        options = {**self.options, "selection_scope": self.selection_scope, "selection": self.selection,
-                   **({"alignment": "chunk", "num_chunks": self.num_chunks} if self.alignment == "chunk" else {})}
+        options = {**{k: v for k, v in self.options.items() if k != "combine"},
+                   "selection_scope": self.selection_scope, "selection": self.selection, **({"alignment": "chunk", "num_chunks": self.num_chunks} if self.alignment == "chunk" else {})}
         return f"VocAgnoLM(teacher={name!r}, " + ", ".join(f"{k}={v!r}" for k, v in options.items()) + ")"
 
     @staticmethod
@@ -306,16 +332,20 @@ class VocAgnoLM(Algorithm):
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         if event == Event.FIT_START:
+            self._choose_teacher(state)
             self._teacher_side_in_workers(state)
             if self.cached:
                 self._check_scored_by(state)
             elif self.scorer is None:
                 self.scorer = self._place(self._build_scorer(state), state)
+                self.others.build(lambda spec: self._build_other(spec, state),
+                                  lambda scorer, spec: self._place(scorer, state, spec.placement))
         elif event == Event.AFTER_DATALOADER:
             state.batch = unpack_teacher_side(state.batch)  # as loader workers send it
             if "teacher_input_ids" not in state.batch:  # a loader without workers: made here
                 state.batch = WithTeacherSide(_as_it_is, self._make_teacher_side(state), _loader_name(state))(
                     state.batch)
+            self.others.add_sides(state.batch, self._student_tokenizer(state))
             if self.alignment == "chunk":
                 batch = state.batch
                 ids = batch["input_ids"]
@@ -330,6 +360,7 @@ class VocAgnoLM(Algorithm):
             if self.selection_scope == "batch":
                 self._select_over_global_batch(state)
         elif event == Event.BEFORE_TRAIN_BATCH:  # also before each retry of the batch (Composer's auto microbatching)
+            self._teacher_counts = None
             names = getattr(getattr(state.train_dataloader, "dataset", None), "stream_names", None)
             self._stream_counts = torch.zeros(len(names), 3, device=state.batch["stream"].device) if (
                 "stream" in state.batch and names) else None  # on the batch's device: no sync per microbatch
@@ -343,17 +374,21 @@ class VocAgnoLM(Algorithm):
                 self._loss = teacher_guided_loss(
                     logits, self._labels, state.batch, state.batch["vocagno_teacher_loss"],
                     selected=state.batch["vocagno_selected"],
+                    others={name: state.batch[f"vocagno_teacher_loss.{name}"] for name in self.others.names},
                     token_counts={k: v * share for k, v in self._global_counts.items()},
                     row_counts=self._stream_counts is not None, **self.options,
                 )
             else:
-                teacher_loss = self._teacher_loss(state.batch)
-                self._loss = teacher_guided_loss(logits, self._labels, state.batch, teacher_loss,
+                self._loss = teacher_guided_loss(logits, self._labels, state.batch, self._teacher_loss(state.batch),
+                                                 others=self.others.losses(state.batch),
                                                  per_sequence=self.selection_scope == "sequence",
                                                  selection=self.selection, generator=self._generator,
                                                  row_counts=self._stream_counts is not None, **self.options)
             if self._stream_counts is not None:
                 self._count_streams(state.batch["stream"], self._loss.pop("row_counts"))
+            if "teacher_counts" in self._loss:  # summed over the step's microbatches, logged with the step's loss
+                counts = self._loss.pop("teacher_counts")
+                self._teacher_counts = counts if self._teacher_counts is None else self._teacher_counts + counts
             if hasattr(state.outputs, "logits"):
                 state.outputs["loss"] = self._loss["total"]  # HuggingFaceModel.loss returns it: no second CE
         elif event == Event.AFTER_LOSS:
@@ -362,9 +397,16 @@ class VocAgnoLM(Algorithm):
         elif event == Event.AFTER_TRAIN_BATCH:  # every microbatch done, the step not yet counted: the loss's step
             if self._stream_counts is not None:
                 self._log_streams(state, logger)
+            if self._teacher_counts is not None:
+                self._log_teacher_shares(logger)
         elif event == Event.BATCH_END:
-            logger.log_metrics({"vocagno/teacher_forward_seconds": self._teacher_seconds})
+            seconds = {f"vocagno/teacher_forward_seconds/{name}": self.others.seconds[name] for name in self.others.names}
+            if seconds:
+                seconds[f"vocagno/teacher_forward_seconds/{self.teacher_name}"] = self._teacher_seconds
+            logger.log_metrics({"vocagno/teacher_forward_seconds": self._teacher_seconds + sum(
+                self.others.seconds.values()), **seconds})
             self._teacher_seconds = 0.0
+            self.others.seconds = dict.fromkeys(self.others.names, 0.0)
 
     def _count_streams(self, stream: torch.Tensor, row_counts: torch.Tensor) -> None:
         """Add a microbatch's rows, labeled tokens and kept tokens to its streams' counts."""
@@ -385,20 +427,51 @@ class VocAgnoLM(Algorithm):
         logger.log_metrics(metrics)
         self._stream_counts = None
 
+    def _log_teacher_shares(self, logger: Logger) -> None:
+        """Per teacher of a set, the share of the step's kept mapped tokens whose reference it gave
+        (``vocagno/teacher_share/NAME``; with ``combine: mean``, every teacher that mapped the token gave it), over
+        every microbatch and rank."""
+        dist.all_reduce(self._teacher_counts, reduce_operation="SUM")
+        *per_teacher, kept = self._teacher_counts.tolist()
+        names = [self.teacher_name, *self.others.names]
+        logger.log_metrics({f"vocagno/teacher_share/{name}": count / max(kept, 1)
+                            for name, count in zip(names, per_teacher)})
+        self._teacher_counts = None
+
+    def _choose_teacher(self, state: State) -> None:
+        """Of a set, the teacher that reads the shards' teacher side: the first whose vocabulary they were made with
+        (the first teacher when they have none, or none reads them: then every teacher's side is made)."""
+        metadata = _shard_metadata(state)
+        if len(self.specs) > 1 and metadata is not None:
+            reads = [spec for spec in self.specs if spec.reads(metadata)]
+            if not reads:
+                names = ", ".join(f"{spec.name} ({spec.tokenizer})" for spec in self.specs)
+                raise ValueError(f"the shards' teacher tokens are {metadata.teacher.name!r}'s, and no teacher of the "
+                                 f"set reads them ({names}): convert the corpus with one of their tokenizers")
+            self._as_teacher(reads[0])
+
+    def _student_tokenizer(self, state: State):
+        return self.student_tokenizer or getattr(state.model, "tokenizer", None)
+
     def _teacher_side_in_workers(self, state: State) -> None:
         """Move the making of the teacher side into the training loader's workers (see the module's docstring)."""
         loader = state.train_dataloader
-        if not isinstance(loader, DataLoader) or loader.num_workers == 0 or self.cached or isinstance(
-                loader.collate_fn, (TeacherGuidedCollator, WithTeacherSide)):
+        if not isinstance(loader, DataLoader) or loader.num_workers == 0 or self.cached:
             return
-        student = self.student_tokenizer or getattr(state.model, "tokenizer", None)
+        student = self._student_tokenizer(state)
+        if self.others.names and student is not None and not isinstance(loader.collate_fn, WithOtherTeachers):
+            loader.collate_fn = WithOtherTeachers(loader.collate_fn, self.others.make_sides(student), _loader_name(state))
+        if isinstance(loader.collate_fn, WithOtherTeachers):
+            loader = loader.collate_fn  # the teacher's own side goes inside: made first, as at AFTER_DATALOADER
+        if isinstance(loader.collate_fn, (TeacherGuidedCollator, WithTeacherSide)):
+            return
         if student is None or self.teacher_tokenizer is None:
             return  # the first batch says what is missing, if it needs the tokenizers at all
         loader.collate_fn = WithTeacherSide(loader.collate_fn, self._make_teacher_side(state), _loader_name(state))
 
     def _make_teacher_side(self, state: State) -> TeacherSide:
         if self.teacher_side is None:
-            student = self.student_tokenizer or getattr(state.model, "tokenizer", None)
+            student = self._student_tokenizer(state)
             if student is None or self.teacher_tokenizer is None:
                 missing = "student_tokenizer (or a HuggingFaceModel with its tokenizer)" if student is None else \
                     "teacher_tokenizer"
@@ -417,6 +490,8 @@ class VocAgnoLM(Algorithm):
         for name, metadata in streams.items():
             try:
                 self._check_scored_by_one(metadata)
+                if self.others.names:
+                    self.others.check_cached(metadata, self.check_scored_by)
             except ValueError as error:
                 raise ValueError(f"stream {name!r}: {error}" if len(streams) > 1 else str(error)) from None
 
@@ -468,15 +543,19 @@ class VocAgnoLM(Algorithm):
         for begin in range(0, size, step):
             piece = state.device.batch_to_device(
                 {k: v[begin : begin + step] for k, v in batch.items() if isinstance(v, torch.Tensor)})
-            teacher_loss = self._teacher_loss(piece)
+            teacher_loss, others = self._teacher_loss(piece), self.others.losses(piece)
             with get_precision_context(state.precision, state.precision_config):
                 outputs = state.model({**{k: v for k, v in piece.items() if k != "labels"}, **_no_cache(state.model)})
             logits = outputs.logits if hasattr(outputs, "logits") else outputs
+            names = list(others)
             score, _ = excess_loss(
-                next_token_cross_entropy(logits, piece["labels"]), piece["labels"][:, 1:], teacher_loss,
-                piece["align_start"][:, 1:], piece["align_end"][:, 1:], self.options["aggregation"],
+                next_token_cross_entropy(logits, piece["labels"]), piece["labels"][:, 1:],
+                [teacher_loss, *others.values()],
+                [piece[key][:, 1:] for key in ("align_start", *(batch_key(n, "align_start") for n in names))],
+                [piece[key][:, 1:] for key in ("align_end", *(batch_key(n, "align_end") for n in names))],
+                self.options["aggregation"], combine=self.options["combine"],
             )
-            teacher_losses.append(teacher_loss)
+            teacher_losses.append([teacher_loss, *others.values()])
             scores.append(score)
         score = torch.cat(scores)
         # Every rank's scores in rank order (rows padded to the longest rank's with -inf: never selected).
@@ -500,7 +579,8 @@ class VocAgnoLM(Algorithm):
         self._global_counts = {"labeled": n_labeled, "mapped": n_mapped, "kept": kept}
         self._global_samples = int(n_samples)
         batch["vocagno_selected"] = selected
-        batch["vocagno_teacher_loss"] = torch.cat(teacher_losses)
+        for t, key in enumerate(["vocagno_teacher_loss", *(f"vocagno_teacher_loss.{n}" for n in self.others.names)]):
+            batch[key] = torch.cat([losses[t] for losses in teacher_losses])
 
     def _build_scorer(self, state: State) -> TeacherScorer:
         teacher = self.teacher
@@ -509,13 +589,27 @@ class VocAgnoLM(Algorithm):
         self._check_teacher(teacher, state)
         return TeacherScorer(teacher, self.chunk_size)
 
+    def _build_other(self, spec: TeacherSpec, state: State) -> TeacherScorer:
+        """A set's other teacher, checked: it reads its own tokens (made from the text), at the shards' length."""
+        teacher = spec.teacher
+        if isinstance(teacher, str):
+            teacher = load_teacher(teacher, spec.dtype, spec.trust_remote_code)
+        metadata = _shard_metadata(state)
+        if metadata is not None:
+            try:
+                check_teacher_reads(teacher, replace(metadata, teacher=describe_tokenizer(
+                    as_tokenizer(spec.tokenizer), "teacher")))
+            except ValueError as error:
+                raise ValueError(f"teacher {spec.name!r}: {error}") from None
+        return TeacherScorer(teacher, spec.chunk_size)
+
     def _check_teacher(self, teacher: nn.Module, state: State) -> None:
         metadata = _shard_metadata(state)
         if metadata is not None:
             check_teacher_reads(teacher, metadata, self.teacher_tokenizer)
 
-    def _place(self, scorer: TeacherScorer, state: State) -> nn.Module:
-        placement = self.teacher_placement
+    def _place(self, scorer: TeacherScorer, state: State, placement: str | None = None) -> nn.Module:
+        placement = placement or self.teacher_placement
         if placement == "auto":
             placement = "fsdp" if state.fsdp_enabled else "replicate"
         if placement == "replicate":

@@ -26,6 +26,7 @@ SCHEMA: dict[str, Any] = {
     "tokenizer": {"name": None},
     "model": MODEL_KEYS,
     "teacher": {**MODEL_KEYS, "placement": None, "chunk_size": None},
+    "teachers": None,  # several teachers: NAME -> teacher:'s keys (checked by train.py's teacher_spec)
     "train_loader": LOADER_KEYS,
     "eval_loader": LOADER_KEYS,
     "optimizer": {"name": None, "lr": None, "betas": None, "eps": None, "weight_decay": None},
@@ -59,6 +60,10 @@ REQUIRED = ("run_name", "seed", "tokenizer", "model", "train_loader", "optimizer
 def load_config(yaml_path: str, overrides: list[str]) -> DictConfig:
     cfg = om.merge(_read_yaml(Path(yaml_path)), om.from_dotlist(overrides))
     _check_keys(cfg, SCHEMA, "")
+    teachers = cfg.get("teachers")
+    for name in teachers or ():
+        if isinstance(teachers[name], DictConfig):  # else train.py names what a teachers: entry needs
+            _check_keys(teachers[name], SCHEMA["teacher"], f"teachers.{name}.")
     missing = [key for key in REQUIRED if cfg.get(key) is None]
     if missing:
         raise ValueError(f"{yaml_path}: missing required keys: {', '.join(missing)}")

@@ -30,7 +30,7 @@ from streaming import StreamingDataset
 from torch.utils.data import DataLoader
 
 from vocagno.alignment import align
-from vocagno.shards import METADATA_FILE, SHARD_HASH, ShardMetadata, describe_tokenizer
+from vocagno.shards import METADATA_FILE, SHARD_HASH, ShardMetadata, align_column, describe_tokenizer, loss_column
 
 __all__ = ["TeacherGuidedDataset", "TeacherGuidedCollator", "teacher_guided_loader", "read_metadata", "token_bytes"]
 
@@ -116,6 +116,9 @@ class TeacherGuidedDataset(StreamingDataset):
         out["text"] = sample["text"]
         if "teacher_loss" in sample:  # scored shards (python -m vocagno.score)
             out["teacher_loss"] = torch.from_numpy(np.array(sample["teacher_loss"], dtype=np.float32))
+        for name in self.metadata.also_scored_by or ():  # other teachers' (vocagno.teachers)
+            for column in (loss_column(name), align_column(name)):
+                out[column] = np.array(sample[column])
         if len(self.stream_names) > 1:
             out["stream"] = torch.tensor(int(self.stream_per_shard[self.spanner[idx][0]]))
         return out
@@ -220,6 +223,9 @@ class TeacherGuidedCollator:
             if "teacher_loss" in sample:
                 cached = out.setdefault("teacher_token_loss", torch.full((batch, m), float("nan")))
                 cached[b, : len(teacher_ids)] = sample["teacher_loss"][: len(teacher_ids)]
+        others = [column[len(loss_column("")):] for column in samples[0] if column.startswith(loss_column(""))]
+        if others:  # shards scored by other teachers of a set
+            out.update(_collate_other_teachers(samples, others, n))
         if "stream" in samples[0]:
             out["stream"] = torch.stack([sample["stream"] for sample in samples])
         return out
@@ -260,3 +266,27 @@ def teacher_guided_loader(
         teacher_seq_len=teacher_seq_len,
     )
     return DataLoader(shards, batch_size=batch_size, collate_fn=collate, **loader_kwargs)
+
+
+def batch_key(name: str, what: str) -> str:
+    """Where teacher ``name`` of a set (``vocagno.teachers``) keeps ``what`` of its side in a batch."""
+    return f"teachers.{name}.{what}"
+
+
+def _collate_other_teachers(samples: list[dict[str, Any]], names: list[str], width: int) -> dict[str, torch.Tensor]:
+    """Other teachers' cached losses and alignment (columns ``teacher_loss.NAME``, ``align.NAME``), padded: losses
+    with NaN to their longest row, alignment with empty ranges to ``width``."""
+    out = {}
+    for name in names:
+        rows = [np.asarray(sample[loss_column(name)], dtype=np.float32) for sample in samples]
+        loss = torch.full((len(samples), max(len(row) for row in rows)), float("nan"))
+        start = torch.zeros(len(samples), width, dtype=torch.long)
+        end = torch.zeros_like(start)
+        for b, (row, sample) in enumerate(zip(rows, samples)):
+            loss[b, : len(row)] = torch.from_numpy(row)
+            align = np.asarray(sample[align_column(name)], dtype=np.int64).reshape(-1, 2)
+            start[b, : len(align)] = torch.from_numpy(align[:, 0].copy())
+            end[b, : len(align)] = torch.from_numpy(align[:, 1].copy())
+        out.update({batch_key(name, "token_loss"): loss, batch_key(name, "align_start"): start,
+                    batch_key(name, "align_end"): end})
+    return out

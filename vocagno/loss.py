@@ -7,18 +7,20 @@ give, per student label token, the range of teacher positions whose tokens overl
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "AGGREGATIONS", "SELECTION_SCOPES", "SELECTIONS", "check_options", "token_cross_entropy",
-    "next_token_cross_entropy", "teacher_token_loss", "aggregate_ranges", "excess_loss", "select_top",
+    "AGGREGATIONS", "COMBINES", "SELECTION_SCOPES", "SELECTIONS", "check_options", "token_cross_entropy",
+    "next_token_cross_entropy", "teacher_token_loss", "aggregate_ranges", "reference_loss", "excess_loss", "select_top",
     "select_random", "guided_loss",
 ]
 
 AGGREGATIONS = ("max", "mean", "sum", "min")
+# How several teachers' aggregated losses make a student token's reference: the best teacher's (lowest), or their mean.
+COMBINES = ("min", "mean")
 # Over which tokens the top-k is taken: the whole global batch (every rank and microbatch), each microbatch on each
 # rank, or each sequence.
 SELECTION_SCOPES = ("batch", "microbatch", "sequence")
@@ -28,9 +30,11 @@ SELECTIONS = ("topk", "random")
 
 def check_options(
     topk_ratio: float = 0.4, aggregation: str = "max", unmapped: str = "include", selection_scope: str = "batch",
-    selection: str = "topk",
+    selection: str = "topk", combine: str = "min",
 ) -> None:
     """Refuse options ``guided_loss`` doesn't know, naming the option (callers check them before training starts)."""
+    if combine not in COMBINES:
+        raise ValueError(f"combine must be one of {COMBINES}, got {combine!r}")
     if selection not in SELECTIONS:
         raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
     if selection_scope not in SELECTION_SCOPES:
@@ -139,23 +143,64 @@ def aggregate_ranges(values: torch.Tensor, start: torch.Tensor, end: torch.Tenso
     return torch.where((span > 0) & torch.isfinite(out), out, nan)
 
 
+def reference_loss(
+    teacher_token_losses: Sequence[torch.Tensor],
+    starts: Sequence[torch.Tensor],
+    ends: Sequence[torch.Tensor],
+    aggregation: str = "max",
+    combine: str = "min",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each student token's reference loss from one or several teachers, and which teachers gave it.
+
+    Teacher t's losses ``[B, M_t]`` are aggregated over its own ranges ``starts[t], ends[t]`` ``[B, N]``
+    (``aggregate_ranges``); the teachers that map a token combine into its reference: ``min`` (the best teacher's) or
+    ``mean``. NaN where no teacher maps the token. Returns the reference ``[B, N]`` and ``gave`` ``[T, B, N]``: for
+    ``min``, the one teacher whose loss is the reference (the first on ties), for ``mean`` every teacher that maps it.
+    """
+    check_options(aggregation=aggregation, combine=combine)
+    if not len(teacher_token_losses) == len(starts) == len(ends) or not teacher_token_losses:
+        raise ValueError(f"expected as many teacher losses, starts and ends (at least one), got "
+                         f"{len(teacher_token_losses)}, {len(starts)}, {len(ends)}")
+    each = torch.stack([aggregate_ranges(loss.detach().float(), start, end, aggregation)
+                        for loss, start, end in zip(teacher_token_losses, starts, ends)])
+    maps = ~torch.isnan(each)
+    if len(each) == 1:
+        return each[0], maps
+    if combine == "mean":
+        reference = torch.where(maps, each, 0).sum(0) / maps.sum(0)  # 0/0: NaN where no teacher maps the token
+        return reference, maps
+    best = torch.where(maps, each, float("inf")).argmin(0)
+    gave = (torch.arange(len(each), device=each.device)[:, None, None] == best) & maps.any(0)
+    return torch.where(maps.any(0), each.gather(0, best[None])[0], float("nan")), gave
+
+
 def excess_loss(
     student_loss: torch.Tensor,
     labels: torch.Tensor,
-    teacher_token_loss: torch.Tensor,
-    start: torch.Tensor,
-    end: torch.Tensor,
+    teacher_token_loss: torch.Tensor | Sequence[torch.Tensor],
+    start: torch.Tensor | Sequence[torch.Tensor],
+    end: torch.Tensor | Sequence[torch.Tensor],
     aggregation: str = "max",
     ignore_index: int = -100,
+    combine: str = "min",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The score that selection ranks, and the teacher loss of each student token: both ``[B, N]``.
+    """The score that selection ranks, and the reference loss of each student token: both ``[B, N]``.
 
-    score = student loss - the teacher losses over the token's range, aggregated; ``-inf`` where the token is not
-    *mapped* (no label, or no defined teacher loss in its range), so a token is mapped exactly when its score is finite.
+    score = student loss - the reference: the teacher losses over the token's range, aggregated; with several
+    teachers (``teacher_token_loss``, ``start`` and ``end`` sequences, one entry per teacher), their combination
+    (``reference_loss``). ``-inf`` where the token is not *mapped* (no label, or no defined teacher loss in its
+    range), so a token is mapped exactly when its score is finite.
     """
-    teacher_loss = aggregate_ranges(teacher_token_loss.detach().float(), start, end, aggregation)
-    mapped = (labels != ignore_index) & ~torch.isnan(teacher_loss)
-    return torch.where(mapped, student_loss.detach() - teacher_loss, float("-inf")), teacher_loss
+    reference, _ = reference_loss(*_per_teacher(teacher_token_loss, start, end), aggregation, combine)
+    mapped = (labels != ignore_index) & ~torch.isnan(reference)
+    return torch.where(mapped, student_loss.detach() - reference, float("-inf")), reference
+
+
+def _per_teacher(teacher_token_loss, start, end) -> tuple[list, list, list]:
+    """One teacher's tensors, or several teachers' sequences, as sequences."""
+    if isinstance(teacher_token_loss, torch.Tensor):
+        return [teacher_token_loss], [start], [end]
+    return list(teacher_token_loss), list(start), list(end)
 
 
 def select_top(score: torch.Tensor, ratio: float, per_sequence: bool = False) -> torch.Tensor:
@@ -184,13 +229,14 @@ def select_random(
 def guided_loss(
     student_logits: torch.Tensor,
     labels: torch.Tensor,
-    teacher_token_loss: torch.Tensor,
-    start: torch.Tensor,
-    end: torch.Tensor,
+    teacher_token_loss: torch.Tensor | Sequence[torch.Tensor],
+    start: torch.Tensor | Sequence[torch.Tensor],
+    end: torch.Tensor | Sequence[torch.Tensor],
     *,
     topk_ratio: float = 0.4,
     aggregation: str = "max",
     unmapped: str = "include",
+    combine: str = "min",
     per_sequence: bool = False,
     selection: str = "topk",
     generator: torch.Generator | None = None,
@@ -213,27 +259,36 @@ def guided_loss(
     ``token_counts``: the ``labeled``, ``mapped`` and ``kept`` token counts to divide by instead of this piece's own,
     so that the pieces' results add up to the whole batch's means.
 
+    Several teachers: ``teacher_token_loss``, ``start`` and ``end`` are sequences (one entry per teacher, each with its
+    own teacher positions) and a token's reference is their ``combine`` (``reference_loss``); the result has also
+    ``teacher_counts`` ``[T + 1]``: the kept mapped tokens whose reference teacher t gave (``reference_loss``'s
+    ``gave``), then all kept mapped tokens.
+
     Returns ``total`` (mean student cross-entropy over the kept tokens, the loss to train on) and detached statistics:
     ``kept_fraction`` and ``mapped_fraction`` (of tokens with a label), ``student_loss`` (mean over tokens with a
     label), ``teacher_loss`` and ``score`` (means over mapped tokens). With ``row_counts``, also ``row_counts``
     ``[B, 2]``: each row's tokens with a label and kept ones, for a caller that reports per group of rows (a mixture's
-    streams); not a scalar, so not for a trainer to log as it is.
+    streams); not a scalar, so not for a trainer to log as it is (nor is ``teacher_counts``).
     """
-    check_options(topk_ratio, aggregation, unmapped, selection=selection)
-    if student_logits.shape[:-1] != labels.shape or labels.shape != start.shape or start.shape != end.shape:
-        raise ValueError(
-            "expected student_logits [B, N, V] and labels, start, end [B, N]; got "
-            f"{tuple(student_logits.shape)}, {tuple(labels.shape)}, {tuple(start.shape)}, {tuple(end.shape)}"
-        )
-    if teacher_token_loss.dim() != 2 or teacher_token_loss.shape[0] != labels.shape[0]:
-        raise ValueError(f"expected teacher_token_loss [B, M], got {tuple(teacher_token_loss.shape)}")
+    check_options(topk_ratio, aggregation, unmapped, selection=selection, combine=combine)
+    losses, starts, ends = _per_teacher(teacher_token_loss, start, end)
+    for start, end in zip(starts, ends):
+        if student_logits.shape[:-1] != labels.shape or labels.shape != start.shape or start.shape != end.shape:
+            raise ValueError(
+                "expected student_logits [B, N, V] and labels, start, end [B, N]; got "
+                f"{tuple(student_logits.shape)}, {tuple(labels.shape)}, {tuple(start.shape)}, {tuple(end.shape)}"
+            )
+    for loss in losses:
+        if loss.dim() != 2 or loss.shape[0] != labels.shape[0]:
+            raise ValueError(f"expected teacher_token_loss [B, M], got {tuple(loss.shape)}")
     if selected is not None and selected.shape != labels.shape:
         raise ValueError(f"expected selected {tuple(labels.shape)}, got {tuple(selected.shape)}")
 
     student_loss = token_cross_entropy(student_logits, labels, ignore_index)
     has_label = labels != ignore_index
-    score, teacher_loss = excess_loss(student_loss, labels, teacher_token_loss, start, end, aggregation, ignore_index)
-    mapped = torch.isfinite(score)
+    teacher_loss, gave = reference_loss(losses, starts, ends, aggregation, combine)
+    mapped = has_label & ~torch.isnan(teacher_loss)
+    score = torch.where(mapped, student_loss.detach() - teacher_loss, float("-inf"))
     if selected is None:
         selected = (select_top(score, topk_ratio, per_sequence) if selection == "topk"
                     else select_random(score, topk_ratio, per_sequence, generator))
@@ -246,6 +301,9 @@ def guided_loss(
         token_counts = {"labeled": labeled_f.sum(), "mapped": mapped_f.sum(), "kept": kept_f.sum()}
     n_labeled, n_mapped, n_kept = (token_counts[k].clamp(min=1) for k in ("labeled", "mapped", "kept"))
     rows = {"row_counts": torch.stack([labeled_f.sum(1), kept_f.sum(1)], dim=1)} if row_counts else {}
+    if len(losses) > 1:
+        kept_mapped = kept & mapped
+        rows["teacher_counts"] = torch.cat([(gave & kept_mapped).flatten(1).sum(1), kept_mapped.sum()[None]]).float()
     return {
         "total": (student_loss * kept_f).sum() / n_kept,
         "kept_fraction": kept_f.sum() / n_labeled,

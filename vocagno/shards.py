@@ -31,6 +31,7 @@ import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -52,6 +53,9 @@ __all__ = [
     "Encoder",
     "Packer",
     "write_atomically",
+    "check_teacher_name",
+    "loss_column",
+    "align_column",
 ]
 
 COLUMNS = {
@@ -63,12 +67,31 @@ COLUMNS = {
 }
 # Shards scored by ``python -m vocagno.score`` add each teacher token's loss (float16, NaN where undefined).
 SCORED_COLUMNS = {**COLUMNS, "teacher_loss": "ndarray"}
+# A set of teachers (vocagno.teachers): the other teachers' losses and alignment, scored, are columns named after them.
+TEACHER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 METADATA_FILE = "vocagno.json"
 SHARD_HASH = "xxh3_64"  # every shard's hash in index.json: the merge checks it on the out-root, readers when they read
 FORMAT_VERSION = 2  # 2: a BOS starts each row (tokenizers that add one), end-of-text separators
 # Tokens that end a document in pretraining. A chat model's EOS ends a turn instead (Qwen2.5-Math-7B-Instruct's is
 # <|im_end|>), so these come first when the vocabulary has them.
 END_OF_TEXT_TOKENS = ("<|endoftext|>", "<|end_of_text|>")
+
+
+def check_teacher_name(name: Any, where: str = "teachers") -> str:
+    """A teacher's name, checked: it becomes batch keys, shard columns and metric names (and comes from files)."""
+    if not isinstance(name, str) or not TEACHER_NAME.fullmatch(name):
+        raise ValueError(f"{where}: a teacher's name must be letters, digits, '_' or '-' (at most 64), got {name!r}")
+    return name
+
+
+def loss_column(name: str) -> str:
+    """The column of teacher ``name``'s token losses (float16, over its tokens as ``TeacherSide`` makes them)."""
+    return f"teacher_loss.{name}"
+
+
+def align_column(name: str) -> str:
+    """The column of teacher ``name``'s alignment: per student token, its ``[start, end)`` teacher positions."""
+    return f"align.{name}"
 
 
 def write_atomically(path: str | Path, text: str) -> None:
@@ -147,6 +170,9 @@ class ShardMetadata:
     totals: dict = field(default_factory=dict)
     partial: dict | None = None  # set when published before every job finished (--allow-partial): which did
     scored_by: dict | None = None  # python -m vocagno.score: the teacher whose token losses the samples carry
+    # python -m vocagno.score --name NAME: the other teachers of a set whose losses and alignment the samples carry
+    # (columns teacher_loss.NAME and align.NAME), by NAME
+    also_scored_by: dict | None = None
     format_version: int = FORMAT_VERSION
 
     def write(self, root: str | Path) -> None:
@@ -173,6 +199,7 @@ class ShardMetadata:
             totals=raw.get("totals", {}),
             partial=raw.get("partial"),
             scored_by=raw.get("scored_by"),
+            also_scored_by=_checked_names(raw.get("also_scored_by"), path),
         )
 
     def check_tokenizers(self, student: TokenizerInfo | None = None, teacher: TokenizerInfo | None = None) -> None:
@@ -184,6 +211,17 @@ class ShardMetadata:
                     f"{made_by.vocab_size} tokens), but this run's {role} tokenizer is {wanted.name!r} (vocabulary "
                     f"{wanted.fingerprint}, {wanted.vocab_size} tokens): convert the corpus again with the run's tokenizers"
                 )
+
+
+def _checked_names(scored: Any, path: Path) -> dict | None:
+    """``also_scored_by`` as read: its names become batch keys and metric names, so each is checked."""
+    if scored is None:
+        return None
+    if not isinstance(scored, dict):
+        raise ValueError(f"{path}: also_scored_by must be a mapping of teacher name -> scorer")
+    for name in scored:
+        check_teacher_name(name, f"{path}: also_scored_by")
+    return scored
 
 
 @dataclass

@@ -1,0 +1,180 @@
+"""Several teachers of different vocabularies guiding one student: the set that the algorithm, the scoring pass and
+the selection tool share.
+
+Each teacher is aligned to the student's tokens on its own (its tokenizer, its offsets); a student token's reference
+loss combines the teachers' aggregated losses (``vocagno.loss.reference_loss``: ``min``, the best teacher's, or
+``mean``). One teacher of the set, the *first* whose vocabulary is the shards' teacher vocabulary (else the first),
+reads the batch's teacher side as a single teacher does (``teacher_input_ids``, ``align_start``, ``align_end`` and,
+cached, ``teacher_token_loss``): ``VocAgnoLM`` treats it as its ``teacher``. Every *other* teacher's tokens and
+alignment are made from the student's tokens (``vocagno.teacher_side.TeacherSide``, in the training loader's workers
+when it has some) into the batch keys ``teachers.NAME.input_ids``, ``.attention_mask``, ``.align_start`` and
+``.align_end``; cached, its losses and alignment come from the shards' columns ``teacher_loss.NAME`` and
+``align.NAME`` (``python -m vocagno.score ... --name NAME``) as ``teachers.NAME.token_loss`` and its alignment.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from vocagno.data import batch_key
+from vocagno.shards import check_teacher_name, describe_tokenizer, loss_column
+from vocagno.teacher_side import TeacherSide
+from vocagno.tokenization import as_tokenizer
+
+__all__ = ["TeacherSpec", "teacher_specs", "OtherTeachers", "WithOtherTeachers", "made_side"]
+
+SPEC_KEYS = ("teacher", "tokenizer", "dtype", "placement", "chunk_size", "trust_remote_code")
+SIDE_KEYS = ("input_ids", "attention_mask", "align_start", "align_end")
+
+
+@dataclass
+class TeacherSpec:
+    """One teacher of a set: ``teacher`` a Hugging Face name or folder (or shipped name), or a causal LM module; the
+    other fields as ``VocAgnoLM``'s ``teacher_tokenizer``, ``teacher_dtype``, ``teacher_placement``, ``chunk_size``
+    and ``trust_remote_code``."""
+
+    name: str
+    teacher: str | nn.Module
+    tokenizer: Any = None
+    dtype: str = "bfloat16"
+    placement: str = "auto"
+    chunk_size: int = 1024
+    trust_remote_code: bool = False
+
+    def __post_init__(self):
+        if self.tokenizer is None and isinstance(self.teacher, str):
+            self.tokenizer = self.teacher  # a named teacher's folder has its tokenizer
+
+    def reads(self, metadata) -> bool:
+        """Whether this teacher's vocabulary is the one the shards' teacher tokens were made with."""
+        if self.tokenizer is None or metadata is None:
+            return False
+        return metadata.teacher.same_vocabulary(describe_tokenizer(as_tokenizer(self.tokenizer), "teacher"))
+
+
+def teacher_specs(teachers: Mapping[str, Any]) -> list[TeacherSpec]:
+    """``teachers`` (a mapping name -> a teacher, or name -> a dict of ``TeacherSpec``'s fields) as specs, checked:
+    at least two, each name once and well-formed, known fields only."""
+    if not isinstance(teachers, Mapping):
+        raise ValueError(f"teachers must be a mapping of name -> teacher, got {type(teachers).__name__}")
+    if len(teachers) < 2:
+        raise ValueError(f"teachers names {len(teachers)} teacher(s): give one as teacher, several as teachers")
+    specs, seen = [], set()
+    for name, value in teachers.items():
+        check_teacher_name(name)
+        if name.lower() in seen:  # a mapping can't repeat a key, but two spellings would collide in metric names
+            raise ValueError(f"teachers: two teachers are named {name!r}")
+        seen.add(name.lower())
+        fields = dict(value) if isinstance(value, Mapping) else {"teacher": value}
+        unknown = sorted(set(fields) - set(SPEC_KEYS))
+        if unknown or "teacher" not in fields:
+            raise ValueError(f"teachers.{name}: needs teacher, may have {', '.join(SPEC_KEYS[1:])}"
+                             + (f"; unknown: {', '.join(unknown)}" if unknown else ""))
+        specs.append(TeacherSpec(name, **{k: v for k, v in fields.items() if v is not None}))
+    return specs
+
+
+def made_side(side: TeacherSide, name: str, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Teacher ``name``'s side of a batch of student tokens, made by ``side``, under its own keys."""
+    made = side({key: batch[key] for key in ("input_ids", "attention_mask") if key in batch})
+    return {batch_key(name, what): made[key] for what, key in zip(SIDE_KEYS, (
+        "teacher_input_ids", "teacher_attention_mask", "align_start", "align_end"))}
+
+
+class WithOtherTeachers:
+    """A loader's ``collate_fn`` that adds the other teachers' sides (``made_side``) to its batches, in the loader's
+    worker processes. Batches that have them pass as they are."""
+
+    def __init__(self, collate_fn, sides: dict[str, TeacherSide], loader: str):
+        self.collate_fn, self.sides, self.loader = collate_fn, sides, loader
+
+    def __call__(self, samples: list) -> dict[str, Any]:
+        batch = self.collate_fn(samples)
+        for name, side in self.sides.items():
+            if batch_key(name, "input_ids") not in batch:
+                try:
+                    batch.update(made_side(side, name, batch))
+                except ValueError as error:
+                    raise ValueError(f"the training loader ({self.loader}), teacher {name!r}: {error}") from None
+        return batch
+
+
+class OtherTeachers:
+    """The teachers of a set beside the one ``VocAgnoLM`` treats as its ``teacher``: their sides, their scorers
+    (online) or cached losses, and the names under which their shares are logged."""
+
+    def __init__(self, specs: list[TeacherSpec], cached: bool):
+        self.specs, self.cached = specs, cached
+        self.names = [spec.name for spec in specs]
+        self.scorers: dict[str, nn.Module] = {}
+        self.sides: dict[str, TeacherSide] = {}
+        self.seconds = dict.fromkeys(self.names, 0.0)  # each teacher's forward time in this step
+
+    def make_sides(self, student_tokenizer) -> dict[str, TeacherSide]:
+        """Each other teacher's ``TeacherSide`` (online only: cached losses come with their alignment)."""
+        if self.cached or self.sides:
+            return self.sides
+        for spec in self.specs:
+            if spec.tokenizer is None:
+                raise ValueError(f"teachers.{spec.name}: give its tokenizer (a teacher given as a module has none)")
+            self.sides[spec.name] = TeacherSide(as_tokenizer(student_tokenizer), as_tokenizer(spec.tokenizer))
+        return self.sides
+
+    def add_sides(self, batch: dict[str, Any], student_tokenizer) -> None:
+        """The other teachers' sides, where the loader's workers did not make them."""
+        if self.cached:
+            return
+        for name, side in self.make_sides(student_tokenizer).items():
+            if batch_key(name, "input_ids") not in batch:
+                batch.update({k: v.to(batch["input_ids"].device) for k, v in made_side(side, name, batch).items()})
+
+    def build(self, load, place) -> None:
+        """Each other teacher's scorer: ``load(spec)`` builds it (checked), ``place(scorer, spec)`` places it."""
+        if not self.cached and not self.scorers:
+            for spec in self.specs:
+                self.scorers[spec.name] = place(load(spec), spec)
+
+    def check_cached(self, metadata, check_scored_by: bool) -> None:
+        """Refuse shards (``metadata``: their ``ShardMetadata``) that lack an other teacher's cached losses, or hold
+        another teacher's under its name, naming the teacher."""
+        from vocagno.algorithm import weights_fingerprint
+
+        scored = getattr(metadata, "also_scored_by", None) or {}
+        for spec in self.specs:
+            by = scored.get(spec.name)
+            if by is None:
+                raise ValueError(f"teacher_losses: cached, but the training shards carry no losses of teacher "
+                                 f"{spec.name!r}: score them with it (python -m vocagno.score ... --name {spec.name})")
+            if not check_scored_by:
+                print(f"VocAgnoLM: teacher {spec.name!r}'s losses cached by {by} (check_scored_by: false)", flush=True)
+            elif isinstance(spec.teacher, str) and by["name"] != spec.teacher:
+                raise ValueError(f"teacher {spec.name!r}: the shards' {loss_column(spec.name)} was scored by "
+                                 f"{by['name']!r}, but the teacher is {spec.teacher!r}: score them with this teacher, "
+                                 "or set check_scored_by: false when the teacher's name is only a label")
+            elif isinstance(spec.teacher, nn.Module) and by["fingerprint"] != weights_fingerprint(spec.teacher):
+                raise ValueError(f"teacher {spec.name!r}: the shards' {loss_column(spec.name)} was scored by "
+                                 f"{by['name']!r} (weights {by['fingerprint']}), but this run's teacher has other "
+                                 f"weights ({weights_fingerprint(spec.teacher)}): score them with this teacher")
+
+    def losses(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Each other teacher's token losses ``[B, M_t]`` of ``batch``: its forward, or its cached losses."""
+        out = {}
+        for name in self.names:
+            if self.cached:
+                key = batch_key(name, "token_loss")
+                if key not in batch:
+                    raise KeyError(f"teacher_losses: cached, but the batch has no {key}: train on shards scored by "
+                                   f"python -m vocagno.score ... --name {name}")
+                out[name] = batch[key].float()
+                continue
+            begin = time.perf_counter()
+            out[name] = self.scorers[name](batch[batch_key(name, "input_ids")], batch[batch_key(name, "attention_mask")])
+            if out[name].is_cuda:
+                torch.cuda.synchronize()  # so that the time is the teacher's forward, not its launch
+            self.seconds[name] += time.perf_counter() - begin
+        return out
