@@ -17,7 +17,7 @@ import importlib
 import os
 import re
 import sys
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,10 @@ from vocagno.metrics import BitsPerByte  # noqa: E402
 from vocagno.tokenization import load_tokenizer  # noqa: E402
 
 ALGORITHM_GROUP = "llmfoundry_algorithms"  # the entry points llm-foundry's registry reads; vocagno registers there
+# vocagno's own entry points (pyproject.toml's), found also where the package runs from a checkout pip never installed
+# (on PYTHONPATH, as on the GPU image of ../shared/gpu/README.md): no entry point is registered there.
+OWN_ALGORITHMS = {"vocagno": "vocagno.algorithm:VocAgnoLM", "uld": "vocagno.baselines:ULD",
+                  "kld": "vocagno.baselines:KLD"}
 # The algorithms that use the teacher: section, and which of its keyword arguments each takes.
 TEACHER_ALGORITHMS = {
     "vocagno": ("teacher", "teacher_tokenizer", "teacher_dtype", "teacher_placement", "chunk_size",
@@ -101,7 +105,8 @@ def _convert_if_missing(local: str, convert: dict[str, Any]) -> None:
 
 def build_algorithms(cfg: DictConfig, teacher_tok) -> list:
     chosen = _plain(cfg, "algorithms")
-    available = {ep.name: ep for ep in entry_points(group=ALGORITHM_GROUP)}
+    available = {name: EntryPoint(name, value, ALGORITHM_GROUP) for name, value in OWN_ALGORITHMS.items()}
+    available.update({ep.name: ep for ep in entry_points(group=ALGORITHM_GROUP)})
     algorithms = []
     chosen = {name: kwargs for name, kwargs in chosen.items() if kwargs is not None}  # null: off
     for name, kwargs in chosen.items():

@@ -328,3 +328,16 @@ def test_the_table_yamls_say_what_their_row_is(tmp_path):
     (tmp_path / "b.yaml").write_text("base: a.yaml\n")
     with pytest.raises(ValueError, match="comes back to itself"):
         train.load_config(str(tmp_path / "a.yaml"), [])
+
+
+def test_a_checkout_that_pip_never_installed_finds_vocagnos_algorithms(monkeypatch):
+    """On PYTHONPATH without an install (the GPU image's way) no entry point is registered: train.py still finds its
+    own algorithms, the ones pyproject.toml registers for llm-foundry."""
+    import tomllib
+
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"][train.ALGORITHM_GROUP]
+    assert declared == train.OWN_ALGORITHMS
+    monkeypatch.setattr(train, "entry_points", lambda group: [])
+    cfg = train.load_config(str(REPO / "yamls" / "tiny.yaml"), [])
+    [algorithm] = train.build_algorithms(cfg, teacher_tok=None)
+    assert type(algorithm).__name__ == "VocAgnoLM"

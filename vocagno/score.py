@@ -22,6 +22,16 @@ How it runs, as the converter does (``vocagno/output.py``):
   what is missing. Settings that change the losses (input, teacher, chunk size) must be the same to resume.
 - ``--out`` may be a remote Streaming can write (``s3://...``), through ``--local-root``. The last rank to finish
   verifies every shard there and publishes ``vocagno.json`` and ``index.json``, ``index.json`` last.
+
+Several teachers (``teachers:``, ``vocagno.teachers``) are scored once each, one pass per teacher, each pass reading
+the previous one's output: ``--name NAME`` is the teacher's name in the run (with ``--config``, it picks the teacher
+of the yaml's ``teachers:``). The teacher whose vocabulary the shards were made with, scored first, fills
+``teacher_loss`` as a single teacher does; every other teacher scores its tokens as training makes them from the
+student's (``TeacherSide``), into ``teacher_loss.NAME`` with its alignment ``align.NAME`` (per student token, its
+``[start, end)`` teacher positions), recorded in ``vocagno.json``'s ``also_scored_by``:
+
+    python -m vocagno.score --shards S --config yamls/tiny_two_teachers.yaml --name math --out S1
+    python -m vocagno.score --shards S1 --config yamls/tiny_two_teachers.yaml --name latex --out S2
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +54,10 @@ from vocagno.output import (
     PART_STATS, OwnedLock, Output, all_jobs_done, check_or_write_settings, job_marker, merge_once, publish_dataset,
     unfinished_parts,
 )
-from vocagno.shards import COLUMNS, METADATA_FILE, SCORED_COLUMNS, SHARD_HASH, ShardMetadata, write_atomically
+from vocagno.shards import (
+    METADATA_FILE, SCORED_COLUMNS, SHARD_HASH, ShardMetadata, align_column, check_teacher_name, compact,
+    describe_tokenizer, loss_column, write_atomically,
+)
 from vocagno.untrusted import UntrustedFile, inside, remove
 
 __all__ = ["Teacher", "score", "main"]
@@ -56,37 +69,47 @@ PAD_TO = 64  # rows padded to a multiple of 64 tokens, as the training collator 
 class Teacher:
     """The scoring teacher and what ``scored_by`` records of it."""
 
-    def __init__(self, model: torch.nn.Module, name: str, dtype: str, chunk_size: int):
+    def __init__(self, model: torch.nn.Module, name: str, dtype: str, chunk_size: int, tokenizer=None,
+                 set_name: str | None = None):
         self.scorer = TeacherScorer(model, chunk_size)
         self.scored_by = {"name": name, "fingerprint": weights_fingerprint(model), "dtype": dtype}
         self.chunk_size = chunk_size
+        self.tokenizer = tokenizer  # a name, folder or tokenizer; None: the shards' teacher tokens are its own
+        self.set_name = set_name  # its name in a set of teachers (vocagno.teachers), when it has one
 
     @classmethod
-    def from_yaml(cls, path: str, overrides: list[str]) -> "Teacher":
-        """The teacher of a training yaml's ``teacher:`` section (``from_config``)."""
+    def from_yaml(cls, path: str, overrides: list[str], set_name: str | None = None) -> "Teacher":
+        """The teacher of a training yaml's ``teacher:`` section, or its ``teachers:`` named ``set_name``
+        (``from_config``)."""
         from vocagno.config import load_config
 
-        return cls.from_config(load_config(path, overrides), path)
+        return cls.from_config(load_config(path, overrides), path, set_name)
 
     @classmethod
-    def from_config(cls, cfg, source: str) -> "Teacher":
-        """The teacher of a loaded training config's ``teacher:`` section, built as ``train.py`` builds it: a
-        config-built (random) one gets the same weights from the config's seed. Named by its ``name_or_path``, or else
-        by ``source`` (the yaml)."""
+    def from_config(cls, cfg, source: str, set_name: str | None = None) -> "Teacher":
+        """The teacher of a loaded training config's ``teacher:`` section (or of its ``teachers:``, ``set_name``'s),
+        built as ``train.py`` builds it: a config-built (random) one gets the same weights from the config's seed.
+        Named by its ``name_or_path``, or else by ``source`` (the yaml)."""
         from vocagno.config import build_causal_lm
         from vocagno.tokenization import load_tokenizer
 
-        section = cfg.get("teacher")
+        where, section = "teacher", cfg.get("teacher")
+        if cfg.get("teachers") is not None:
+            if set_name not in cfg.teachers:
+                raise SystemExit(f"error: {source} has teachers: {', '.join(cfg.teachers)}: name the one to score "
+                                 "(--name)" if set_name is None else f"error: {source} has no teachers.{set_name}")
+            where, section = f"teachers.{set_name}", cfg.teachers[set_name]
         if section is None:
             raise SystemExit(f"error: {source} has no teacher: section")
         chunk_size = section.get("chunk_size") or 1024
+        tokenizer = section.get("tokenizer")
         if section.get("name_or_path"):  # loaded as VocAgnoLM loads a teacher it is given by name
             dtype = section.get("dtype") or "bfloat16"
             model = load_teacher(section.name_or_path, dtype, section.get("trust_remote_code", False))
-            return cls(model, section.name_or_path, dtype, chunk_size)
-        model = build_causal_lm(section, len(load_tokenizer(section.tokenizer)), cfg.seed)
-        name = f"{source}: teacher (config, seed {cfg.seed})"
-        return cls(model, name, section.get("dtype") or "float32", chunk_size)
+            return cls(model, section.name_or_path, dtype, chunk_size, tokenizer, set_name)
+        model = build_causal_lm(section, len(load_tokenizer(tokenizer)), cfg.seed)
+        name = f"{source}: {where} (config, seed {cfg.seed})"
+        return cls(model, name, section.get("dtype") or "float32", chunk_size, tokenizer, set_name)
 
     def at_initialization(self, seed: int) -> "Teacher":
         """The same architecture with fresh random weights (from ``seed``): a control whose losses know nothing."""
@@ -97,7 +120,36 @@ class Teacher:
             torch.manual_seed(seed)
             fresh = AutoModelForCausalLM.from_config(model.config, torch_dtype=next(model.parameters()).dtype)
         name = f"{self.scored_by['name']} at initialization (seed {seed})"
-        return Teacher(fresh, name, self.scored_by["dtype"], self.chunk_size)
+        return Teacher(fresh, name, self.scored_by["dtype"], self.chunk_size, self.tokenizer, self.set_name)
+
+    def column(self, metadata: ShardMetadata, source: str) -> str | None:
+        """Where this teacher's losses go in ``metadata``'s shards: None for ``teacher_loss`` (the shards' own
+        teacher, not yet scored), else its name in the set (``teacher_loss.NAME``); refused, in one line, when that
+        place is taken or unnamed."""
+        reads = self.tokenizer is None or metadata.teacher.same_vocabulary(self.tokenizer_info())
+        if reads and metadata.scored_by is None:
+            return None
+        if self.set_name is None:
+            why = (f"is already scored (by {metadata.scored_by['name']})" if reads else
+                   f"holds {metadata.teacher.name!r}'s teacher tokens, not this teacher's")
+            raise SystemExit(f"error: {source} {why}: a further teacher of a set goes beside it under its name "
+                             "(--name NAME, its name in the run's teachers:)")
+        if self.set_name in (metadata.also_scored_by or {}):
+            raise SystemExit(f"error: {source} is already scored by a teacher named {self.set_name!r} "
+                             f"({metadata.also_scored_by[self.set_name]['name']})")
+        return self.set_name
+
+    def tokenizer_info(self):
+        from vocagno.tokenization import as_tokenizer
+
+        return describe_tokenizer(as_tokenizer(self.tokenizer), "teacher")
+
+    def side(self, metadata: ShardMetadata):
+        """The ``TeacherSide`` that makes this teacher's tokens of the shards' student tokens, as training does."""
+        from vocagno.teacher_side import TeacherSide
+        from vocagno.tokenization import as_tokenizer, load_tokenizer
+
+        return TeacherSide(load_tokenizer(metadata.student.name), as_tokenizer(self.tokenizer))
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -111,14 +163,15 @@ def score(shards: str, output: Output, teacher: Teacher, device: str, batch_toke
     shards_root = Path(shards)
     index = json.loads((shards_root / "index.json").read_text())
     metadata = ShardMetadata.read(shards_root)
-    if metadata.scored_by is not None:
-        raise SystemExit(f"error: {shards} is already scored (by {metadata.scored_by['name']})")
+    column = teacher.column(metadata, shards)
     if not index["shards"]:
         raise SystemExit(f"error: {shards} holds no shards")
     # A resumed pass must score as the interrupted one did: the same input shards (by their index: names, sizes and
     # hashes, wherever the folder is now), teacher and chunk size.
     check_or_write_settings(output, SETTINGS_FILE, {"input_index": _digest(index), "scored_by": teacher.scored_by,
-                                                    "chunk_size": teacher.chunk_size}, "scoring pass", "--out")
+                                                    "chunk_size": teacher.chunk_size, "column": column},
+                            "scoring pass", "--out")
+    side = None if column is None else teacher.side(metadata)
     marker = job_marker(rank, world)
     lock = OwnedLock(output.local / f"{marker}.lock", f"rank {rank} of {world} scoring into {output}")
     if not lock.acquire():
@@ -137,7 +190,7 @@ def score(shards: str, output: Output, teacher: Teacher, device: str, batch_toke
             done_there = output.pull(f"{name}/{PART_STATS}")
             if not done_there and not (output.local / name / PART_STATS).exists():
                 tokens += _score_part(shards_root, index["shards"][i], output.local / name, scorer, device,
-                                      batch_tokens)
+                                      batch_tokens, column, side)
             if not done_there:  # scored now, or scored here before an upload broke off
                 output.publish_part(name)
             samples += index["shards"][i]["samples"]
@@ -150,7 +203,10 @@ def score(shards: str, output: Output, teacher: Teacher, device: str, batch_toke
         lock.release()
     if all_jobs_done(output, world):
         parts = [_part(i) for i in range(len(index["shards"]))]
-        merge_once(output, lambda: _merge(output, parts, replace(metadata, scored_by=teacher.scored_by)))
+        scored = replace(metadata, scored_by=teacher.scored_by) if column is None else replace(
+            metadata, also_scored_by={**(metadata.also_scored_by or {}), column: {
+                **teacher.scored_by, "tokenizer": asdict(teacher.tokenizer_info())}})
+        merge_once(output, lambda: _merge(output, parts, scored, teacher.scored_by["name"]))
     else:
         print(f"rank {rank} of {world} done; the last rank to finish publishes {output}")
     return samples
@@ -204,10 +260,22 @@ def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
     return batches
 
 
+def _other_teacher_rows(samples: list[dict], side) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """A further teacher's tokens of each sample, and its alignment ``[N, 2]``, made by ``side`` from the student's
+    tokens exactly as training makes them (``vocagno.teachers.made_side``)."""
+    rows, aligns = [], []
+    for sample in samples:
+        made = side({"input_ids": torch.from_numpy(np.asarray(sample["student_ids"], dtype=np.int64))[None]})
+        rows.append(made["teacher_input_ids"][0, : int(made["teacher_attention_mask"].sum())].numpy())
+        aligns.append(torch.stack([made["align_start"][0], made["align_end"][0]], 1).numpy())
+    return rows, aligns
+
+
 @torch.no_grad()
 def _score_part(shards_root: Path, info: dict, final: Path, scorer: TeacherScorer, device: str,
-                batch_tokens: int) -> int:
-    """Score one input shard into the part ``final``; return its teacher tokens."""
+                batch_tokens: int, column: str | None = None, side=None) -> int:
+    """Score one input shard into the part ``final``; return its teacher tokens. ``column``: a further teacher of a
+    set, whose tokens ``side`` makes (``Teacher.column``)."""
     from streaming import MDSWriter
 
     begin = time.perf_counter()
@@ -217,7 +285,10 @@ def _score_part(shards_root: Path, info: dict, final: Path, scorer: TeacherScore
     staging.mkdir()  # ours from now on: a link planted later makes mkdir fail, not the writer write through it
     samples = read_shard(shards_root, info, scratch)
     remove(scratch)
-    rows = [np.asarray(sample["teacher_ids"], dtype=np.int64) for sample in samples]
+    if column is None:
+        rows = [np.asarray(sample["teacher_ids"], dtype=np.int64) for sample in samples]
+    else:
+        rows, aligns = _other_teacher_rows(samples, side)
     losses: list[np.ndarray] = [np.empty(0)] * len(rows)
     for batch in length_batches([len(row) for row in rows], batch_tokens):
         width = _padded(max(len(rows[i]) for i in batch))
@@ -230,10 +301,15 @@ def _score_part(shards_root: Path, info: dict, final: Path, scorer: TeacherScore
         for b, i in enumerate(batch):
             losses[i] = scored[b, : len(rows[i])].astype(np.float16)
     # One shard per part (no size limit): the scored dataset's shards hold the input's samples, shard for shard.
-    with MDSWriter(out=str(staging), columns=SCORED_COLUMNS, compression=info.get("compression"), hashes=[SHARD_HASH],
+    kept = dict(zip(info["column_names"], info["column_encodings"]))  # earlier passes' columns too
+    columns = {**kept, **(SCORED_COLUMNS if column is None else {loss_column(column): "ndarray",
+                                                                 align_column(column): "ndarray"})}
+    with MDSWriter(out=str(staging), columns=columns, compression=info.get("compression"), hashes=[SHARD_HASH],
                    size_limit=None) as writer:
-        for sample, loss in zip(samples, losses):
-            writer.write({**{name: sample[name] for name in COLUMNS}, "teacher_loss": loss})
+        for i, (sample, loss) in enumerate(zip(samples, losses)):
+            scored = {"teacher_loss": loss} if column is None else {loss_column(column): loss,
+                                                                    align_column(column): compact(aligns[i])}
+            writer.write({**{name: sample[name] for name in kept}, **scored})
     stats = {"samples": len(samples), "teacher tokens": int(sum(map(len, rows))),
              "seconds": round(time.perf_counter() - begin, 3)}
     write_atomically(staging / PART_STATS, json.dumps(stats))
@@ -241,12 +317,12 @@ def _score_part(shards_root: Path, info: dict, final: Path, scorer: TeacherScore
     return stats["teacher tokens"]
 
 
-def _merge(output: Output, parts: list[str], metadata: ShardMetadata) -> None:
+def _merge(output: Output, parts: list[str], metadata: ShardMetadata, scorer: str) -> None:
     missing = unfinished_parts(output, parts)
     if missing:
         raise SystemExit(f"error: cannot merge {output}: parts not scored there: {missing}")
     publish_dataset(output, parts, metadata)
-    print(f"complete: {output} ({len(parts)} parts, scored by {metadata.scored_by['name']})", flush=True)
+    print(f"complete: {output} ({len(parts)} parts, scored by {scorer})", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -262,15 +338,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-size", type=int, default=1024, help="the --teacher's tokens per chunk of its LM head")
     parser.add_argument("--batch-tokens", type=int, default=16384, help="padded teacher tokens per scoring batch")
     parser.add_argument("--device", help="default: this rank's GPU (LOCAL_RANK), else the CPU")
+    parser.add_argument("--name", help="the teacher's name in a set of teachers (the run's teachers:); with --config, "
+                                       "which of the yaml's teachers: to score")
+    parser.add_argument("--teacher-tokenizer", help="the --teacher's tokenizer, when its folder has none")
     args = parser.parse_args(argv)
+    if args.name is not None:
+        try:
+            check_teacher_name(args.name, "--name")
+        except ValueError as error:
+            parser.error(str(error))
     if args.overrides and not args.config:
         parser.error(f"overrides {args.overrides} need --config")
     if not (Path(args.shards) / METADATA_FILE).exists() or not (Path(args.shards) / "index.json").exists():
         parser.error(f"--shards {args.shards} holds no {METADATA_FILE} and index.json: not vocagno shards")
     if args.config:
-        chosen = Teacher.from_yaml(args.config, args.overrides)
+        chosen = Teacher.from_yaml(args.config, args.overrides, args.name)
     else:
-        chosen = Teacher(load_teacher(args.teacher, args.dtype), args.teacher, args.dtype, args.chunk_size)
+        chosen = Teacher(load_teacher(args.teacher, args.dtype), args.teacher, args.dtype, args.chunk_size,
+                         args.teacher_tokenizer or args.teacher, args.name)
     device = args.device or (f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu")
     rank, world = rank_and_world()
     try:

@@ -1,0 +1,236 @@
+"""Several teachers of different vocabularies guiding one student (vocagno.teachers): the combination, the algorithm
+online and cached, the scoring pass per teacher, and the refusals, on real tokenizers and text."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from composer import Trainer
+from composer.loggers import InMemoryLogger
+from composer.models import HuggingFaceModel
+from streaming.base.util import clean_stale_shared_memory
+from torch.utils.data import DataLoader
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from conversion import convert_dataset
+from tests.helpers import Capture
+from tests.test_algorithm import tiny
+from vocagno import score
+from vocagno.algorithm import TeacherScorer, VocAgnoLM, teacher_guided_loss
+from vocagno.data import TeacherGuidedCollator, TeacherGuidedDataset, batch_key
+from vocagno.loss import guided_loss, reference_loss
+from vocagno.shards import ShardMetadata
+from vocagno.teachers import made_side
+from vocagno.teacher_side import TeacherSide
+from vocagno.tokenization import ASSETS
+
+NAN = float("nan")
+
+
+def test_min_takes_each_tokens_best_teacher_and_mean_averages_the_teachers_that_map_it():
+    # Two teachers with their own positions: teacher 0 has 4 tokens, teacher 1 has 3; four student tokens.
+    losses = [torch.tensor([[NAN, 1.0, 3.0, 2.0]]), torch.tensor([[NAN, 2.5, 0.5]])]
+    starts = [torch.tensor([[0, 1, 2, 0]]), torch.tensor([[0, 1, 2, 0]])]
+    ends = [torch.tensor([[0, 2, 4, 0]]), torch.tensor([[1, 2, 3, 0]])]  # student token 3: no teacher maps it
+    reference, gave = reference_loss(losses, starts, ends, "max", "min")
+    # token 0: only teacher 1's range, which holds its undefined first loss: unmapped by both
+    assert torch.equal(reference.isnan(), torch.tensor([[True, False, False, True]]))
+    assert reference[0, 1] == 1.0 and reference[0, 2] == 0.5  # max over each teacher's range, then the lower
+    assert gave[:, 0].tolist() == [[False, True, False, False], [False, False, True, False]]
+    mean, gave_mean = reference_loss(losses, starts, ends, "max", "mean")
+    assert mean[0, 1] == pytest.approx(1.75) and mean[0, 2] == pytest.approx(1.75)
+    assert gave_mean[:, 0].tolist() == [[False, True, True, False], [False, True, True, False]]
+
+
+def test_one_teacher_in_a_list_is_the_single_teachers_loss():
+    torch.manual_seed(0)
+    logits, labels = torch.randn(2, 6, 11), torch.randint(0, 11, (2, 6))
+    teacher = torch.rand(2, 9)
+    start = torch.randint(0, 5, (2, 6))
+    end = start + torch.randint(0, 3, (2, 6))
+    one = guided_loss(logits, labels, teacher, start, end, topk_ratio=0.5)
+    listed = guided_loss(logits, labels, [teacher], [start], [end], topk_ratio=0.5)
+    assert set(one) == set(listed) and "teacher_counts" not in listed
+    for key in one:
+        torch.testing.assert_close(one[key], listed[key], equal_nan=True)
+
+
+# ---------------------------------------------------------------------------------- the algorithm, on real shards
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory, tokenizers):
+    """GSM8K text converted for a Mistral teacher (llama2 student, 64 tokens); a tiny Mistral-vocabulary teacher and
+    a tiny Qwen2.5-vocabulary one (its tokens made from the text), both saved with their real tokenizers."""
+    root = tmp_path_factory.mktemp("teachers")
+    convert_dataset.main(["--input", str(ASSETS / "text" / "gsm8k_heldout_100.jsonl"), "--student-tokenizer", "llama2",
+                          "--teacher-tokenizer", "mistral", "--seq-len", "64", "--docs-per-part", "50",
+                          "--out-root", str(root / "shards")])
+    mistral = tiny(MistralConfig, MistralForCausalLM, 32000)
+    with torch.no_grad():  # sharp: a low loss on a few tokens, a high one on most, so each teacher gives some references
+        mistral.get_output_embeddings().weight.mul_(40)
+    mistral.save_pretrained(root / "mistral")
+    tokenizers["mistral"].save_pretrained(root / "mistral")
+    tiny(Qwen2Config, Qwen2ForCausalLM, 152064).save_pretrained(root / "qwen")
+    tokenizers["qwen2.5"].save_pretrained(root / "qwen")
+    return root
+
+
+def teachers_of(root, **extra):
+    return {"mistral": {"teacher": str(root / "mistral"), "dtype": "float32", **extra},
+            "qwen": {"teacher": str(root / "qwen"), "dtype": "float32", **extra}}
+
+
+def fit(shards_root, tokenizers, microbatch=4, batches="2ba", logger=None, **options):
+    clean_stale_shared_memory()
+    dataset = TeacherGuidedDataset(local=str(shards_root), batch_size=8)
+    loader = DataLoader(dataset, batch_size=8, collate_fn=TeacherGuidedCollator(tokenizers["llama2"].eos_token_id,
+                                                                               tokenizers["mistral"].eos_token_id))
+    student, capture = tiny(LlamaConfig, LlamaForCausalLM, 32000), Capture()
+    algorithm = VocAgnoLM(student_tokenizer=tokenizers["llama2"], **options)
+    Trainer(model=HuggingFaceModel(student, use_logits=True), train_dataloader=loader, max_duration=batches,
+            device_train_microbatch_size=microbatch, callbacks=[capture], algorithms=[algorithm],
+            optimizers=torch.optim.SGD(student.parameters(), lr=0.5), device="cpu",
+            loggers=[logger] if logger else [], progress_bar=False).fit()
+    return algorithm, capture
+
+
+def test_two_teachers_online_train_on_the_combination_of_each_ones_own_alignment(shards, tokenizers):
+    """Microbatch scope: each microbatch's loss is guided_loss over both teachers' losses (each scoring its own tokens:
+    the Mistral teacher the shards', the Qwen2.5 one tokens made from the student's), combined with min."""
+    algorithm, capture = fit(shards / "shards", tokenizers, teachers=teachers_of(shards), selection_scope="microbatch",
+                             batches="1ba")
+    assert algorithm.teacher_name == "mistral" and algorithm.others.names == ["qwen"]
+    batch = capture.batches[0]
+    side = TeacherSide(tokenizers["llama2"], tokenizers["qwen2.5"])
+    made = made_side(side, "qwen", batch)
+    for key, value in made.items():
+        assert torch.equal(batch[key], value), key
+    mistral = TeacherScorer(MistralForCausalLM.from_pretrained(shards / "mistral"))
+    qwen = TeacherScorer(Qwen2ForCausalLM.from_pretrained(shards / "qwen"))
+    student = tiny(LlamaConfig, LlamaForCausalLM, 32000)  # the step's first microbatch sees the initial weights
+    piece = {k: v[:4] for k, v in batch.items()}
+    logits = student(input_ids=piece["input_ids"], attention_mask=piece["attention_mask"]).logits
+    want = teacher_guided_loss(
+        logits, piece["labels"], piece, mistral(piece["teacher_input_ids"], piece["teacher_attention_mask"]),
+        others={"qwen": qwen(piece[batch_key("qwen", "input_ids")], piece[batch_key("qwen", "attention_mask")])})
+    got = capture.losses[0]
+    for key in ("total", "kept_fraction", "mapped_fraction", "teacher_loss", "score"):
+        torch.testing.assert_close(got[key], want[key], rtol=1e-4, atol=1e-5)
+    counts = want["teacher_counts"]
+    assert counts[0] > 0 and counts[1] > 0 and counts[:2].sum() == counts[2]  # min: one teacher gives each reference
+
+
+def test_the_global_selection_of_two_teachers_does_not_depend_on_the_microbatch_size(shards, tokenizers):
+    runs = [fit(shards / "shards", tokenizers, microbatch=size, teachers=teachers_of(shards), combine=combine)[1]
+            for size in (2, 8) for combine in ("min", "mean")]
+    for one, other in ((runs[0], runs[2]), (runs[1], runs[3])):
+        for a, b in zip(one.batches, other.batches):
+            assert torch.equal(a["vocagno_selected"], b["vocagno_selected"])
+            torch.testing.assert_close(a["vocagno_teacher_loss.qwen"], b["vocagno_teacher_loss.qwen"], equal_nan=True)
+    assert not torch.equal(runs[0].batches[0]["vocagno_selected"], runs[1].batches[0]["vocagno_selected"])
+
+
+def test_each_teachers_share_of_the_kept_tokens_is_logged_every_step(shards, tokenizers):
+    logger = InMemoryLogger()
+    fit(shards / "shards", tokenizers, teachers=teachers_of(shards), logger=logger)
+    shares = {name: [value for _, value in logger.data[f"vocagno/teacher_share/{name}"]] for name in ("mistral", "qwen")}
+    assert len(shares["mistral"]) == len(shares["qwen"]) == 2
+    for mistral, qwen in zip(shares["mistral"], shares["qwen"]):
+        assert 0 < mistral < 1 and mistral + qwen == pytest.approx(1)
+    for name in ("mistral", "qwen"):
+        assert len(logger.data[f"vocagno/teacher_forward_seconds/{name}"]) == 2
+
+
+@pytest.fixture(scope="module")
+def scored_twice(shards):
+    """The shards scored by both teachers, one pass each: the Mistral one into teacher_loss, the Qwen2.5 one beside."""
+    common = ["--dtype", "float32", "--batch-tokens", "640", "--device", "cpu"]
+    assert score.main(["--shards", str(shards / "shards"), "--teacher", str(shards / "mistral"), "--name", "mistral",
+                       "--out", str(shards / "scored1"), *common]) == 0
+    assert score.main(["--shards", str(shards / "scored1"), "--teacher", str(shards / "qwen"), "--name", "qwen",
+                       "--out", str(shards / "scored2"), *common]) == 0
+    return shards / "scored2"
+
+
+def test_a_further_teachers_scoring_pass_keeps_the_shards_and_adds_its_losses_and_alignment(shards, scored_twice,
+                                                                                            tokenizers):
+    meta = ShardMetadata.read(scored_twice)
+    assert meta.scored_by["name"] == str(shards / "mistral")
+    assert list(meta.also_scored_by) == ["qwen"] and meta.also_scored_by["qwen"]["name"] == str(shards / "qwen")
+    assert meta.also_scored_by["qwen"]["tokenizer"]["vocab_size"] == len(tokenizers["qwen2.5"])
+    clean_stale_shared_memory()
+    dataset = TeacherGuidedDataset(local=str(scored_twice), batch_size=1)
+    side = TeacherSide(tokenizers["llama2"], tokenizers["qwen2.5"])
+    qwen = TeacherScorer(Qwen2ForCausalLM.from_pretrained(shards / "qwen"))
+    for i in range(0, len(dataset), max(1, len(dataset) // 5)):
+        sample = dataset[i]
+        made = made_side(side, "qwen", {"input_ids": sample["student_ids"][None]})
+        length = int(made[batch_key("qwen", "attention_mask")].sum())
+        ids = made[batch_key("qwen", "input_ids")][:, :length]
+        np.testing.assert_allclose(sample["teacher_loss.qwen"], qwen(ids, torch.ones_like(ids))[0].half().numpy(),
+                                   rtol=2e-3, atol=2e-3)
+        align = sample["align.qwen"].reshape(-1, 2)
+        assert np.array_equal(align[:, 0], made[batch_key("qwen", "align_start")][0].numpy())
+        assert np.array_equal(align[:, 1], made[batch_key("qwen", "align_end")][0].numpy())
+
+
+def test_cached_losses_of_two_teachers_give_their_online_training_without_a_teacher(shards, scored_twice, tokenizers,
+                                                                                   monkeypatch):
+    cached_algorithm, cached = fit(scored_twice, tokenizers, teachers=teachers_of(shards), teacher_losses="cached")
+    assert cached_algorithm.scorer is None and not cached_algorithm.others.scorers
+    online_forward = TeacherScorer.forward  # the shards keep float16 losses
+    monkeypatch.setattr(TeacherScorer, "forward", lambda self, *a: online_forward(self, *a).half().float())
+    _, online = fit(shards / "shards", tokenizers, teachers=teachers_of(shards))
+    for one, other in zip(online.batches, cached.batches):
+        assert torch.equal(one["vocagno_selected"], other["vocagno_selected"])
+    for one, other in zip(online.losses, cached.losses):
+        torch.testing.assert_close(one["total"], other["total"])
+
+
+# ----------------------------------------------------------------------------------------------------- refusals
+def test_cached_shards_missing_a_teachers_losses_are_refused_naming_the_teacher(shards, scored_twice, tokenizers):
+    teachers = {**teachers_of(shards), "third": {"teacher": str(shards / "qwen"), "dtype": "float32"}}
+    with pytest.raises(ValueError, match="no losses of teacher 'third'.*--name third"):
+        fit(scored_twice, tokenizers, teachers=teachers, teacher_losses="cached")
+    renamed = {"mistral": teachers["mistral"], "qwen": {"teacher": str(shards / "mistral"), "dtype": "float32"}}
+    with pytest.raises(ValueError, match="teacher 'qwen': the shards' teacher_loss.qwen was scored by"):
+        fit(scored_twice, tokenizers, teachers=renamed, teacher_losses="cached")
+
+
+def test_a_teacher_that_cant_read_its_tokens_is_refused_before_any_step(shards, tokenizers):
+    """The Qwen2.5 tokenizer's ids run past a Mistral-sized embedding: named, at FIT_START."""
+    teachers = {**teachers_of(shards), "qwen": {"teacher": str(shards / "mistral"), "tokenizer": str(shards / "qwen"),
+                                                "dtype": "float32"}}
+    with pytest.raises(ValueError, match="teacher 'qwen': the teacher's embedding has 32000 rows.*151665 tokens"):
+        fit(shards / "shards", tokenizers, teachers=teachers)
+
+
+@pytest.mark.parametrize("teachers, combine, message", [
+    ({"a": "x", "A": "y"}, "min", "two teachers are named 'A'"),
+    ({"a": "x"}, "min", "give one as teacher, several as teachers"),
+    ({"a b": "x", "c": "y"}, "min", "a teacher's name must be"),
+    ({"a": {"teacher": "x", "tokeniser": "t"}, "b": "y"}, "min", "teachers.a: .*unknown: tokeniser"),
+    ({"a": "x", "b": {"teacher": "y", "dtype": "float33"}}, "min", "teachers.b: teacher_dtype must name a torch dtype"),
+    ({"a": "x", "b": "y"}, "max", "combine must be one of"),
+])
+def test_bad_teacher_sets_are_refused_naming_the_problem(teachers, combine, message):
+    with pytest.raises(ValueError, match=message):
+        VocAgnoLM(teachers=teachers, combine=combine)
+    with pytest.raises(ValueError, match="teacher .one. or teachers .several, by name., not both"):
+        VocAgnoLM(teacher="x", teachers={"a": "x", "b": "y"})
+
+
+def test_the_scoring_pass_refuses_a_second_teacher_without_a_name(shards, scored_twice):
+    with pytest.raises(SystemExit, match=r"already scored \(by .*mistral\): a further teacher .* \(--name NAME"):
+        score.main(["--shards", str(scored_twice), "--teacher", str(shards / "mistral"), "--out", str(shards / "x"),
+                    "--device", "cpu"])
+    with pytest.raises(SystemExit, match="holds .*mistral.*'s teacher tokens, not this teacher's: .*--name NAME"):
+        score.main(["--shards", str(scored_twice), "--teacher", str(shards / "qwen"), "--out", str(shards / "x"),
+                    "--device", "cpu"])
+    with pytest.raises(SystemExit, match="already scored by a teacher named 'qwen'"):
+        score.main(["--shards", str(scored_twice), "--teacher", str(shards / "qwen"), "--name", "qwen", "--out",
+                    str(shards / "y"), "--device", "cpu"])
+    with pytest.raises(SystemExit, match="not this teacher's: .*--name NAME"):  # unscored, but not its tokens
+        score.main(["--shards", str(shards / "shards"), "--teacher", str(shards / "qwen"), "--out", str(shards / "z"),
+                    "--device", "cpu"])
+    assert json.loads((scored_twice / "vocagno.json").read_text())["also_scored_by"].keys() == {"qwen"}
