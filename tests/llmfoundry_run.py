@@ -7,7 +7,9 @@ Face folders, makes a token MDS with llm-foundry's own ``convert_dataset_json`` 
 ``conversion/convert_dataset.py`` from the same GSM8K text, then trains with llm-foundry's ``train_from_yaml``:
 (a) its ``text`` loader plus ``algorithms: {vocagno: {teacher: DIR}}``, (b) ``train_loader: {name: vocagno}``,
 (c) the same on shards scored by ``python -m vocagno.score`` with ``teacher_losses: cached``, (d) ``name: vocagno`` on
-a mixture (``dataset.streams``, as llm-foundry writes them). Prints one JSON line per run: the logged
+a mixture (``dataset.streams``, as llm-foundry writes them), (e) two teachers of two vocabularies (``teachers:``, a
+tiny Mistral-vocabulary teacher beside the Qwen2.5 one) on our shards with 2 loader workers and on its ``text``
+loader. Prints one JSON line per run: the logged
 ``loss/train/kept_fraction`` and per-stream (``vocagno/...``) values, whether a teacher was loaded, the installed
 versions.
 """
@@ -28,7 +30,9 @@ from composer.loggers import InMemoryLogger  # noqa: E402
 from llmfoundry.command_utils import train_from_yaml  # noqa: E402
 from llmfoundry.command_utils.data_prep.convert_dataset_json import convert_dataset_json  # noqa: E402
 from omegaconf import OmegaConf as om  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+from transformers import (  # noqa: E402
+    LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+)
 
 from conversion import convert_dataset  # noqa: E402
 from vocagno import score  # noqa: E402
@@ -50,7 +54,7 @@ def tiny_model(config_class, model_class, tokenizer_name: str, folder: Path) -> 
     return str(folder)
 
 
-def run(work: Path, name: str, train_loader: dict, student: str, teacher: str, **options) -> dict:
+def run(work: Path, name: str, train_loader: dict, student: str, teacher: str | None, **options) -> dict:
     config = {
         "run_name": name,
         "seed": 0,
@@ -58,7 +62,8 @@ def run(work: Path, name: str, train_loader: dict, student: str, teacher: str, *
         "model": {"name": "hf_causal_lm", "pretrained_model_name_or_path": student, "pretrained": True},
         "tokenizer": {"name": student, "kwargs": {"model_max_length": SEQ_LEN}},
         "train_loader": train_loader,
-        "algorithms": {"vocagno": {"teacher": teacher, "teacher_dtype": "float32", **options}},
+        "algorithms": {"vocagno": {**({"teacher": teacher, "teacher_dtype": "float32"} if teacher else {}),
+                                   **options}},
         "optimizer": {"name": "decoupled_adamw", "lr": 1.0e-3, "weight_decay": 0.0},
         "scheduler": {"name": "constant_with_warmup", "t_warmup": "0ba"},
         "max_duration": "3ba",
@@ -78,8 +83,11 @@ def run(work: Path, name: str, train_loader: dict, student: str, teacher: str, *
     kept = [float(value) for _, value in memory.data.get("loss/train/kept_fraction", [])]
     streams = {k: [float(v) for _, v in values] for k, values in memory.data.items()
                if k.startswith(("vocagno/stream_share/", "vocagno/kept_fraction/"))}
+    shares = {k: [float(v) for _, v in values] for k, values in memory.data.items()
+              if k.startswith("vocagno/teacher_share/")}
     algorithm = next(a for a in trainer.state.algorithms if isinstance(a, VocAgnoLM))
-    return {"run": name, "kept_fraction": kept, "streams": streams, "batches": int(trainer.state.timestamp.batch),
+    return {"run": name, "kept_fraction": kept, "streams": streams, "shares": shares,
+            "batches": int(trainer.state.timestamp.batch),
             "teacher_loaded": algorithm.scorer is not None,
             "collate": type(trainer.state.train_dataloader.collate_fn).__name__}
 
@@ -87,6 +95,8 @@ def run(work: Path, name: str, train_loader: dict, student: str, teacher: str, *
 def main(work: Path) -> None:
     student = tiny_model(LlamaConfig, LlamaForCausalLM, "llama2", work / "student")
     teacher = tiny_model(Qwen2Config, Qwen2ForCausalLM, "qwen2.5", work / "teacher")
+    second = tiny_model(MistralConfig, MistralForCausalLM, "mistral", work / "second")
+    teachers = {"qwen": {"teacher": teacher, "dtype": "float32"}, "mistral": {"teacher": second, "dtype": "float32"}}
     convert_dataset_json(path=str(TEXT), out_root=str(work / "tokens"), compression=None, concat_tokens=SEQ_LEN,
                          split="train", tokenizer=student, eos_text="</s>")
     convert_dataset.main(["--input", str(TEXT), "--student-tokenizer", student, "--teacher-tokenizer", teacher,
@@ -113,6 +123,12 @@ def main(work: Path) -> None:
         run(work, "vocagno-loader-mixture", {"name": "vocagno", "dataset": {"streams": {
             name: {"local": str(work / "mixture" / name), "proportion": 0.5} for name in ("gsm8k", "heldout")},
             "shuffle": True, "epoch_size": 64}, "drop_last": True, "num_workers": 0}, student, teacher),
+        # Two teachers: the Qwen2.5 one reads the shards' teacher tokens, the Mistral one's are made in the workers.
+        run(work, "vocagno-loader-two-teachers", {"name": "vocagno", "dataset": {"local": str(work / "shards"),
+            "shuffle": False}, "drop_last": True, "num_workers": 2}, student, None, teachers=teachers),
+        run(work, "text-loader-two-teachers", {"name": "text", "dataset": {"local": str(work / "tokens"),
+            "split": None, "shuffle": False, "max_seq_len": SEQ_LEN}, "drop_last": True, "num_workers": 0,
+            "prefetch_factor": None, "persistent_workers": False}, student, None, teachers=teachers, combine="mean"),
     ]
     for result in runs:
         print(json.dumps({**result, "versions": versions}), flush=True)

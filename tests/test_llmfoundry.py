@@ -54,7 +54,9 @@ def test_llmfoundry_trains_with_vocagno_on_its_own_text_loader_and_on_ours(found
     """(a) llm-foundry's ``text`` loader on a token MDS from its ``convert_dataset_json``, the teacher side made per
     batch, in the training process and in 2 loader workers; (b) ``train_loader: {name: vocagno}`` on our shards; (c)
     the same on shards scored once, with cached teacher losses and no teacher loaded; (d) ``name: vocagno`` on a
-    mixture of two streams, logging each one's share and kept fraction. All log ``loss/train/kept_fraction``
+    mixture of two streams, logging each one's share and kept fraction; (e) two teachers (``teachers:``) on our
+    loader with 2 workers making the second teacher's side, and on its text loader, logging each teacher's share.
+    All log ``loss/train/kept_fraction``
     (tokenizers: TinyLlama's and Qwen2.5's, models: tiny random-init)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VOCAGNO_CACHE")}
     result = _run([foundry_python, str(REPO / "tests" / "llmfoundry_run.py"), str(tmp_path)], 1200, cwd=tmp_path,
@@ -62,8 +64,8 @@ def test_llmfoundry_trains_with_vocagno_on_its_own_text_loader_and_on_ours(found
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     runs = {r["run"]: r for r in map(json.loads, (line for line in result.stdout.splitlines() if line.startswith("{")))}
     assert set(runs) == {"text-loader", "text-loader-workers", "vocagno-loader", "vocagno-loader-cached",
-                         "vocagno-loader-mixture"}
-    assert [run["teacher_loaded"] for run in runs.values()] == [True, True, True, False, True]
+                         "vocagno-loader-mixture", "vocagno-loader-two-teachers", "text-loader-two-teachers"}
+    assert [run["teacher_loaded"] for run in runs.values()] == [True, True, True, False, True, True, True]
     # With workers they make the teacher side, and the run is the same: the same kept fractions, step by step.
     assert runs["text-loader-workers"]["collate"] == "WithTeacherSide" != runs["text-loader"]["collate"]
     assert runs["text-loader-workers"]["kept_fraction"] == runs["text-loader"]["kept_fraction"]
@@ -80,3 +82,13 @@ def test_llmfoundry_trains_with_vocagno_on_its_own_text_loader_and_on_ours(found
         assert mixture["vocagno/stream_share/gsm8k"][step] + mixture["vocagno/stream_share/heldout"][step] == 1.0
     assert all(0.2 < kept < 0.7 for name in ("gsm8k", "heldout") for kept in mixture[f"vocagno/kept_fraction/{name}"])
     assert all(not run["streams"] for name, run in runs.items() if name != "vocagno-loader-mixture")
+    # Two teachers: each one's share of the kept tokens every step (min: they add up to 1; mean: each at most 1).
+    assert runs["vocagno-loader-two-teachers"]["collate"] == "WithOtherTeachers"
+    for name, run in runs.items():
+        if "two-teachers" not in name:
+            assert not run["shares"]
+            continue
+        assert sorted(run["shares"]) == ["vocagno/teacher_share/mistral", "vocagno/teacher_share/qwen"]
+        for step in range(3):
+            mistral, qwen = (run["shares"][f"vocagno/teacher_share/{n}"][step] for n in ("mistral", "qwen"))
+            assert (mistral + qwen == 1.0) if name.startswith("vocagno") else (0 < mistral <= 1 and 0 < qwen <= 1)
