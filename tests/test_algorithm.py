@@ -295,7 +295,7 @@ def test_teacher_scoring_stays_within_2_gib_above_its_weights():
 
 
 def test_student_and_teacher_attend_with_sdpa(tmp_path):
-    """What the README says: PyTorch's SDPA attention for both, as transformers gives by default."""
+    """What docs/many-nodes.md says: PyTorch's SDPA attention for both, as transformers gives by default."""
     from omegaconf import OmegaConf
 
     import train

@@ -142,7 +142,7 @@ def test_kill_and_resume_gives_the_uninterrupted_samples(sample_samples, tmp_pat
     root = tmp_path / "killed"
     command = [sys.executable, str(REPO / "conversion" / "convert_dataset.py"), "--input", SAMPLE, *BASE_ARGS,
                "--out-root", str(root), "--docs-per-part", "25"]
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}  # run as the README says
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}  # run as docs/conversion.md says
     process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while len(list(root.glob("part-*/part.json"))) < 2 and time.time() < deadline and process.poll() is None:
@@ -706,7 +706,7 @@ def test_long_documents_are_packed_a_group_at_a_time_into_the_same_samples(tmp_p
 
 
 def test_memory_does_not_grow_with_the_length_of_a_document(tmp_path):
-    """Peak RSS of the converter (run as the README says) for a one-line 1 MB document and a 7 MB one: long
+    """Peak RSS of the converter (run as docs/conversion.md says) for a one-line 1 MB document and a 7 MB one: long
     documents go through a group of pieces at a time, and freed blocks go back to the system (glibc otherwise keeps
     them: +0.47 GB from 1 to 8 MB before, 1.43 GB at 8 MB; 6.4 GB for 50 MB before pieces and groups)."""
     text = " ".join(json.loads(line)["text"] for line in open(SAMPLE, encoding="utf-8"))

@@ -30,7 +30,8 @@ def test_gold_answers_grade_at_least_99_percent(gold_results):
     for name in OFFLINE:
         rows = [json.loads(line) for line in open(out / f"{name}.jsonl")]
         print(f"{name}: {results[name]:.2f}% of {len(rows)}")
-        # The README's figures: MathQA loses three rationales that say "the answer is a..." before their last line.
+        # docs/evaluation.md's figures (vocagno.eval --gold): MathQA loses three rationales that say "the answer is
+        # a..." before their last line.
         assert round(results[name], 1) == (99.7 if name == "mathqa" else 100.0), name
         assert len(rows) == len(load_benchmark(name, SHIPPED_DATA)) > 0
     assert results["tabmwp"].startswith("unavailable: ")  # said, not skipped silently

@@ -51,7 +51,7 @@ def _mount_namespaces():
     why = private_shm_works()
     if why:
         pytest.skip(f"multi-node rehearsal needs a mount namespace per node (unshare -m, as root): {why}; run "
-                    "pytest tests/test_multinode.py as root (README: Many nodes)")
+                    "pytest tests/test_multinode.py as root (docs/many-nodes.md)")
 
 
 def free_port() -> int:

@@ -105,7 +105,7 @@ def test_a_teacher_that_learned_the_text_keeps_it_and_the_controls_keep_the_clea
     """The shipped teacher (the GSM8K problems it was trained on are not these) ranks alone, with a flat student: its
     top 40% holds clean text well above the clean share; a random selection and the same teacher at initialization
     keep the clean share. (Measured: 0.670 against 0.460; the chunk-level variants, which average the loss over
-    whole stretches of a row, do better on these canaries, whole documents of noise: README, What a teacher keeps.)"""
+    whole stretches of a row, do better on these canaries, whole documents of noise: docs/selection.md.)"""
     report, _ = measured
     variants, clean_share = report["variants"], report["clean_share"]
     assert set(variants) == {"topk", "chunk_1", "chunk_4", "chunk_16", "random", "untrained_teacher"}
