@@ -26,6 +26,19 @@ the clean mapped tokens it keeps), against the clean share (what a random select
 ``--json``, ``--html``) gives also the teacher's and the student's mean loss per kind of text and, per document, the
 fraction of its tokens the top-k keeps; a mean over no tokens is NaN in the terminal, null in ``--json``. With several
 ranks, rank 0 alone reports and writes ``--json`` and ``--html``.
+
+Several teachers (``vocagno.teachers``): ``--teacher NAME=MODEL`` (or ``MODEL``, named by its folder's name) given
+several times, each folder holding its tokenizer, or ``--config`` with a ``teachers:`` section; ``--combine min|mean``
+(default: the yaml's ``algorithms.vocagno.combine``, else min). They score as ``vocagno.score`` does: the first whose
+vocabulary is the shards' teacher vocabulary scores the rows' teacher tokens, each other one tokens made from the
+text, under its name. Every variant above selects on their combination, but ``untrained_teacher``, which is the first
+teacher's control alone. The report adds each teacher's top-k alone (its own losses, the same selection) and its
+share of the combination's kept mapped tokens whose reference it gave (``--json``: ``"teachers": {NAME: {"topk":
+{"precision", "recall", "kept_share"}, "share"}}``, absent with one teacher), and the page can colour each token by
+the teacher that gave its reference:
+
+    python -m vocagno.selection --shards DIR --teacher math=MATH_FOLDER --teacher latex=LATEX_FOLDER --canaries 0.5
+    python -m vocagno.selection --shards DIR --config yamls/tiny_two_teachers.yaml --combine mean --canaries 0.5
 """
 
 from __future__ import annotations
