@@ -311,22 +311,26 @@ def main(cfg: DictConfig) -> Trainer:
 
 
 def report_selection(cfg: DictConfig, trainer: Trainer, sharded: bool) -> None:
-    """The yaml's ``selection_report``: what the run's teacher keeps of held-out shards (``shards``, default the
-    eval loader's) with canaries, the student just trained ranking with it (``vocagno.selection``), printed."""
+    """The yaml's ``selection_report``: what the run's teacher (or teachers, on their ``combine``) keeps of held-out
+    shards (``shards``, default the eval loader's) with canaries, the student just trained ranking with it
+    (``vocagno.selection``), printed."""
     from vocagno.score import Teacher
     from vocagno.selection import BadInput, Settings, run
 
     section = cfg.selection_report
     shards = section.get("shards") or om.select(cfg, "eval_loader.dataset.local")
     skipped = ("the student is sharded (FSDP): run python -m vocagno.selection --student CHECKPOINT" if sharded else
-               "it needs a teacher: section" if cfg.get("teacher") is None else
-               "no shards: give selection_report.shards or an eval_loader" if shards is None else None)
+               "it needs a teacher: or teachers: section" if cfg.get("teacher") is None and cfg.get("teachers") is None
+               else "no shards: give selection_report.shards or an eval_loader" if shards is None else None)
     if skipped:
         print(f"selection_report skipped: {skipped}", flush=True)
         return
     student = trainer.state.model.model
+    teachers = ([Teacher.from_config(cfg, "the run's teachers", name) for name in cfg.teachers]
+                if cfg.get("teachers") is not None else Teacher.from_config(cfg, "the run's teacher"))
+    combine = ((cfg.get("algorithms") or {}).get("vocagno") or {}).get("combine", "min")
     try:
-        report = run(shards, Teacher.from_config(cfg, "the run's teacher"), Settings.from_config(cfg), student=student,
+        report = run(shards, teachers, Settings.from_config(cfg), student=student, combine=combine,
                      student_name=f"{cfg.run_name} after {int(trainer.state.timestamp.batch)} batches",
                      samples=section.get("samples") or 64, canaries=section.get("canaries") or 0.5, seed=cfg.seed,
                      device=str(next(student.parameters()).device))

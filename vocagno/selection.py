@@ -26,6 +26,19 @@ the clean mapped tokens it keeps), against the clean share (what a random select
 ``--json``, ``--html``) gives also the teacher's and the student's mean loss per kind of text and, per document, the
 fraction of its tokens the top-k keeps; a mean over no tokens is NaN in the terminal, null in ``--json``. With several
 ranks, rank 0 alone reports and writes ``--json`` and ``--html``.
+
+Several teachers (``vocagno.teachers``): ``--teacher NAME=MODEL`` (or ``MODEL``, named by its folder's name) given
+several times, each folder holding its tokenizer, or ``--config`` with a ``teachers:`` section; ``--combine min|mean``
+(default: the yaml's ``algorithms.vocagno.combine``, else min). They score as ``vocagno.score`` does: the first whose
+vocabulary is the shards' teacher vocabulary scores the rows' teacher tokens, each other one tokens made from the
+text, under its name. Every variant above selects on their combination, but ``untrained_teacher``, which is the first
+teacher's control alone. The report adds each teacher's top-k alone (its own losses, the same selection) and its
+share of the combination's kept mapped tokens whose reference it gave (``--json``: ``"teachers": {NAME: {"topk":
+{"precision", "recall", "kept_share"}, "share"}}``, absent with one teacher), and the page can colour each token by
+the teacher that gave its reference:
+
+    python -m vocagno.selection --shards DIR --teacher math=MATH_FOLDER --teacher latex=LATEX_FOLDER --canaries 0.5
+    python -m vocagno.selection --shards DIR --config yamls/tiny_two_teachers.yaml --combine mean --canaries 0.5
 """
 
 from __future__ import annotations
@@ -51,8 +64,10 @@ from tqdm import tqdm
 
 from vocagno.alignment import check_alignment, chunk_align
 from vocagno.canaries import CLEAN, NOISE, Canaries, clean_documents, mix, pack
-from vocagno.loss import check_options, excess_loss, next_token_cross_entropy, select_random, select_top
-from vocagno.shards import COLUMNS, METADATA_FILE, SHARD_HASH, ShardMetadata, describe_tokenizer
+from vocagno.loss import (check_options, excess_loss, next_token_cross_entropy, reference_loss, select_random,
+                          select_top)
+from vocagno.shards import (COLUMNS, METADATA_FILE, SHARD_HASH, ShardMetadata, align_column, check_teacher_name,
+                             describe_tokenizer, loss_column)
 from vocagno.untrusted import UntrustedFile
 
 __all__ = ["Settings", "Report", "measure", "main"]
@@ -102,12 +117,13 @@ class Settings:
 
 
 # ------------------------------------------------------------------------------------------------- the measurement
-def choose(student_loss: torch.Tensor, labels: torch.Tensor, teacher_loss: torch.Tensor, start: torch.Tensor,
-           end: torch.Tensor, settings: Settings, aggregation: str, random_draw: torch.Generator | None = None):
+def choose(student_loss: torch.Tensor, labels: torch.Tensor, teacher_loss, start, end, settings: Settings,
+           aggregation: str, random_draw: torch.Generator | None = None, combine: str = "min"):
     """Which predicted tokens a selection keeps, as ``VocAgnoLM`` keeps them: ``(selected, mapped, teacher)``, each
     ``[R, N - 1]``: the top-k (or a random draw, given ``random_draw``) of the mapped tokens, over each group of
-    ``rows_per_selection`` rows or per row (``sequence``); the mapped tokens; the aggregated teacher loss."""
-    score, teacher = excess_loss(student_loss, labels, teacher_loss, start, end, aggregation)
+    ``rows_per_selection`` rows or per row (``sequence``); the mapped tokens; the aggregated teacher loss (with
+    several teachers, ``teacher_loss``, ``start`` and ``end`` sequences, their ``combine``)."""
+    score, teacher = excess_loss(student_loss, labels, teacher_loss, start, end, aggregation, combine=combine)
     selected = torch.zeros_like(score, dtype=torch.bool)
     per_sequence = settings.selection_scope == "sequence"
     for begin in range(0, score.shape[0], settings.rows_per_selection):
@@ -137,12 +153,16 @@ class Report:
     unmapped_kept: int
     dropped_tokens: int
     seconds: float = 0.0
+    # several teachers: each one's top-k alone and its share of the combination's kept tokens, by name
+    teachers: dict[str, dict[str, Any]] = field(default_factory=dict)
     page_rows: list[dict] = field(default_factory=list, repr=False)
 
     def as_json(self) -> dict[str, Any]:
         """The report as JSON values: a mean over no tokens (NaN) is None, as strict JSON has no NaN."""
         value = asdict(self)
         value.pop("page_rows")
+        if not self.teachers:  # one teacher: the report as it has always been
+            value.pop("teachers")
         value["settings"] = asdict(self.settings)
         value["bins"] = [round(k / BINS, 2) for k in range(BINS + 1)]
         return _finite(value)
@@ -161,6 +181,13 @@ class Report:
         for name, row in self.variants.items():
             shares = "  ".join(f"{row['kept_share'][k]:>20.3f}" for k in self.kinds)
             lines.append(f"{name:<20}{row['precision']:>10.3f}{row['recall']:>8.3f}   {shares}")
+        if self.teachers:
+            lines += ["", f"{'each teacher alone':<20}{'precision':>10}{'recall':>8}   kept share of each kind's "
+                      "mapped tokens; share of the topk's kept mapped tokens whose reference it gave"]
+            for name, row in self.teachers.items():
+                shares = "  ".join(f"{row['topk']['kept_share'][k]:>20.3f}" for k in self.kinds)
+                lines.append(f"{name:<20}{row['topk']['precision']:>10.3f}{row['topk']['recall']:>8.3f}   {shares}"
+                             f"   gave {row['share']:.3f}")
         lines += ["", f"topk: {self.settings.describe()}; it keeps {self.unmapped_kept:,} unmapped tokens besides"
                   if self.settings.unmapped == "include" else f"topk: {self.settings.describe()}", "",
                   f"{'mean loss per token (nats)':<28}" + "".join(f"{k:>22}" for k in self.kinds)]
@@ -181,7 +208,7 @@ class Report:
 
         data = {"kinds": self.kinds, "rows": self.page_rows,
                 "variants": {k: {"precision": v["precision"], "recall": v["recall"]} for k, v in self.variants.items()},
-                "clean_share": self.clean_share, "settings": self.settings.describe()}
+                "clean_share": self.clean_share, "settings": self.settings.describe(), "teachers": list(self.teachers)}
         return _PAGE.replace("__TITLE__", html.escape(title)).replace("__DATA__", script_json(data))
 
 
@@ -202,42 +229,57 @@ def _mean(values: torch.Tensor, where: torch.Tensor) -> float:
 
 def measure(rows: dict[str, torch.Tensor], canaries: Canaries, teacher_losses: dict[str, torch.Tensor],
             student_loss: torch.Tensor, settings: Settings, seed: int, names: dict[str, str],
-            page_rows: int = 12, pieces=None) -> Report:
+            page_rows: int = 12, pieces=None, teacher_names: list[str] | tuple = (), combine: str = "min") -> Report:
     """The report for collated ``rows`` (``TeacherGuidedCollator``'s keys) labelled by ``canaries``, with the teacher
-    losses ``{"teacher": [R, M], "untrained_teacher": [R, M]}`` and the student's ``[R, N - 1]``."""
+    losses ``{"teacher": [R, M], "untrained_teacher": [R, M]}`` and the student's ``[R, N - 1]``.
+
+    Several teachers (``teacher_names``, the first the one whose losses are ``teacher_losses["teacher"]``; the
+    others' losses and alignment in ``rows`` under ``batch_key(NAME, ...)``): every variant but ``untrained_teacher``
+    (the first teacher's) selects on their ``combine``, and ``Report.teachers`` gives each teacher's top-k alone and
+    its share of the combination's kept tokens."""
+    from vocagno.data import batch_key
+
     labels = rows["labels"][:, 1:]
     kind = torch.from_numpy(np.stack(canaries.kind))[:, 1:]
     document = torch.from_numpy(np.stack(canaries.document))[:, 1:]
-    token_start, token_end = rows["align_start"][:, 1:], rows["align_end"][:, 1:]
     lengths = rows["attention_mask"].sum(1)
-    teacher_lengths = rows["teacher_attention_mask"].sum(1)
     width = rows["input_ids"].shape[1]
+    several = len(teacher_names) > 1
+    # each teacher's losses [R, M_t], its alignment over the predicted tokens, and its tokens per row
+    own = {teacher_names[0] if several else "teacher": (
+        teacher_losses["teacher"], rows["align_start"][:, 1:], rows["align_end"][:, 1:],
+        rows["teacher_attention_mask"].sum(1))}
+    for name in teacher_names[1:]:
+        loss = rows[batch_key(name, "token_loss")]
+        own[name] = (loss, rows[batch_key(name, "align_start")][:, 1:], rows[batch_key(name, "align_end")][:, 1:],
+                     _token_counts(loss))
+
+    def aligned(chunks: int | None, who: list[str]) -> tuple[list, list, list]:
+        """The losses, starts and ends of the teachers ``who``, token-aligned or in ``chunks`` chunks."""
+        if chunks is None:
+            return [own[w][0] for w in who], [own[w][1] for w in who], [own[w][2] for w in who]
+        spans = [[x[:, 1:] for x in chunk_align(lengths, own[w][3], chunks, width)] for w in who]
+        return [own[w][0] for w in who], [s for s, _ in spans], [e for _, e in spans]
+
     trained_as = (settings.num_chunks if settings.alignment == "chunk" else None, settings.aggregation,
                   settings.selection == "random")  # the selection training makes
-    variants = {"topk": ("teacher", *trained_as)}
+    everyone = list(own)
+    variants = {"topk": (everyone, *trained_as)}
     for n in CHUNKS:
-        variants[f"chunk_{n}"] = ("teacher", n, "mean", False)  # the reconstruction takes the chunk's mean loss
-    variants["random"] = ("teacher", None, settings.aggregation, True)
-    variants["untrained_teacher"] = ("untrained_teacher", *trained_as)
+        variants[f"chunk_{n}"] = (everyone, n, "mean", False)  # the reconstruction takes the chunk's mean loss
+    variants["random"] = (everyone, None, settings.aggregation, True)
+    variants["untrained_teacher"] = (None, *trained_as)  # the first teacher at initialization
 
-    results, chosen = {}, {}
-    for name, (who, chunks, aggregation, at_random) in variants.items():
-        if chunks is None:
-            start, end = token_start, token_end
-        else:
-            start, end = (x[:, 1:] for x in chunk_align(lengths, teacher_lengths, chunks, width))
+    def selection_of(who: list[str] | None, chunks, aggregation, at_random):
+        losses, starts, ends = aligned(chunks, who or everyone[:1])
+        if who is None:
+            losses = [teacher_losses["untrained_teacher"]]
         draw = torch.Generator().manual_seed(seed) if at_random else None
-        selected, mapped, teacher = choose(student_loss, labels, teacher_losses[who], start, end, settings,
-                                           aggregation, draw)
-        chosen[name] = (selected, mapped, teacher)
-        kept = selected & mapped & (kind >= 0)
-        clean = (kind == 0) & mapped
-        results[name] = {
-            "precision": float((kept & clean).sum() / kept.sum().clamp(min=1)),
-            "recall": float((kept & clean).sum() / clean.sum().clamp(min=1)),
-            "kept_share": {k: float((kept & (kind == i)).sum() / ((kind == i) & mapped).sum().clamp(min=1))
-                           for i, k in enumerate(canaries.kinds)},
-        }
+        return choose(student_loss, labels, losses, starts, ends, settings, aggregation, draw, combine)
+
+    chosen = {name: selection_of(*variant) for name, variant in variants.items()}
+    results = {name: _precision(selected, mapped, kind, canaries.kinds)
+               for name, (selected, mapped, _) in chosen.items()}
 
     selected, mapped, teacher = chosen["topk"]
     has_label = labels != -100
@@ -248,6 +290,16 @@ def measure(rows: dict[str, torch.Tensor], canaries: Canaries, teacher_losses: d
         losses["teacher"][k] = _mean(teacher, where)
         losses["teacher at initialization"][k] = _mean(untrained, where & torch.isfinite(untrained))
         losses["student"][k] = _mean(student_loss, (kind == i) & has_label)
+    alone, gave = {}, None
+    if several:
+        _, gave = reference_loss(*aligned(trained_as[0], everyone), settings.aggregation, combine)
+        kept_mapped = selected & mapped
+        for t, name in enumerate(everyone):
+            its_selected, its_mapped, its_loss = selection_of([name], *trained_as)
+            alone[name] = {"topk": _precision(its_selected, its_mapped, kind, canaries.kinds),
+                           "share": float((gave[t] & kept_mapped).sum() / kept_mapped.sum().clamp(min=1))}
+            losses[f"{name} alone"] = {k: _mean(its_loss, (kind == i) & its_mapped)
+                                       for i, k in enumerate(canaries.kinds)}
     histogram = {}
     kept_per_document = np.bincount(document[selected & mapped & (document >= 0)].numpy(),
                                     minlength=len(canaries.documents))
@@ -265,16 +317,38 @@ def measure(rows: dict[str, torch.Tensor], canaries: Canaries, teacher_losses: d
         clean_share=float(((kind == 0) & mapped).sum()) / max(mapped_count, 1),
         canaries=sum(k != CLEAN for k, _ in canaries.documents) / max(len(canaries.documents), 1),
         variants=results, losses=losses, kept_histogram=histogram, unmapped_kept=unmapped_kept,
-        dropped_tokens=canaries.dropped_tokens)
+        dropped_tokens=canaries.dropped_tokens, teachers=alone)
+    givers = None if gave is None else (everyone, gave)
     report.page_rows = _page_rows(canaries, kind, teacher, student_loss, selected, mapped, has_label, settings,
-                                  page_rows, pieces)
+                                  page_rows, pieces, givers)
     return report
 
 
+def _precision(selected: torch.Tensor, mapped: torch.Tensor, kind: torch.Tensor, kinds: list[str]) -> dict[str, Any]:
+    """A selection's precision and recall of the clean mapped tokens, and the share of each kind's it keeps."""
+    kept = selected & mapped & (kind >= 0)
+    clean = (kind == 0) & mapped
+    return {
+        "precision": float((kept & clean).sum() / kept.sum().clamp(min=1)),
+        "recall": float((kept & clean).sum() / clean.sum().clamp(min=1)),
+        "kept_share": {k: float((kept & (kind == i)).sum() / ((kind == i) & mapped).sum().clamp(min=1))
+                       for i, k in enumerate(kinds)},
+    }
+
+
+def _token_counts(loss: torch.Tensor) -> torch.Tensor:
+    """Each row's teacher tokens, of losses ``[R, M]`` padded with NaN (the first token's loss is NaN too: a row
+    counts up to its last defined loss)."""
+    positions = torch.arange(1, loss.shape[1] + 1)
+    return (positions * ~torch.isnan(loss)).amax(1)
+
+
 def _page_rows(canaries: Canaries, kind, teacher, student_loss, selected, mapped, has_label, settings, count,
-               pieces) -> list[dict]:
+               pieces, givers=None) -> list[dict]:
     """The first ``count`` rows for the page: each student token's text (or piece, for specials), kind, teacher and
-    student loss, and whether the top-k keeps it (the row's first token predicts nothing: it is never kept)."""
+    student loss, and whether the top-k keeps it (the row's first token predicts nothing: it is never kept); with
+    several teachers (``givers``: their names and ``reference_loss``'s ``gave``), the teacher(s) that gave its
+    reference (``by``: a name, names joined by '+' for ``mean``, or None)."""
     rows = []
     for r in range(min(count, len(canaries.samples))):
         sample = canaries.samples[r]
@@ -295,6 +369,9 @@ def _page_rows(canaries: Canaries, kind, teacher, student_loss, selected, mapped
                 "teacher": round(float(teacher[r, j]), 3) if is_mapped else None,
                 "student": round(float(student_loss[r, j]), 3),
             })
+            if givers is not None:
+                who = [name for name, gave in zip(givers[0], givers[1][:, r, j].tolist()) if gave and is_mapped]
+                tokens[-1]["by"] = "+".join(who) or None
         rows.append({"tokens": tokens})
     return rows
 
@@ -345,7 +422,9 @@ def read_scored(folder: Path) -> list[dict]:
             for sample in read_shard(folder, info, Path(scratch) / str(i)):
                 row = {name: torch.from_numpy(np.array(sample[name], dtype=np.int64))
                        for name in ("student_ids", "student_offsets", "teacher_ids", "teacher_offsets")}
-                rows.append({**row, "text": sample["text"],
+                others = {name: np.asarray(value) for name, value in sample.items()  # other teachers of a set
+                          if name.startswith((loss_column(""), align_column("")))}
+                rows.append({**row, **others, "text": sample["text"],
                              "teacher_loss": torch.from_numpy(np.array(sample["teacher_loss"], dtype=np.float32))})
     return rows
 
@@ -376,10 +455,13 @@ def student_losses(rows: dict[str, torch.Tensor], student: torch.nn.Module | Non
 def run(shards: str, teacher, settings: Settings, *, student: torch.nn.Module | None = None, student_name: str = "",
         samples: int = 64, canaries: float = 0.5, noise: tuple[str, ...] = tuple(NOISE), seed: int = 0,
         device: str = "cpu", work: str | None = None, batch_tokens: int = 16384, rank: int = 0, world: int = 1,
-        page_rows: int = 12) -> Report | None:
-    """Measure what ``teacher`` (a ``vocagno.score.Teacher``) keeps of ``shards`` with canaries; None on ranks other
-    than 0 (rank 0 waits for the others' scores and reports). ``work`` holds the rows and their scores; unset, a
-    temporary folder (one process only)."""
+        page_rows: int = 12, combine: str = "min") -> Report | None:
+    """Measure what ``teacher`` (a ``vocagno.score.Teacher``, or a list of several, each with its ``set_name``,
+    selecting on their ``combine``) keeps of ``shards`` with canaries; None on ranks other than 0 (rank 0 waits for
+    the others' scores and reports). ``work`` holds the rows and their scores; unset, a temporary folder (one process
+    only). Several teachers score as ``vocagno.score`` does: the first whose vocabulary is the shards' teacher
+    vocabulary into ``teacher_loss`` (``work/teacher``), each other one the previous output under its name
+    (``work/teacher+NAME``, ``work/teacher+NAME+NAME2``, ...); the control at initialization is the first's."""
     from vocagno.output import Output, check_or_write_settings
     from vocagno.score import score
     from vocagno.tokenization import load_tokenizer
@@ -387,6 +469,7 @@ def run(shards: str, teacher, settings: Settings, *, student: torch.nn.Module | 
     begin = time.perf_counter()
     shards_root = Path(shards)
     metadata = ShardMetadata.read(shards_root)
+    teachers = _reader_first(teacher if isinstance(teacher, (list, tuple)) else [teacher], metadata)
     try:  # the canaries are converted with the shards' own tokenizers: by the names they were made with
         student_tok, teacher_tok = load_tokenizer(metadata.student.name), load_tokenizer(metadata.teacher.name)
         metadata.check_tokenizers(describe_tokenizer(student_tok, "student"),
@@ -398,7 +481,9 @@ def run(shards: str, teacher, settings: Settings, *, student: torch.nn.Module | 
     folder = Path(tempfile.mkdtemp(prefix="vocagno-selection-") if temporary else work)
     try:
         wanted = {"shards": str(shards_root.resolve()), "samples": samples, "canaries": canaries,
-                  "noise": list(noise), "seed": seed, "teacher": teacher.scored_by}
+                  "noise": list(noise), "seed": seed, "teacher": teachers[0].scored_by}
+        if len(teachers) > 1:
+            wanted["teachers"] = {t.set_name: t.scored_by for t in teachers}
         try:
             check_or_write_settings(Output(str(folder), None), "selection.json", wanted, "selection run", "--work")
         except SystemExit as error:  # a --work folder of another run
@@ -412,14 +497,21 @@ def run(shards: str, teacher, settings: Settings, *, student: torch.nn.Module | 
         if rank == 0 and not (folder / "rows" / "index.json").exists():
             write_rows(made, metadata, folder / "rows")
         _wait_for(folder / "rows" / "index.json")
-        score(str(folder / "rows"), Output(str(folder / "teacher"), None), teacher, device, batch_tokens, rank, world)
-        untrained = teacher.at_initialization(seed)
+        scored_into, previous = "teacher", "rows"
+        for i, each in enumerate(teachers):  # each teacher of a set scores the previous one's output
+            if i:
+                _wait_for(folder / scored_into / "index.json")  # published by the rank that finished it last
+                previous, scored_into = scored_into, f"{scored_into}+{each.set_name}"
+            score(str(folder / previous), Output(str(folder / scored_into), None), each, device, batch_tokens, rank,
+                  world)
+        untrained = teachers[0].at_initialization(seed)
         score(str(folder / "rows"), Output(str(folder / "untrained"), None), untrained, device, batch_tokens, rank,
               world)
         if rank != 0:
             return None  # rank 0 reports: one report, and one writer of --json and --html
-        _wait_for(folder / "untrained" / "index.json")  # published by the rank that finishes scoring last
-        scored = {who: read_scored(folder / who) for who in ("teacher", "untrained")}
+        for done in (scored_into, "untrained"):  # published by the rank that finishes scoring last
+            _wait_for(folder / done / "index.json")
+        scored = {"teacher": read_scored(folder / scored_into), "untrained": read_scored(folder / "untrained")}
         from vocagno.data import TeacherGuidedCollator
 
         collate = TeacherGuidedCollator(student_pad_id=metadata.student.separator_id,
@@ -428,15 +520,32 @@ def run(shards: str, teacher, settings: Settings, *, student: torch.nn.Module | 
         losses = {"teacher": rows["teacher_token_loss"],
                   "untrained_teacher": collate(scored["untrained"])["teacher_token_loss"]}
         student_loss = student_losses(rows, student, metadata.student.vocab_size, 16, device)
-        names = {"teacher": teacher.scored_by["name"],
+        several = [t.set_name for t in teachers] if len(teachers) > 1 else []
+        names = {"teacher": " + ".join(f"{t.set_name} ({t.scored_by['name']})" for t in teachers) + f", {combine}"
+                 if several else teachers[0].scored_by["name"],
                  "student": student_name or f"at initialization (ln {metadata.student.vocab_size:,} per token)"}
         report = measure(rows, made, losses, student_loss, settings, seed, names, page_rows,
-                         student_tok.convert_ids_to_tokens)
+                         student_tok.convert_ids_to_tokens, several, combine)
         report.seconds = round(time.perf_counter() - begin, 1)
         return report
     finally:
         if temporary:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _reader_first(teachers: list, metadata: ShardMetadata) -> list:
+    """``teachers`` with the first whose vocabulary is the shards' teacher vocabulary (it scores their teacher
+    tokens) first; refused when none is, or when several lack distinct names."""
+    if len(teachers) == 1:
+        return teachers
+    names = [t.set_name for t in teachers]
+    if None in names or len({n.lower() for n in names}) < len(names):
+        raise BadInput(f"several teachers need distinct names, got {names}")
+    for i, each in enumerate(teachers):
+        if each.tokenizer is None or metadata.teacher.same_vocabulary(each.tokenizer_info()):
+            return [each, *teachers[:i], *teachers[i + 1:]]
+    raise BadInput(f"none of the teachers {', '.join(names)} reads the shards' teacher tokens (tokenizer "
+                   f"{metadata.teacher.name!r}): one of the set must have that vocabulary")
 
 
 def _wait_for(path: Path, timeout: float = 3600) -> None:
@@ -453,10 +562,17 @@ def main(argv: list[str] | None = None) -> int:
                                      epilog=__doc__.split("\n\n", 2)[2])
     parser.add_argument("--shards", required=True, help="vocagno shards (the converter's, scored or not)")
     teacher = parser.add_mutually_exclusive_group(required=True)
-    teacher.add_argument("--teacher", help="a Hugging Face name or folder, or a shipped model (tiny-math-teacher)")
-    teacher.add_argument("--config", help="a training yaml: its teacher: section and its algorithms.vocagno settings")
+    teacher.add_argument("--teacher", action="append",
+                         help="a Hugging Face name or folder, or a shipped model (tiny-math-teacher); several times "
+                              "for several teachers: NAME=MODEL or MODEL (named by its folder's name), each MODEL's "
+                              "folder holding its tokenizer")
+    teacher.add_argument("--config", help="a training yaml: its teacher: (or teachers:) section and its "
+                                          "algorithms.vocagno settings")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of --config's yaml")
-    parser.add_argument("--teacher-tokenizer", help="the --teacher's tokenizer, when its folder has none")
+    parser.add_argument("--teacher-tokenizer", help="the --teacher's tokenizer, when its folder has none (one teacher)")
+    parser.add_argument("--combine", choices=("min", "mean"),
+                        help="several teachers: how their losses make a token's reference (default: the yaml's, "
+                             "else min)")
     parser.add_argument("--dtype", default="bfloat16", help="the --teacher's dtype (a yaml's says its own)")
     parser.add_argument("--student", help="a Hugging Face name or folder, or a train.py checkpoint (.pt); unset, a "
                                           "student at initialization (a flat loss)")
@@ -508,18 +624,35 @@ def _main(args: argparse.Namespace) -> Report | None:
         raise BadInput(f"{world} ranks need one --work folder they all reach")
     metadata = _read_shards(Path(args.shards))
     try:
+        combine = args.combine or "min"
         if args.config:
             from vocagno.config import load_config
 
             cfg = load_config(args.config, args.overrides)
             settings = Settings.from_config(cfg)
-            chosen = Teacher.from_config(cfg, args.config)
-            teacher_tokenizer = cfg.teacher.tokenizer
+            if cfg.get("teachers") is not None:
+                chosen = _reader_first([Teacher.from_config(cfg, args.config, name) for name in cfg.teachers],
+                                       metadata)
+                combine = args.combine or ((cfg.get("algorithms") or {}).get("vocagno") or {}).get("combine", "min")
+                teacher_tokenizer = chosen[0].tokenizer
+            else:
+                chosen = Teacher.from_config(cfg, args.config)
+                teacher_tokenizer = cfg.teacher.tokenizer
+        elif len(args.teacher) > 1:
+            if args.teacher_tokenizer:
+                raise BadInput("--teacher-tokenizer is for one --teacher: several take each one's folder's tokenizer")
+            settings = Settings()
+            named = _named_teachers(args.teacher)
+            chosen = _reader_first([Teacher(load_teacher(model, args.dtype), model, args.dtype, 1024, model, name)
+                                    for name, model in named.items()], metadata)
+            teacher_tokenizer = chosen[0].tokenizer
         else:
             settings = Settings()
-            chosen = Teacher(load_teacher(args.teacher, args.dtype), args.teacher, args.dtype, 1024)
-            teacher_tokenizer = args.teacher_tokenizer or args.teacher
-        check_teacher_reads(chosen.scorer.model, metadata, load_tokenizer(teacher_tokenizer))
+            model = args.teacher[0].partition("=")[2] or args.teacher[0]
+            chosen = Teacher(load_teacher(model, args.dtype), model, args.dtype, 1024)
+            teacher_tokenizer = args.teacher_tokenizer or model
+        reader = chosen[0] if isinstance(chosen, list) else chosen  # the teacher of the shards' teacher tokens
+        check_teacher_reads(reader.scorer.model, metadata, load_tokenizer(teacher_tokenizer))
         student, student_name = None, ""
         if args.student:
             from vocagno.checkpoint import BadCheckpoint
@@ -536,7 +669,25 @@ def _main(args: argparse.Namespace) -> Report | None:
     device = args.device or (f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu")
     return run(args.shards, chosen, settings, student=student, student_name=student_name, samples=args.samples,
                canaries=args.canaries or 0.0, noise=noise, seed=args.seed, device=device, work=args.work,
-               batch_tokens=args.batch_tokens, rank=rank, world=world, page_rows=args.html_rows)
+               batch_tokens=args.batch_tokens, rank=rank, world=world, page_rows=args.html_rows, combine=combine)
+
+
+def _named_teachers(values: list[str]) -> dict[str, str]:
+    """``--teacher`` values (``NAME=MODEL`` or ``MODEL``, named by its last path part) as name -> model, each name
+    checked and given once."""
+    named = {}
+    for value in values:
+        name, named_so, model = value.partition("=")
+        if not named_so:
+            name, model = Path(value.rstrip("/")).name, value
+        try:
+            check_teacher_name(name, "--teacher")
+        except ValueError as error:
+            raise BadInput(f"{error} (give it one: --teacher NAME={model})") from error
+        if name.lower() in {n.lower() for n in named}:
+            raise BadInput(f"two teachers are named {name!r}: name them apart (--teacher NAME=MODEL)")
+        named[name] = model
+    return named
 
 
 def _read_shards(folder: Path) -> ShardMetadata:
@@ -603,7 +754,19 @@ function summary() {
   legend.append(kept, dropped);
   data.kinds.slice(1).forEach((kind, i) => { const s = document.createElement("span");
     s.className = `canary k${i + 1}`; s.textContent = `canary: ${kind}`; legend.appendChild(s); });
+  if (data.teachers.length) {  // several teachers: a toggle colours tokens by the one that gave their reference
+    const label = document.createElement("label"), box = document.createElement("input");
+    box.type = "checkbox"; box.id = "byTeacher"; box.onchange = () => { document.getElementById("rows").innerHTML = "";
+      render(); };
+    label.append(box, " colour by the teacher that gave the reference:");
+    legend.appendChild(label);
+    data.teachers.forEach((name, i) => { const s = document.createElement("span"); s.textContent = name;
+      s.style.background = teacherColour(name); legend.appendChild(s); });
+  }
 }
+const teacherColour = by => by === null || by === undefined ? "#e5e7eb" : by.includes("+") ? "#d4d4d8" :
+  `hsl(${(data.teachers.indexOf(by) * 137) % 360}, 70%, 80%)`;
+const byTeacher = () => { const box = document.getElementById("byTeacher"); return box !== null && box.checked; };
 function render() {
   const box = document.getElementById("rows");
   data.rows.forEach((row, r) => {
@@ -612,7 +775,7 @@ function render() {
       const span = document.createElement("span");
       span.className = "tok";
       if (t.t === "") { span.classList.add("special"); span.textContent = t.piece; }
-      else { span.textContent = t.t; span.style.background = colour(t.teacher); }
+      else { span.textContent = t.t; span.style.background = byTeacher() ? teacherColour(t.by) : colour(t.teacher); }
       if (t.kept === true) span.classList.add("kept");
       if (t.kept === false) span.classList.add("dropped");
       if (t.k > 0) span.classList.add("canary", "k" + t.k);
@@ -621,7 +784,8 @@ function render() {
         const teacher = t.teacher === null || t.teacher === undefined ? "none" : t.teacher.toFixed(3);
         const state = t.kept === null ? "predicts nothing (a row's first token)" : t.kept ? "kept" : "dropped";
         document.getElementById("info").textContent = `row ${r}  ${JSON.stringify(t.piece)}  ${kind}  ` +
-          `teacher loss ${teacher}  student loss ${t.student === undefined ? "-" : t.student.toFixed(3)}  ${state}`;
+          `teacher loss ${teacher}${t.by ? " (" + t.by + ")" : ""}  ` +
+          `student loss ${t.student === undefined ? "-" : t.student.toFixed(3)}  ${state}`;
       };
       div.appendChild(span);
     });

@@ -1,0 +1,127 @@
+"""vocagno.selection with several teachers: each teacher alone and their combination, on real tokenizers and text
+(GSM8K held-out text in llama2 / mistral shards; the shipped tiny-math-teacher reads the shards' teacher tokens, a
+tiny random Qwen2.5-vocabulary teacher reads tokens made from the text)."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from streaming.base.util import clean_stale_shared_memory
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from tests.test_selection import REPO, TEXT, convert
+from vocagno import selection
+from vocagno.tokenization import resolve_shipped
+
+SAMPLES = ["--samples", "16", "--canaries", "0.5", "--dtype", "float32"]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, tokenizers):
+    root = tmp_path_factory.mktemp("selection_teachers")
+    texts = [json.loads(line)["text"] for line in open(TEXT / "gsm8k_heldout_100.jsonl", encoding="utf-8")][:40]
+    shards = convert(texts, root / "shards")
+    # the shipped teacher with its tokenizer in its folder, as several --teacher values take it
+    shutil.copytree(resolve_shipped("tiny-math-teacher"), root / "math")
+    tokenizers["mistral"].save_pretrained(root / "math")
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=152064, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512)
+                     ).save_pretrained(root / "qwen")
+    tokenizers["qwen2.5"].save_pretrained(root / "qwen")
+    return root, shards
+
+
+def report_of(root, name: str, arguments: list[str]) -> dict:
+    clean_stale_shared_memory()
+    assert selection.main([*arguments, *SAMPLES, "--json", str(root / f"{name}.json"),
+                           "--html", str(root / f"{name}.html")]) == 0
+    return json.loads((root / f"{name}.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def two(setup):
+    root, shards = setup
+    return report_of(root, "two", ["--shards", str(shards), "--teacher", f"qwen={root / 'qwen'}",
+                                   "--teacher", f"math={root / 'math'}"])
+
+
+@pytest.fixture(scope="module")
+def math_alone(setup):
+    root, shards = setup
+    return report_of(root, "alone", ["--shards", str(shards), "--teacher", str(root / "math")])
+
+
+def test_two_teachers_report_each_alone_and_their_combination(setup, two, math_alone):
+    """Each teacher's top-k alone is the selection its own losses make: the Mistral-vocabulary teacher's is that of a
+    run with it alone (the same rows, losses and top-k), and its control at initialization is the same too; with
+    min, every kept mapped token's reference comes from exactly one teacher."""
+    root, _ = setup
+    assert set(two["teachers"]) == {"math", "qwen"}
+    for name, row in two["teachers"].items():
+        assert 0 <= row["topk"]["precision"] <= 1 and 0 <= row["topk"]["recall"] <= 1 and 0 <= row["share"] <= 1, name
+    assert two["teachers"]["math"]["topk"] == math_alone["variants"]["topk"]
+    assert two["variants"]["untrained_teacher"] == math_alone["variants"]["untrained_teacher"]
+    assert sum(row["share"] for row in two["teachers"].values()) == pytest.approx(1.0)
+    assert two["teacher"].startswith("math (") and two["teacher"].endswith(", min")  # the reader scores first
+    assert "teachers" not in math_alone
+    page = (root / "two.html").read_text()
+    data = json.loads(page.split("const data = ", 1)[1].split(";\n", 1)[0])
+    assert data["teachers"] == ["math", "qwen"]
+    givers = {t.get("by") for row in data["rows"] for t in row["tokens"] if t["kept"] is not None}
+    assert "math" in givers and givers <= {"math", "qwen", None}
+
+
+def test_one_named_teacher_is_todays_single_teacher_report(setup, math_alone):
+    root, shards = setup
+    named = report_of(root, "named", ["--shards", str(shards), "--teacher", f"math={root / 'math'}"])
+    assert "teachers" not in named
+    assert named["variants"] == math_alone["variants"] and named["losses"] == math_alone["losses"]
+
+
+def test_a_config_with_teachers_scores_its_set_with_its_combine_unless_told(setup, two):
+    """--config's teachers: and algorithms.vocagno.combine (tiny.yaml's selection is the default one): with
+    --combine min, the report of the same teachers given on the command line; the yaml's mean otherwise, where
+    every teacher that maps a token gives its reference."""
+    root, shards = setup
+    yaml = root / "two.yaml"
+    yaml.write_text(f"""base: {REPO / 'yamls' / 'tiny.yaml'}
+teacher: null
+teachers:
+  math: {{name_or_path: {root / 'math'}, tokenizer: {root / 'math'}, dtype: float32}}
+  qwen: {{name_or_path: {root / 'qwen'}, tokenizer: {root / 'qwen'}, dtype: float32}}
+algorithms:
+  vocagno:
+    combine: mean
+""")
+    base = ["--shards", str(shards), "--config", str(yaml), "--work", str(root / "work")]
+    as_min = report_of(root, "config_min", [*base, "--combine", "min"])
+    assert as_min["variants"] == two["variants"] and as_min["teachers"] == two["teachers"]
+    as_mean = report_of(root, "config_mean", base)  # the scores in --work are reused
+    assert as_mean["teacher"].endswith(", mean")
+    assert as_mean["teachers"]["math"] == two["teachers"]["math"] | {"share": as_mean["teachers"]["math"]["share"]}
+    assert sum(row["share"] for row in as_mean["teachers"].values()) > 1
+
+
+@pytest.mark.parametrize("teachers, message", [
+    (["a=MATH", "a=QWEN"], "two teachers are named 'a'"),
+    (["MATH", "OTHER/math"], "two teachers are named 'math'"),
+    (["qwen=QWEN", "q2=QWEN"], "none of the teachers qwen, q2 reads the shards' teacher tokens .*'mistral'"),
+], ids=["same-name", "same-folder-name", "none-reads-the-shards"])
+def test_a_set_the_command_cannot_use_is_one_line_exit_2(setup, tmp_path, capsys, teachers, message):
+    import re
+
+    root, shards = setup
+    (tmp_path / "OTHER").mkdir()
+    shutil.copytree(root / "math", tmp_path / "OTHER" / "math")
+    paths = {"MATH": str(root / "math"), "QWEN": str(root / "qwen"), "OTHER": str(tmp_path / "OTHER")}
+    arguments = []
+    for value in teachers:
+        for key, path in paths.items():
+            value = value.replace(key, path)
+        arguments += ["--teacher", value]
+    code = selection.main(["--shards", str(shards), *arguments, *SAMPLES, "--json", str(tmp_path / "out.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and re.search(message, err[0]), err
+    assert not (tmp_path / "out.json").exists()
