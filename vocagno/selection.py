@@ -39,6 +39,18 @@ the teacher that gave its reference:
 
     python -m vocagno.selection --shards DIR --teacher math=MATH_FOLDER --teacher latex=LATEX_FOLDER --canaries 0.5
     python -m vocagno.selection --shards DIR --config yamls/tiny_two_teachers.yaml --combine mean --canaries 0.5
+
+Several sources: ``--shards`` given several times (each source named by its folder's last part), or ``--config`` and
+no ``--shards``: the streams of the yaml's ``train_loader.dataset.streams`` (their ``local`` folders, named by their
+names). Every source must be made by the same tokenizers with the same ``seq_len`` (refused naming the one that
+differs), and two of one name are refused. ``--samples`` rows are drawn from each source and mixed with canaries as a
+run on it alone makes them; the sources' rows, one of each in turn, are scored and ranked together (every top-k over
+rows of all sources, as a mixture's batch). The report adds, per source, its rows, mapped tokens, clean share and the
+teacher's loss per kind, the combination's top-k over its tokens and, with several teachers, each one's alone and
+share (``--json``: ``"sources": {SOURCE: {"rows", "mapped", "clean_share", "teacher_loss", "topk", "teachers": {NAME:
+{"topk", "share"}}}}``, absent with one source):
+
+    python -m vocagno.selection --shards heldout/gsm8k --shards heldout/arxiv --teacher math=M1 --teacher latex=M2
 """
 
 from __future__ import annotations
