@@ -125,3 +125,121 @@ def test_a_set_the_command_cannot_use_is_one_line_exit_2(setup, tmp_path, capsys
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and re.search(message, err[0]), err
     assert not (tmp_path / "out.json").exists()
+
+
+# ------------------------------------------------------------------------------------------------ several sources
+@pytest.fixture(scope="module")
+def train_source(setup):
+    """A second source: GSM8K train problems (a slice of the shipped 500) in the same llama2 / mistral shards."""
+    root, _ = setup
+    texts = [json.loads(line)["text"] for line in open(TEXT / "gsm8k_train_500.jsonl", encoding="utf-8")][:40]
+    return convert(texts, root / "train")
+
+
+@pytest.fixture(scope="module")
+def two_sources(setup, train_source):
+    root, shards = setup
+    return report_of(root, "sources", ["--shards", str(shards), "--shards", str(train_source),
+                                       "--teacher", f"qwen={root / 'qwen'}", "--teacher", f"math={root / 'math'}"])
+
+
+def test_several_sources_report_each_teacher_per_source(setup, train_source, two_sources, two):
+    """Two --shards sources: each source's rows are those of a run on it alone (the same draw, canaries and rows:
+    its row count, mapped tokens, clean share and the teacher's losses per kind match), and the report gives, per
+    source, the combination's top-k and each teacher's alone and share over its tokens (every top-k ranks both
+    sources' rows together, as a mixture's batch does: those figures are not a lone run's)."""
+    root, shards = setup
+    sources = two_sources["sources"]
+    assert list(sources) == ["shards", "train"]
+    alone = {"shards": two, "train": report_of(root, "train_alone", [
+        "--shards", str(train_source), "--teacher", f"qwen={root / 'qwen'}", "--teacher", f"math={root / 'math'}"])}
+    assert two_sources["rows"] == sum(report["rows"] for report in alone.values())
+    assert two_sources["mapped"] == sum(source["mapped"] for source in sources.values())
+    for name, source in sources.items():
+        assert source["rows"] == alone[name]["rows"] and source["mapped"] == alone[name]["mapped"], name
+        assert source["clean_share"] == pytest.approx(alone[name]["clean_share"]), name
+        assert source["teacher_loss"] == pytest.approx(alone[name]["losses"]["teacher"], rel=1e-4), name
+        figures = [source["topk"], *(row["topk"] for row in source["teachers"].values())]
+        for topk in figures:
+            assert 0 <= topk["precision"] <= 1 and 0 <= topk["recall"] <= 1, name
+            assert all(0 <= share <= 1 for share in topk["kept_share"].values()), name
+        assert set(source["teachers"]) == {"math", "qwen"}
+        assert sum(row["share"] for row in source["teachers"].values()) == pytest.approx(1.0), name
+    # the whole's kept clean tokens are the sources' kept clean tokens
+    clean = {name: s["topk"]["recall"] * s["clean_share"] * s["mapped"] for name, s in sources.items()}
+    assert sum(clean.values()) == pytest.approx(
+        two_sources["variants"]["topk"]["recall"] * two_sources["clean_share"] * two_sources["mapped"], rel=1e-6)
+    assert "sources" not in two  # one source: the report as it was
+
+
+def test_a_config_without_shards_takes_its_streams_as_sources(setup, train_source, two_sources):
+    """--config and no --shards: the streams of its train_loader.dataset, named by their names."""
+    root, shards = setup
+    yaml = root / "streams.yaml"
+    yaml.write_text(f"""base: {REPO / 'yamls' / 'tiny.yaml'}
+teacher: null
+teachers:
+  qwen: {{name_or_path: {root / 'qwen'}, tokenizer: {root / 'qwen'}, dtype: float32}}
+  math: {{name_or_path: {root / 'math'}, tokenizer: {root / 'math'}, dtype: float32}}
+train_loader:
+  dataset:
+    local: null
+    streams:
+      heldout: {{local: {shards}}}
+      train: {{local: {train_source}}}
+""")
+    report = report_of(root, "streams", ["--config", str(yaml), "--combine", "min"])
+    assert list(report["sources"]) == ["heldout", "train"]
+    assert report["sources"]["heldout"]["rows"] == two_sources["sources"]["shards"]["rows"]
+    assert report["sources"]["train"]["mapped"] == two_sources["sources"]["train"]["mapped"]
+
+
+def test_sources_the_command_cannot_mix_are_one_line_exit_2(setup, train_source, tmp_path, capsys):
+    """Two sources of one name, or a source made by another teacher tokenizer: refused naming it, nothing written."""
+    root, shards = setup
+    (tmp_path / "other").mkdir()
+    shutil.copytree(train_source, tmp_path / "other" / "shards")
+    corpus = tmp_path / "qwen.jsonl"
+    corpus.write_text("".join(json.dumps({"text": line}) + "\n" for line in [
+        json.loads(row)["text"] for row in open(TEXT / "gsm8k_train_500.jsonl", encoding="utf-8")][40:60]))
+    from conversion import convert_dataset
+
+    assert convert_dataset.main(["--input", str(corpus), "--student-tokenizer", "llama2", "--teacher-tokenizer",
+                                 "qwen2.5", "--seq-len", "128", "--out-root", str(tmp_path / "qwen_source")]) == 0
+    capsys.readouterr()  # the converter's
+    for sources, message in [([shards, tmp_path / "other" / "shards"], "two sources are named 'shards'"),
+                             ([shards, tmp_path / "qwen_source"], "source 'qwen_source' was made with the teacher "
+                                                                   "tokenizer 'qwen2.5'")]:
+        arguments = [a for folder in sources for a in ("--shards", str(folder))]
+        code = selection.main([*arguments, "--teacher", str(root / "math"), *SAMPLES,
+                               "--json", str(tmp_path / "out.json")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and message in err[0], err
+        assert not (tmp_path / "out.json").exists()
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"vocab_size": 1000}, "teacher 'short': the teacher's embedding has 1000 rows, but the shards' teacher "
+                           "tokenizer .* has 151665 tokens"),
+    ({"vocab_size": 152064, "max_position_embeddings": 64}, "teacher 'short': the shards' samples hold 128 student "
+                                                            "tokens .* max_position_embeddings=64"),
+], ids=["embedding", "positions"])
+def test_every_teacher_of_a_set_is_checked_before_any_scoring(setup, tmp_path, capsys, config, message):
+    """A set's other teacher that can't read its tokens (too few embedding rows for its tokenizer, too few positions
+    for the shards' rows) is refused in one line naming it, before anything is scored: --work stays empty."""
+    import re
+
+    root, shards = setup
+    Qwen2ForCausalLM(Qwen2Config(**{"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+                                    "num_attention_heads": 2, "num_key_value_heads": 1,
+                                    "max_position_embeddings": 512, **config})).save_pretrained(tmp_path / "short")
+    for file in (root / "qwen").iterdir():  # its tokenizer
+        if file.name not in {"config.json", "generation_config.json", "model.safetensors"}:
+            shutil.copy(file, tmp_path / "short")
+    code = selection.main(["--shards", str(shards), "--teacher", f"math={root / 'math'}", "--teacher",
+                           f"short={tmp_path / 'short'}", *SAMPLES, "--work", str(tmp_path / "work"),
+                           "--json", str(tmp_path / "out.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and re.search(message, err[0]), err
+    assert not (tmp_path / "work").exists() or not any((tmp_path / "work").iterdir())
+    assert not (tmp_path / "out.json").exists()

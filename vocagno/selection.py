@@ -39,6 +39,18 @@ the teacher that gave its reference:
 
     python -m vocagno.selection --shards DIR --teacher math=MATH_FOLDER --teacher latex=LATEX_FOLDER --canaries 0.5
     python -m vocagno.selection --shards DIR --config yamls/tiny_two_teachers.yaml --combine mean --canaries 0.5
+
+Several sources: ``--shards`` given several times (each source named by its folder's last part), or ``--config`` and
+no ``--shards``: the streams of the yaml's ``train_loader.dataset.streams`` (their ``local`` folders, named by their
+names). Every source must be made by the same tokenizers with the same ``seq_len`` (refused naming the one that
+differs), and two of one name are refused. ``--samples`` rows are drawn from each source and mixed with canaries as a
+run on it alone makes them; the sources' rows, one of each in turn, are scored and ranked together (every top-k over
+rows of all sources, as a mixture's batch). The report adds, per source, its rows, mapped tokens, clean share and the
+teacher's loss per kind, the combination's top-k over its tokens and, with several teachers, each one's alone and
+share (``--json``: ``"sources": {SOURCE: {"rows", "mapped", "clean_share", "teacher_loss", "topk", "teachers": {NAME:
+{"topk", "share"}}}}``, absent with one source):
+
+    python -m vocagno.selection --shards heldout/gsm8k --shards heldout/arxiv --teacher math=M1 --teacher latex=M2
 """
 
 from __future__ import annotations
@@ -54,7 +66,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +167,8 @@ class Report:
     seconds: float = 0.0
     # several teachers: each one's top-k alone and its share of the combination's kept tokens, by name
     teachers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # several sources: per source, its rows, the combination's top-k and each teacher's alone, by source name
+    sources: dict[str, dict[str, Any]] = field(default_factory=dict)
     page_rows: list[dict] = field(default_factory=list, repr=False)
 
     def as_json(self) -> dict[str, Any]:
@@ -163,6 +177,8 @@ class Report:
         value.pop("page_rows")
         if not self.teachers:  # one teacher: the report as it has always been
             value.pop("teachers")
+        if not self.sources:  # one source: the report as it has always been
+            value.pop("sources")
         value["settings"] = asdict(self.settings)
         value["bins"] = [round(k / BINS, 2) for k in range(BINS + 1)]
         return _finite(value)
@@ -188,6 +204,18 @@ class Report:
                 shares = "  ".join(f"{row['topk']['kept_share'][k]:>20.3f}" for k in self.kinds)
                 lines.append(f"{name:<20}{row['topk']['precision']:>10.3f}{row['topk']['recall']:>8.3f}   {shares}"
                              f"   gave {row['share']:.3f}")
+        if self.sources:
+            lines += ["", f"{'per source':<20}{'precision':>10}{'recall':>8}   kept share of each kind's mapped "
+                      "tokens; its rows, mapped tokens and clean share" + ("; each teacher's share of the topk's kept "
+                                                                           "mapped tokens" if self.teachers else "")]
+            for source, row in self.sources.items():
+                shares = "  ".join(f"{row['topk']['kept_share'][k]:>20.3f}" for k in self.kinds)
+                lines.append(f"{source:<20}{row['topk']['precision']:>10.3f}{row['topk']['recall']:>8.3f}   {shares}"
+                             f"   {row['rows']} rows, {row['mapped']:,} mapped, clean {row['clean_share']:.3f}")
+                for name, alone in row.get("teachers", {}).items():
+                    shares = "  ".join(f"{alone['topk']['kept_share'][k]:>20.3f}" for k in self.kinds)
+                    lines.append(f"  {name + ' alone':<18}{alone['topk']['precision']:>10.3f}"
+                                 f"{alone['topk']['recall']:>8.3f}   {shares}   gave {alone['share']:.3f}")
         lines += ["", f"topk: {self.settings.describe()}; it keeps {self.unmapped_kept:,} unmapped tokens besides"
                   if self.settings.unmapped == "include" else f"topk: {self.settings.describe()}", "",
                   f"{'mean loss per token (nats)':<28}" + "".join(f"{k:>22}" for k in self.kinds)]
@@ -229,14 +257,20 @@ def _mean(values: torch.Tensor, where: torch.Tensor) -> float:
 
 def measure(rows: dict[str, torch.Tensor], canaries: Canaries, teacher_losses: dict[str, torch.Tensor],
             student_loss: torch.Tensor, settings: Settings, seed: int, names: dict[str, str],
-            page_rows: int = 12, pieces=None, teacher_names: list[str] | tuple = (), combine: str = "min") -> Report:
+            page_rows: int = 12, pieces=None, teacher_names: list[str] | tuple = (), combine: str = "min",
+            sources: tuple[list[str], torch.Tensor] | None = None) -> Report:
     """The report for collated ``rows`` (``TeacherGuidedCollator``'s keys) labelled by ``canaries``, with the teacher
     losses ``{"teacher": [R, M], "untrained_teacher": [R, M]}`` and the student's ``[R, N - 1]``.
 
     Several teachers (``teacher_names``, the first the one whose losses are ``teacher_losses["teacher"]``; the
     others' losses and alignment in ``rows`` under ``batch_key(NAME, ...)``): every variant but ``untrained_teacher``
     (the first teacher's) selects on their ``combine``, and ``Report.teachers`` gives each teacher's top-k alone and
-    its share of the combination's kept tokens."""
+    its share of the combination's kept tokens.
+
+    Several sources (``sources``: their names and each row's source index ``[R]``): ``Report.sources`` gives, per
+    source, its rows, mapped tokens and clean share, the teacher's mean loss per kind, and the figures above (the
+    combination's top-k, each teacher's alone and share) over its tokens; every top-k still ranks the rows of all
+    sources together, as a mixture's batch does."""
     from vocagno.data import batch_key
 
     labels = rows["labels"][:, 1:]
@@ -290,16 +324,32 @@ def measure(rows: dict[str, torch.Tensor], canaries: Canaries, teacher_losses: d
         losses["teacher"][k] = _mean(teacher, where)
         losses["teacher at initialization"][k] = _mean(untrained, where & torch.isfinite(untrained))
         losses["student"][k] = _mean(student_loss, (kind == i) & has_label)
-    alone, gave = {}, None
+    alone, gave, each_alone = {}, None, {}
+    kept_mapped = selected & mapped
     if several:
         _, gave = reference_loss(*aligned(trained_as[0], everyone), settings.aggregation, combine)
-        kept_mapped = selected & mapped
         for t, name in enumerate(everyone):
             its_selected, its_mapped, its_loss = selection_of([name], *trained_as)
+            each_alone[name] = (its_selected, its_mapped)
             alone[name] = {"topk": _precision(its_selected, its_mapped, kind, canaries.kinds),
                            "share": float((gave[t] & kept_mapped).sum() / kept_mapped.sum().clamp(min=1))}
             losses[f"{name} alone"] = {k: _mean(its_loss, (kind == i) & its_mapped)
                                        for i, k in enumerate(canaries.kinds)}
+    per_source = {}
+    for s, source in enumerate(sources[0] if sources is not None and len(sources[0]) > 1 else ()):
+        ours = (sources[1] == s)[:, None].expand_as(mapped)  # this source's rows' predicted tokens
+        ours_mapped = mapped & ours
+        per_source[source] = {
+            "rows": int((sources[1] == s).sum()), "mapped": int(ours_mapped.sum()),
+            "clean_share": float(((kind == 0) & ours_mapped).sum()) / max(int(ours_mapped.sum()), 1),
+            "teacher_loss": {k: _mean(teacher, (kind == i) & ours_mapped) for i, k in enumerate(canaries.kinds)},
+            "topk": _precision(selected, ours_mapped, kind, canaries.kinds)}
+        if several:
+            ours_kept = kept_mapped & ours
+            per_source[source]["teachers"] = {
+                name: {"topk": _precision(its_selected, its_mapped & ours, kind, canaries.kinds),
+                       "share": float((gave[t] & ours_kept).sum() / ours_kept.sum().clamp(min=1))}
+                for t, (name, (its_selected, its_mapped)) in enumerate(each_alone.items())}
     histogram = {}
     kept_per_document = np.bincount(document[selected & mapped & (document >= 0)].numpy(),
                                     minlength=len(canaries.documents))
@@ -317,7 +367,7 @@ def measure(rows: dict[str, torch.Tensor], canaries: Canaries, teacher_losses: d
         clean_share=float(((kind == 0) & mapped).sum()) / max(mapped_count, 1),
         canaries=sum(k != CLEAN for k, _ in canaries.documents) / max(len(canaries.documents), 1),
         variants=results, losses=losses, kept_histogram=histogram, unmapped_kept=unmapped_kept,
-        dropped_tokens=canaries.dropped_tokens, teachers=alone)
+        dropped_tokens=canaries.dropped_tokens, teachers=alone, sources=per_source)
     givers = None if gave is None else (everyone, gave)
     report.page_rows = _page_rows(canaries, kind, teacher, student_loss, selected, mapped, has_label, settings,
                                   page_rows, pieces, givers)
@@ -452,7 +502,8 @@ def student_losses(rows: dict[str, torch.Tensor], student: torch.nn.Module | Non
     return torch.cat(losses)
 
 
-def run(shards: str, teacher, settings: Settings, *, student: torch.nn.Module | None = None, student_name: str = "",
+def run(shards: str | dict[str, str], teacher, settings: Settings, *, student: torch.nn.Module | None = None,
+        student_name: str = "",
         samples: int = 64, canaries: float = 0.5, noise: tuple[str, ...] = tuple(NOISE), seed: int = 0,
         device: str = "cpu", work: str | None = None, batch_tokens: int = 16384, rank: int = 0, world: int = 1,
         page_rows: int = 12, combine: str = "min") -> Report | None:
@@ -461,14 +512,20 @@ def run(shards: str, teacher, settings: Settings, *, student: torch.nn.Module | 
     the others' scores and reports). ``work`` holds the rows and their scores; unset, a temporary folder (one process
     only). Several teachers score as ``vocagno.score`` does: the first whose vocabulary is the shards' teacher
     vocabulary into ``teacher_loss`` (``work/teacher``), each other one the previous output under its name
-    (``work/teacher+NAME``, ``work/teacher+NAME+NAME2``, ...); the control at initialization is the first's."""
+    (``work/teacher+NAME``, ``work/teacher+NAME+NAME2``, ...); the control at initialization is the first's.
+
+    ``shards``: one folder, or several sources ``{NAME: folder}`` made by the same tokenizers with the same
+    ``seq_len``: ``samples`` rows are drawn from each (as a run on it alone draws them) and mixed with canaries on
+    their own, their rows interleaved (one row of each source in turn) and scored together; the report gives each
+    source's figures (``Report.sources``)."""
     from vocagno.output import Output, check_or_write_settings
     from vocagno.score import score
     from vocagno.tokenization import load_tokenizer
 
     begin = time.perf_counter()
-    shards_root = Path(shards)
-    metadata = ShardMetadata.read(shards_root)
+    sources = {name: Path(folder) for name, folder in shards.items()} if isinstance(shards, dict) else {
+        Path(shards).name: Path(shards)}
+    metadata = _same_sources({name: ShardMetadata.read(folder) for name, folder in sources.items()})
     teachers = _reader_first(teacher if isinstance(teacher, (list, tuple)) else [teacher], metadata)
     try:  # the canaries are converted with the shards' own tokenizers: by the names they were made with
         student_tok, teacher_tok = load_tokenizer(metadata.student.name), load_tokenizer(metadata.teacher.name)
@@ -480,7 +537,9 @@ def run(shards: str, teacher, settings: Settings, *, student: torch.nn.Module | 
     temporary = work is None
     folder = Path(tempfile.mkdtemp(prefix="vocagno-selection-") if temporary else work)
     try:
-        wanted = {"shards": str(shards_root.resolve()), "samples": samples, "canaries": canaries,
+        where = {name: str(folder.resolve()) for name, folder in sources.items()}
+        wanted = {"shards": next(iter(where.values())) if len(where) == 1 else where, "samples": samples,
+                  "canaries": canaries,
                   "noise": list(noise), "seed": seed, "teacher": teachers[0].scored_by}
         if len(teachers) > 1:
             wanted["teachers"] = {t.set_name: t.scored_by for t in teachers}
@@ -488,12 +547,16 @@ def run(shards: str, teacher, settings: Settings, *, student: torch.nn.Module | 
             check_or_write_settings(Output(str(folder), None), "selection.json", wanted, "selection run", "--work")
         except SystemExit as error:  # a --work folder of another run
             raise BadInput(str(error).removeprefix("error: ")) from error
-        clean = [doc for row in sample_rows(shards_root, samples, seed)
-                 for doc in clean_documents(row, metadata.student.separator_id)]
-        made = pack(mix(clean, canaries, list(noise), seed), student_tok, teacher_tok, metadata)
-        if not made.samples:
-            raise BadInput(f"the {samples} sampled rows and their canaries make no row of {metadata.seq_len} tokens: "
-                           "raise --samples")
+        parts = []
+        for name, source in sources.items():  # each source as a run on it alone draws, mixes and packs it
+            clean = [doc for row in sample_rows(source, samples, seed)
+                     for doc in clean_documents(row, metadata.student.separator_id)]
+            parts.append(pack(mix(clean, canaries, list(noise), seed), student_tok, teacher_tok, metadata))
+            if not parts[-1].samples:
+                of = f" of source {name!r}" if len(sources) > 1 else ""
+                raise BadInput(f"the {samples} sampled rows{of} and their canaries make no row of {metadata.seq_len} "
+                               "tokens: raise --samples")
+        made, source_of = _interleave(parts)
         if rank == 0 and not (folder / "rows" / "index.json").exists():
             write_rows(made, metadata, folder / "rows")
         _wait_for(folder / "rows" / "index.json")
@@ -525,12 +588,52 @@ def run(shards: str, teacher, settings: Settings, *, student: torch.nn.Module | 
                  if several else teachers[0].scored_by["name"],
                  "student": student_name or f"at initialization (ln {metadata.student.vocab_size:,} per token)"}
         report = measure(rows, made, losses, student_loss, settings, seed, names, page_rows,
-                         student_tok.convert_ids_to_tokens, several, combine)
+                         student_tok.convert_ids_to_tokens, several, combine,
+                         (list(sources), torch.tensor(source_of)) if len(sources) > 1 else None)
         report.seconds = round(time.perf_counter() - begin, 1)
         return report
     finally:
         if temporary:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _same_sources(metadata: dict[str, ShardMetadata]) -> ShardMetadata:
+    """The first source's metadata, every other source checked against it: the same tokenizers and ``seq_len``
+    (their rows are converted, scored and ranked together); refused naming the source that differs."""
+    (first, one), *others = metadata.items()
+    for name, other in others:
+        for side in ("student", "teacher"):
+            if not getattr(one, side).same_vocabulary(getattr(other, side)):
+                raise BadInput(f"source {name!r} was made with the {side} tokenizer {getattr(other, side).name!r}, "
+                               f"source {first!r} with {getattr(one, side).name!r}: every source must share the "
+                               "tokenizers")
+        if other.seq_len != one.seq_len:
+            raise BadInput(f"source {name!r} holds samples of {other.seq_len} student tokens, source {first!r} of "
+                           f"{one.seq_len}: convert every source with the same --seq-len")
+    return one
+
+
+def _interleave(parts: list[Canaries]) -> tuple[Canaries, list[int]]:
+    """The rows of several sources' canaries as one, a row of each source in turn (as a mixture's batches mix
+    them), their documents and kinds renumbered; and each row's source. One source: its canaries as they are."""
+    if len(parts) == 1:
+        return parts[0], [0] * len(parts[0].samples)
+    kinds = [CLEAN, *(k for k in NOISE if any(k in part.kinds for part in parts))]
+    first_document = np.cumsum([0] + [len(part.documents) for part in parts])
+    made = Canaries([], [], [], kinds, [d for part in parts for d in part.documents],
+                    sum(part.dropped_tokens for part in parts))
+    source_of = []
+    for r in range(max(len(part.samples) for part in parts)):
+        for s, part in enumerate(parts):
+            if r >= len(part.samples):
+                continue
+            renumber = np.array([kinds.index(k) for k in part.kinds], dtype=np.int64)
+            document, kind = np.asarray(part.document[r]), np.asarray(part.kind[r])
+            made.samples.append(part.samples[r])
+            made.document.append(np.where(document >= 0, document + first_document[s], -1).astype(document.dtype))
+            made.kind.append(np.where(kind >= 0, renumber[np.maximum(kind, 0)], -1).astype(kind.dtype))
+            source_of.append(s)
+    return made, source_of
 
 
 def _reader_first(teachers: list, metadata: ShardMetadata) -> list:
@@ -560,7 +663,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vocagno.selection", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 2)[2])
-    parser.add_argument("--shards", required=True, help="vocagno shards (the converter's, scored or not)")
+    parser.add_argument("--shards", action="append",
+                        help="vocagno shards (the converter's, scored or not); several times for several sources, "
+                             "each named by its folder's name (default with --config: the streams of its "
+                             "train_loader.dataset)")
     teacher = parser.add_mutually_exclusive_group(required=True)
     teacher.add_argument("--teacher", action="append",
                          help="a Hugging Face name or folder, or a shipped model (tiny-math-teacher); several times "
@@ -600,7 +706,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps(report.as_json(), indent=1, allow_nan=False) + "\n", encoding="utf-8")
         print(f"wrote {args.json}")
     if args.html:
-        Path(args.html).write_text(report.page(f"What the teacher keeps: {args.shards}"), encoding="utf-8")
+        Path(args.html).write_text(report.page(f"What the teacher keeps: {', '.join(args.shards or report.sources)}"),
+                                   encoding="utf-8")
         print(f"wrote {args.html}")
     return 0
 
@@ -622,13 +729,20 @@ def _main(args: argparse.Namespace) -> Report | None:
     rank, world = rank_and_world()
     if world > 1 and args.work is None:
         raise BadInput(f"{world} ranks need one --work folder they all reach")
-    metadata = _read_shards(Path(args.shards))
+    cfg = None
+    if args.config:
+        from vocagno.config import load_config
+
+        try:
+            cfg = load_config(args.config, args.overrides)
+        except (ValueError, OSError, KeyError) as error:
+            raise BadInput(f"{error.__class__.__name__}: {str(error).splitlines()[0] if str(error) else ''}") from error
+    sources = _sources(args.shards, cfg, args.config)
+    metadata = _same_sources({name: _read_shards(folder, name if len(sources) > 1 else None)
+                              for name, folder in sources.items()})
     try:
         combine = args.combine or "min"
-        if args.config:
-            from vocagno.config import load_config
-
-            cfg = load_config(args.config, args.overrides)
+        if cfg is not None:
             settings = Settings.from_config(cfg)
             if cfg.get("teachers") is not None:
                 chosen = _reader_first([Teacher.from_config(cfg, args.config, name) for name in cfg.teachers],
@@ -653,6 +767,12 @@ def _main(args: argparse.Namespace) -> Report | None:
             teacher_tokenizer = args.teacher_tokenizer or model
         reader = chosen[0] if isinstance(chosen, list) else chosen  # the teacher of the shards' teacher tokens
         check_teacher_reads(reader.scorer.model, metadata, load_tokenizer(teacher_tokenizer))
+        for other in chosen[1:] if isinstance(chosen, list) else ():  # each reads its own tokens, made from the text
+            own = metadata if other.tokenizer is None else replace(metadata, teacher=other.tokenizer_info())
+            try:
+                check_teacher_reads(other.scorer.model, own)
+            except ValueError as error:
+                raise BadInput(f"teacher {other.set_name!r}: {error}") from None
         student, student_name = None, ""
         if args.student:
             from vocagno.checkpoint import BadCheckpoint
@@ -667,8 +787,9 @@ def _main(args: argparse.Namespace) -> Report | None:
     except (ValueError, OSError, KeyError, RuntimeError, pickle.UnpicklingError) as error:
         raise BadInput(f"{error.__class__.__name__}: {str(error).splitlines()[0] if str(error) else ''}") from error
     device = args.device or (f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu")
-    return run(args.shards, chosen, settings, student=student, student_name=student_name, samples=args.samples,
-               canaries=args.canaries or 0.0, noise=noise, seed=args.seed, device=device, work=args.work,
+    return run({name: str(folder) for name, folder in sources.items()}, chosen, settings, student=student,
+               student_name=student_name, samples=args.samples, canaries=args.canaries or 0.0, noise=noise,
+               seed=args.seed, device=device, work=args.work,
                batch_tokens=args.batch_tokens, rank=rank, world=world, page_rows=args.html_rows, combine=combine)
 
 
@@ -690,8 +811,39 @@ def _named_teachers(values: list[str]) -> dict[str, str]:
     return named
 
 
-def _read_shards(folder: Path) -> ShardMetadata:
-    """The shards' metadata, refusing a folder that holds no vocagno shards with offsets."""
+def _sources(shards: list[str] | None, cfg, config: str | None) -> dict[str, Path]:
+    """The sources, name -> folder: each ``--shards`` folder, named by its last path part, or without ``--shards``
+    the streams of ``--config``'s ``train_loader.dataset.streams`` (each its ``local``, and ``split`` under it),
+    named by their names; refused without either, or when two share a name."""
+    if shards:
+        named = [(Path(folder.rstrip("/")).name or folder, Path(folder)) for folder in shards]
+    else:
+        streams = None if cfg is None else ((cfg.get("train_loader") or {}).get("dataset") or {}).get("streams")
+        if not streams:
+            raise BadInput("--shards is needed" + (f": {config} has no train_loader.dataset.streams to take as sources"
+                                                    if config else ""))
+        named = []
+        for name, stream in streams.items():
+            if not stream or not stream.get("local"):
+                raise BadInput(f"{config}: stream {name!r} has no local folder to read (download it, or give --shards)")
+            named.append((str(name), Path(stream.local) / stream.split if stream.get("split") else Path(stream.local)))
+    sources = {}
+    for name, folder in named:
+        same = [n for n in sources if n.lower() == name.lower()]
+        if same:
+            raise BadInput(f"two sources are named {name!r} ({sources[same[0]]} and {folder}): each --shards source is "
+                           "named by its folder's last part: give folders of distinct names")
+        sources[name] = folder
+    return sources
+
+
+def _read_shards(folder: Path, source: str | None = None) -> ShardMetadata:
+    """The shards' metadata, refusing a folder that holds no vocagno shards with offsets (naming its ``source``)."""
+    if source is not None:
+        try:
+            return _read_shards(folder)
+        except BadInput as error:
+            raise BadInput(f"source {source!r}: {error}") from None
     if not (folder / "index.json").exists():
         raise BadInput(f"--shards {folder} holds no index.json: not a shard folder")
     if not (folder / METADATA_FILE).exists():
