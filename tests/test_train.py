@@ -217,7 +217,10 @@ def test_every_yaml_loads_and_validates(yaml):
     """Every yaml, the table variants (a base: plus overrides) too, loads and builds its algorithm without
     downloading anything (a named teacher is loaded when training starts)."""
     cfg = train.load_config(str(yaml), [])
-    if cfg.get("teacher") is not None:
+    if cfg.get("teachers") is not None:  # several teachers: one VocAgnoLM with the set, in the yaml's order
+        [algorithm] = train.build_algorithms(cfg, teacher_tok=None)
+        assert isinstance(algorithm, VocAgnoLM) and [spec.name for spec in algorithm.specs] == list(cfg.teachers)
+    elif cfg.get("teacher") is not None:
         algorithms = train.build_algorithms(cfg, teacher_tok=None) if cfg.teacher.get("name_or_path") else []
         assert all(isinstance(a, (VocAgnoLM, ULD, KLD)) for a in algorithms)
         assert len(algorithms) == (1 if cfg.teacher.get("name_or_path") else 0)
