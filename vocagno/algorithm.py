@@ -270,6 +270,12 @@ class VocAgnoLM(Algorithm):
         check_options(topk_ratio, aggregation, unmapped, selection_scope, selection, combine)
         if (teacher is None) == (teachers is None):
             raise ValueError("VocAgnoLM: give teacher (one) or teachers (several, by name), not both")
+        single = {"teacher_tokenizer": teacher_tokenizer is not None, "teacher_dtype": teacher_dtype != "bfloat16",
+                  "teacher_placement": teacher_placement != "auto", "chunk_size": chunk_size != 1024,
+                  "trust_remote_code": trust_remote_code is not False}
+        for option in (option for option, given in single.items() if given and teachers is not None):
+            raise ValueError(f"{option} is a single teacher's option: give it in each teachers: entry (tokenizer, "
+                             "dtype, placement, chunk_size, trust_remote_code)")
         specs = teacher_specs(teachers) if teachers is not None else [
             TeacherSpec("teacher", teacher, teacher_tokenizer, teacher_dtype, teacher_placement, chunk_size,
                         trust_remote_code)]
@@ -440,7 +446,7 @@ class VocAgnoLM(Algorithm):
 
     def _choose_teacher(self, state: State) -> None:
         """Of a set, the teacher that reads the shards' teacher side: the first whose vocabulary they were made with
-        (the first teacher when they have none, or none reads them: then every teacher's side is made)."""
+        (the first teacher when the loader gives no shards; a set none of whose teachers reads them is refused)."""
         metadata = _shard_metadata(state)
         if len(self.specs) > 1 and metadata is not None:
             reads = [spec for spec in self.specs if spec.reads(metadata)]
@@ -448,7 +454,9 @@ class VocAgnoLM(Algorithm):
                 names = ", ".join(f"{spec.name} ({spec.tokenizer})" for spec in self.specs)
                 raise ValueError(f"the shards' teacher tokens are {metadata.teacher.name!r}'s, and no teacher of the "
                                  f"set reads them ({names}): convert the corpus with one of their tokenizers")
-            self._as_teacher(reads[0])
+            if reads[0].name != self.teacher_name:  # another fit may keep what an earlier one built
+                self._as_teacher(reads[0])
+                self.scorer = self.teacher_side = None
 
     def _student_tokenizer(self, state: State):
         return self.student_tokenizer or getattr(state.model, "tokenizer", None)

@@ -30,7 +30,9 @@ from streaming import StreamingDataset
 from torch.utils.data import DataLoader
 
 from vocagno.alignment import align
-from vocagno.shards import METADATA_FILE, SHARD_HASH, ShardMetadata, align_column, describe_tokenizer, loss_column
+from vocagno.shards import (
+    METADATA_FILE, SHARD_HASH, ShardMetadata, align_column, check_columns, describe_tokenizer, loss_column,
+)
 
 __all__ = ["TeacherGuidedDataset", "TeacherGuidedCollator", "teacher_guided_loader", "read_metadata", "token_bytes"]
 
@@ -108,6 +110,8 @@ class TeacherGuidedDataset(StreamingDataset):
                 raise ValueError(f"streams ({order}): {error}") from None
         else:
             super().__init__(local=local, remote=remote, split=split, **kwargs)
+        for shard in self.shards:  # before any sample is decoded: a pkl column would be unpickled
+            check_columns(dict(zip(shard.column_names, shard.column_encodings)), shard.dirname)
 
     def get_item(self, idx: int, retry: int = 7) -> dict[str, Any]:
         sample = super().get_item(idx, retry)
@@ -134,6 +138,10 @@ def _check_same_shards(first: ShardMetadata, other: ShardMetadata, first_name: s
     if first.seq_len != other.seq_len:
         raise ValueError(f"samples of {other.seq_len} student tokens, stream {first_name!r}'s of {first.seq_len}: "
                          "convert every stream with the same --seq-len")
+    others = [sorted(metadata.also_scored_by or {}) for metadata in (other, first)]
+    if others[0] != others[1]:  # every sample of a batch carries the same columns
+        raise ValueError(f"other teachers' losses {others[0]}, stream {first_name!r}'s {others[1]}: score every "
+                         "stream with the same teachers")
 
 
 def _byte_offsets(text: str) -> np.ndarray:
@@ -285,6 +293,11 @@ def _collate_other_teachers(samples: list[dict[str, Any]], names: list[str], wid
         for b, (row, sample) in enumerate(zip(rows, samples)):
             loss[b, : len(row)] = torch.from_numpy(row)
             align = np.asarray(sample[align_column(name)], dtype=np.int64).reshape(-1, 2)
+            if len(align) != len(sample["student_ids"]) or not (
+                    (0 <= align[:, 0]) & (align[:, 0] <= align[:, 1]) & (align[:, 1] <= len(row))).all():
+                raise ValueError(f"{align_column(name)}: a sample's alignment is not one [start, end) within its "
+                                 f"{len(row)} teacher tokens for each of its {len(sample['student_ids'])} student "
+                                 "tokens: the shards are damaged or not vocagno's")
             start[b, : len(align)] = torch.from_numpy(align[:, 0].copy())
             end[b, : len(align)] = torch.from_numpy(align[:, 1].copy())
         out.update({batch_key(name, "token_loss"): loss, batch_key(name, "align_start"): start,

@@ -55,7 +55,7 @@ from vocagno.output import (
     unfinished_parts,
 )
 from vocagno.shards import (
-    METADATA_FILE, SCORED_COLUMNS, SHARD_HASH, ShardMetadata, align_column, check_teacher_name, compact,
+    METADATA_FILE, SCORED_COLUMNS, SHARD_HASH, ShardMetadata, align_column, check_columns, check_teacher_name, compact,
     describe_tokenizer, loss_column, write_atomically,
 )
 from vocagno.untrusted import UntrustedFile, inside, remove
@@ -149,7 +149,12 @@ class Teacher:
         from vocagno.teacher_side import TeacherSide
         from vocagno.tokenization import as_tokenizer, load_tokenizer
 
-        return TeacherSide(load_tokenizer(metadata.student.name), as_tokenizer(self.tokenizer))
+        student = load_tokenizer(metadata.student.name)
+        try:  # the name the shards record may load another vocabulary here
+            metadata.check_tokenizers(student=describe_tokenizer(student, "student"))
+        except ValueError as error:
+            raise SystemExit(f"error: {error}") from None
+        return TeacherSide(student, as_tokenizer(self.tokenizer))
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -229,6 +234,10 @@ def read_shard(shards_root: Path, info: dict, scratch: Path) -> list[dict]:
     from streaming.base.hashing import get_hash
 
     index = str(shards_root / "index.json")
+    try:
+        check_columns(dict(zip(info["column_names"], info["column_encodings"])), index)
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
     dirname = scratch if info.get("zip_data") else shards_root
     raw = inside(dirname, info["raw_data"]["basename"], index, "shard name")  # where Streaming's reader opens it
     if info.get("zip_data"):
@@ -301,7 +310,7 @@ def _score_part(shards_root: Path, info: dict, final: Path, scorer: TeacherScore
         for b, i in enumerate(batch):
             losses[i] = scored[b, : len(rows[i])].astype(np.float16)
     # One shard per part (no size limit): the scored dataset's shards hold the input's samples, shard for shard.
-    kept = dict(zip(info["column_names"], info["column_encodings"]))  # earlier passes' columns too
+    kept = dict(zip(info["column_names"], info["column_encodings"]))  # earlier passes' columns too (checked)
     columns = {**kept, **(SCORED_COLUMNS if column is None else {loss_column(column): "ndarray",
                                                                  align_column(column): "ndarray"})}
     with MDSWriter(out=str(staging), columns=columns, compression=info.get("compression"), hashes=[SHARD_HASH],
@@ -354,8 +363,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.config:
         chosen = Teacher.from_yaml(args.config, args.overrides, args.name)
     else:
-        chosen = Teacher(load_teacher(args.teacher, args.dtype), args.teacher, args.dtype, args.chunk_size,
-                         args.teacher_tokenizer or args.teacher, args.name)
+        # A single teacher scores the shards' own teacher tokens (no tokenizer needed); a set's further teacher makes
+        # its tokens from the student's, with its tokenizer.
+        tokenizer = args.teacher_tokenizer or (args.teacher if args.name else None)
+        chosen = Teacher(load_teacher(args.teacher, args.dtype), args.teacher, args.dtype, args.chunk_size, tokenizer,
+                         args.name)
     device = args.device or (f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu")
     rank, world = rank_and_world()
     try:

@@ -54,6 +54,7 @@ __all__ = [
     "Packer",
     "write_atomically",
     "check_teacher_name",
+    "check_columns",
     "loss_column",
     "align_column",
 ]
@@ -82,6 +83,15 @@ def check_teacher_name(name: Any, where: str = "teachers") -> str:
     if not isinstance(name, str) or not TEACHER_NAME.fullmatch(name):
         raise ValueError(f"{where}: a teacher's name must be letters, digits, '_' or '-' (at most 64), got {name!r}")
     return name
+
+
+def check_columns(columns: dict[str, str], where: Any) -> None:
+    """Refuse shards with a column vocagno does not write as ``str`` or ``ndarray``: Streaming decodes every column of
+    a sample it reads, a ``pkl`` one by unpickling it, and shards come from elsewhere."""
+    for name, encoding in columns.items():
+        if encoding not in ("str", "ndarray"):
+            raise ValueError(f"{where}: column {name!r} is stored as {encoding!r}: vocagno shards hold str and ndarray "
+                             "columns only (any other would be decoded, a pkl one unpickled, when read)")
 
 
 def loss_column(name: str) -> str:
@@ -219,8 +229,12 @@ def _checked_names(scored: Any, path: Path) -> dict | None:
         return None
     if not isinstance(scored, dict):
         raise ValueError(f"{path}: also_scored_by must be a mapping of teacher name -> scorer")
-    for name in scored:
+    for name, by in scored.items():
         check_teacher_name(name, f"{path}: also_scored_by")
+        if not (isinstance(by, dict) and isinstance(by.get("name"), str) and isinstance(by.get("fingerprint"), str)
+                and isinstance(by.get("tokenizer"), dict) and isinstance(by["tokenizer"].get("fingerprint"), str)):
+            raise ValueError(f"{path}: also_scored_by[{name!r}] must record the scorer's name, fingerprint and "
+                             "tokenizer")
     return scored
 
 

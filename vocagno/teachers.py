@@ -119,6 +119,9 @@ class OtherTeachers:
         """Each other teacher's ``TeacherSide`` (online only: cached losses come with their alignment)."""
         if self.cached or self.sides:
             return self.sides
+        if student_tokenizer is None:
+            raise ValueError("VocAgnoLM makes the other teachers' tokens from the text of the student's: give it "
+                             "student_tokenizer (or a HuggingFaceModel with its tokenizer)")
         for spec in self.specs:
             if spec.tokenizer is None:
                 raise ValueError(f"teachers.{spec.name}: give its tokenizer (a teacher given as a module has none)")
@@ -150,6 +153,11 @@ class OtherTeachers:
             if by is None:
                 raise ValueError(f"teacher_losses: cached, but the training shards carry no losses of teacher "
                                  f"{spec.name!r}: score them with it (python -m vocagno.score ... --name {spec.name})")
+            wanted = describe_tokenizer(as_tokenizer(spec.tokenizer), "teacher") if spec.tokenizer else None
+            if wanted is not None and by["tokenizer"]["fingerprint"] != wanted.fingerprint:
+                raise ValueError(f"teacher {spec.name!r}: the shards' {loss_column(spec.name)} was scored with the "
+                                 f"tokenizer {by['tokenizer']['name']!r}, but this run's is {wanted.name!r}: its tokens "
+                                 "and alignment would differ; score them with this tokenizer")
             if not check_scored_by:
                 print(f"VocAgnoLM: teacher {spec.name!r}'s losses cached by {by} (check_scored_by: false)", flush=True)
             elif isinstance(spec.teacher, str) and by["name"] != spec.teacher:
