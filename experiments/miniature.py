@@ -118,23 +118,33 @@ def clean_share(documents: list[str]) -> float:
     return round(sum(c for t, c in zip(documents, counts) if t in clean) / sum(counts), 3)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size", choices=sorted(SIZES), default="cpu")
+def experiment_parser(description: str, methods: dict, sizes: dict, out: str) -> argparse.ArgumentParser:
+    """The options an experiment of this folder takes: its size, seeds, junk fraction, methods and work folder."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--size", choices=sorted(sizes), default="cpu")
     parser.add_argument("--seeds", help="comma-separated student seeds (default: the size's)")
     parser.add_argument("--junk", type=float, default=0.5, help="the fraction of word-shuffled documents, in (0, 1)")
-    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated, of " + ", ".join(METHODS))
-    parser.add_argument("--out", default="miniature", help="the work folder; OUT/miniature.json is the result")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = parser.parse_args(argv)
+    parser.add_argument("--methods", default=",".join(methods), help="comma-separated, of " + ", ".join(methods))
+    parser.add_argument("--out", default=out, help=f"the work folder; OUT/{out}.json is the result")
+    return parser
+
+
+def experiment_settings(parser: argparse.ArgumentParser, args, methods: dict, sizes: dict):
+    """``args`` checked: the methods to run (plain among them), the size, the seeds and the work folder."""
     if not 0 < args.junk < 1:
         parser.error(f"--junk must be in (0, 1), got {args.junk}")
-    methods = args.methods.split(",")
-    if set(methods) - set(METHODS) or "plain" not in methods:
-        parser.error(f"--methods takes plain and others of {', '.join(METHODS)}, got {args.methods}")
-    size = SIZES[args.size]
-    seeds = [int(s) for s in (args.seeds or size["seeds"]).split(",")]
-    out = Path(args.out).resolve()
+    chosen = args.methods.split(",")
+    if set(chosen) - set(methods) or "plain" not in chosen:
+        parser.error(f"--methods takes plain and others of {', '.join(methods)}, got {args.methods}")
+    size = sizes[args.size]
+    return chosen, size, [int(s) for s in (args.seeds or size["seeds"]).split(",")], Path(args.out).resolve()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = experiment_parser(__doc__.split("\n\n")[0], METHODS, SIZES, "miniature")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    methods, size, seeds, out = experiment_settings(parser, args, METHODS, SIZES)
     begin = time.perf_counter()
 
     documents = corpus(args.junk)

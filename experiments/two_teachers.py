@@ -26,7 +26,6 @@ either one alone? Run through the product's own commands, as a user would run th
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -45,7 +44,7 @@ from streaming.base.util import clean_stale_shared_memory  # noqa: E402
 
 import train  # noqa: E402
 from conversion import convert_dataset  # noqa: E402
-from experiments.miniature import texts  # noqa: E402
+from experiments.miniature import experiment_parser, experiment_settings, texts  # noqa: E402
 from vocagno import score  # noqa: E402
 from vocagno.canaries import NOISE  # noqa: E402
 from vocagno.metrics import bits_per_byte  # noqa: E402
@@ -149,21 +148,9 @@ def table(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size", choices=sorted(SIZES), default="cpu")
-    parser.add_argument("--seeds", help="comma-separated student seeds (default: the size's)")
-    parser.add_argument("--junk", type=float, default=0.5, help="the fraction of word-shuffled documents, in (0, 1)")
-    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated, of " + ", ".join(METHODS))
-    parser.add_argument("--out", default="two_teachers", help="the work folder; OUT/two_teachers.json is the result")
+    parser = experiment_parser(__doc__.split("\n\n")[0], METHODS, SIZES, "two_teachers")
     args = parser.parse_args(argv)
-    if not 0 < args.junk < 1:
-        parser.error(f"--junk must be in (0, 1), got {args.junk}")
-    methods = args.methods.split(",")
-    if set(methods) - set(METHODS) or "plain" not in methods:
-        parser.error(f"--methods takes plain and others of {', '.join(METHODS)}, got {args.methods}")
-    size = SIZES[args.size]
-    seeds = [int(s) for s in (args.seeds or size["seeds"]).split(",")]
-    out = Path(args.out).resolve()
+    methods, size, seeds, out = experiment_settings(parser, args, METHODS, SIZES)
     begin = time.perf_counter()
 
     documents = corpus(args.junk, size["docs"])

@@ -344,3 +344,20 @@ def test_a_checkout_that_pip_never_installed_finds_vocagnos_algorithms(monkeypat
     cfg = train.load_config(str(REPO / "yamls" / "tiny.yaml"), [])
     [algorithm] = train.build_algorithms(cfg, teacher_tok=None)
     assert type(algorithm).__name__ == "VocAgnoLM"
+
+
+def test_the_two_teacher_yaml_trains_with_both_and_ends_with_what_each_keeps(tmp_path):
+    """yamls/tiny_two_teachers.yaml on a CPU: the GSM8K teacher reads the shards' Mistral tokens, the MATH teacher's
+    DeepSeek tokens are made from the text; each step logs both teachers' shares of the kept tokens (combine: min:
+    they add up to 1) and forward times; the run ends with what each teacher keeps and the combination."""
+    result = run_train(tmp_path, "max_duration=12ba", "eval_interval=12ba", f"loggers.jsonl.path={tmp_path}/log.jsonl",
+                       "loggers.console={}", "console_log_interval=12ba", "selection_report.samples=24",
+                       yaml=str(REPO / "yamls" / "tiny_two_teachers.yaml"))
+    steps = read_log(tmp_path / "log.jsonl")
+    for step in range(1, 13):
+        shares = [steps[step][f"vocagno/teacher_share/{name}"] for name in ("math", "latex")]
+        assert sum(shares) == pytest.approx(1) and all(0 <= share <= 1 for share in shares)
+        assert all(steps[step][f"vocagno/teacher_forward_seconds/{n}"] > 0 for n in ("math", "latex"))
+    assert sum(steps[step]["vocagno/teacher_share/latex"] for step in range(1, 13)) > 0  # it gives some references
+    output = result.stdout + result.stderr
+    assert "what the teacher keeps:" in output and "math" in output and "latex" in output
