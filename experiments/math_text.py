@@ -30,6 +30,7 @@ sys.path.insert(0, str(REPO))
 from vocagno.eval.benchmarks import read_test_split  # noqa: E402
 
 TEXT = REPO / "vocagno" / "assets" / "text"
+SHARED_BENCHMARKS = REPO.parent / "shared" / "assets" / "benchmarks"
 HELDOUT, STUDENT = 100, 500
 
 
@@ -43,7 +44,7 @@ def document(row: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--benchmarks", type=Path, default=REPO.parent / "shared" / "assets" / "benchmarks",
+    parser.add_argument("--benchmarks", type=Path, default=SHARED_BENCHMARKS,
                         help="a folder with math/test.jsonl and math500/test.jsonl")
     parser.add_argument("--out", type=Path, default=TEXT)
     args = parser.parse_args(argv)
