@@ -27,8 +27,9 @@ ASSETS = Path(__file__).parent / "assets"
 # Real tokenizers of the paper's models, shipped so that tests and the embedded default run offline.
 # Provenance and licenses: vocagno/assets/README.md.
 SHIPPED_TOKENIZERS = ("llama2", "codellama", "mistral", "qwen2.5", "deepseek-llm")
-# A small teacher that has learned GSM8K text (experiments/tiny_teacher.py), and the shipped tokenizer it reads.
-SHIPPED_MODELS = {"tiny-math-teacher": "mistral"}
+# Small teachers (experiments/tiny_teacher.py), each with the shipped tokenizer it reads: one has learned GSM8K text,
+# the other MATH problems in LaTeX.
+SHIPPED_MODELS = {"tiny-math-teacher": "mistral", "tiny-latex-teacher": "deepseek-llm"}
 
 
 def shipped_tokenizer_dir(name: str) -> Path:
