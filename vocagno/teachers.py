@@ -117,7 +117,7 @@ class OtherTeachers:
 
     def make_sides(self, student_tokenizer) -> dict[str, TeacherSide]:
         """Each other teacher's ``TeacherSide`` (online only: cached losses come with their alignment)."""
-        if self.cached or self.sides:
+        if self.cached or self.sides or not self.specs:  # a single teacher has no others to make
             return self.sides
         if student_tokenizer is None:
             raise ValueError("VocAgnoLM makes the other teachers' tokens from the text of the student's: give it "
