@@ -272,11 +272,16 @@ def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
 def _other_teacher_rows(samples: list[dict], side) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """A further teacher's tokens of each sample, and its alignment ``[N, 2]``, made by ``side`` from the student's
     tokens exactly as training makes them (``vocagno.teachers.made_side``)."""
+    from vocagno.data import batch_key
+    from vocagno.teachers import made_side
+
     rows, aligns = [], []
     for sample in samples:
-        made = side({"input_ids": torch.from_numpy(np.asarray(sample["student_ids"], dtype=np.int64))[None]})
-        rows.append(made["teacher_input_ids"][0, : int(made["teacher_attention_mask"].sum())].numpy())
-        aligns.append(torch.stack([made["align_start"][0], made["align_end"][0]], 1).numpy())
+        ids = torch.from_numpy(np.asarray(sample["student_ids"], dtype=np.int64))[None]
+        made = made_side(side, "scored", {"input_ids": ids})
+        row, start, end = (made[batch_key("scored", what)][0] for what in ("input_ids", "align_start", "align_end"))
+        rows.append(row[: int(made[batch_key("scored", "attention_mask")].sum())].numpy())
+        aligns.append(torch.stack([start, end], 1).numpy())
     return rows, aligns
 
 
