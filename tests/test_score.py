@@ -149,7 +149,7 @@ def test_cached_mode_refuses_unscored_shards_and_another_teacher(scored, tokeniz
     # Told the name is only a label, the run takes the shards' losses and says whose they are.
     algorithm, _ = fit(scored / "scored", tokenizers, "Qwen/Qwen2.5-Math-7B-Instruct", teacher_losses="cached",
                        check_scored_by=False)
-    assert algorithm.scorer is None and f"cached by {{'name': '{scored / 'teacher'}'" in capsys.readouterr().out
+    assert algorithm.scorer is None and f"scored by {{'name': '{scored / 'teacher'}'" in capsys.readouterr().out
 
 
 def test_ranks_score_their_own_parts_and_the_last_to_finish_publishes(scored, tmp_path, monkeypatch):

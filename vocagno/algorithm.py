@@ -60,7 +60,7 @@ from vocagno.loss import (
 )
 from vocagno.shards import describe_tokenizer
 from vocagno.teacher_side import TeacherSide, WithTeacherSide, unpack_teacher_side
-from vocagno.teachers import OtherTeachers, TeacherSpec, WithOtherTeachers, teacher_specs
+from vocagno.teachers import OtherTeachers, TeacherSpec, WithOtherTeachers, check_scored_by_teacher, teacher_specs
 from vocagno.tokenization import as_tokenizer, resolve_shipped
 
 __all__ = [
@@ -508,19 +508,8 @@ class VocAgnoLM(Algorithm):
         if metadata is not None and scored_by is None:
             raise ValueError("teacher_losses: cached, but the training shards carry no teacher losses: score them "
                              "first (python -m vocagno.score)")
-        if scored_by is None:
-            return
-        if not self.check_scored_by:
-            print(f"VocAgnoLM: teacher losses cached by {scored_by} (check_scored_by: false)", flush=True)
-            return
-        label = "or set check_scored_by: false when the teacher's name is only a label"
-        if isinstance(self.teacher, str) and scored_by["name"] != self.teacher:
-            raise ValueError(f"the shards were scored by {scored_by['name']!r}, but the teacher is {self.teacher!r}: "
-                             f"score them with this teacher, name the one that scored them, {label}")
-        if isinstance(self.teacher, nn.Module) and scored_by["fingerprint"] != weights_fingerprint(self.teacher):
-            raise ValueError(f"the shards were scored by {scored_by['name']!r} (weights {scored_by['fingerprint']}), "
-                             f"but this run's teacher has other weights ({weights_fingerprint(self.teacher)}): score "
-                             f"them with this teacher, {label}")
+        if scored_by is not None:
+            check_scored_by_teacher(self.teacher, scored_by, self.check_scored_by, "the shards were")
 
     def _teacher_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.cached:

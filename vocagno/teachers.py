@@ -26,7 +26,7 @@ from vocagno.shards import check_teacher_name, describe_tokenizer, loss_column
 from vocagno.teacher_side import TeacherSide
 from vocagno.tokenization import as_tokenizer
 
-__all__ = ["TeacherSpec", "teacher_specs", "OtherTeachers", "WithOtherTeachers", "made_side"]
+__all__ = ["TeacherSpec", "teacher_specs", "OtherTeachers", "WithOtherTeachers", "made_side", "check_scored_by_teacher"]
 
 SPEC_KEYS = ("teacher", "tokenizer", "dtype", "placement", "chunk_size", "trust_remote_code")
 SIDE_KEYS = ("input_ids", "attention_mask", "align_start", "align_end")
@@ -84,6 +84,23 @@ def made_side(side: TeacherSide, name: str, batch: dict[str, Any]) -> dict[str, 
     made = side({key: batch[key] for key in ("input_ids", "attention_mask") if key in batch})
     return {batch_key(name, what): made[key] for what, key in zip(SIDE_KEYS, (
         "teacher_input_ids", "teacher_attention_mask", "align_start", "align_end"))}
+
+
+def check_scored_by_teacher(teacher: str | nn.Module, by: dict, check: bool, losses: str) -> None:
+    """Refuse cached losses that ``by`` (a ``ShardMetadata.scored_by`` entry) says another teacher scored than
+    ``teacher`` (its name, or the module: its weights). ``losses`` begins the message (which losses, and "was"/"were");
+    with ``check`` false, only say who scored them."""
+    from vocagno.algorithm import weights_fingerprint
+
+    if not check:
+        print(f"VocAgnoLM: {losses} scored by {by}; not checked (check_scored_by: false)", flush=True)
+    elif isinstance(teacher, str) and by["name"] != teacher:
+        raise ValueError(f"{losses} scored by {by['name']!r}, but the teacher is {teacher!r}: score them with this "
+                         "teacher, name the one that scored them, or set check_scored_by: false when the teacher's "
+                         "name is only a label")
+    elif isinstance(teacher, nn.Module) and by["fingerprint"] != weights_fingerprint(teacher):
+        raise ValueError(f"{losses} scored by {by['name']!r} (weights {by['fingerprint']}), but this run's teacher "
+                         f"has other weights ({weights_fingerprint(teacher)}): score them with this teacher")
 
 
 class WithOtherTeachers:
@@ -145,8 +162,6 @@ class OtherTeachers:
     def check_cached(self, metadata, check_scored_by: bool) -> None:
         """Refuse shards (``metadata``: their ``ShardMetadata``) that lack an other teacher's cached losses, or hold
         another teacher's under its name, naming the teacher."""
-        from vocagno.algorithm import weights_fingerprint
-
         scored = getattr(metadata, "also_scored_by", None) or {}
         for spec in self.specs:
             by = scored.get(spec.name)
@@ -158,16 +173,8 @@ class OtherTeachers:
                 raise ValueError(f"teacher {spec.name!r}: the shards' {loss_column(spec.name)} was scored with the "
                                  f"tokenizer {by['tokenizer']['name']!r}, but this run's is {wanted.name!r}: its tokens "
                                  "and alignment would differ; score them with this tokenizer")
-            if not check_scored_by:
-                print(f"VocAgnoLM: teacher {spec.name!r}'s losses cached by {by} (check_scored_by: false)", flush=True)
-            elif isinstance(spec.teacher, str) and by["name"] != spec.teacher:
-                raise ValueError(f"teacher {spec.name!r}: the shards' {loss_column(spec.name)} was scored by "
-                                 f"{by['name']!r}, but the teacher is {spec.teacher!r}: score them with this teacher, "
-                                 "or set check_scored_by: false when the teacher's name is only a label")
-            elif isinstance(spec.teacher, nn.Module) and by["fingerprint"] != weights_fingerprint(spec.teacher):
-                raise ValueError(f"teacher {spec.name!r}: the shards' {loss_column(spec.name)} was scored by "
-                                 f"{by['name']!r} (weights {by['fingerprint']}), but this run's teacher has other "
-                                 f"weights ({weights_fingerprint(spec.teacher)}): score them with this teacher")
+            check_scored_by_teacher(spec.teacher, by, check_scored_by,
+                                    f"teacher {spec.name!r}: the shards' {loss_column(spec.name)} was")
 
     def losses(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Each other teacher's token losses ``[B, M_t]`` of ``batch``: its forward, or its cached losses."""
