@@ -2,7 +2,7 @@
 either one alone? Run through the product's own commands, as a user would run them.
 
     python experiments/two_teachers.py --size cpu               # a 2-core CPU, 3 seeds
-    python experiments/two_teachers.py --size toy               # the same chain on 24 documents per domain (CI)
+    python experiments/two_teachers.py --size toy               # the same chain on 24 documents per domain
 
 1. **Corpus.** Clean documents of two domains, GSM8K word problems 1-500 (``gsm8k_train_500.jsonl``) and 500 MATH
    competition problems in LaTeX (``math_train_500.jsonl``), plus junk made from both: word-shuffled copies,

@@ -34,3 +34,25 @@ def test_the_miniature_runs_the_products_chain_at_toy_size_and_reports_it(tmp_pa
     assert report.returncode == 0, report.stderr
     assert "| vocagno_40 |" in report.stdout and "n/a (one seed)" in report.stdout
     assert (tmp_path / "bpb.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_two_domain_table_pairs_seeds_and_says_what_lies_beyond_twice_the_spread():
+    """experiments/two_teachers.py's comparisons: differences paired by seed, "lower"/"higher" only beyond 2 sd, and
+    the table's rows and columns from its result (the published one's shape)."""
+    sys.path.insert(0, str(REPO))
+    from experiments.two_teachers import compare, table
+
+    assert compare([2.675, 2.795, 2.922], [2.774, 2.857, 3.083]) == "-0.1073 ± 0.0500 (lower)"
+    # Lower on every seed, but the differences spread as wide as their mean: not beyond.
+    assert compare([2.675, 2.795, 2.922], [2.953, 2.808, 3.037]) == "-0.1353 ± 0.1337 (within 2 sd)"
+    assert compare([3.0, 3.1, 3.2], [2.0, 2.1, 2.2]) == "+1.0000 ± 0.0000 (higher)"
+    assert compare([1.0], [1.5]) == "-0.5000 (one seed)"
+    run = {"gsm8k": 2.6, "math": 2.9, "overall": 2.8}
+    result = {"size": "toy", "steps": 4, "seeds": [0, 1], "junk": 0.5, "teachers": {"gsm8k": run, "latex": run},
+              "bits_per_byte": {m: [run, {k: v + 0.1 for k, v in run.items()}] for m in
+                                ("init", "plain", "gsm8k_teacher", "latex_teacher", "both_min")}}
+    printed = table(result)
+    assert "| both_min | 2.8500 ± 0.0707 | 2.6500 ± 0.0707 | 2.9500 ± 0.0707 | +0.0000 ± 0.0000 (within 2 sd) |" \
+        in printed
+    assert "| init | 2.8500 ± 0.0707 | 2.6500 ± 0.0707 | 2.9500 ± 0.0707 | - | - | - |" in printed
+    assert "| plain | 2.8500 ± 0.0707 | 2.6500 ± 0.0707 | 2.9500 ± 0.0707 | - | +0.0000" in printed
