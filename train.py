@@ -116,7 +116,7 @@ def build_algorithms(cfg: DictConfig, teacher_tok) -> list:
         if name in TEACHER_ALGORITHMS and cfg.get("teachers") is not None:
             if name != "vocagno":
                 raise ValueError(f"teachers: only algorithms.vocagno takes several teachers, not algorithms.{name}")
-            kwargs["teachers"] = {key: teacher_spec(section, cfg.seed) for key, section in cfg.teachers.items()}
+            kwargs["teachers"] = {key: teacher_spec(key, section, cfg.seed) for key, section in cfg.teachers.items()}
         elif name in TEACHER_ALGORITHMS:
             if cfg.get("teacher") is None:
                 raise ValueError(f"algorithms.{name} needs a teacher: section")
@@ -128,10 +128,12 @@ def build_algorithms(cfg: DictConfig, teacher_tok) -> list:
     return algorithms
 
 
-def teacher_spec(section: DictConfig, seed: int) -> dict[str, Any]:
-    """A ``teachers:`` entry (``teacher:``'s keys) as ``vocagno.teachers.TeacherSpec``'s fields."""
-    if not isinstance(section, DictConfig) or section.get("tokenizer") is None:
-        raise ValueError("each teachers: entry needs teacher:'s keys, its tokenizer included")
+def teacher_spec(name: str, section: DictConfig, seed: int) -> dict[str, Any]:
+    """The ``teachers:`` entry ``name`` (``teacher:``'s keys) as ``vocagno.teachers.TeacherSpec``'s fields."""
+    if not isinstance(section, DictConfig):
+        raise ValueError(f"teachers.{name}: needs teacher:'s keys, got {section!r}")
+    if section.get("tokenizer") is None:
+        raise ValueError(f"teachers.{name}: needs its tokenizer")
     kwargs = teacher_kwargs(section, load_tokenizer(section.tokenizer), TEACHER_ALGORITHMS["vocagno"], seed)
     return {"teacher": kwargs["teacher"], "tokenizer": kwargs["teacher_tokenizer"], "dtype": kwargs["teacher_dtype"],
             "placement": kwargs["teacher_placement"], "chunk_size": kwargs["chunk_size"],
@@ -326,16 +328,18 @@ def report_selection(cfg: DictConfig, trainer: Trainer, sharded: bool) -> None:
         print(f"selection_report skipped: {skipped}", flush=True)
         return
     student = trainer.state.model.model
-    teachers = ([Teacher.from_config(cfg, "the run's teachers", name) for name in cfg.teachers]
-                if cfg.get("teachers") is not None else Teacher.from_config(cfg, "the run's teacher"))
     combine = ((cfg.get("algorithms") or {}).get("vocagno") or {}).get("combine", "min")
     try:
+        teachers = ([Teacher.from_config(cfg, "the run's teachers", name) for name in cfg.teachers]
+                    if cfg.get("teachers") is not None else Teacher.from_config(cfg, "the run's teacher"))
         report = run(shards, teachers, Settings.from_config(cfg), student=student, combine=combine,
                      student_name=f"{cfg.run_name} after {int(trainer.state.timestamp.batch)} batches",
                      samples=section.get("samples") or 64, canaries=section.get("canaries") or 0.5, seed=cfg.seed,
                      device=str(next(student.parameters()).device))
-    except BadInput as error:  # the run itself is done and saved: say why there is no report, and end as it would
-        print(f"selection_report skipped: {error}", flush=True)
+    except (BadInput, SystemExit) as error:  # the run is done and saved: say why there is no report, end as it would
+        if isinstance(error, SystemExit) and not isinstance(error.code, str):
+            raise
+        print(f"selection_report skipped: {str(error).removeprefix('error: ')}", flush=True)
         return
     print("\n" + report.table(), flush=True)
 

@@ -243,3 +243,43 @@ def test_every_teacher_of_a_set_is_checked_before_any_scoring(setup, tmp_path, c
     assert code == 2 and len(err) == 1 and re.search(message, err[0]), err
     assert not (tmp_path / "work").exists() or not any((tmp_path / "work").iterdir())
     assert not (tmp_path / "out.json").exists()
+
+
+# ------------------------------------------------------------------------ found in the second review: each failed first
+def test_shards_the_set_already_scored_are_measured_as_unscored_ones(setup, tmp_path):
+    """The canary rows are made anew: they carry none of the source's losses, of the reading teacher or any other."""
+    from vocagno import score
+
+    root, shards = setup
+    common = ["--dtype", "float32", "--device", "cpu"]
+    assert score.main(["--shards", str(shards), "--teacher", str(root / "math"), "--name", "math", *common,
+                       "--out", str(tmp_path / "s1")]) == 0
+    assert score.main(["--shards", str(tmp_path / "s1"), "--teacher", str(root / "qwen"), "--name", "qwen", *common,
+                       "--out", str(tmp_path / "s2")]) == 0
+    clean_stale_shared_memory()
+    assert selection.main(["--shards", str(tmp_path / "s2"), "--teacher", f"qwen={root / 'qwen'}", "--teacher",
+                           f"math={root / 'math'}", *SAMPLES, "--json", str(tmp_path / "out.json")]) == 0
+    assert set(json.loads((tmp_path / "out.json").read_text())["teachers"]) == {"math", "qwen"}
+
+
+def test_a_config_teachers_name_that_is_no_name_is_refused_and_nothing_is_written_outside_work(setup, tmp_path,
+                                                                                              capsys):
+    root, shards = setup
+    yaml = tmp_path / "evil.yaml"
+    yaml.write_text(f"""base: {REPO / 'yamls' / 'tiny.yaml'}
+teacher: null
+teachers:
+  math: {{name_or_path: {root / 'math'}, tokenizer: {root / 'math'}, dtype: float32}}
+  "../../escaped": {{name_or_path: {root / 'qwen'}, tokenizer: {root / 'qwen'}, dtype: float32}}
+""")
+    code = selection.main(["--shards", str(shards), "--config", str(yaml), *SAMPLES, "--work",
+                           str(tmp_path / "a" / "work")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "a teacher's name must be" in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["evil.yaml"]
+
+
+def test_a_teacher_whose_path_holds_an_equals_sign_is_that_path():
+    assert selection._split_teacher("/ckpt/lr=3e-4/teacher") == (None, "/ckpt/lr=3e-4/teacher")
+    assert selection._split_teacher("math=/ckpt/lr=3e-4/teacher") == ("math", "/ckpt/lr=3e-4/teacher")
+    assert selection._named_teachers(["/ckpt/lr=3e-4/teacher", "b=x"]) == {"teacher": "/ckpt/lr=3e-4/teacher", "b": "x"}

@@ -2,6 +2,8 @@
 online and cached, the scoring pass per teacher, and the refusals, on real tokenizers and text."""
 
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ from streaming.base.util import clean_stale_shared_memory
 from torch.utils.data import DataLoader
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+import train
 from conversion import convert_dataset
 from tests.helpers import Capture
 from tests.test_algorithm import tiny
@@ -24,6 +27,8 @@ from vocagno.shards import ShardMetadata
 from vocagno.teachers import made_side
 from vocagno.teacher_side import TeacherSide
 from vocagno.tokenization import ASSETS
+
+REPO = Path(__file__).resolve().parent.parent
 
 NAN = float("nan")
 
@@ -340,3 +345,53 @@ def test_two_teachers_without_a_student_tokenizer_say_what_to_give(shards, token
         Trainer(model=HuggingFaceModel(student, use_logits=True), train_dataloader=loader, max_duration="1ba",
                 algorithms=[VocAgnoLM(teachers=teachers_of(shards))], loggers=[], progress_bar=False,
                 optimizers=torch.optim.SGD(student.parameters(), lr=0.5), device="cpu").fit()
+
+
+# ------------------------------------------------------------------------ found in the second review: each failed first
+def test_a_further_teachers_scoring_pass_resumed_with_another_tokenizer_is_refused(shards, scored_twice, tmp_path):
+    """Its tokenizer makes its tokens and alignment: a pass interrupted with one and resumed with another would
+    mix two tokenizations in one column."""
+    out = tmp_path / "again"
+    args = ["--shards", str(shards / "scored1"), "--teacher", str(shards / "qwen"), "--name", "qwen", "--dtype",
+            "float32", "--device", "cpu", "--out", str(out)]
+    assert score.main(args) == 0
+    for published in ("index.json", "vocagno.json"):  # as a kill before the merge leaves it
+        (out / published).unlink()
+    shutil.rmtree(out / "part-00001")
+    with pytest.raises(SystemExit, match="settings"):
+        score.main([*args, "--teacher-tokenizer", "deepseek-llm"])
+    assert not (out / "index.json").exists()
+
+
+def test_cached_shards_without_the_reading_teachers_losses_name_it(shards, tmp_path, tokenizers):
+    """Scored by the further teacher alone: the missing losses are the teacher's that reads the shards' tokens."""
+    assert score.main(["--shards", str(shards / "shards"), "--teacher", str(shards / "qwen"), "--name", "qwen",
+                       "--dtype", "float32", "--device", "cpu", "--out", str(tmp_path / "qwen-only")]) == 0
+    with pytest.raises(ValueError, match="teacher 'mistral' .*reads the shards' teacher tokens.*--name mistral"):
+        fit(tmp_path / "qwen-only", tokenizers, teachers=teachers_of(shards), teacher_losses="cached")
+
+
+def test_a_null_teacher_entry_and_a_tokenizer_that_wont_load_are_named(shards, tokenizers, tmp_path):
+    for entry in (None, {"teacher": None, "dtype": "float32"}):
+        with pytest.raises(ValueError, match="teachers.qwen: needs teacher"):
+            VocAgnoLM(teachers={"mistral": "x", "qwen": entry})
+    teachers = teachers_of(shards)
+    teachers["qwen"] = {**teachers["qwen"], "tokenizer": str(tmp_path / "no-tokenizer-here")}
+    with pytest.raises(ValueError, match="teacher 'qwen': cannot load its tokenizer .*no-tokenizer-here"):
+        fit(shards / "shards", tokenizers, teachers=teachers)
+
+
+def test_a_further_teacher_given_as_a_module_without_a_tokenizer_says_to_give_it(shards, tokenizers):
+    teachers = {"mistral": teachers_of(shards)["mistral"], "qwen": Qwen2ForCausalLM.from_pretrained(shards / "qwen")}
+    with pytest.raises(ValueError, match="teachers.qwen: give its tokenizer"):
+        fit(shards / "shards", tokenizers, teachers=teachers)
+
+
+def test_a_yaml_teachers_entry_is_named_when_it_lacks_a_tokenizer():
+    """train.py and the scoring pass alike: the entry is named, before any teacher is loaded."""
+    two = str(REPO / "yamls" / "tiny_two_teachers.yaml")
+    cfg = train.load_config(two, ["teachers.latex.tokenizer=null"])
+    with pytest.raises(ValueError, match="teachers.latex: needs its tokenizer"):
+        train.build_algorithms(cfg, None)
+    with pytest.raises(SystemExit, match="teachers.latex needs its tokenizer"):
+        score.Teacher.from_config(cfg, two, "latex")

@@ -506,6 +506,10 @@ class VocAgnoLM(Algorithm):
     def _check_scored_by_one(self, metadata) -> None:
         scored_by = getattr(metadata, "scored_by", None)
         if metadata is not None and scored_by is None:
+            if self.others.names:
+                raise ValueError(f"teacher_losses: cached, but the training shards carry no losses of teacher "
+                                 f"{self.teacher_name!r} (it reads the shards' teacher tokens): score them with it "
+                                 f"(python -m vocagno.score ... --name {self.teacher_name})")
             raise ValueError("teacher_losses: cached, but the training shards carry no teacher losses: score them "
                              "first (python -m vocagno.score)")
         if scored_by is not None:
@@ -593,9 +597,9 @@ class VocAgnoLM(Algorithm):
             teacher = load_teacher(teacher, spec.dtype, spec.trust_remote_code)
         metadata = _shard_metadata(state)
         if metadata is not None:
+            own = replace(metadata, teacher=describe_tokenizer(spec.required_tokenizer(), "teacher"))
             try:
-                check_teacher_reads(teacher, replace(metadata, teacher=describe_tokenizer(
-                    as_tokenizer(spec.tokenizer), "teacher")))
+                check_teacher_reads(teacher, own)
             except ValueError as error:
                 raise ValueError(f"teacher {spec.name!r}: {error}") from None
         return TeacherScorer(teacher, spec.chunk_size)

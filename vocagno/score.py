@@ -101,6 +101,13 @@ class Teacher:
             where, section = f"teachers.{set_name}", cfg.teachers[set_name]
         if section is None:
             raise SystemExit(f"error: {source} has no teacher: section")
+        if set_name is not None:  # a yaml's key becomes a column and a folder name
+            try:
+                check_teacher_name(set_name)
+            except ValueError as error:
+                raise SystemExit(f"error: {source}: {error}") from None
+            if not section.get("tokenizer"):  # which of the set reads the shards' tokens depends on it
+                raise SystemExit(f"error: {source}: teachers.{set_name} needs its tokenizer")
         chunk_size = section.get("chunk_size") or 1024
         tokenizer = section.get("tokenizer")
         if section.get("name_or_path"):  # loaded as VocAgnoLM loads a teacher it is given by name
@@ -172,10 +179,13 @@ def score(shards: str, output: Output, teacher: Teacher, device: str, batch_toke
     if not index["shards"]:
         raise SystemExit(f"error: {shards} holds no shards")
     # A resumed pass must score as the interrupted one did: the same input shards (by their index: names, sizes and
-    # hashes, wherever the folder is now), teacher and chunk size.
-    check_or_write_settings(output, SETTINGS_FILE, {"input_index": _digest(index), "scored_by": teacher.scored_by,
-                                                    "chunk_size": teacher.chunk_size, "column": column},
-                            "scoring pass", "--out")
+    # hashes, wherever the folder is now), teacher and chunk size; a further teacher's tokenizer too (it makes its
+    # tokens and alignment).
+    settings = {"input_index": _digest(index), "scored_by": teacher.scored_by, "chunk_size": teacher.chunk_size,
+                "column": column}
+    if column is not None:
+        settings["tokenizer"] = asdict(teacher.tokenizer_info())
+    check_or_write_settings(output, SETTINGS_FILE, settings, "scoring pass", "--out")
     side = None if column is None else teacher.side(metadata)
     marker = job_marker(rank, world)
     lock = OwnedLock(output.local / f"{marker}.lock", f"rank {rank} of {world} scoring into {output}")

@@ -78,8 +78,8 @@ from vocagno.alignment import check_alignment, chunk_align
 from vocagno.canaries import CLEAN, NOISE, Canaries, clean_documents, mix, pack
 from vocagno.loss import (check_options, excess_loss, next_token_cross_entropy, reference_loss, select_random,
                           select_top)
-from vocagno.shards import (COLUMNS, METADATA_FILE, SHARD_HASH, ShardMetadata, align_column, check_teacher_name,
-                             describe_tokenizer, loss_column)
+from vocagno.shards import (COLUMNS, METADATA_FILE, SHARD_HASH, TEACHER_NAME, ShardMetadata, align_column,
+                            check_teacher_name, describe_tokenizer, loss_column)
 from vocagno.untrusted import UntrustedFile
 
 __all__ = ["Settings", "Report", "measure", "main"]
@@ -457,7 +457,9 @@ def write_rows(canaries: Canaries, metadata: ShardMetadata, folder: Path) -> Non
     with MDSWriter(out=str(staging), columns=COLUMNS, hashes=[SHARD_HASH], size_limit=1 << 17) as writer:
         for sample in canaries.samples:
             writer.write(sample)
-    replace(metadata, totals={"samples": len(canaries.samples)}, partial=None, scored_by=None).write(staging)
+    # Rows made anew: none of the source's losses, of its reading teacher or of any other.
+    replace(metadata, totals={"samples": len(canaries.samples)}, partial=None, scored_by=None,
+            also_scored_by=None).write(staging)
     os.rename(staging, folder)
 
 
@@ -565,8 +567,13 @@ def run(shards: str | dict[str, str], teacher, settings: Settings, *, student: t
             if i:
                 _wait_for(folder / scored_into / "index.json")  # published by the rank that finished it last
                 previous, scored_into = scored_into, f"{scored_into}+{each.set_name}"
-            score(str(folder / previous), Output(str(folder / scored_into), None), each, device, batch_tokens, rank,
-                  world)
+            try:
+                score(str(folder / previous), Output(str(folder / scored_into), None), each, device, batch_tokens,
+                      rank, world)
+            except SystemExit as error:  # a refusal of the scoring pass: one line, and a run's report skipped
+                if not isinstance(error.code, str):
+                    raise
+                raise BadInput(error.code.removeprefix("error: ")) from error
         untrained = teachers[0].at_initialization(seed)
         score(str(folder / "rows"), Output(str(folder / "untrained"), None), untrained, device, batch_tokens, rank,
               world)
@@ -762,7 +769,7 @@ def _main(args: argparse.Namespace) -> Report | None:
             teacher_tokenizer = chosen[0].tokenizer
         else:
             settings = Settings()
-            model = args.teacher[0].partition("=")[2] or args.teacher[0]
+            model = _split_teacher(args.teacher[0])[1]
             chosen = Teacher(load_teacher(model, args.dtype), model, args.dtype, 1024)
             teacher_tokenizer = args.teacher_tokenizer or model
         reader = chosen[0] if isinstance(chosen, list) else chosen  # the teacher of the shards' teacher tokens
@@ -786,6 +793,10 @@ def _main(args: argparse.Namespace) -> Report | None:
             student_name = args.student
     except (ValueError, OSError, KeyError, RuntimeError, pickle.UnpicklingError) as error:
         raise BadInput(f"{error.__class__.__name__}: {str(error).splitlines()[0] if str(error) else ''}") from error
+    except SystemExit as error:  # vocagno.score's one-line refusals of a teacher (a yaml's teachers: entry)
+        if not isinstance(error.code, str):
+            raise
+        raise BadInput(error.code.removeprefix("error: ")) from error
     device = args.device or (f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu")
     return run({name: str(folder) for name, folder in sources.items()}, chosen, settings, student=student,
                student_name=student_name, samples=args.samples, canaries=args.canaries or 0.0, noise=noise,
@@ -793,14 +804,20 @@ def _main(args: argparse.Namespace) -> Report | None:
                batch_tokens=args.batch_tokens, rank=rank, world=world, page_rows=args.html_rows, combine=combine)
 
 
+def _split_teacher(value: str) -> tuple[str | None, str]:
+    """A ``--teacher`` value as (its NAME or None, its MODEL): ``NAME=MODEL`` only where NAME is a teacher's name (a
+    path may hold "=": ``/ckpt/lr=3e-4/teacher``)."""
+    name, _, model = value.partition("=")
+    return (name, model) if model and TEACHER_NAME.fullmatch(name) else (None, value)
+
+
 def _named_teachers(values: list[str]) -> dict[str, str]:
     """``--teacher`` values (``NAME=MODEL`` or ``MODEL``, named by its last path part) as name -> model, each name
     checked and given once."""
     named = {}
     for value in values:
-        name, named_so, model = value.partition("=")
-        if not named_so:
-            name, model = Path(value.rstrip("/")).name, value
+        name, model = _split_teacher(value)
+        name = name or Path(model.rstrip("/")).name
         try:
             check_teacher_name(name, "--teacher")
         except ValueError as error:

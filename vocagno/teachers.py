@@ -50,11 +50,27 @@ class TeacherSpec:
         if self.tokenizer is None and isinstance(self.teacher, str):
             self.tokenizer = self.teacher  # a named teacher's folder has its tokenizer
 
+    def loaded_tokenizer(self):
+        """Its tokenizer, loaded (None for a module given without one); one that won't load names the teacher."""
+        if self.tokenizer is None:
+            return None
+        try:
+            return as_tokenizer(self.tokenizer)
+        except Exception as error:  # not a tokenizer's name or folder, a hub name offline, a broken file
+            message = str(error).strip().splitlines()[0] if str(error).strip() else error.__class__.__name__
+            raise ValueError(f"teacher {self.name!r}: cannot load its tokenizer {self.tokenizer!r}: {message}") from None
+
+    def required_tokenizer(self):
+        """Its tokenizer, loaded, where its tokens are made from the text: a module given without one is refused."""
+        if self.tokenizer is None:
+            raise ValueError(f"teachers.{self.name}: give its tokenizer (a teacher given as a module has none)")
+        return self.loaded_tokenizer()
+
     def reads(self, metadata) -> bool:
         """Whether this teacher's vocabulary is the one the shards' teacher tokens were made with."""
         if self.tokenizer is None or metadata is None:
             return False
-        return metadata.teacher.same_vocabulary(describe_tokenizer(as_tokenizer(self.tokenizer), "teacher"))
+        return metadata.teacher.same_vocabulary(describe_tokenizer(self.loaded_tokenizer(), "teacher"))
 
 
 def teacher_specs(teachers: Mapping[str, Any]) -> list[TeacherSpec]:
@@ -72,7 +88,7 @@ def teacher_specs(teachers: Mapping[str, Any]) -> list[TeacherSpec]:
         seen.add(name.lower())
         fields = dict(value) if isinstance(value, Mapping) else {"teacher": value}
         unknown = sorted(set(fields) - set(SPEC_KEYS))
-        if unknown or "teacher" not in fields:
+        if unknown or fields.get("teacher") is None:
             raise ValueError(f"teachers.{name}: needs teacher, may have {', '.join(SPEC_KEYS[1:])}"
                              + (f"; unknown: {', '.join(unknown)}" if unknown else ""))
         specs.append(TeacherSpec(name, **{k: v for k, v in fields.items() if v is not None}))
@@ -140,9 +156,7 @@ class OtherTeachers:
             raise ValueError("VocAgnoLM makes the other teachers' tokens from the text of the student's: give it "
                              "student_tokenizer (or a HuggingFaceModel with its tokenizer)")
         for spec in self.specs:
-            if spec.tokenizer is None:
-                raise ValueError(f"teachers.{spec.name}: give its tokenizer (a teacher given as a module has none)")
-            self.sides[spec.name] = TeacherSide(as_tokenizer(student_tokenizer), as_tokenizer(spec.tokenizer))
+            self.sides[spec.name] = TeacherSide(as_tokenizer(student_tokenizer), spec.required_tokenizer())
         return self.sides
 
     def add_sides(self, batch: dict[str, Any], student_tokenizer) -> None:
@@ -168,7 +182,7 @@ class OtherTeachers:
             if by is None:
                 raise ValueError(f"teacher_losses: cached, but the training shards carry no losses of teacher "
                                  f"{spec.name!r}: score them with it (python -m vocagno.score ... --name {spec.name})")
-            wanted = describe_tokenizer(as_tokenizer(spec.tokenizer), "teacher") if spec.tokenizer else None
+            wanted = describe_tokenizer(spec.loaded_tokenizer(), "teacher") if spec.tokenizer else None
             if wanted is not None and by["tokenizer"]["fingerprint"] != wanted.fingerprint:
                 raise ValueError(f"teacher {spec.name!r}: the shards' {loss_column(spec.name)} was scored with the "
                                  f"tokenizer {by['tokenizer']['name']!r}, but this run's is {wanted.name!r}: its tokens "
