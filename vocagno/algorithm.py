@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import replace
 from typing import Any, Mapping
 
 import torch
@@ -60,7 +59,8 @@ from vocagno.loss import (
 )
 from vocagno.shards import describe_tokenizer
 from vocagno.teacher_side import TeacherSide, WithTeacherSide, unpack_teacher_side
-from vocagno.teachers import OtherTeachers, TeacherSpec, WithOtherTeachers, check_scored_by_teacher, teacher_specs
+from vocagno.teachers import (OtherTeachers, TeacherSpec, WithOtherTeachers, check_scored_by_teacher, checked_teacher,
+                              reading_teacher, teacher_shares, teacher_specs)
 from vocagno.tokenization import as_tokenizer, resolve_shipped
 
 __all__ = [
@@ -344,7 +344,7 @@ class VocAgnoLM(Algorithm):
                 self._check_scored_by(state)
             elif self.scorer is None:
                 self.scorer = self._place(self._build_scorer(state), state)
-                self.others.build(lambda spec: self._build_other(spec, state),
+                self.others.build(lambda spec: checked_teacher(spec, _shard_metadata(state)),
                                   lambda scorer, spec: self._place(scorer, state, spec.placement))
         elif event == Event.AFTER_DATALOADER:
             state.batch = unpack_teacher_side(state.batch)  # as loader workers send it
@@ -434,29 +434,18 @@ class VocAgnoLM(Algorithm):
         self._stream_counts = None
 
     def _log_teacher_shares(self, logger: Logger) -> None:
-        """Per teacher of a set, the share of the step's kept mapped tokens whose reference it gave
-        (``vocagno/teacher_share/NAME``; with ``combine: mean``, every teacher that mapped the token gave it), over
-        every microbatch and rank."""
+        """Each teacher's share of the step's kept mapped tokens (``vocagno.teachers.teacher_shares``), over every
+        microbatch and rank."""
         dist.all_reduce(self._teacher_counts, reduce_operation="SUM")
-        *per_teacher, kept = self._teacher_counts.tolist()
-        names = [self.teacher_name, *self.others.names]
-        logger.log_metrics({f"vocagno/teacher_share/{name}": count / max(kept, 1)
-                            for name, count in zip(names, per_teacher)})
+        logger.log_metrics(teacher_shares([self.teacher_name, *self.others.names], self._teacher_counts.tolist()))
         self._teacher_counts = None
 
     def _choose_teacher(self, state: State) -> None:
-        """Of a set, the teacher that reads the shards' teacher side: the first whose vocabulary they were made with
-        (the first teacher when the loader gives no shards; a set none of whose teachers reads them is refused)."""
-        metadata = _shard_metadata(state)
-        if len(self.specs) > 1 and metadata is not None:
-            reads = [spec for spec in self.specs if spec.reads(metadata)]
-            if not reads:
-                names = ", ".join(f"{spec.name} ({spec.tokenizer})" for spec in self.specs)
-                raise ValueError(f"the shards' teacher tokens are {metadata.teacher.name!r}'s, and no teacher of the "
-                                 f"set reads them ({names}): convert the corpus with one of their tokenizers")
-            if reads[0].name != self.teacher_name:  # another fit may keep what an earlier one built
-                self._as_teacher(reads[0])
-                self.scorer = self.teacher_side = None
+        """Of a set, the teacher that reads the shards' teacher side (``vocagno.teachers.reading_teacher``)."""
+        reader = reading_teacher(self.specs, _shard_metadata(state))
+        if reader is not None and reader.name != self.teacher_name:  # another fit may keep what an earlier one built
+            self._as_teacher(reader)
+            self.scorer = self.teacher_side = None
 
     def _student_tokenizer(self, state: State):
         return self.student_tokenizer or getattr(state.model, "tokenizer", None)
@@ -589,20 +578,6 @@ class VocAgnoLM(Algorithm):
             teacher = load_teacher(teacher, self.teacher_dtype, self.trust_remote_code)
         self._check_teacher(teacher, state)
         return TeacherScorer(teacher, self.chunk_size)
-
-    def _build_other(self, spec: TeacherSpec, state: State) -> TeacherScorer:
-        """A set's other teacher, checked: it reads its own tokens (made from the text), at the shards' length."""
-        teacher = spec.teacher
-        if isinstance(teacher, str):
-            teacher = load_teacher(teacher, spec.dtype, spec.trust_remote_code)
-        metadata = _shard_metadata(state)
-        if metadata is not None:
-            own = replace(metadata, teacher=describe_tokenizer(spec.required_tokenizer(), "teacher"))
-            try:
-                check_teacher_reads(teacher, own)
-            except ValueError as error:
-                raise ValueError(f"teacher {spec.name!r}: {error}") from None
-        return TeacherScorer(teacher, spec.chunk_size)
 
     def _check_teacher(self, teacher: nn.Module, state: State) -> None:
         metadata = _shard_metadata(state)

@@ -26,7 +26,8 @@ from vocagno.shards import check_teacher_name, describe_tokenizer, loss_column
 from vocagno.teacher_side import TeacherSide
 from vocagno.tokenization import as_tokenizer
 
-__all__ = ["TeacherSpec", "teacher_specs", "OtherTeachers", "WithOtherTeachers", "made_side", "check_scored_by_teacher"]
+__all__ = ["TeacherSpec", "teacher_specs", "OtherTeachers", "WithOtherTeachers", "made_side", "check_scored_by_teacher",
+           "reading_teacher", "checked_teacher", "teacher_shares"]
 
 SPEC_KEYS = ("teacher", "tokenizer", "dtype", "placement", "chunk_size", "trust_remote_code")
 SIDE_KEYS = ("input_ids", "attention_mask", "align_start", "align_end")
@@ -100,6 +101,48 @@ def made_side(side: TeacherSide, name: str, batch: dict[str, Any]) -> dict[str, 
     made = side({key: batch[key] for key in ("input_ids", "attention_mask") if key in batch})
     return {batch_key(name, what): made[key] for what, key in zip(SIDE_KEYS, (
         "teacher_input_ids", "teacher_attention_mask", "align_start", "align_end"))}
+
+
+def reading_teacher(specs: list[TeacherSpec], metadata) -> TeacherSpec | None:
+    """Of a set, the teacher that reads the shards' teacher side: the first whose vocabulary they were made with; a
+    set none of whose teachers reads them is refused. None where there is nothing to choose by (no shards' metadata)."""
+    if metadata is None:
+        return None
+    if len(specs) == 1:
+        return specs[0]
+    reads = [spec for spec in specs if spec.reads(metadata)]
+    if not reads:
+        names = ", ".join(f"{spec.name} ({spec.tokenizer})" for spec in specs)
+        raise ValueError(f"the shards' teacher tokens are {metadata.teacher.name!r}'s, and no teacher of the set reads "
+                         f"them ({names}): convert the corpus with one of their tokenizers")
+    return reads[0]
+
+
+def checked_teacher(spec: TeacherSpec, metadata):
+    """A set's other teacher as a ``TeacherScorer``, loaded and checked: it reads its own tokens (made from the text
+    with its tokenizer) at the length of the shards' rows (``metadata``, when there are shards)."""
+    from dataclasses import replace
+
+    from vocagno.algorithm import TeacherScorer, check_teacher_reads, load_teacher
+
+    teacher = spec.teacher
+    if isinstance(teacher, str):
+        teacher = load_teacher(teacher, spec.dtype, spec.trust_remote_code)
+    if metadata is not None:
+        own = replace(metadata, teacher=describe_tokenizer(spec.required_tokenizer(), "teacher"))
+        try:
+            check_teacher_reads(teacher, own)
+        except ValueError as error:
+            raise ValueError(f"teacher {spec.name!r}: {error}") from None
+    return TeacherScorer(teacher, spec.chunk_size)
+
+
+def teacher_shares(names: list[str], counts: list[float]) -> dict[str, float]:
+    """``vocagno/teacher_share/NAME``: per teacher (``names``, in the order of ``counts``: the kept mapped tokens whose
+    reference each gave, then all the kept mapped ones), its share; with ``combine: mean`` every teacher that mapped a
+    token gave it, so the shares may add up to more than 1."""
+    *per_teacher, kept = counts
+    return {f"vocagno/teacher_share/{name}": count / max(kept, 1) for name, count in zip(names, per_teacher)}
 
 
 def check_scored_by_teacher(teacher: str | nn.Module, by: dict, check: bool, losses: str) -> None:
