@@ -316,8 +316,7 @@ def report_selection(cfg: DictConfig, trainer: Trainer, sharded: bool) -> None:
     """The yaml's ``selection_report``: what the run's teacher (or teachers, on their ``combine``) keeps of held-out
     shards (``shards``, default the eval loader's) with canaries, the student just trained ranking with it
     (``vocagno.selection``), printed."""
-    from vocagno.score import Teacher
-    from vocagno.selection import BadInput, Settings, run
+    from vocagno.selection import BadInput, Settings, config_teachers, run
 
     section = cfg.selection_report
     shards = section.get("shards") or om.select(cfg, "eval_loader.dataset.local")
@@ -330,16 +329,12 @@ def report_selection(cfg: DictConfig, trainer: Trainer, sharded: bool) -> None:
     student = trainer.state.model.model
     combine = ((cfg.get("algorithms") or {}).get("vocagno") or {}).get("combine", "min")
     try:
-        teachers = ([Teacher.from_config(cfg, "the run's teachers", name) for name in cfg.teachers]
-                    if cfg.get("teachers") is not None else Teacher.from_config(cfg, "the run's teacher"))
-        report = run(shards, teachers, Settings.from_config(cfg), student=student, combine=combine,
+        report = run(shards, config_teachers(cfg, "the run's yaml"), Settings.from_config(cfg), student=student, combine=combine,
                      student_name=f"{cfg.run_name} after {int(trainer.state.timestamp.batch)} batches",
                      samples=section.get("samples") or 64, canaries=section.get("canaries") or 0.5, seed=cfg.seed,
                      device=str(next(student.parameters()).device))
-    except (BadInput, SystemExit) as error:  # the run is done and saved: say why there is no report, end as it would
-        if isinstance(error, SystemExit) and not isinstance(error.code, str):
-            raise
-        print(f"selection_report skipped: {str(error).removeprefix('error: ')}", flush=True)
+    except BadInput as error:  # the run itself is done and saved: say why there is no report, and end as it would
+        print(f"selection_report skipped: {error}", flush=True)
         return
     print("\n" + report.table(), flush=True)
 

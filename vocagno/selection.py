@@ -548,7 +548,7 @@ def run(shards: str | dict[str, str], teacher, settings: Settings, *, student: t
         try:
             check_or_write_settings(Output(str(folder), None), "selection.json", wanted, "selection run", "--work")
         except SystemExit as error:  # a --work folder of another run
-            raise BadInput(str(error).removeprefix("error: ")) from error
+            raise _bad_input(error) from error
         parts = []
         for name, source in sources.items():  # each source as a run on it alone draws, mixes and packs it
             clean = [doc for row in sample_rows(source, samples, seed)
@@ -571,9 +571,7 @@ def run(shards: str | dict[str, str], teacher, settings: Settings, *, student: t
                 score(str(folder / previous), Output(str(folder / scored_into), None), each, device, batch_tokens,
                       rank, world)
             except SystemExit as error:  # a refusal of the scoring pass: one line, and a run's report skipped
-                if not isinstance(error.code, str):
-                    raise
-                raise BadInput(error.code.removeprefix("error: ")) from error
+                raise _bad_input(error) from error
         untrained = teachers[0].at_initialization(seed)
         score(str(folder / "rows"), Output(str(folder / "untrained"), None), untrained, device, batch_tokens, rank,
               world)
@@ -751,13 +749,12 @@ def _main(args: argparse.Namespace) -> Report | None:
         combine = args.combine or "min"
         if cfg is not None:
             settings = Settings.from_config(cfg)
-            if cfg.get("teachers") is not None:
-                chosen = _reader_first([Teacher.from_config(cfg, args.config, name) for name in cfg.teachers],
-                                       metadata)
+            chosen = config_teachers(cfg, args.config)
+            if isinstance(chosen, list):
+                chosen = _reader_first(chosen, metadata)
                 combine = args.combine or ((cfg.get("algorithms") or {}).get("vocagno") or {}).get("combine", "min")
                 teacher_tokenizer = chosen[0].tokenizer
             else:
-                chosen = Teacher.from_config(cfg, args.config)
                 teacher_tokenizer = cfg.teacher.tokenizer
         elif len(args.teacher) > 1:
             if args.teacher_tokenizer:
@@ -793,15 +790,31 @@ def _main(args: argparse.Namespace) -> Report | None:
             student_name = args.student
     except (ValueError, OSError, KeyError, RuntimeError, pickle.UnpicklingError) as error:
         raise BadInput(f"{error.__class__.__name__}: {str(error).splitlines()[0] if str(error) else ''}") from error
-    except SystemExit as error:  # vocagno.score's one-line refusals of a teacher (a yaml's teachers: entry)
-        if not isinstance(error.code, str):
-            raise
-        raise BadInput(error.code.removeprefix("error: ")) from error
     device = args.device or (f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu")
     return run({name: str(folder) for name, folder in sources.items()}, chosen, settings, student=student,
                student_name=student_name, samples=args.samples, canaries=args.canaries or 0.0, noise=noise,
                seed=args.seed, device=device, work=args.work,
                batch_tokens=args.batch_tokens, rank=rank, world=world, page_rows=args.html_rows, combine=combine)
+
+
+def config_teachers(cfg, source: str):
+    """A training config's teacher (``vocagno.score.Teacher``), or its ``teachers:`` as a list; the scoring pass's
+    refusal of one (a bad name, no tokenizer) as ``BadInput``."""
+    from vocagno.score import Teacher
+
+    try:
+        if cfg.get("teachers") is not None:
+            return [Teacher.from_config(cfg, source, name) for name in cfg.teachers]
+        return Teacher.from_config(cfg, source)
+    except SystemExit as error:
+        raise _bad_input(error) from error
+
+
+def _bad_input(error: SystemExit) -> BadInput:
+    """A one-line refusal (``SystemExit("error: ...")``) as this tool's ``BadInput``; any other exit goes on."""
+    if not isinstance(error.code, str):
+        raise error
+    return BadInput(error.code.removeprefix("error: "))
 
 
 def _split_teacher(value: str) -> tuple[str | None, str]:
