@@ -29,11 +29,10 @@ from composer.models import HuggingFaceModel  # noqa: E402
 from composer.optim import CosineAnnealingWithWarmupScheduler, DecoupledAdamW  # noqa: E402
 from composer.utils import dist, format_name_with_dist, get_device, reproducibility  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
-from streaming.base.util import clean_stale_shared_memory  # noqa: E402
 from omegaconf import OmegaConf as om  # noqa: E402
 
 from vocagno.config import build_causal_lm, load_config  # noqa: E402
-from vocagno.data import teacher_guided_loader  # noqa: E402
+from vocagno.data import clean_leaked_shared_memory, teacher_guided_loader  # noqa: E402
 from vocagno.fsdp import wrap_per_decoder_layer  # noqa: E402
 from vocagno.checkpoint import BadCheckpoint, repair  # noqa: E402
 from vocagno.loggers import JSONLinesLogger, RunRecipe, SampleLog  # noqa: E402
@@ -217,7 +216,7 @@ def build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> DecoupledAdamW:
 def main(cfg: DictConfig) -> Trainer:
     dist.initialize_dist(get_device(None), timeout=cfg.get("dist_timeout", 600))
     _signal_files_per_node()
-    clean_stale_shared_memory()  # what a killed run left behind would stop Streaming; every rank calls it
+    clean_leaked_shared_memory()  # what a killed run left would refuse Streaming; what a live job holds stays
     reproducibility.seed_all(cfg.seed)
     world = dist.get_world_size()
     if cfg.global_train_batch_size % world:

@@ -6,6 +6,13 @@ import pytest
 # Tests never reach the Hugging Face hub: everything they load ships in the repo.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One core per worker (pytest -n): torch's threads, the worker's and its training subprocesses', would otherwise
+    # each take every core and the workers would wait on each other.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
 
 from vocagno.tokenization import ASSETS, SHIPPED_TOKENIZERS, load_tokenizer  # noqa: E402
 

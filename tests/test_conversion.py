@@ -13,12 +13,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from streaming.base.util import clean_stale_shared_memory
 
 from conversion import convert_dataset
 from conversion.sources import TextOf, hub_sources
 from vocagno.alignment import align
-from vocagno.data import TeacherGuidedCollator, TeacherGuidedDataset
+from vocagno.data import TeacherGuidedCollator, TeacherGuidedDataset, clean_leaked_shared_memory
 from vocagno.shards import ShardMetadata
 from vocagno.tokenization import ASSETS, encode_with_offsets, load_tokenizer
 
@@ -35,12 +34,12 @@ def convert(out_root, *args, inputs=(SAMPLE,)):
 
 def read_samples(root, tmp_path, **kwargs):
     """Every sample of a shard folder, in order, read through Streaming into a cache folder of its own."""
-    clean_stale_shared_memory()
+    clean_leaked_shared_memory()
     local = tmp_path / f"cache-{Path(root).name}-{time.monotonic_ns()}"
     dataset = TeacherGuidedDataset(local=str(local), remote=str(root), batch_size=1, **kwargs)
     samples = [dataset[i] for i in range(len(dataset))]
     del dataset
-    clean_stale_shared_memory()
+    clean_leaked_shared_memory()
     return samples
 
 
@@ -61,6 +60,54 @@ def sample_shards(tmp_path_factory):
 def sample_samples(sample_shards, tmp_path_factory):
     return read_samples(sample_shards, tmp_path_factory.mktemp("read"))
 
+
+
+def _at_once(target, args_per_process) -> list[int]:
+    """Run ``target(barrier, *args)`` in one forked process per args, all let go at the same moment; exit codes."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    barrier = context.Barrier(len(args_per_process))
+    processes = [context.Process(target=target, args=(barrier, *args)) for args in args_per_process]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(120)
+    return [process.exitcode for process in processes]
+
+
+def _write_many(barrier, path, text):
+    from vocagno.shards import write_atomically
+
+    barrier.wait()
+    for _ in range(200):
+        write_atomically(path, text)
+
+
+def test_ranks_writing_the_same_file_at_once_each_leave_it_whole(tmp_path):
+    """Every rank of a scoring pass writes its settings file at start (score.json): the writes of several processes
+    at once each replace the file whole, and none fails on another's temporary file."""
+    text = json.dumps({"teacher": "x" * 5000})
+    assert _at_once(_write_many, [(tmp_path / "score.json", text)] * 4) == [0] * 4
+    assert (tmp_path / "score.json").read_text() == text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["score.json"]
+
+
+def _read_metadata_of(barrier, local, remote):
+    from vocagno.data import read_metadata
+
+    barrier.wait()
+    read_metadata(str(local), str(remote))
+
+
+def test_ranks_of_a_node_fetch_the_shards_metadata_into_one_local_at_once(sample_shards, tmp_path):
+    """Each rank of a node reads vocagno.json from the remote into the node's local before Streaming starts: four at
+    once all get it, and the local holds it alone."""
+    for attempt in range(10):
+        local = tmp_path / f"local{attempt}"
+        assert _at_once(_read_metadata_of, [(local, sample_shards)] * 4) == [0] * 4, attempt
+        assert sorted(p.name for p in local.iterdir()) == ["vocagno.json"]
+        assert ShardMetadata.read(local) == ShardMetadata.read(sample_shards)
 
 def test_round_trip_invariants(sample_samples, sample_shards, tokenizers):
     student, teacher = tokenizers["llama2"], tokenizers["qwen2.5"]
@@ -167,7 +214,7 @@ def test_changed_settings_on_an_existing_root_are_refused(sample_shards):
 
 
 def test_dataset_refuses_shards_of_other_tokenizers(sample_shards, tmp_path):
-    clean_stale_shared_memory()
+    clean_leaked_shared_memory()
     with pytest.raises(ValueError, match="student tokenizer is 'llama2'.*this run's student tokenizer is 'mistral'"):
         TeacherGuidedDataset(local=str(sample_shards), student_tokenizer="mistral", batch_size=1)
     with pytest.raises(ValueError, match="teacher tokenizer is 'qwen2.5'.*this run's teacher tokenizer is 'deepseek-llm'"):
@@ -179,7 +226,7 @@ def test_dataset_refuses_shards_of_other_tokenizers(sample_shards, tmp_path):
                                    student_tokenizer=str(shipped_tokenizer_dir("llama2")), teacher_tokenizer="qwen2.5")
     assert len(dataset) > 0
     del dataset
-    clean_stale_shared_memory()
+    clean_leaked_shared_memory()
 
 
 def test_collator_builds_what_the_loss_takes(sample_samples, tokenizers):
@@ -215,21 +262,21 @@ def test_collator_builds_what_the_loss_takes(sample_samples, tokenizers):
 
 
 def test_resumption_replays_the_same_batches(sample_shards, tmp_path):
-    clean_stale_shared_memory()
+    clean_leaked_shared_memory()
     kwargs = dict(remote=str(sample_shards), batch_size=4, shuffle=True, shuffle_seed=17, num_canonical_nodes=1)
     dataset = TeacherGuidedDataset(local=str(tmp_path / "a"), **kwargs)
     loader = torch.utils.data.DataLoader(dataset, batch_size=4, collate_fn=lambda xs: [x["text"] for x in xs])
     uninterrupted = [batch for _, batch in zip(range(12), loader)]
     state = dataset.state_dict(num_samples=5 * 4, from_beginning=False)
     del loader, dataset
-    clean_stale_shared_memory()
+    clean_leaked_shared_memory()
     resumed = TeacherGuidedDataset(local=str(tmp_path / "b"), **kwargs)
     resumed.load_state_dict(state)
     loader = torch.utils.data.DataLoader(resumed, batch_size=4, collate_fn=lambda xs: [x["text"] for x in xs])
     replay = [batch for _, batch in zip(range(7), loader)]
     assert replay == uninterrupted[5:]
     del loader, resumed
-    clean_stale_shared_memory()
+    clean_leaked_shared_memory()
 
 
 NASTY_LINES = [

@@ -2,7 +2,8 @@
 
 The venv is built once (``pip install -e REPO llm-foundry==0.22.0``: a single resolve, so our pins and llm-foundry's
 must agree; it gets Streaming 0.12, transformers 4.51, datasets 3.6, the low ends of our ranges) and kept under
-``$VOCAGNO_TEST_VENVS`` (default ``~/.cache/vocagno-test-venvs``) until ``pyproject.toml`` changes. Where it can't be
+``$VOCAGNO_TEST_VENVS`` (default ``~/.cache/vocagno-test-venvs``) until what it installs changes (our dependencies,
+llm-foundry's pin, the Python). Where it can't be
 installed (no package registry) the test is skipped, saying so; in CI (``CI`` set) that is a failure instead.
 """
 
@@ -20,6 +21,17 @@ REPO = Path(__file__).resolve().parent.parent
 FOUNDRY = "llm-foundry==0.22.0"
 
 
+def _what_it_installs() -> str:
+    """Our dependencies (``[project]``'s list), llm-foundry's pin and the Python: a change elsewhere in
+    ``pyproject.toml`` (the test extra, tool settings) keeps the venv."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the whole file
+        return FOUNDRY + (REPO / "pyproject.toml").read_text()
+    dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    return json.dumps([FOUNDRY, list(sys.version_info[:2]), dependencies])
+
+
 def _run(command: list[str], timeout: int, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, **kwargs)
 
@@ -30,7 +42,7 @@ def foundry_python() -> str:
     venv = venvs / FOUNDRY.replace("==", "-")
     python = venv / "bin" / "python"
     stamp = venv / "made-from"
-    wanted = hashlib.sha256((FOUNDRY + (REPO / "pyproject.toml").read_text()).encode()).hexdigest()
+    wanted = hashlib.sha256(_what_it_installs().encode()).hexdigest()
     if not (python.exists() and stamp.exists() and stamp.read_text() == wanted):
         shutil.rmtree(venv, ignore_errors=True)
         made = _run([sys.executable, "-m", "venv", str(venv)], 300)

@@ -364,3 +364,42 @@ def test_the_two_teacher_yaml_trains_with_both_and_ends_with_what_each_keeps(tmp
                range(1, 13))
     output = result.stdout + result.stderr
     assert "what the teacher keeps:" in output and "math" in output and "latex" in output
+
+
+
+def _streaming_shm(prefix: int) -> set[tuple[str, int]]:
+    """The shared memory files of a Streaming prefix, by name and inode (a name taken again is another file)."""
+    return {(entry.name, entry.inode()) for entry in os.scandir("/dev/shm") if entry.name.startswith(f"{prefix:06}_")}
+
+
+def test_a_run_cleans_what_a_killed_run_left_in_shared_memory_and_not_what_a_live_job_holds(tiny_run, tmp_path,
+                                                                                               monkeypatch):
+    """Two jobs on one node: a run starting unlinks the Streaming shared memory a killed run left on its local (which
+    would refuse it: the same local with a remote), and leaves the shared memory of a job still reading its shards."""
+    import tempfile
+
+    from vocagno.data import TeacherGuidedDataset
+
+    # A fresh node: no Streaming file locks in the temporary folder, so prefixes are taken from 0 up.
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path / "tmp")}
+    remote = str(tiny_run[0] / "shards" / "train")
+    live = TeacherGuidedDataset(local=str(tmp_path / "live"), remote=remote, batch_size=1)
+    held = _streaming_shm(live._shm_prefix_int)
+    assert held
+    # Killed with its whole process group, as a node's death kills it: its resource tracker unlinks nothing.
+    leave_behind = ("import pathlib, time; from vocagno.data import TeacherGuidedDataset; "
+                    f"d = TeacherGuidedDataset(local={str(tmp_path / 'cache')!r}, remote={remote!r}, batch_size=1); "
+                    f"pathlib.Path({str(tmp_path / 'prefix')!r}).write_text(str(d._shm_prefix_int)); time.sleep(600)")
+    kill_when([sys.executable, "-c", leave_behind], (tmp_path / "prefix").exists, settle=0.5, cwd=REPO, env=env)
+    left = _streaming_shm(int((tmp_path / "prefix").read_text()))
+    assert left
+    command = [sys.executable, str(REPO / "train.py"), TINY, f"train_loader.dataset.remote={remote}",
+               f"train_loader.dataset.local={tmp_path}/cache", "train_loader.convert_if_missing=null",
+               "eval_loader=null", "selection_report=null", "loggers.console=null", "max_duration=1ba"]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert _streaming_shm(live._shm_prefix_int) == held
+    assert not left & _streaming_shm(int((tmp_path / "prefix").read_text()))
+    assert next(iter(live))["student_ids"].shape == (128,)

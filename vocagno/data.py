@@ -21,6 +21,8 @@ a resumed run see the batches an uninterrupted one would.
 from __future__ import annotations
 
 import os
+import re
+import uuid
 import warnings
 from typing import Any
 
@@ -34,7 +36,8 @@ from vocagno.shards import (
     METADATA_FILE, SHARD_HASH, ShardMetadata, align_column, check_columns, describe_tokenizer, loss_column,
 )
 
-__all__ = ["TeacherGuidedDataset", "TeacherGuidedCollator", "teacher_guided_loader", "read_metadata", "token_bytes"]
+__all__ = ["TeacherGuidedDataset", "TeacherGuidedCollator", "teacher_guided_loader", "read_metadata", "token_bytes",
+           "clean_leaked_shared_memory"]
 
 ARRAY_COLUMNS = ("student_ids", "student_offsets", "teacher_ids", "teacher_offsets")
 
@@ -47,8 +50,64 @@ def read_metadata(local: str, remote: str | None = None, split: str | None = Non
 
         os.makedirs(local_dir, exist_ok=True)
         remote_path = os.path.join(remote, split or "", METADATA_FILE)
-        CloudDownloader.direct_download(remote_path, os.path.join(local_dir, METADATA_FILE), timeout)
+        # Every rank of a node fetches it: each into a name of its own (Streaming's downloaders write through
+        # NAME.tmp, which the ranks would take from each other), then renamed into place.
+        own = os.path.join(local_dir, f".{METADATA_FILE}.{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        CloudDownloader.direct_download(remote_path, own, timeout)
+        os.replace(own, os.path.join(local_dir, METADATA_FILE))
     return ShardMetadata.read(local_dir)
+
+
+
+def clean_leaked_shared_memory(shm_dir: str = "/dev/shm") -> list[str]:
+    """Unlink this user's Streaming shared memory that no process holds any more, and return the names unlinked.
+
+    A run killed with its whole process group (a node's death, ``scancel``) leaves its shared memory, which refuses a
+    new dataset on the same ``local`` with a remote. Streaming's ``clean_stale_shared_memory`` unlinks prefixes from 0
+    up whoever holds them: a job still reading its shards on the same node loses its memory and the next dataset
+    takes its prefix. Here a name is junk only when no process maps it or has it open (Linux's ``/proc``; without
+    it, nothing is unlinked). Every rank may call it: a name another rank unlinked first is skipped.
+    """
+    from streaming.base.constant import SHM_TO_CLEAN
+
+    if not os.path.isdir("/proc/self/fd") or not os.path.isdir(shm_dir):
+        return []
+    streaming_name = re.compile(r"\d{6}_(?:%s)" % "|".join(map(re.escape, SHM_TO_CLEAN)))
+    mine = set()
+    for entry in os.scandir(shm_dir):
+        try:
+            if streaming_name.fullmatch(entry.name) and entry.stat(follow_symlinks=False).st_uid == os.geteuid():
+                mine.add(entry.name)
+        except FileNotFoundError:
+            continue
+    junk = sorted(mine - _held_shared_memory(shm_dir)) if mine else []
+    for name in junk:
+        try:
+            os.unlink(os.path.join(shm_dir, name))
+        except FileNotFoundError:
+            pass
+    return junk
+
+
+def _held_shared_memory(shm_dir: str) -> set[str]:
+    """The names in ``shm_dir`` that a process this user can inspect maps or has open (its 0600 files can be held by
+    no other user's process but root's)."""
+    prefix = shm_dir.rstrip("/") + "/"
+    held = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as maps:
+                for line in maps:
+                    path = line.rstrip("\n").partition(prefix)[2]
+                    if path:
+                        held.add(path.removesuffix(" (deleted)"))
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith(prefix):
+                    held.add(target[len(prefix):].removesuffix(" (deleted)"))
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue  # ended meanwhile, or another user's
+    return held
 
 
 class TeacherGuidedDataset(StreamingDataset):

@@ -29,6 +29,7 @@ import itertools
 import json
 import os
 import re
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,10 +107,11 @@ def align_column(name: str) -> str:
 
 def write_atomically(path: str | Path, text: str) -> None:
     """Write a file so that it is either its old self or complete (a full disk or a kill leaves no truncated file):
-    a temporary file beside it, flushed to disk, renamed over it."""
+    a temporary file beside it, flushed to disk, renamed over it. The temporary file is this writer's own: ranks
+    writing the same file at once each replace it whole."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    with open(tmp, "x", encoding="utf-8") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
