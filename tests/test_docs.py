@@ -32,7 +32,8 @@ SHELL_BLOCKS = {"bash", "sh", "shell", "console"}
 # The README's first block: the two commands for a fresh machine (.ci/run runs the second).
 FRESH_MACHINE = [
     "python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/composer train.py yamls/tiny.yaml",
-    'python3 -m venv .venv && .venv/bin/pip install -e ".[test]" && .venv/bin/python -m pytest -q --durations=30',
+    'python3 -m venv .venv && .venv/bin/pip install -e ".[test]" && .venv/bin/python -m pytest -q -n 2 --dist loadfile '
+    '--durations=30',
 ]
 # Words an inline code span starts with when it is a command line (checked like the blocks' lines).
 COMMAND_WORDS = ("python", "python3", "composer", "torchrun", "pytest", "pip", "sbatch")
@@ -238,8 +239,10 @@ def parse_with_parser(parser: argparse.ArgumentParser, prog: str, args: list[str
 def check_pytest(args: list[str]) -> None:
     from _pytest.config import UsageError, get_config
 
+    config = get_config(args)
+    config.pluginmanager.import_plugin("xdist.plugin")  # the test extra's plugin: -n, --dist
     try:
-        options = get_config(args)._parser.parse(args)
+        options = config._parser.parse(args)
     except UsageError as error:
         pytest.fail(f"pytest {shlex.join(args)}: {error}")
     for target in options.file_or_dir:
