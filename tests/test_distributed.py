@@ -66,9 +66,24 @@ def test_a_teacher_sharded_over_cpu_ranks_scores_as_the_whole_one_and_each_rank_
     assert max(held) <= total / world + 16 * 7, (held, total)
 
 
-def run_train(tmp_path, name, *overrides, ranks=2, data="shards/train"):
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """Shards as tiny.yaml's convert_if_missing makes them, of its first 160 documents (260 samples: the runs here
+    take at most 32), converted once for the module's runs."""
+    from conversion import convert_dataset
+
+    folder = tmp_path_factory.mktemp("shards")
+    lines = (REPO / "vocagno" / "assets" / "text" / "gsm8k_train_500.jsonl").read_text(encoding="utf-8").splitlines()
+    (folder / "gsm8k_160.jsonl").write_text("\n".join(lines[:160]) + "\n", encoding="utf-8")
+    assert convert_dataset.main(["--input", str(folder / "gsm8k_160.jsonl"), "--student-tokenizer", "llama2",
+                                 "--teacher-tokenizer", "mistral", "--seq-len", "128",
+                                 "--out-root", str(folder / "train")]) == 0
+    return folder / "train"
+
+
+def run_train(tmp_path, name, *overrides, data, ranks=2):
     command = [str(Path(sys.executable).parent / "composer"), "-n", str(ranks), str(REPO / "train.py"),
-               str(REPO / "yamls" / "tiny.yaml"), f"variables.data={tmp_path}/{data}", "eval_loader=null",
+               str(REPO / "yamls" / "tiny.yaml"), f"variables.data={data}", "eval_loader=null",
                "loggers.console=null", "selection_report=null", "max_duration=3ba", f"run_name={name}",
                f"loggers.jsonl.path={tmp_path}/{name}.jsonl", *overrides]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900,
@@ -81,12 +96,12 @@ def run_train(tmp_path, name, *overrides, ranks=2, data="shards/train"):
     return steps
 
 
-def test_a_run_with_its_teacher_sharded_over_two_cpu_ranks_trains_as_with_it_replicated(tmp_path):
+def test_a_run_with_its_teacher_sharded_over_two_cpu_ranks_trains_as_with_it_replicated(shards, tmp_path):
     """composer -n 2 train.py yamls/tiny.yaml teacher.placement=fsdp: the shipped teacher sharded with PyTorch FSDP
     over two gloo ranks gives the losses and the selection of the teacher replicated on each."""
-    replicated = run_train(tmp_path, "replicated", "teacher.placement=replicate")
+    replicated = run_train(tmp_path, "replicated", "teacher.placement=replicate", data=shards)
     sharded = run_train(tmp_path, "sharded", "teacher.placement=fsdp", f"save_folder={tmp_path}/ckpt",
-                        "save_interval=3ba")
+                        "save_interval=3ba", data=shards)
     keys = ("loss/train/total", "loss/train/teacher_loss", "loss/train/kept_fraction", "loss/train/score")
     trained = [step for step in sorted(replicated) if "loss/train/total" in replicated[step]]
     assert trained == [step for step in sorted(sharded) if "loss/train/total" in sharded[step]] and len(trained) == 3
@@ -103,7 +118,7 @@ def test_a_run_with_its_teacher_sharded_over_two_cpu_ranks_trains_as_with_it_rep
     assert set(optimizer["state"]) == student_tensors - {"model.lm_head.weight"}  # tied to the embedding
 
 
-def selections(tmp_path, name, *overrides, ranks, microbatch, data="shards/train"):
+def selections(tmp_path, name, *overrides, ranks, microbatch, data):
     """Sample (its first 32 token ids) -> the positions the batch scope kept, per batch, gathered over the ranks."""
     log = f"callbacks.sample_log.path={tmp_path}/{name}-{{rank}}.jsonl"
     run_train(tmp_path, name, "max_duration=2ba", "callbacks.sample_log.prefix=32",
@@ -115,19 +130,19 @@ def selections(tmp_path, name, *overrides, ranks, microbatch, data="shards/train
     return by_batch
 
 
-def test_the_batch_scope_keeps_the_same_tokens_on_four_ranks_of_two_microbatches_as_on_one_rank(tmp_path):
+def test_the_batch_scope_keeps_the_same_tokens_on_four_ranks_of_two_microbatches_as_on_one_rank(shards, tmp_path):
     """The global batch of 8 as 1 rank x 1 microbatch of 8, or 4 ranks x 2 microbatches of 1: one top-k over the
     whole batch either way, with the teacher online and from cached losses (shards scored by vocagno.score)."""
     from vocagno import score
 
-    one = selections(tmp_path, "one", ranks=1, microbatch=8)
-    four = selections(tmp_path, "four", ranks=4, microbatch=1)
+    one = selections(tmp_path, "one", ranks=1, microbatch=8, data=shards)
+    four = selections(tmp_path, "four", ranks=4, microbatch=1, data=shards)
     assert sorted(one) == [0, 1] and all(len(one[b]) == 8 for b in one) and one == four
-    assert score.main(["--shards", str(tmp_path / "shards" / "train"), "--config", str(REPO / "yamls" / "tiny.yaml"),
+    assert score.main(["--shards", str(shards), "--config", str(REPO / "yamls" / "tiny.yaml"),
                        "--out", str(tmp_path / "scored"), "--device", "cpu"]) == 0
     cached = ["algorithms.vocagno.teacher_losses=cached"]
-    one_cached = selections(tmp_path, "one-cached", *cached, ranks=1, microbatch=8, data="scored")
-    four_cached = selections(tmp_path, "four-cached", *cached, ranks=4, microbatch=1, data="scored")
+    one_cached = selections(tmp_path, "one-cached", *cached, ranks=1, microbatch=8, data=tmp_path / "scored")
+    four_cached = selections(tmp_path, "four-cached", *cached, ranks=4, microbatch=1, data=tmp_path / "scored")
     assert one_cached == four_cached and sorted(one_cached) == [0, 1]
 
 
@@ -171,19 +186,27 @@ def seen(tmp_path, name):
     return by_batch
 
 
+@pytest.fixture(scope="module")
+def straight(shards, tmp_path_factory):
+    """The batches an uninterrupted run of 4 batches on 2 ranks takes."""
+    folder = tmp_path_factory.mktemp("straight")
+    run_train(folder, "straight", "callbacks.sample_log.prefix=32", "max_duration=4ba",
+              f"callbacks.sample_log.path={folder}/straight-{{rank}}.jsonl", data=shards, ranks=2)
+    return seen(folder, "straight")
+
+
 @pytest.mark.parametrize("before, after", [(4, 2), (2, 4)])
-def test_a_run_checkpointed_on_some_ranks_resumes_on_others_without_seeing_a_sample_twice(tmp_path, before, after):
+def test_a_run_checkpointed_on_some_ranks_resumes_on_others_without_seeing_a_sample_twice(shards, straight, tmp_path,
+                                                                                           before, after):
     """autoresume on another world size (num_canonical_nodes fixed, as Streaming asks): the batches after the
     checkpoint are those an uninterrupted run would take, no sample seen twice or skipped within the epoch."""
     common = ["callbacks.sample_log.prefix=32", "save_interval=2ba", "autoresume=true", "device_train_microbatch_size=2",
               f"save_folder={tmp_path}/ckpt", "run_name=elastic"]
     run_train(tmp_path, "elastic", *common, "max_duration=2ba",
-              f"callbacks.sample_log.path={tmp_path}/first-{{rank}}.jsonl", ranks=before)
+              f"callbacks.sample_log.path={tmp_path}/first-{{rank}}.jsonl", data=shards, ranks=before)
     run_train(tmp_path, "elastic", *common, "max_duration=4ba",
-              f"callbacks.sample_log.path={tmp_path}/resumed-{{rank}}.jsonl", ranks=after)
-    run_train(tmp_path, "straight", "callbacks.sample_log.prefix=32", "max_duration=4ba",
-              f"callbacks.sample_log.path={tmp_path}/straight-{{rank}}.jsonl", ranks=2)
-    first, resumed, straight = seen(tmp_path, "first"), seen(tmp_path, "resumed"), seen(tmp_path, "straight")
+              f"callbacks.sample_log.path={tmp_path}/resumed-{{rank}}.jsonl", data=shards, ranks=after)
+    first, resumed = seen(tmp_path, "first"), seen(tmp_path, "resumed")
     assert sorted(first) == [0, 1] and sorted(resumed) == [2, 3] and sorted(straight) == [0, 1, 2, 3]
     for batch in range(4):
         assert sorted((first | resumed)[batch]) == sorted(straight[batch]), batch
@@ -191,14 +214,14 @@ def test_a_run_checkpointed_on_some_ranks_resumes_on_others_without_seeing_a_sam
     assert len(everything) == len(set(everything)) == 32
 
 
-def test_a_run_resumed_on_a_world_size_its_batch_cant_be_split_over_is_refused(tmp_path):
+def test_a_run_resumed_on_a_world_size_its_batch_cant_be_split_over_is_refused(shards, tmp_path):
     """A save folder of 2 ranks resumed on 3: 8 samples a batch don't divide into 3 ranks' batches; the run stops
     before loading anything, naming the numbers, and the checkpoint stays as it was."""
     common = ["save_interval=2ba", "autoresume=true", f"save_folder={tmp_path}/ckpt", "run_name=odd"]
-    run_train(tmp_path, "odd", *common, "max_duration=2ba", ranks=2)
+    run_train(tmp_path, "odd", *common, "max_duration=2ba", data=shards, ranks=2)
     before = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
     command = [str(Path(sys.executable).parent / "composer"), "-n", "3", str(REPO / "train.py"),
-               str(REPO / "yamls" / "tiny.yaml"), f"variables.data={tmp_path}/shards/train", "eval_loader=null",
+               str(REPO / "yamls" / "tiny.yaml"), f"variables.data={shards}", "eval_loader=null",
                "selection_report=null", "max_duration=4ba", *common]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900,
                             env={**os.environ, "PYTHONPATH": str(REPO)})

@@ -21,8 +21,11 @@ def test_convert_score_and_train_on_s3_and_resume_after_a_kill(s3, tmp_path, mon
     env, client = s3
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    args = ["--input", str(ASSETS / "text" / "gsm8k_train_500.jsonl"), "--student-tokenizer", "llama2",
-            "--teacher-tokenizer", "mistral", "--seq-len", "128", "--docs-per-part", "250"]
+    # 120 documents (about 195 samples) in two parts: the runs take 96.
+    lines = (ASSETS / "text" / "gsm8k_train_500.jsonl").read_text(encoding="utf-8").splitlines()
+    (tmp_path / "gsm8k_120.jsonl").write_text("\n".join(lines[:120]) + "\n", encoding="utf-8")
+    args = ["--input", str(tmp_path / "gsm8k_120.jsonl"), "--student-tokenizer", "llama2", "--teacher-tokenizer",
+            "mistral", "--seq-len", "128", "--docs-per-part", "60"]
     assert convert_dataset.main([*args, "--out-root", "s3://runs/chain/shards",
                                  "--local-root", str(tmp_path / "work")]) == 0
     assert {"chain/shards/index.json", "chain/shards/vocagno.json"} <= set(keys(client, "chain/shards/"))
@@ -31,13 +34,12 @@ def test_convert_score_and_train_on_s3_and_resume_after_a_kill(s3, tmp_path, mon
                        "--local-root", str(tmp_path / "scoring")]) == 0
     assert "chain/scored/index.json" in keys(client, "chain/scored/")
 
-    def command(name, data):
+    def command(name, data, *overrides):
         return [sys.executable, str(REPO / "train.py"), str(REPO / "yamls" / "tiny.yaml"),
                 f"train_loader.dataset.remote=s3://runs/chain/{data}", f"train_loader.dataset.local={tmp_path}/{name}",
                 "train_loader.convert_if_missing=null", "eval_loader=null", "selection_report=null",
-                "loggers.console=null", "max_duration=12ba", "save_interval=2ba", "autoresume=true",
-                f"save_folder=s3://runs/chain/{name}", f"run_name={name}",
-                f"loggers.jsonl.path={tmp_path}/{name}.jsonl",
+                "loggers.console=null", "max_duration=12ba", f"run_name={name}",
+                f"loggers.jsonl.path={tmp_path}/{name}.jsonl", *overrides,
                 *(["algorithms.vocagno.teacher_losses=cached"] if data == "scored" else [])]
 
     run_env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -45,7 +47,8 @@ def test_convert_score_and_train_on_s3_and_resume_after_a_kill(s3, tmp_path, mon
         straight = subprocess.run(command(f"straight-{data}", data), cwd=tmp_path, env=run_env, capture_output=True,
                                   text=True, timeout=900)
         assert straight.returncode == 0, straight.stderr[-4000:]
-    killed = command("killed", "shards")
+    # The uninterrupted runs save nothing: the killed one's checkpoints are what the store must hold.
+    killed = command("killed", "shards", "save_interval=2ba", "autoresume=true", "save_folder=s3://runs/chain/killed")
     # Killed once its first checkpoint is in the store, whether or not the latest symlink is (autoresume's repair
     # points it to the newest complete checkpoint when it is not).
     kill_when(killed, lambda: any(k.endswith("-rank0.pt") for k in keys(client, "chain/killed/")), cwd=tmp_path,

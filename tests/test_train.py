@@ -294,10 +294,11 @@ def test_tiny_variants_of_the_method_train(tiny_run, tmp_path, overrides):
     ("uld", {"ce", "uld"}, ["algorithms.uld.pairing=alignment"]),
     ("kld", {"ce", "soft_ce", "kl"}, []),
 ], ids=["uld", "uld-aligned", "kld"])
-def test_tiny_baselines_train_from_their_yamls(tmp_path, name, parts, overrides):
+def test_tiny_baselines_train_from_their_yamls(tiny_run, tmp_path, name, parts, overrides):
     """yamls/tiny_uld.yaml and tiny_kld.yaml (tiny.yaml and tiny_qwen.yaml as their base:, vocagno turned off): 3 batches, the
     baseline's loss and its parts logged, the CE below the uniform guess over 32,000 tokens."""
-    run_train(tmp_path, "max_duration=3ba", "eval_loader=null", f"loggers.jsonl.path={tmp_path}/log.jsonl",
+    shards = tiny_run[0] if name == "uld" else tmp_path  # tiny.yaml's shards are tiny_uld.yaml's; Qwen's are made here
+    run_train(shards, "max_duration=3ba", "eval_loader=null", f"loggers.jsonl.path={tmp_path}/log.jsonl",
               *overrides, yaml=str(REPO / "yamls" / f"tiny_{name}.yaml"))
     logged = [row for _, row in sorted(read_log(tmp_path / "log.jsonl").items()) if "loss/train/total" in row]
     assert len(logged) == 3
