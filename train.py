@@ -78,6 +78,20 @@ def _signal_files_per_node() -> None:
     dist.get_node_signal_file_name = per_node
 
 
+def dataset_locals(cfg: DictConfig) -> list[str]:
+    """The local folders the run's datasets register with Streaming (train and eval, one dataset's or each stream's),
+    as Streaming registers them: ``local`` joined with ``split``."""
+    folders = []
+    for section in ("train_loader", "eval_loader"):
+        dataset = om.select(cfg, f"{section}.dataset")
+        if dataset is None:
+            continue
+        for one in [dataset, *(dataset.get("streams") or {}).values()]:
+            if one.get("local"):
+                folders.append(os.path.join(str(one.local), str(one.get("split") or "")))
+    return folders
+
+
 def build_loader(section: DictConfig, student_tok, teacher_tok, batch_size: int):
     dataset_cfg = om.to_container(section.dataset)
     convert = section.get("convert_if_missing")
@@ -216,7 +230,7 @@ def build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> DecoupledAdamW:
 def main(cfg: DictConfig) -> Trainer:
     dist.initialize_dist(get_device(None), timeout=cfg.get("dist_timeout", 600))
     _signal_files_per_node()
-    clean_leaked_shared_memory()  # what a killed run left would refuse Streaming; what a live job holds stays
+    clean_leaked_shared_memory(dataset_locals(cfg))  # what a killed run left on them would refuse Streaming
     reproducibility.seed_all(cfg.seed)
     world = dist.get_world_size()
     if cfg.global_train_batch_size % world:

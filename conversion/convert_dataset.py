@@ -65,6 +65,7 @@ FOLDED = "characters under student tokens that the teacher's normalizer folded a
 SPECIAL_STRINGS = "kept: special-token strings in documents, tokenized as text"
 ENCODE_BATCH = 64  # documents read and cleaned at a time
 ENCODE_CHARS = 1 << 21  # characters encoded and packed at a time (``piece_groups``): bounds a worker's memory
+SHARD_BYTES = 1 << 26  # an MDS shard's size limit: a bigger part is written as several shards
 NOT_COUNTS = ("seconds", "sources")  # part.json entries that don't add up over parts
 
 
@@ -192,7 +193,7 @@ def convert_part(
     text_of = TextOf(config["text_field"], config["text_template"])
     begin = time.perf_counter()
     with MDSWriter(out=str(staging), columns=COLUMNS, compression=config["compression"], hashes=[SHARD_HASH],
-                   size_limit=1 << 26) as out:
+                   size_limit=SHARD_BYTES) as out:
         for batch_begin in range(0, len(records), ENCODE_BATCH):
             batch = records[batch_begin : batch_begin + ENCODE_BATCH]
             parsed = (parse_jsonl_line(r, text_of) if isinstance(r, bytes) else r for r in batch)

@@ -42,7 +42,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
-from vocagno.data import clean_leaked_shared_memory  # noqa: E402
 
 import train  # noqa: E402
 from conversion import convert_dataset  # noqa: E402
@@ -176,7 +175,6 @@ def main(argv: list[str] | None = None) -> int:
     common = [f"variables.data={scored}", f"max_duration={size['steps']}ba", *size["overrides"]]
     for method in ["init", *methods]:
         for seed in seeds:
-            clean_leaked_shared_memory()
             overrides = [o.replace("{clean}", str(share)) for o in METHODS.get(method, METHODS["plain"])]
             if method not in ("init", "plain"):
                 overrides.append(f"teacher.name_or_path={teacher_name}")

@@ -40,7 +40,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
-from vocagno.data import clean_leaked_shared_memory  # noqa: E402
 
 import train  # noqa: E402
 from conversion import convert_dataset  # noqa: E402
@@ -170,7 +169,6 @@ def main(argv: list[str] | None = None) -> int:
     for method in ["init", *methods]:
         shards, overrides = METHODS.get(method, METHODS["plain"])
         for seed in seeds:
-            clean_leaked_shared_memory()
             cfg = train.load_config(YAML, [*overrides, f"variables.data={data[shards]}", f"max_duration={size['steps']}ba",
                                            f"seed={seed}", f"run_name=two-teachers-{method}-{seed}"])
             student = (train.build_causal_lm(cfg.model, len(student_tok), seed) if method == "init" else

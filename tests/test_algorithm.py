@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from conversion import convert_dataset
 from vocagno.algorithm import TeacherScorer, VocAgnoLM, teacher_guided_loss
-from vocagno.data import TeacherGuidedCollator, TeacherGuidedDataset, clean_leaked_shared_memory
+from vocagno.data import TeacherGuidedCollator, TeacherGuidedDataset
 from vocagno.loss import teacher_token_loss
 from vocagno.tokenization import ASSETS
 
@@ -29,12 +29,10 @@ def loader(tmp_path_factory, tokenizers):
     root = tmp_path_factory.mktemp("shards")
     convert_dataset.main(["--input", str(ASSETS / "text" / "gsm8k_heldout_100.jsonl"), "--student-tokenizer", "llama2",
                           "--teacher-tokenizer", "qwen2.5", "--seq-len", "64", "--out-root", str(root)])
-    clean_leaked_shared_memory()
     dataset = TeacherGuidedDataset(local=str(root), batch_size=8, student_tokenizer=tokenizers["llama2"],
                                    teacher_tokenizer=tokenizers["qwen2.5"])
     collate = TeacherGuidedCollator(tokenizers["llama2"].eos_token_id, tokenizers["qwen2.5"].pad_token_id)
     yield DataLoader(dataset, batch_size=8, collate_fn=collate)
-    clean_leaked_shared_memory()
 
 
 def test_the_teacher_guides_and_stays_out_of_the_optimizer_and_checkpoints(loader, tokenizers, tmp_path):
@@ -351,7 +349,6 @@ def test_with_the_students_own_tokenizer_the_loss_is_rho1s_selective_language_mo
     root = tmp_path / "shards"
     convert_dataset.main(["--input", str(ASSETS / "text" / "gsm8k_heldout_100.jsonl"), "--student-tokenizer", "llama2",
                           "--teacher-tokenizer", "llama2", "--seq-len", "64", "--out-root", str(root)])
-    clean_leaked_shared_memory()
     dataset = TeacherGuidedDataset(local=str(root), batch_size=4)
     eos = tokenizers["llama2"].eos_token_id
     batch = TeacherGuidedCollator(eos, eos)([dataset[i] for i in range(4)])
@@ -437,7 +434,6 @@ def test_with_loader_workers_a_resumed_run_takes_the_batches_and_steps_of_an_uni
     collate = StudentTokensOnly(loader.collate_fn)
 
     def fit(name, batches, **checkpointing):
-        clean_leaked_shared_memory()
         dataset = TeacherGuidedDataset(remote=root, local=str(tmp_path / name), batch_size=4, shuffle=True,
                                        shuffle_seed=3, num_canonical_nodes=1)
         student, teacher = tiny(LlamaConfig, LlamaForCausalLM, 32000), tiny(Qwen2Config, Qwen2ForCausalLM, 152064)
@@ -461,7 +457,6 @@ def test_with_loader_workers_a_resumed_run_takes_the_batches_and_steps_of_an_uni
             assert torch.equal(one[key], other[key]), key
     for one, other in zip(straight.losses[2:], resumed.losses):
         torch.testing.assert_close(one["total"], other["total"])
-    clean_leaked_shared_memory()
 
 
 def test_a_loader_whose_tokens_are_not_the_students_or_that_has_none_is_named(loader, tokenizers):

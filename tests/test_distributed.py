@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from vocagno.shards import ShardMetadata
+
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.distributed
 
@@ -68,7 +70,7 @@ def test_a_teacher_sharded_over_cpu_ranks_scores_as_the_whole_one_and_each_rank_
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
-    """Shards as tiny.yaml's convert_if_missing makes them, of its first 160 documents (260 samples: the runs here
+    """Shards as tiny.yaml's convert_if_missing makes them, of its first 160 documents (255 samples: the runs here
     take at most 32), converted once for the module's runs."""
     from conversion import convert_dataset
 
@@ -216,12 +218,17 @@ def test_a_run_checkpointed_on_some_ranks_resumes_on_others_without_seeing_a_sam
 
 def test_a_run_resumed_on_a_world_size_its_batch_cant_be_split_over_is_refused(shards, tmp_path):
     """A save folder of 2 ranks resumed on 3: 8 samples a batch don't divide into 3 ranks' batches; the run stops
-    before loading anything, naming the numbers, and the checkpoint stays as it was."""
+    before loading anything, naming the numbers, and the checkpoint stays as it was. The first run converts its
+    shards itself (convert_if_missing: the node's first rank converts, the other waits)."""
     common = ["save_interval=2ba", "autoresume=true", f"save_folder={tmp_path}/ckpt", "run_name=odd"]
-    run_train(tmp_path, "odd", *common, "max_duration=2ba", data=shards, ranks=2)
+    run_train(tmp_path, "odd", *common, "max_duration=2ba",
+              f"train_loader.convert_if_missing.input={shards.parent / 'gsm8k_160.jsonl'}",
+              data=tmp_path / "shards", ranks=2)
+    made, expected = (ShardMetadata.read(folder).totals for folder in (tmp_path / "shards", shards))
+    assert (made["documents read"], made["samples"]) == (expected["documents read"], expected["samples"]) == (160, 255)
     before = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
     command = [str(Path(sys.executable).parent / "composer"), "-n", "3", str(REPO / "train.py"),
-               str(REPO / "yamls" / "tiny.yaml"), f"variables.data={shards}", "eval_loader=null",
+               str(REPO / "yamls" / "tiny.yaml"), f"variables.data={tmp_path / 'shards'}", "eval_loader=null",
                "selection_report=null", "max_duration=4ba", *common]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900,
                             env={**os.environ, "PYTHONPATH": str(REPO)})

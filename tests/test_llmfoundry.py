@@ -2,8 +2,8 @@
 
 The venv is built once (``pip install -e REPO llm-foundry==0.22.0``: a single resolve, so our pins and llm-foundry's
 must agree; it gets Streaming 0.12, transformers 4.51, datasets 3.6, the low ends of our ranges) and kept under
-``$VOCAGNO_TEST_VENVS`` (default ``~/.cache/vocagno-test-venvs``) until what it installs changes (our dependencies,
-llm-foundry's pin, the Python). Where it can't be
+``$VOCAGNO_TEST_VENVS`` (default ``~/.cache/vocagno-test-venvs``) until what it installs changes (``pyproject.toml``
+but for the test extra and the tools' settings, llm-foundry's pin, the Python). Where it can't be
 installed (no package registry) the test is skipped, saying so; in CI (``CI`` set) that is a failure instead.
 """
 
@@ -22,14 +22,17 @@ FOUNDRY = "llm-foundry==0.22.0"
 
 
 def _what_it_installs() -> str:
-    """Our dependencies (``[project]``'s list), llm-foundry's pin and the Python: a change elsewhere in
-    ``pyproject.toml`` (the test extra, tool settings) keeps the venv."""
+    """llm-foundry's pin, the Python and ``pyproject.toml`` but for what the install does not record (the test extra,
+    pytest's and ruff's settings): editing those keeps the venv."""
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10: the whole file
         return FOUNDRY + (REPO / "pyproject.toml").read_text()
-    dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-    return json.dumps([FOUNDRY, list(sys.version_info[:2]), dependencies])
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    project["project"].pop("optional-dependencies", None)
+    for tool in ("pytest", "ruff"):
+        project.get("tool", {}).pop(tool, None)
+    return json.dumps([FOUNDRY, list(sys.version_info[:2]), project], sort_keys=True)
 
 
 def _run(command: list[str], timeout: int, **kwargs) -> subprocess.CompletedProcess:

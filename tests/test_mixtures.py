@@ -19,7 +19,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from conversion import convert_dataset
 from vocagno import score
 from vocagno.algorithm import VocAgnoLM
-from vocagno.data import TeacherGuidedDataset, clean_leaked_shared_memory, teacher_guided_loader
+from vocagno.data import TeacherGuidedDataset, teacher_guided_loader
 from vocagno.tokenization import ASSETS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,12 +38,10 @@ def shards(tmp_path_factory):
 
 
 def test_streams_are_drawn_in_their_proportions_over_an_epoch(shards):
-    clean_leaked_shared_memory()
     dataset = TeacherGuidedDataset(streams={"gsm": {"local": str(shards / "gsm"), "proportion": 0.75},
                                             "heldout": {"local": str(shards / "heldout"), "proportion": 0.25}},
                                    epoch_size=400, shuffle=True, shuffle_seed=3, num_canonical_nodes=1, batch_size=8)
     drawn = Counter(int(sample["stream"]) for sample in dataset)
-    clean_leaked_shared_memory()
     assert dataset.stream_names == ["gsm", "heldout"] and sum(drawn.values()) == 400
     assert abs(drawn[0] / 400 - 0.75) <= 0.02, drawn  # Streaming draws the proportions exactly, up to rounding
 
@@ -64,11 +62,9 @@ def test_a_stream_made_with_another_tokenizer_is_refused_by_name(shards):
     (({"weight": 2}, {}), "unexpected keyword argument 'weight'"),
 ])
 def test_weights_streaming_refuses_are_one_line_naming_the_streams(shards, weights, message):
-    clean_leaked_shared_memory()
     streams = {name: {"local": str(shards / name), **w} for name, w in zip(("gsm", "heldout"), weights)}
     with pytest.raises(ValueError, match=message):
         TeacherGuidedDataset(streams=streams, batch_size=8)
-    clean_leaked_shared_memory()
 
 
 def test_a_stream_that_is_no_shard_folder_is_named(shards, tmp_path):
@@ -113,7 +109,6 @@ def tiny_llama(seed=0):
 
 def mixture_fit(shards, streams, teacher, scope="batch", batches=1, **options):
     """``batches`` steps of a tiny student on a 2-stream mixture, 8 rows a batch in microbatches of 4."""
-    clean_leaked_shared_memory()
     loader = teacher_guided_loader({"streams": {n: {"local": str(shards / n), "proportion": 0.5} for n in streams},
                                     "epoch_size": 64, "shuffle": True, "shuffle_seed": 1, "num_canonical_nodes": 1},
                                    "llama2", None, 8, drop_last=True)
@@ -124,10 +119,7 @@ def mixture_fit(shards, streams, teacher, scope="batch", batches=1, **options):
                                             **options)],
                       optimizers=torch.optim.SGD(student.parameters(), lr=0.1), device="cpu", loggers=[memory],
                       progress_bar=False)
-    try:
-        trainer.fit()
-    finally:
-        clean_leaked_shared_memory()
+    trainer.fit()
     return memory.data, capture
 
 

@@ -21,7 +21,7 @@ from conversion import convert_dataset
 from tests.test_algorithm import Capture, tiny
 from vocagno import score
 from vocagno.algorithm import TeacherScorer, VocAgnoLM, weights_fingerprint
-from vocagno.data import TeacherGuidedCollator, TeacherGuidedDataset, clean_leaked_shared_memory
+from vocagno.data import TeacherGuidedCollator, TeacherGuidedDataset
 from vocagno.output import Output
 from vocagno.shards import ShardMetadata
 from vocagno.tokenization import ASSETS
@@ -44,7 +44,6 @@ def scored(tmp_path_factory, tokenizers):
 
 
 def read(root: Path) -> list[dict]:
-    clean_leaked_shared_memory()
     dataset = TeacherGuidedDataset(local=str(root), batch_size=1)
     return [{k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in dataset[i].items()}
             for i in range(len(dataset))]
@@ -66,7 +65,6 @@ def same_samples(ours: list[dict], theirs: list[dict]) -> None:
 
 
 def fit(shards, tokenizers, teacher, lr=0.5, **options):
-    clean_leaked_shared_memory()
     dataset = TeacherGuidedDataset(local=str(shards), batch_size=8)
     loader = DataLoader(dataset, batch_size=8, collate_fn=TeacherGuidedCollator(tokenizers["llama2"].eos_token_id,
                                                                                tokenizers["qwen2.5"].pad_token_id))

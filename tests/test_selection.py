@@ -13,7 +13,6 @@ import pytest
 from conversion import convert_dataset
 from vocagno import selection
 from vocagno.canaries import CLEAN, NOISE, clean_documents, mix, pack
-from vocagno.data import clean_leaked_shared_memory
 from vocagno.score import read_shard
 from vocagno.shards import ShardMetadata
 
@@ -93,7 +92,6 @@ def test_clean_documents_are_cut_where_a_row_ends_a_document(heldout):
 @pytest.fixture(scope="module")
 def measured(heldout, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("selection")
-    clean_leaked_shared_memory()
     code = selection.main(["--shards", str(heldout), "--teacher", "tiny-math-teacher", "--dtype", "float32",
                            "--canaries", "0.5", "--samples", "64", "--json", str(tmp / "report.json"),
                            "--html", str(tmp / "page.html")])

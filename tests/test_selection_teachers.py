@@ -11,7 +11,6 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from tests.test_selection import REPO, TEXT, convert
 from vocagno import selection
-from vocagno.data import clean_leaked_shared_memory
 from vocagno.tokenization import resolve_shipped
 
 SAMPLES = ["--samples", "16", "--canaries", "0.5", "--dtype", "float32"]
@@ -34,7 +33,6 @@ def setup(tmp_path_factory, tokenizers):
 
 
 def report_of(root, name: str, arguments: list[str]) -> dict:
-    clean_leaked_shared_memory()
     assert selection.main([*arguments, *SAMPLES, "--json", str(root / f"{name}.json"),
                            "--html", str(root / f"{name}.html")]) == 0
     return json.loads((root / f"{name}.json").read_text())
@@ -256,7 +254,6 @@ def test_shards_the_set_already_scored_are_measured_as_unscored_ones(setup, tmp_
                        "--out", str(tmp_path / "s1")]) == 0
     assert score.main(["--shards", str(tmp_path / "s1"), "--teacher", str(root / "qwen"), "--name", "qwen", *common,
                        "--out", str(tmp_path / "s2")]) == 0
-    clean_leaked_shared_memory()
     assert selection.main(["--shards", str(tmp_path / "s2"), "--teacher", f"qwen={root / 'qwen'}", "--teacher",
                            f"math={root / 'math'}", *SAMPLES, "--json", str(tmp_path / "out.json")]) == 0
     assert set(json.loads((tmp_path / "out.json").read_text())["teachers"]) == {"math", "qwen"}

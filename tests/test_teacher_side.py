@@ -7,7 +7,7 @@ from streaming import StreamingDataset
 
 from conversion import convert_dataset
 from vocagno.alignment import align
-from vocagno.data import TeacherGuidedCollator, clean_leaked_shared_memory
+from vocagno.data import TeacherGuidedCollator
 from vocagno.teacher_side import StudentText, TeacherSide
 from vocagno.tokenization import ASSETS, SHIPPED_TOKENIZERS, encode_with_offsets
 
@@ -75,7 +75,6 @@ def converted(tmp_path_factory):
         convert_dataset.main(["--input", str(ASSETS / "text" / "gsm8k_heldout_100.jsonl"), str(unicode_docs),
                               "--student-tokenizer", student, "--teacher-tokenizer", teacher, "--seq-len", "128",
                               "--out-root", str(root / "shards")])
-        clean_leaked_shared_memory()
         dataset = StreamingDataset(local=str(root / "shards"), shuffle=False)
         return [dict(dataset[i]) for i in range(len(dataset))]
     return convert

@@ -20,7 +20,7 @@ from tests.helpers import Capture
 from tests.test_algorithm import tiny
 from vocagno import score
 from vocagno.algorithm import TeacherScorer, VocAgnoLM, teacher_guided_loss
-from vocagno.data import TeacherGuidedCollator, TeacherGuidedDataset, batch_key, clean_leaked_shared_memory
+from vocagno.data import TeacherGuidedCollator, TeacherGuidedDataset, batch_key
 from vocagno.loss import guided_loss, reference_loss
 from vocagno.shards import ShardMetadata
 from vocagno.teachers import made_side
@@ -85,7 +85,6 @@ def teachers_of(root, **extra):
 
 
 def fit(shards_root, tokenizers, microbatch=4, batches="2ba", logger=None, **options):
-    clean_leaked_shared_memory()
     dataset = TeacherGuidedDataset(local=str(shards_root), batch_size=8)
     loader = DataLoader(dataset, batch_size=8, collate_fn=TeacherGuidedCollator(tokenizers["llama2"].eos_token_id,
                                                                                tokenizers["mistral"].eos_token_id))
@@ -162,7 +161,6 @@ def test_a_further_teachers_scoring_pass_keeps_the_shards_and_adds_its_losses_an
     assert meta.scored_by["name"] == str(shards / "mistral")
     assert list(meta.also_scored_by) == ["qwen"] and meta.also_scored_by["qwen"]["name"] == str(shards / "qwen")
     assert meta.also_scored_by["qwen"]["tokenizer"]["vocab_size"] == len(tokenizers["qwen2.5"])
-    clean_leaked_shared_memory()
     dataset = TeacherGuidedDataset(local=str(scored_twice), batch_size=1)
     side = TeacherSide(tokenizers["llama2"], tokenizers["qwen2.5"])
     qwen = TeacherScorer(Qwen2ForCausalLM.from_pretrained(shards / "qwen"))
@@ -245,7 +243,6 @@ def test_a_single_teachers_scoring_pass_needs_no_tokenizer_in_its_folder(shards,
 
 
 def test_two_teachers_train_again_in_a_second_fit(shards, tokenizers):
-    clean_leaked_shared_memory()
     dataset = TeacherGuidedDataset(local=str(shards / "shards"), batch_size=8)
     loader = DataLoader(dataset, batch_size=8, collate_fn=TeacherGuidedCollator(tokenizers["llama2"].eos_token_id,
                                                                                tokenizers["mistral"].eos_token_id))
@@ -273,7 +270,6 @@ def test_a_mixture_whose_streams_carry_other_teachers_losses_unlike_is_refused_n
 
     for name, folder in (("two", scored_twice), ("one", shards / "scored1")):
         shutil.copytree(folder, tmp_path / name)
-    clean_leaked_shared_memory()
     with pytest.raises(ValueError, match="stream 'one': .*other teachers' losses .*\\[\\].*\\['qwen'\\]"):
         TeacherGuidedDataset(streams={n: {"local": str(tmp_path / n), "proportion": 0.5} for n in ("two", "one")},
                              batch_size=1)
@@ -303,14 +299,12 @@ def test_a_pickled_column_in_shards_is_refused_before_anything_is_unpickled(shar
     (tmp_path / "evil" / "vocagno.json").write_bytes((source / "vocagno.json").read_bytes())
     from streaming import StreamingDataset
 
-    clean_leaked_shared_memory()
     StreamingDataset(local=str(tmp_path / "evil"), batch_size=1, allow_unsafe_types=True)[0]  # what reading does
     assert witness.exists()
     witness.unlink()
     with pytest.raises(SystemExit, match="column 'extra' .*pkl.*: vocagno shards hold"):
         score.main(["--shards", str(tmp_path / "evil"), "--teacher", str(shards / "qwen"), "--name", "qwen",
                     "--dtype", "float32", "--out", str(tmp_path / "out"), "--device", "cpu"])
-    clean_leaked_shared_memory()
     with pytest.raises(ValueError, match="column 'extra' .*pkl.*: vocagno shards hold"):
         TeacherGuidedDataset(local=str(tmp_path / "evil"), batch_size=1, allow_unsafe_types=True)
     assert not witness.exists()
@@ -335,7 +329,6 @@ def test_cached_losses_of_a_teacher_scored_with_another_tokenizer_are_refused(sh
 
 
 def test_two_teachers_without_a_student_tokenizer_say_what_to_give(shards, tokenizers):
-    clean_leaked_shared_memory()
     dataset = TeacherGuidedDataset(local=str(shards / "shards"), batch_size=8)
     loader = DataLoader(dataset, batch_size=8, collate_fn=TeacherGuidedCollator(tokenizers["llama2"].eos_token_id,
                                                                                tokenizers["mistral"].eos_token_id))

@@ -381,18 +381,22 @@ def test_a_run_cleans_what_a_killed_run_left_in_shared_memory_and_not_what_a_liv
 
     from vocagno.data import TeacherGuidedDataset
 
-    # A fresh node: no Streaming file locks in the temporary folder, so prefixes are taken from 0 up.
+    # The live job as on a fresh node: no Streaming file locks in its temporary folder, so it takes the lowest free
+    # prefix (0 here), the first that Streaming's clean_stale_shared_memory unlinks.
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path / "tmp")}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     remote = str(tiny_run[0] / "shards" / "train")
     live = TeacherGuidedDataset(local=str(tmp_path / "live"), remote=remote, batch_size=1)
     held = _streaming_shm(live._shm_prefix_int)
     assert held
-    # Killed with its whole process group, as a node's death kills it: its resource tracker unlinks nothing.
+    # Killed with its whole process group, as a node's death kills it: its resource tracker unlinks nothing. It reads
+    # a sample first, which leaves Streaming's file locks of its prefix in /tmp: other datasets (pytest -n's other
+    # worker) skip that prefix instead of mapping it.
     leave_behind = ("import pathlib, time; from vocagno.data import TeacherGuidedDataset; "
                     f"d = TeacherGuidedDataset(local={str(tmp_path / 'cache')!r}, remote={remote!r}, batch_size=1); "
-                    f"pathlib.Path({str(tmp_path / 'prefix')!r}).write_text(str(d._shm_prefix_int)); time.sleep(600)")
+                    f"d[0]; pathlib.Path({str(tmp_path / 'prefix')!r}).write_text(str(d._shm_prefix_int)); "
+                    "time.sleep(600)")
     kill_when([sys.executable, "-c", leave_behind], (tmp_path / "prefix").exists, settle=0.5, cwd=REPO, env=env)
     left = _streaming_shm(int((tmp_path / "prefix").read_text()))
     assert left

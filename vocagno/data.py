@@ -53,62 +53,100 @@ def read_metadata(local: str, remote: str | None = None, split: str | None = Non
         # Every rank of a node fetches it: each into a name of its own (Streaming's downloaders write through
         # NAME.tmp, which the ranks would take from each other), then renamed into place.
         own = os.path.join(local_dir, f".{METADATA_FILE}.{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        CloudDownloader.direct_download(remote_path, own, timeout)
-        os.replace(own, os.path.join(local_dir, METADATA_FILE))
+        try:
+            CloudDownloader.direct_download(remote_path, own, timeout)
+            os.replace(own, os.path.join(local_dir, METADATA_FILE))
+        finally:
+            if os.path.exists(own):
+                os.remove(own)
     return ShardMetadata.read(local_dir)
 
 
 
-def clean_leaked_shared_memory(shm_dir: str = "/dev/shm") -> list[str]:
-    """Unlink this user's Streaming shared memory that no process holds any more, and return the names unlinked.
+def clean_leaked_shared_memory(locals_: list[str], shm_dir: str = "/dev/shm") -> list[str]:
+    """Unlink the Streaming shared memory a killed run left on one of ``locals_`` (this run's local folders), and
+    return the names unlinked.
 
     A run killed with its whole process group (a node's death, ``scancel``) leaves its shared memory, which refuses a
-    new dataset on the same ``local`` with a remote. Streaming's ``clean_stale_shared_memory`` unlinks prefixes from 0
-    up whoever holds them: a job still reading its shards on the same node loses its memory and the next dataset
-    takes its prefix. Here a name is junk only when no process maps it or has it open (Linux's ``/proc``; without
-    it, nothing is unlinked). Every rank may call it: a name another rank unlinked first is skipped.
+    new dataset on the same ``local`` with a remote ("Reused local directory"). Streaming's
+    ``clean_stale_shared_memory`` unlinks prefixes from 0 up whatever they belong to: a job still reading its shards
+    on the same node loses its memory and the next dataset takes its prefix. Here a prefix is junk only when its
+    registration names one of ``locals_`` and no process this user can see maps or holds open any of its files
+    (Linux's ``/proc``; without it nothing is unlinked); a file is unlinked only if it is still the file examined.
+    A live process that merely looked the prefix up (Streaming maps every prefix it walks past) keeps it: then
+    Streaming refuses the run, saying so. Every rank may call it: a name another rank unlinked first is skipped.
     """
-    from streaming.base.constant import SHM_TO_CLEAN
+    from streaming.base.constant import LOCALS, SHM_TO_CLEAN
 
+    shm_dir = os.path.realpath(shm_dir)  # /dev/shm may be a link (/run/shm): /proc names the real path
     if not os.path.isdir("/proc/self/fd") or not os.path.isdir(shm_dir):
         return []
-    streaming_name = re.compile(r"\d{6}_(?:%s)" % "|".join(map(re.escape, SHM_TO_CLEAN)))
-    mine = set()
+    ours = [os.path.abspath(local) for local in locals_]
+    streaming_name = re.compile(r"(\d{6})_(?:%s)" % "|".join(map(re.escape, SHM_TO_CLEAN)))
+    by_prefix: dict[str, dict[str, tuple[int, int]]] = {}
     for entry in os.scandir(shm_dir):
+        match = streaming_name.fullmatch(entry.name)
         try:
-            if streaming_name.fullmatch(entry.name) and entry.stat(follow_symlinks=False).st_uid == os.geteuid():
-                mine.add(entry.name)
+            info = entry.stat(follow_symlinks=False) if match else None
         except FileNotFoundError:
             continue
-    junk = sorted(mine - _held_shared_memory(shm_dir)) if mine else []
-    for name in junk:
-        try:
-            os.unlink(os.path.join(shm_dir, name))
-        except FileNotFoundError:
-            pass
-    return junk
+        if info is not None and info.st_uid == os.geteuid():
+            by_prefix.setdefault(match.group(1), {})[entry.name] = (info.st_dev, info.st_ino)
+    ours_by_prefix = {prefix: files for prefix, files in by_prefix.items()
+                      if _registers_one_of(os.path.join(shm_dir, f"{prefix}_{LOCALS}"), ours)}
+    if not ours_by_prefix:
+        return []
+    held = _held_files(shm_dir)
+    unlinked = []
+    for prefix, files in sorted(ours_by_prefix.items()):
+        if held & set(files.values()):
+            continue
+        for name, identity in sorted(files.items()):
+            path = os.path.join(shm_dir, name)
+            try:
+                if (os.stat(path).st_dev, os.stat(path).st_ino) == identity:
+                    os.unlink(path)
+                    unlinked.append(name)
+            except FileNotFoundError:  # another rank's
+                continue
+    return unlinked
 
 
-def _held_shared_memory(shm_dir: str) -> set[str]:
-    """The names in ``shm_dir`` that a process this user can inspect maps or has open (its 0600 files can be held by
-    no other user's process but root's)."""
-    prefix = shm_dir.rstrip("/") + "/"
+def _registers_one_of(locals_file: str, ours: list[str]) -> bool:
+    """Whether a Streaming prefix's registration (its ``_locals`` memory: int32 size, then its local folders and
+    prefix joined by NUL) names one of ``ours`` or a folder inside one."""
+    try:
+        with open(locals_file, "rb") as f:
+            data = f.read(1 << 20)
+    except (FileNotFoundError, PermissionError):
+        return False
+    size = int(np.frombuffer(data[:4], np.int32)[0]) if len(data) >= 4 else 0
+    registered = data[4:size].decode("utf-8", errors="replace").split("\0")[:-1]
+    return any(folder == local or folder.startswith(local + os.sep) for folder in registered for local in ours)
+
+
+def _held_files(shm_dir: str) -> set[tuple[int, int]]:
+    """(device, inode) of every file in ``shm_dir`` a process this user can inspect maps or has open (its 0600 files
+    can be held by no other user's process but root's)."""
     held = set()
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as maps:
-                for line in maps:
-                    path = line.rstrip("\n").partition(prefix)[2]
-                    if path:
-                        held.add(path.removesuffix(" (deleted)"))
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target.startswith(prefix):
-                    held.add(target[len(prefix):].removesuffix(" (deleted)"))
+                for line in maps:  # address perms offset dev inode path
+                    fields = line.split(maxsplit=5)
+                    if len(fields) == 6 and fields[5].startswith(shm_dir + "/"):
+                        major, minor = (int(part, 16) for part in fields[3].split(":"))
+                        held.add((os.makedev(major, minor), int(fields[4])))
+            descriptors = os.listdir(f"/proc/{pid}/fd")
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue  # ended meanwhile, or another user's
+        for descriptor in descriptors:
+            try:
+                info = os.stat(f"/proc/{pid}/fd/{descriptor}")
+            except (FileNotFoundError, ProcessLookupError, PermissionError):
+                continue
+            held.add((info.st_dev, info.st_ino))
     return held
-
 
 class TeacherGuidedDataset(StreamingDataset):
     """A ``StreamingDataset`` of vocagno shards whose samples are int64 tensors (and the sample's ``text``).

@@ -19,7 +19,7 @@ from collections import Counter
 import numpy as np
 
 from vocagno.alignment import align, alignment_quality, vocab_overlap
-from vocagno.data import TeacherGuidedDataset, clean_leaked_shared_memory
+from vocagno.data import TeacherGuidedDataset
 from vocagno.tokenization import load_tokenizer
 
 
@@ -32,7 +32,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=40, help="student tokens in the alignment table")
     args = parser.parse_args(argv)
 
-    clean_leaked_shared_memory()
     dataset = TeacherGuidedDataset(local=args.shards, batch_size=1)
     meta = dataset.metadata
     if not 0 <= args.index < len(dataset):
