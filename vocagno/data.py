@@ -104,7 +104,8 @@ def clean_leaked_shared_memory(locals_: list[str], shm_dir: str = "/dev/shm") ->
         for name, identity in sorted(files.items()):
             path = os.path.join(shm_dir, name)
             try:
-                if (os.stat(path).st_dev, os.stat(path).st_ino) == identity:
+                info = os.stat(path)
+                if (info.st_dev, info.st_ino) == identity:
                     os.unlink(path)
                     unlinked.append(name)
             except FileNotFoundError:  # another rank's
