@@ -342,7 +342,8 @@ def report_selection(cfg: DictConfig, trainer: Trainer, sharded: bool) -> None:
     student = trainer.state.model.model
     combine = ((cfg.get("algorithms") or {}).get("vocagno") or {}).get("combine", "min")
     try:
-        report = run(shards, config_teachers(cfg, "the run's yaml"), Settings.from_config(cfg), student=student, combine=combine,
+        report = run(shards, config_teachers(cfg, "the run's yaml"), Settings.from_config(cfg), student=student,
+                     combine=combine,
                      student_name=f"{cfg.run_name} after {int(trainer.state.timestamp.batch)} batches",
                      samples=section.get("samples") or 64, canaries=section.get("canaries") or 0.5, seed=cfg.seed,
                      device=str(next(student.parameters()).device))

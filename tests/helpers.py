@@ -31,6 +31,16 @@ def assert_same_losses(expected: dict, resumed: dict, batches: int) -> list[int]
     return trained
 
 
+def first_documents(folder, count: int):
+    """A .jsonl of the first ``count`` documents of the shipped GSM8K sample (gsm8k_train_500.jsonl), in ``folder``."""
+    from vocagno.tokenization import ASSETS
+
+    lines = (ASSETS / "text" / "gsm8k_train_500.jsonl").read_text(encoding="utf-8").splitlines()
+    path = folder / f"gsm8k_{count}.jsonl"
+    path.write_text("\n".join(lines[:count]) + "\n", encoding="utf-8")
+    return path
+
+
 def bucket_keys(client, prefix, bucket="runs"):
     """The keys under ``prefix`` in the bucket of conftest's ``s3`` server, sorted."""
     return sorted(o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", []))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import first_documents
 
 from vocagno.shards import ShardMetadata
 
@@ -75,9 +76,7 @@ def shards(tmp_path_factory):
     from conversion import convert_dataset
 
     folder = tmp_path_factory.mktemp("shards")
-    lines = (REPO / "vocagno" / "assets" / "text" / "gsm8k_train_500.jsonl").read_text(encoding="utf-8").splitlines()
-    (folder / "gsm8k_160.jsonl").write_text("\n".join(lines[:160]) + "\n", encoding="utf-8")
-    assert convert_dataset.main(["--input", str(folder / "gsm8k_160.jsonl"), "--student-tokenizer", "llama2",
+    assert convert_dataset.main(["--input", str(first_documents(folder, 160)), "--student-tokenizer", "llama2",
                                  "--teacher-tokenizer", "mistral", "--seq-len", "128",
                                  "--out-root", str(folder / "train")]) == 0
     return folder / "train"

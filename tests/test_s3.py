@@ -7,12 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers import assert_same_losses, kill_when, read_log
+from helpers import assert_same_losses, first_documents, kill_when, read_log
 from helpers import bucket_keys as keys
 
 from conversion import convert_dataset
 from vocagno import score
-from vocagno.tokenization import ASSETS
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -22,9 +21,7 @@ def test_convert_score_and_train_on_s3_and_resume_after_a_kill(s3, tmp_path, mon
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     # 120 documents (about 195 samples) in two parts: the runs take 96.
-    lines = (ASSETS / "text" / "gsm8k_train_500.jsonl").read_text(encoding="utf-8").splitlines()
-    (tmp_path / "gsm8k_120.jsonl").write_text("\n".join(lines[:120]) + "\n", encoding="utf-8")
-    args = ["--input", str(tmp_path / "gsm8k_120.jsonl"), "--student-tokenizer", "llama2", "--teacher-tokenizer",
+    args = ["--input", str(first_documents(tmp_path, 120)), "--student-tokenizer", "llama2", "--teacher-tokenizer",
             "mistral", "--seq-len", "128", "--docs-per-part", "60"]
     assert convert_dataset.main([*args, "--out-root", "s3://runs/chain/shards",
                                  "--local-root", str(tmp_path / "work")]) == 0

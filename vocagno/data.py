@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import re
-import uuid
 import warnings
 from typing import Any
 
@@ -34,6 +33,7 @@ from torch.utils.data import DataLoader
 from vocagno.alignment import align
 from vocagno.shards import (
     METADATA_FILE, SHARD_HASH, ShardMetadata, align_column, check_columns, describe_tokenizer, loss_column,
+    own_temporary,
 )
 
 __all__ = ["TeacherGuidedDataset", "TeacherGuidedCollator", "teacher_guided_loader", "read_metadata", "token_bytes",
@@ -52,7 +52,7 @@ def read_metadata(local: str, remote: str | None = None, split: str | None = Non
         remote_path = os.path.join(remote, split or "", METADATA_FILE)
         # Every rank of a node fetches it: each into a name of its own (Streaming's downloaders write through
         # NAME.tmp, which the ranks would take from each other), then renamed into place.
-        own = os.path.join(local_dir, f".{METADATA_FILE}.{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        own = str(own_temporary(os.path.join(local_dir, METADATA_FILE)))
         try:
             CloudDownloader.direct_download(remote_path, own, timeout)
             os.replace(own, os.path.join(local_dir, METADATA_FILE))
@@ -60,7 +60,6 @@ def read_metadata(local: str, remote: str | None = None, split: str | None = Non
             if os.path.exists(own):
                 os.remove(own)
     return ShardMetadata.read(local_dir)
-
 
 
 def clean_leaked_shared_memory(locals_: list[str], shm_dir: str = "/dev/shm") -> list[str]:
@@ -148,6 +147,7 @@ def _held_files(shm_dir: str) -> set[tuple[int, int]]:
                 continue
             held.add((info.st_dev, info.st_ino))
     return held
+
 
 class TeacherGuidedDataset(StreamingDataset):
     """A ``StreamingDataset`` of vocagno shards whose samples are int64 tensors (and the sample's ``text``).

@@ -54,6 +54,7 @@ __all__ = [
     "Encoder",
     "Packer",
     "write_atomically",
+    "own_temporary",
     "check_teacher_name",
     "check_columns",
     "loss_column",
@@ -105,12 +106,17 @@ def align_column(name: str) -> str:
     return f"align.{name}"
 
 
+def own_temporary(path: str | Path) -> Path:
+    """A hidden name beside ``path`` that no other process writing ``path`` at the same time picks (pid, random)."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+
+
 def write_atomically(path: str | Path, text: str) -> None:
     """Write a file so that it is either its old self or complete (a full disk or a kill leaves no truncated file):
     a temporary file beside it, flushed to disk, renamed over it. The temporary file is this writer's own: ranks
     writing the same file at once each replace it whole."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    tmp = own_temporary(path)
     with open(tmp, "x", encoding="utf-8") as f:
         f.write(text)
         f.flush()
