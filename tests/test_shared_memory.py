@@ -1,0 +1,116 @@
+"""``vocagno.data.clean_leaked_shared_memory`` on a shared-memory folder of its own: which Streaming prefixes it takes
+for junk (registered on this run's locals, held by no process, still the file it examined) and which it leaves."""
+
+import ctypes
+import mmap
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from streaming.base.shared.prefix import _pack_locals
+
+from vocagno import data
+from vocagno.data import clean_leaked_shared_memory
+
+
+@contextmanager
+def mapped_only(path: Path):
+    """``path`` mapped into this process with no descriptor left open (Python's mmap keeps one: libc's doesn't), as
+    only ``/proc/PID/maps`` shows it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    fd = os.open(path, os.O_RDONLY)
+    address = libc.mmap(None, 64, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    os.close(fd)
+    assert address not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+    try:
+        yield
+    finally:
+        libc.munmap(address, 64)
+
+
+def leave(shm, prefix: int, locals_: list[str], names=("barrier", "epoch_data")) -> list[str]:
+    """What a killed Streaming dataset leaves: its registration (``_locals``) and some of its memory."""
+    (shm / f"{prefix:06}_locals").write_bytes(_pack_locals(locals_, prefix))
+    for name in names:
+        (shm / f"{prefix:06}_{name}").write_bytes(b"\0" * 64)
+    return sorted(f"{prefix:06}_{name}" for name in ("locals", *names))
+
+
+@pytest.fixture
+def shm():
+    """A folder of its own on /dev/shm's file system (tmpfs: a freed inode number is not given to the next file)."""
+    folder = Path(tempfile.mkdtemp(prefix="vocagno-test-", dir="/dev/shm"))
+    yield folder
+    shutil.rmtree(folder)
+
+
+def test_only_junk_registered_on_this_runs_locals_is_unlinked(shm, tmp_path):
+    ours = tmp_path / "cache"
+    junk = leave(shm, 3, [str(ours / "train")])  # a stream's folder inside this run's local
+    others = leave(shm, 4, [str(tmp_path / "cache-of-another-job")])
+    prefix_of_ours = leave(shm, 5, [str(tmp_path / "cache2")])  # a name that merely begins like ours
+    (shm / "000006_not_streaming").write_bytes(b"x")
+    (shm / "psm_123").write_bytes(b"x")
+    (shm / "000007_locals").write_bytes(b"\x02")  # too short to register anything
+    assert clean_leaked_shared_memory([str(ours)], shm_dir=str(shm)) == junk
+    left = sorted(os.listdir(shm))
+    assert left == sorted([*others, *prefix_of_ours, "000006_not_streaming", "psm_123", "000007_locals"])
+
+
+def test_a_prefix_a_process_maps_or_holds_open_is_kept_whole(shm, tmp_path):
+    ours = str(tmp_path / "cache")
+    mapped, opened, junk = leave(shm, 0, [ours]), leave(shm, 1, [ours]), leave(shm, 2, [ours])
+    with mapped_only(shm / "000000_epoch_data"), open(shm / "000001_barrier", "rb"):
+        assert clean_leaked_shared_memory([ours], shm_dir=str(shm)) == junk
+        assert sorted(os.listdir(shm)) == sorted([*mapped, *opened])
+
+
+def test_shared_memory_reached_through_a_link_is_found_held_by_its_real_path(shm, tmp_path):
+    ours = str(tmp_path / "cache")
+    files = leave(shm, 0, [ours])
+    link = tmp_path / "run-shm"
+    link.symlink_to(shm)
+    with mapped_only(link / "000000_barrier"):  # /proc/PID/maps names the real path
+        assert clean_leaked_shared_memory([ours], shm_dir=str(link)) == []
+        assert sorted(os.listdir(shm)) == files
+    assert clean_leaked_shared_memory([ours], shm_dir=str(link)) == files
+
+
+def test_a_name_taken_again_after_it_was_examined_is_not_unlinked(shm, tmp_path, monkeypatch):
+    """Between the scan and the unlink another job's dataset takes the freed name: its new file stays."""
+    ours = str(tmp_path / "cache")
+    files = leave(shm, 0, [ours])
+    examine = data._held_files
+
+    def meanwhile(shm_dir):
+        (shm / "000000_barrier").unlink()
+        (shm / "000000_barrier").write_bytes(b"new")
+        return examine(shm_dir)
+
+    monkeypatch.setattr(data, "_held_files", meanwhile)
+    assert clean_leaked_shared_memory([ours], shm_dir=str(shm)) == [f for f in files if f != "000000_barrier"]
+    assert os.listdir(shm) == ["000000_barrier"] and (shm / "000000_barrier").read_bytes() == b"new"
+
+
+def test_another_users_shared_memory_is_never_unlinked(shm, tmp_path, monkeypatch):
+    ours = str(tmp_path / "cache")
+    files = leave(shm, 0, [ours])
+    monkeypatch.setattr(os, "geteuid", lambda: os.stat(shm).st_uid + 1)  # the files are this user's: seen as another's
+    assert clean_leaked_shared_memory([ours], shm_dir=str(shm)) == []
+    assert sorted(os.listdir(shm)) == files
+
+
+def test_without_proc_or_the_folder_nothing_is_unlinked(shm, tmp_path, monkeypatch):
+    ours = str(tmp_path / "cache")
+    files = leave(shm, 0, [ours])
+    assert clean_leaked_shared_memory([ours], shm_dir=str(tmp_path / "no-such-folder")) == []
+    real_isdir = os.path.isdir
+    monkeypatch.setattr(os.path, "isdir", lambda path: path != "/proc/self/fd" and real_isdir(path))
+    assert clean_leaked_shared_memory([ours], shm_dir=str(shm)) == []
+    assert sorted(os.listdir(shm)) == files
