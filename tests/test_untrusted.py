@@ -131,9 +131,18 @@ def readers(heldout: Path, text: Path):
     }
 
 
-def snapshot(root: Path) -> dict[str, bytes | str]:
-    return {str(p.relative_to(root)): (os.readlink(p) if p.is_symlink() else p.read_bytes() if p.is_file() else "")
-            for p in sorted(root.rglob("*"))}
+def snapshot(root: Path) -> dict[str, bytes | str | tuple]:
+    """Every file under ``root``: its bytes, or for a large one (the 3 GiB sparse metadata, read in seconds each time)
+    its inode, size and change time, which any write moves."""
+    def state(p: Path):
+        if p.is_symlink():
+            return os.readlink(p)
+        if not p.is_file():
+            return ""
+        info = p.stat()
+        return p.read_bytes() if info.st_size <= 1 << 20 else (info.st_ino, info.st_size, info.st_ctime_ns)
+
+    return {str(p.relative_to(root)): state(p) for p in sorted(root.rglob("*"))}
 
 
 def assert_refused_by_every_reader(checkpoint: Path, reason: str, heldout: Path, tmp_path: Path, capsys,
