@@ -111,6 +111,23 @@ def test_ranks_of_a_node_fetch_the_shards_metadata_into_one_local_at_once(sample
         assert sorted(p.name for p in local.iterdir()) == ["vocagno.json"]
         assert ShardMetadata.read(local) == ShardMetadata.read(sample_shards)
 
+def _open_dataset(barrier, local, remote):
+    barrier.wait()
+    TeacherGuidedDataset(local=str(local), remote=str(remote), batch_size=1)
+
+
+def test_jobs_of_a_node_opening_datasets_at_once_each_get_their_own_shared_memory(sample_shards, tmp_path):
+    """Two jobs on one node (or pytest's two workers) starting at the same moment: each dataset takes a free
+    Streaming prefix, none fails on a prefix another took between Streaming's search and its registration."""
+    from vocagno.data import clean_leaked_shared_memory
+
+    locals_ = [str(tmp_path / f"local{job}") for job in range(4)]
+    for attempt in range(5):
+        codes = _at_once(_open_dataset, [(local, sample_shards) for local in locals_])
+        clean_leaked_shared_memory(locals_)  # what a process that failed half-way left
+        assert codes == [0] * 4, (attempt, codes)
+
+
 def test_round_trip_invariants(sample_samples, sample_shards, tokenizers):
     student, teacher = tokenizers["llama2"], tokenizers["qwen2.5"]
     meta = ShardMetadata.read(sample_shards)

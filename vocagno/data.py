@@ -20,9 +20,12 @@ a resumed run see the batches an uninterrupted one would.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
+import tempfile
 import warnings
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -60,6 +63,33 @@ def read_metadata(local: str, remote: str | None = None, split: str | None = Non
             if os.path.exists(own):
                 os.remove(own)
     return ShardMetadata.read(local_dir)
+
+
+@contextmanager
+def registering_shared_memory():
+    """Hold the node's lock on Streaming's shared-memory registration while this process, its node's local leader,
+    opens a dataset; other ranks pass straight through.
+
+    Streaming's leader looks for the lowest free prefix, then creates its ``_locals`` memory: two jobs starting on one
+    node at the same moment pick the same prefix and the later one fails (``FileExistsError: '/000003_locals'``).
+    The lock, a file beside Streaming's own file locks (the node's temporary folder), makes vocagno's jobs register
+    one after the other; the kernel lets it go when its holder dies."""
+    from streaming.base.world import World
+
+    if not World.detect().is_local_leader:
+        yield
+        return
+    path = os.path.join(tempfile.gettempdir(), "vocagno_streaming_registration.lock")
+    try:  # read-only: another user's lock file (0644) locks as well
+        lock = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
+    except PermissionError:  # another user's, unreadable: registered as Streaming alone would
+        yield
+        return
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(lock)
 
 
 def clean_leaked_shared_memory(locals_: list[str], shm_dir: str = "/dev/shm") -> list[str]:
@@ -202,12 +232,14 @@ class TeacherGuidedDataset(StreamingDataset):
 
             try:  # Streaming's checks of the weights (proportion, repeat, choose), its streams counted from 0
                 made = [Stream(**stream) for stream in streams.values()]
-                super().__init__(streams=made, **kwargs)
+                with registering_shared_memory():
+                    super().__init__(streams=made, **kwargs)
             except (ValueError, TypeError) as error:
                 order = ", ".join(f"{i}: {name!r}" for i, name in enumerate(streams))
                 raise ValueError(f"streams ({order}): {error}") from None
         else:
-            super().__init__(local=local, remote=remote, split=split, **kwargs)
+            with registering_shared_memory():
+                super().__init__(local=local, remote=remote, split=split, **kwargs)
         for shard in self.shards:  # before any sample is decoded: a pkl column would be unpickled
             check_columns(dict(zip(shard.column_names, shard.column_encodings)), shard.dirname)
 
