@@ -76,3 +76,17 @@ def test_the_shipped_teacher_is_a_hugging_face_folder_that_has_learned_gsm8k_tex
     trained_bpb = bits_per_byte(teacher, tokenizers["mistral"], heldout[:30])
     untrained_bpb = bits_per_byte(untrained, tokenizers["mistral"], heldout[:30])
     assert trained_bpb < 2.0 < 5.0 < untrained_bpb, (trained_bpb, untrained_bpb)
+
+
+def test_a_tokenizers_description_follows_tokens_added_to_it():
+    """vocagno.shards.tokenizer_info keeps a tokenizer's vocabulary digest between calls: a token added since
+    changes the size and fingerprint it reports, as a tokenizer loaded afresh does."""
+    from vocagno.shards import tokenizer_info
+
+    tokenizer = load_tokenizer("mistral")
+    before = tokenizer_info(tokenizer, "mistral")
+    assert tokenizer_info(tokenizer, "mistral") == before == tokenizer_info(load_tokenizer("mistral"), "mistral")
+    tokenizer.add_tokens(["<step>"])
+    after = tokenizer_info(tokenizer, "mistral")
+    assert after.vocab_size == before.vocab_size + 1 and after.fingerprint != before.fingerprint
+    assert after.separator == before.separator

@@ -75,6 +75,7 @@ class Teacher:
         self.scored_by = {"name": name, "fingerprint": weights_fingerprint(model), "dtype": dtype}
         self.chunk_size = chunk_size
         self.tokenizer = tokenizer  # a name, folder or tokenizer; None: the shards' teacher tokens are its own
+        self._loaded = None  # the tokenizer, once loaded
         self.set_name = set_name  # its name in a set of teachers (vocagno.teachers), when it has one
 
     @classmethod
@@ -146,22 +147,28 @@ class Teacher:
                              f"({metadata.also_scored_by[self.set_name]['name']})")
         return self.set_name
 
-    def tokenizer_info(self):
+    def loaded_tokenizer(self):
+        """Its tokenizer, loaded once (``tokenizer`` may be a name or folder)."""
         from vocagno.tokenization import as_tokenizer
 
-        return describe_tokenizer(as_tokenizer(self.tokenizer), "teacher")
+        if self._loaded is None:
+            self._loaded = as_tokenizer(self.tokenizer)
+        return self._loaded
+
+    def tokenizer_info(self):
+        return describe_tokenizer(self.loaded_tokenizer(), "teacher")
 
     def side(self, metadata: ShardMetadata):
         """The ``TeacherSide`` that makes this teacher's tokens of the shards' student tokens, as training does."""
         from vocagno.teacher_side import TeacherSide
-        from vocagno.tokenization import as_tokenizer, load_tokenizer
+        from vocagno.tokenization import load_tokenizer
 
         student = load_tokenizer(metadata.student.name)
         try:  # the name the shards record may load another vocabulary here
             metadata.check_tokenizers(student=describe_tokenizer(student, "student"))
         except ValueError as error:
             raise SystemExit(f"error: {error}") from None
-        return TeacherSide(student, as_tokenizer(self.tokenizer))
+        return TeacherSide(student, self.loaded_tokenizer())
 
 
 def rank_and_world() -> tuple[int, int]:

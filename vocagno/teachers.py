@@ -15,7 +15,7 @@ when it has some) into the batch keys ``teachers.NAME.input_ids``, ``.attention_
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import torch
@@ -46,6 +46,7 @@ class TeacherSpec:
     placement: str = "auto"
     chunk_size: int = 1024
     trust_remote_code: bool = False
+    _loaded: Any = field(default=None, init=False, repr=False, compare=False)  # the tokenizer, once loaded
 
     def __post_init__(self):
         if self.tokenizer is None and isinstance(self.teacher, str):
@@ -55,8 +56,11 @@ class TeacherSpec:
         """Its tokenizer, loaded (None for a module given without one); one that won't load names the teacher."""
         if self.tokenizer is None:
             return None
+        if self._loaded is not None:  # asked for by every check: a 151K vocabulary loads in a quarter of a second
+            return self._loaded
         try:
-            return as_tokenizer(self.tokenizer)
+            self._loaded = as_tokenizer(self.tokenizer)
+            return self._loaded
         except Exception as error:  # not a tokenizer's name or folder, a hub name offline, a broken file
             message = str(error).strip().splitlines()[0] if str(error).strip() else error.__class__.__name__
             raise ValueError(f"teacher {self.name!r}: cannot load its tokenizer {self.tokenizer!r}: {message}") from None
