@@ -72,14 +72,17 @@ def registering_shared_memory():
 
     Streaming's leader looks for the lowest free prefix, then creates its ``_locals`` memory: two jobs starting on one
     node at the same moment pick the same prefix and the later one fails (``FileExistsError: '/000003_locals'``).
-    The lock, a file beside Streaming's own file locks (the node's temporary folder), makes vocagno's jobs register
-    one after the other; the kernel lets it go when its holder dies."""
+    The lock, a file in the shared memory's own folder (``/dev/shm``: one per machine, as the names it guards; the
+    temporary folder where there is none), makes vocagno's jobs register one after the other; the kernel lets it go
+    when its holder dies. (Not in ``/tmp``: nodes rehearsed on one machine share it, and a node's leader holding the
+    lock through Streaming's barrier would wait for the other node's leader, which waits for the lock.)"""
     from streaming.base.world import World
 
     if not World.detect().is_local_leader:
         yield
         return
-    path = os.path.join(tempfile.gettempdir(), "vocagno_streaming_registration.lock")
+    folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    path = os.path.join(folder, "vocagno_streaming_registration.lock")
     try:  # read-only: another user's lock file (0644) locks as well
         lock = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
     except PermissionError:  # another user's, unreadable: registered as Streaming alone would
