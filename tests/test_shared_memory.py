@@ -114,3 +114,56 @@ def test_without_proc_or_the_folder_nothing_is_unlinked(shm, tmp_path, monkeypat
     monkeypatch.setattr(os.path, "isdir", lambda path: path != "/proc/self/fd" and real_isdir(path))
     assert clean_leaked_shared_memory([ours], shm_dir=str(shm)) == []
     assert sorted(os.listdir(shm)) == files
+
+
+def test_a_registration_lock_held_too_long_or_not_a_file_of_ours_is_waited_for_at_most_so_long(tmp_path, monkeypatch):
+    """A one-node job's leader waits for another job's registration, but never forever: a holder stuck (or hostile)
+    past REGISTRATION_WAIT_SECONDS, a FIFO or a link in the lock's place, and the dataset opens as Streaming's alone."""
+    import fcntl
+    import time
+    import warnings
+
+    monkeypatch.setattr(data, "REGISTRATION_WAIT_SECONDS", 0.5)
+    path = tmp_path / "registration.lock"
+    monkeypatch.setattr(data, "registration_lock_path", lambda: str(path))
+    with open(path, "w") as other_job:
+        fcntl.flock(other_job, fcntl.LOCK_EX)  # another open file: another holder, as another process's
+        began = time.monotonic()
+        with pytest.warns(UserWarning, match="opening the dataset without it"), data.registering_shared_memory():
+            assert time.monotonic() - began >= 0.5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with data.registering_shared_memory():  # let go: taken at once
+            with open(path) as other_job:
+                with pytest.raises(BlockingIOError):
+                    fcntl.flock(other_job, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        path.unlink()
+        os.mkfifo(path)  # opening a FIFO to read would wait for a writer
+        began = time.monotonic()
+        with data.registering_shared_memory():
+            assert time.monotonic() - began < 0.5
+        path.unlink()
+        path.symlink_to(tmp_path / "elsewhere")
+        with data.registering_shared_memory():
+            assert not (tmp_path / "elsewhere").exists()
+
+
+def test_the_leader_of_a_job_over_several_nodes_never_takes_the_registration_lock(tmp_path, monkeypatch):
+    """It would hold it through Streaming's barriers, which wait for its other nodes, whose leaders may wait for the
+    locks of another job's leaders waiting at their own barriers: a cycle. It registers as Streaming alone would."""
+    import fcntl
+    import time
+
+    monkeypatch.setattr(data, "REGISTRATION_WAIT_SECONDS", 1)
+    path = tmp_path / "registration.lock"
+    monkeypatch.setattr(data, "registration_lock_path", lambda: str(path))
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(key, value)
+    with open(path, "w") as other_job:
+        fcntl.flock(other_job, fcntl.LOCK_EX)
+        began = time.monotonic()
+        with data.registering_shared_memory():
+            assert time.monotonic() - began < 0.5
+        monkeypatch.setenv("WORLD_SIZE", "2")  # the same leader in a job of one node waits
+        with pytest.warns(UserWarning, match="without it"), data.registering_shared_memory():
+            assert time.monotonic() - began >= 1

@@ -23,7 +23,9 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import stat
 import tempfile
+import time
 import warnings
 from contextlib import contextmanager
 from typing import Any
@@ -65,34 +67,58 @@ def read_metadata(local: str, remote: str | None = None, split: str | None = Non
     return ShardMetadata.read(local_dir)
 
 
+# How long a dataset waits for another job's registration before going on without the lock.
+REGISTRATION_WAIT_SECONDS = 60.0
+
+
+def registration_lock_path() -> str:
+    folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    return os.path.join(folder, f"vocagno_streaming_registration_{os.geteuid()}.lock")
+
+
 @contextmanager
 def registering_shared_memory():
-    """Hold the node's lock on Streaming's shared-memory registration while this process, its node's local leader,
-    opens a dataset; other ranks pass straight through.
+    """Hold this user's lock on Streaming's shared-memory registration while this process, the local leader of a
+    one-node job, opens a dataset; other ranks, and the leaders of jobs over several nodes, pass straight through.
 
     Streaming's leader looks for the lowest free prefix, then creates its ``_locals`` memory: two jobs starting on one
     node at the same moment pick the same prefix and the later one fails (``FileExistsError: '/000003_locals'``).
-    The lock, a file in the shared memory's own folder (``/dev/shm``: one per machine, as the names it guards; the
-    temporary folder where there is none), makes vocagno's jobs register one after the other; the kernel lets it go
-    when its holder dies. (Not in ``/tmp``: nodes rehearsed on one machine share it, and a node's leader holding the
-    lock through Streaming's barrier would wait for the other node's leader, which waits for the lock.)"""
+    The lock, a file of this user's in the shared memory's own folder (``/dev/shm``, one per machine as the names it
+    guards), makes this user's one-node jobs register one after the other; the kernel lets it go when its holder dies.
+    The holder waits inside Streaming's barriers, so a leader whose job spans nodes never takes it: two such jobs on
+    the same nodes would each hold one node's lock and wait at their barrier for the other's. Nor does a holder block
+    for long: after ``REGISTRATION_WAIT_SECONDS`` the dataset goes on as Streaming alone would, with a warning."""
     from streaming.base.world import World
 
-    if not World.detect().is_local_leader:
-        yield
-        return
-    folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-    path = os.path.join(folder, "vocagno_streaming_registration.lock")
-    try:  # read-only: another user's lock file (0644) locks as well
-        lock = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
-    except PermissionError:  # another user's, unreadable: registered as Streaming alone would
-        yield
-        return
+    world = World.detect()
+    lock = None
+    if world.is_local_leader and world.num_nodes == 1:
+        path = registration_lock_path()
+        try:  # no link, no FIFO (O_NONBLOCK), and only a file of this user's
+            lock = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+            info = os.fstat(lock)
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+                os.close(lock)
+                lock = None
+        except OSError:  # something else holds the name: register as Streaming alone would
+            lock = None
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        if lock is not None:
+            deadline = time.monotonic() + REGISTRATION_WAIT_SECONDS
+            while True:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        warnings.warn(f"another job has held {path} for {REGISTRATION_WAIT_SECONDS:.0f} s: opening "
+                                      "the dataset without it")
+                        break
+                    time.sleep(0.05)
         yield
     finally:
-        os.close(lock)
+        if lock is not None:
+            os.close(lock)
 
 
 def clean_leaked_shared_memory(locals_: list[str], shm_dir: str = "/dev/shm") -> list[str]:
