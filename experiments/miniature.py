@@ -5,10 +5,10 @@ product's own commands, as a user would run them.
     python experiments/miniature.py --size gpu                 # one GPU (not yet run)
     python experiments/miniature.py --size toy --seeds 0       # the same chain in a few minutes (CI runs it)
 
-1. **Convert.** The students' corpus is GSM8K training problems 1-500 (``vocagno/assets/text``) and, ``--junk`` of
-   all documents, copies of them with their words shuffled (the same words, no sense); it is converted with
-   ``conversion/convert_dataset.py`` (Llama-2's tokenizer for the student, Mistral's for the teacher), and so is the
-   held-out text, problems 501-600.
+1. **Convert.** The students' corpus is GSM8K training problems 1-500 (``vocagno/assets/text``; the toy size takes
+   the first 100) and, ``--junk`` of all documents, copies of them with their words shuffled (the same words, no
+   sense); it is converted with ``conversion/convert_dataset.py`` (Llama-2's tokenizer for the student, Mistral's for
+   the teacher), and so is the held-out text, problems 501-600 (the toy size: 501-530).
 2. **The teacher** is the shipped ``tiny-math-teacher``, pretrained on problems 601-7,473 (``experiments/
    tiny_teacher.py``): clean text the students never see. ``--size gpu`` pretrains a larger one the same way.
 3. **Score once**: ``python -m vocagno.score`` writes the corpus again with the teacher's loss of each token.
@@ -68,9 +68,10 @@ METHODS = {
 VARIANT = {"vocagno_40": "topk", "vocagno_clean": "topk", "random_40": "random", "chunk_1": "chunk_1",
            "chunk_16": "chunk_16"}
 SIZES = {
-    "toy": {"steps": 4, "seeds": "0", "overrides": [], "selection_samples": 8},
-    "cpu": {"steps": 250, "seeds": "0,1,2", "overrides": [], "selection_samples": 64},
-    "gpu": {"steps": 1500, "seeds": "0,1,2", "selection_samples": 256, "overrides": [
+    # docs: the clean training documents (the first of problems 1-500); heldout: the held-out ones (of 501-600).
+    "toy": {"steps": 4, "seeds": "0", "docs": 100, "heldout": 30, "overrides": [], "selection_samples": 8},
+    "cpu": {"steps": 250, "seeds": "0,1,2", "docs": 500, "heldout": 100, "overrides": [], "selection_samples": 64},
+    "gpu": {"steps": 1500, "seeds": "0,1,2", "docs": 500, "heldout": 100, "selection_samples": 256, "overrides": [
         "global_train_batch_size=32", "device_train_microbatch_size=32", "precision=amp_bf16", "optimizer.lr=1.0e-3",
         "model.config.hidden_size=384", "model.config.intermediate_size=1024", "model.config.num_hidden_layers=6",
         "model.config.num_attention_heads=6", "model.config.num_key_value_heads=6"],
@@ -86,10 +87,11 @@ def texts(name: str) -> list[str]:
         return [json.loads(line)["text"] for line in f]
 
 
-def corpus(junk: float, seed: int = 0) -> list[str]:
-    """GSM8K problems 1-500 and word-shuffled copies of them, ``junk`` of all documents, in a random order."""
+def corpus(junk: float, docs: int, seed: int = 0) -> list[str]:
+    """The first ``docs`` GSM8K problems of 1-500 and word-shuffled copies of them, ``junk`` of all documents, in a
+    random order."""
     rng = random.Random(seed)
-    clean = texts("gsm8k_train_500.jsonl")
+    clean = texts("gsm8k_train_500.jsonl")[:docs]
     count = round(len(clean) * junk / (1 - junk))
     mixed = clean + [NOISE["shuffled_words"](rng.choice(clean), rng) for _ in range(count)]
     rng.shuffle(mixed)
@@ -146,9 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     methods, size, seeds, out = experiment_settings(parser, args, METHODS, SIZES)
     begin = time.perf_counter()
 
-    documents = corpus(args.junk)
+    documents = corpus(args.junk, size["docs"])
+    heldout = texts("gsm8k_heldout_100.jsonl")[:size["heldout"]]
     shards = convert(documents, out / "shards" / "corpus")
-    heldout_shards = convert(texts("gsm8k_heldout_100.jsonl"), out / "shards" / "heldout")
+    heldout_shards = convert(heldout, out / "shards" / "heldout")
     share = clean_share(documents)
     teacher_name = TEACHER
     if "teacher_overrides" in size and args.device != "cpu":
@@ -164,7 +167,6 @@ def main(argv: list[str] | None = None) -> int:
                     "--device", args.device])
     teacher = score.Teacher(load_teacher(teacher_name, "float32"), teacher_name, "float32", 1024)  # loaded once
     teacher_model = teacher.scorer.to(args.device).model
-    heldout = texts("gsm8k_heldout_100.jsonl")
     student_tok = load_tokenizer("llama2")
     result = {
         "size": args.size, "seeds": seeds, "junk": args.junk, "clean_share": share, "steps": size["steps"],
