@@ -20,6 +20,7 @@ import sys
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -227,6 +228,19 @@ def build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> DecoupledAdamW:
     )
 
 
+def student_model(student: torch.nn.Module, tokenizer) -> HuggingFaceModel:
+    """Composer's model around the student: logits out, labels shifted (a causal LM), bits per byte in evaluation.
+
+    HuggingFaceModel asks whether the model is a registered causal LM by importing every causal-LM class transformers
+    has (2-3 s of CPU at the start of every rank); the answer only decides ``shift_labels`` when it is not given, and
+    it is given here, so the question is not asked."""
+    from composer.models import huggingface
+
+    with mock.patch.object(huggingface, "_is_registered_causal_lm", lambda model: True):
+        return HuggingFaceModel(student, tokenizer=tokenizer, use_logits=True, shift_labels=True,
+                                eval_metrics=[BitsPerByte()])
+
+
 def main(cfg: DictConfig) -> Trainer:
     dist.initialize_dist(get_device(None), timeout=cfg.get("dist_timeout", 600))
     _signal_files_per_node()
@@ -267,10 +281,7 @@ def main(cfg: DictConfig) -> Trainer:
     if positions is not None and positions < seq_len:
         raise ValueError(f"the shards' samples hold {seq_len} student tokens, but the student (model) has "
                          f"max_position_embeddings={positions}: convert with --seq-len {positions} or less")
-    model = HuggingFaceModel(
-        wrap_per_decoder_layer(student), tokenizer=student_tok, use_logits=True, shift_labels=True,
-        eval_metrics=[BitsPerByte()],
-    )
+    model = student_model(wrap_per_decoder_layer(student), student_tok)
     model.flops_per_batch = student_flops_per_batch(student)  # SpeedMonitor's MFU
     algorithms = build_algorithms(cfg, teacher_tok)
 

@@ -531,6 +531,24 @@ def test_a_part_whose_upload_broke_off_is_uploaded_again(tmp_path, monkeypatch):
     same_samples(read_samples(remote, tmp_path), whole)
 
 
+def test_a_jobs_lookups_on_its_remote_out_root_share_one_client(s3, tmp_path, monkeypatch):
+    """Every part's part.json, the jobs' markers and the settings are looked up on the out-root: one S3 client for
+    them all (a client per lookup costs more than the small file it fetches), and the dataset is whole."""
+    from streaming.base.storage.download import S3Downloader
+
+    env, _ = s3
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    made = []
+    create = S3Downloader._create_s3_client
+    monkeypatch.setattr(S3Downloader, "_create_s3_client", lambda self, *a, **k: made.append(1) or create(self, *a, **k))
+    corpus = small_corpus(tmp_path / "docs.jsonl")
+    assert converts("s3://runs/one-client", "--docs-per-part", "10", "--local-root", str(tmp_path / "work"),
+                    inputs=[corpus]) == 0
+    assert ShardMetadata.read(tmp_path / "work").totals["documents read"] == 40
+    assert len(made) == 1, len(made)
+
+
 def test_the_merge_verifies_every_shard_on_the_out_root(tmp_path):
     corpus, remote = small_corpus(tmp_path / "docs.jsonl"), tmp_path / "remote"
     assert converts(remote, "--local-root", str(tmp_path / "work"), inputs=[corpus]) == 0

@@ -121,9 +121,20 @@ def test_a_run_with_its_teacher_sharded_over_two_cpu_ranks_trains_as_with_it_rep
 
 def selections(tmp_path, name, *overrides, ranks, microbatch, data):
     """Sample (its first 32 token ids) -> the positions the batch scope kept, per batch, gathered over the ranks."""
+    run_logging_samples(tmp_path, name, *overrides, ranks=ranks, microbatch=microbatch, data=data)
+    return kept_of(tmp_path, name)
+
+
+def run_logging_samples(tmp_path, name, *overrides, ranks, microbatch, data):
+    """2 batches of 8 on ``ranks`` ranks of ``microbatch`` samples each, each rank logging its samples (the first 32
+    token ids) and the positions the selection kept of each to ``tmp_path/NAME-RANK.jsonl``."""
     log = f"callbacks.sample_log.path={tmp_path}/{name}-{{rank}}.jsonl"
     run_train(tmp_path, name, "max_duration=2ba", "callbacks.sample_log.prefix=32",
               f"device_train_microbatch_size={microbatch}", log, *overrides, ranks=ranks, data=data)
+
+
+def kept_of(tmp_path, name):
+    """Sample -> the positions kept, per batch, gathered over the ranks of run ``name``."""
     by_batch = {}
     for path in sorted(tmp_path.glob(f"{name}-*.jsonl")):
         for row in map(json.loads, open(path, encoding="utf-8")):
@@ -131,12 +142,42 @@ def selections(tmp_path, name, *overrides, ranks, microbatch, data):
     return by_batch
 
 
-def test_the_batch_scope_keeps_the_same_tokens_on_four_ranks_of_two_microbatches_as_on_one_rank(shards, tmp_path):
+@pytest.fixture(scope="module")
+def split_runs(shards, tmp_path_factory):
+    """The global batch of 8 as 1 rank x 1 microbatch of 8 ("one") and as 2 ranks x 1 microbatch of 4 ("two"), 2
+    batches each, their sample logs in the folder returned."""
+    folder = tmp_path_factory.mktemp("split")
+    run_logging_samples(folder, "one", ranks=1, microbatch=8, data=shards)
+    run_logging_samples(folder, "two", ranks=2, microbatch=4, data=shards)
+    return folder
+
+
+def test_two_processes_train_on_different_samples(split_runs):
+    ranks = []
+    for rank in (0, 1):
+        rows = [json.loads(line) for line in open(split_runs / f"two-{rank}.jsonl", encoding="utf-8")]
+        assert [r["batch"] for r in rows] == [0, 1]
+        ranks.append({tuple(sample) for r in rows for sample in r["samples"]})
+        assert len(ranks[-1]) == 2 * 4  # 8 per global batch, 4 per rank
+    assert not ranks[0] & ranks[1]
+
+
+def test_batch_scope_selects_the_same_tokens_on_one_rank_and_on_two(split_runs):
+    """The global batch of 8 as 1 microbatch of 8 on one rank, or as 4 samples on each of two ranks."""
+    one, two = kept_of(split_runs, "one"), kept_of(split_runs, "two")
+    assert sorted(one) == sorted(two) == [0, 1] and all(len(one[b]) == 8 for b in one)
+    assert one == two
+    kept = [len(positions) for positions in one[0].values()]
+    assert len(set(kept)) > 1  # one top-k over the batch, not 40% of each sequence
+
+
+def test_the_batch_scope_keeps_the_same_tokens_on_four_ranks_of_two_microbatches_as_on_one_rank(shards, split_runs,
+                                                                                               tmp_path):
     """The global batch of 8 as 1 rank x 1 microbatch of 8, or 4 ranks x 2 microbatches of 1: one top-k over the
     whole batch either way, with the teacher online and from cached losses (shards scored by vocagno.score)."""
     from vocagno import score
 
-    one = selections(tmp_path, "one", ranks=1, microbatch=8, data=shards)
+    one = kept_of(split_runs, "one")
     four = selections(tmp_path, "four", ranks=4, microbatch=1, data=shards)
     assert sorted(one) == [0, 1] and all(len(one[b]) == 8 for b in one) and one == four
     assert score.main(["--shards", str(shards), "--config", str(REPO / "yamls" / "tiny.yaml"),

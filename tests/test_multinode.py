@@ -12,6 +12,7 @@ change); the scoring pass and the selection report on 2 x 2 write the one-proces
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import assert_group_gone, read_log
+from helpers import assert_group_gone, first_documents, read_log
 
 from vocagno.launch import node_command
 
@@ -196,12 +197,20 @@ def test_the_teacher_sharded_over_two_nodes_and_cached_losses_train_as_on_one_no
     assert seen(tmp_path, "fsdp") == {b: seen(shared, "one-node")[b] for b in range(2)}
 
     # The scoring pass on 2 nodes x 2 ranks writes what one process writes; the last rank to finish publishes once.
+    # Its shards: 120 documents in 4 parts, a part for each rank to score.
+    from conversion import convert_dataset
     from vocagno.score import read_shard
 
-    arguments = ["--shards", str(shared / "shards"), "--config", str(REPO / "yamls" / "tiny.yaml"), "--device", "cpu"]
+    assert convert_dataset.main(["--input", str(first_documents(tmp_path, 120)), "--student-tokenizer", "llama2",
+                                 "--teacher-tokenizer", "mistral", "--seq-len", "128", "--docs-per-part", "30",
+                                 "--out-root", str(tmp_path / "shards")]) == 0
+    arguments = ["--shards", str(tmp_path / "shards"), "--config", str(REPO / "yamls" / "tiny.yaml"), "--device", "cpu"]
     scored = Nodes("score", [*arguments, "--out", str(tmp_path / "scored")], nodes=2, nproc=2,
                    where=tmp_path / "score").wait()
     assert scored.output().count("complete:") == 1
+    scored_by_rank = {int(rank): int(samples) for rank, samples in
+                      re.findall(r"rank (\d) of 4: (\d+) samples scored", scored.output())}
+    assert sorted(scored_by_rank) == [0, 1, 2, 3] and all(scored_by_rank.values()), scored_by_rank
     one = subprocess.run([sys.executable, "-m", "vocagno.score", *arguments, "--out", str(tmp_path / "one")],
                          cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert one.returncode == 0, one.stderr[-3000:]

@@ -1,4 +1,5 @@
-"""train.py and the VocAgnoLM algorithm: the tiny run, kill and resume, two processes, the yamls, refusals."""
+"""train.py and the VocAgnoLM algorithm: the tiny run, kill and resume, the yamls, refusals (runs of several ranks:
+test_distributed.py)."""
 
 import json
 import math
@@ -87,6 +88,24 @@ def test_the_default_run_ends_by_showing_what_its_teacher_keeps(tiny_run):
     assert precision["untrained_teacher"] < clean_share < precision["topk"], (precision, clean_share)
 
 
+def test_the_student_model_shifts_labels_without_importing_every_causal_lm_class(monkeypatch, tokenizers):
+    """Composer's HuggingFaceModel asks transformers' whole causal-LM mapping whether the student is in it (every
+    model class imported, 2-3 s of each rank's start); train.py gives shift_labels, so that question is never asked."""
+    from transformers.models.auto import modeling_auto
+
+    from vocagno.config import build_causal_lm
+
+    class Unasked:
+        def values(self):
+            raise AssertionError("every causal-LM class of transformers was imported")
+
+    monkeypatch.setattr(modeling_auto, "MODEL_FOR_CAUSAL_LM_MAPPING", Unasked())
+    student = build_causal_lm(om.create({"config": {"model_type": "llama", "hidden_size": 16, "intermediate_size": 32,
+                                                    "num_hidden_layers": 1, "num_attention_heads": 2}}), 32000, seed=0)
+    model = train.student_model(student, tokenizers["llama2"])
+    assert model.shift_labels and model.use_logits and list(model.val_metrics) == ["BitsPerByte"]
+
+
 def test_loggers_and_callbacks_take_llmfoundrys_names_and_refuse_unknown_ones():
     loggers, callbacks = train.build_loggers(om.create({
         "loggers": {"console": {}, "inmemory": {}, "tensorboard": None},  # null: off
@@ -111,15 +130,25 @@ def test_the_run_converted_the_embedded_sample_first(tiny_run):
     assert meta.totals["documents read"] == 500
 
 
-def test_kill_and_autoresume_continue_with_the_same_losses(tiny_run, tmp_path):
-    common = ["max_duration=8ba", "save_interval=2ba", "autoresume=true", "eval_loader=null"]
-    straight = tmp_path / "straight"
-    run_train(tiny_run[0], *common, f"save_folder={straight}/ckpt", "run_name=straight",
-              f"loggers.jsonl.path={straight}/log.jsonl")
+CHECKPOINTED = ["save_interval=2ba", "autoresume=true", "eval_loader=null"]
+
+
+@pytest.fixture(scope="module")
+def straight(tiny_run, tmp_path_factory):
+    """The losses of an uninterrupted run of 8 batches saving every 2: what the interrupted runs must end with (its
+    first 6 steps are a 6-batch run's: the learning rate is still warming up, whatever the run's length)."""
+    folder = tmp_path_factory.mktemp("straight")
+    run_train(tiny_run[0], *CHECKPOINTED, "max_duration=8ba", f"save_folder={folder}/ckpt", "run_name=straight",
+              f"loggers.jsonl.path={folder}/log.jsonl")
+    return read_log(folder / "log.jsonl")
+
+
+def test_kill_and_autoresume_continue_with_the_same_losses(tiny_run, straight, tmp_path):
     killed = tmp_path / "killed"
     command = [sys.executable, str(REPO / "train.py"), TINY, f"variables.data={tiny_run[0]}/shards/train",
-               f"variables.heldout={tiny_run[0]}/shards/heldout", "loggers.console=null", *common,
-               f"save_folder={killed}/ckpt", "run_name=killed", f"loggers.jsonl.path={killed}/log.jsonl"]
+               f"variables.heldout={tiny_run[0]}/shards/heldout", "loggers.console=null", *CHECKPOINTED,
+               "max_duration=8ba", f"save_folder={killed}/ckpt", "run_name=killed",
+               f"loggers.jsonl.path={killed}/log.jsonl"]
     kill_when(command, (killed / "ckpt" / "ep0-ba4-rank0.pt").exists, settle=0.5, cwd=REPO,
               env={**os.environ, "PYTHONPATH": str(REPO)})
     first = read_log(killed / "log.jsonl")
@@ -127,26 +156,23 @@ def test_kill_and_autoresume_continue_with_the_same_losses(tiny_run, tmp_path):
     result = subprocess.run(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
-    expected, resumed = read_log(straight / "log.jsonl"), read_log(killed / "log.jsonl")
-    assert_same_losses(expected, resumed, 8)
+    assert_same_losses(straight, read_log(killed / "log.jsonl"), 8)
 
 
-def test_an_interrupted_checkpoint_save_resumes_with_the_same_command(tiny_run, tmp_path):
+def test_an_interrupted_checkpoint_save_resumes_with_the_same_command(tiny_run, straight, tmp_path):
     """A kill or a full disk during a save leaves a truncated checkpoint (here the latest, ba4) and a partial one
     past it (ba6): the same command falls back to ba2 and ends with the losses of an uninterrupted run."""
-    common = ["max_duration=6ba", "save_interval=2ba", "autoresume=true", "eval_loader=null"]
-    straight, broken = tmp_path / "straight", tmp_path / "broken"
-    run_train(tiny_run[0], *common, f"save_folder={straight}/ckpt", "run_name=straight",
-              f"loggers.jsonl.path={straight}/log.jsonl")
-    resume = [*common, f"save_folder={broken}/ckpt", "run_name=broken", f"loggers.jsonl.path={broken}/log.jsonl"]
+    broken = tmp_path / "broken"
+    resume = [*CHECKPOINTED, "max_duration=6ba", f"save_folder={broken}/ckpt", "run_name=broken",
+              f"loggers.jsonl.path={broken}/log.jsonl"]
     run_train(tiny_run[0], *resume, "max_duration=4ba")
     latest = broken / "ckpt" / "ep0-ba4-rank0.pt"
     latest.write_bytes(latest.read_bytes()[: latest.stat().st_size // 2])
     (broken / "ckpt" / "ep0-ba6-rank0.pt").write_bytes(b"PK\x03\x04 partial")
     result = run_train(tiny_run[0], *resume)
     assert "removing" in result.stdout and "ep0-ba4-rank0.pt: an incomplete checkpoint" in result.stdout
-    expected, resumed = read_log(straight / "log.jsonl"), read_log(broken / "log.jsonl")
-    assert_same_losses(expected, resumed, 6)
+    first_six = {step: row for step, row in straight.items() if step < 6}  # steps count from 0
+    assert_same_losses(first_six, read_log(broken / "log.jsonl"), 6)
     assert os.path.realpath(broken / "ckpt" / "latest-rank0.pt").endswith("ep0-ba6-rank0.pt")
 
 
@@ -163,38 +189,6 @@ SHORT_TEACHER = ("teacher.name_or_path=null", "teacher.config={model_type: mistr
 def test_models_too_short_for_the_shards_are_refused(tiny_run, overrides, message):
     result = run_train(tiny_run[0], *overrides, "max_duration=1ba", "eval_loader=null", check=False)
     assert result.returncode != 0 and re.search(message, result.stderr)
-
-
-def test_two_processes_train_on_different_samples(tiny_run, tmp_path):
-    run_train(tiny_run[0], "max_duration=3ba", "eval_loader=null", f"callbacks.sample_log.path={tmp_path}/samples-{{rank}}.jsonl",
-              launcher=(str(Path(sys.executable).parent / "composer"), "-n", "2"))
-    ranks = []
-    for rank in (0, 1):
-        rows = [json.loads(line) for line in open(tmp_path / f"samples-{rank}.jsonl")]
-        assert [r["batch"] for r in rows] == [0, 1, 2]
-        ranks.append({tuple(sample) for r in rows for sample in r["samples"]})
-        assert len(ranks[-1]) == 3 * 4  # 8 per global batch, 4 per rank
-    assert not ranks[0] & ranks[1]
-
-
-def test_batch_scope_selects_the_same_tokens_on_one_rank_and_on_two(tiny_run, tmp_path):
-    """The global batch of 8 as 1 microbatch of 8 on one rank, or as 4 samples on each of two ranks."""
-    selections = []
-    composer = str(Path(sys.executable).parent / "composer")
-    for name, microbatch, launcher in (("one", 8, (sys.executable,)), ("two", 4, (composer, "-n", "2"))):
-        run_train(tiny_run[0], "max_duration=2ba", "eval_loader=null", "callbacks.sample_log.prefix=32",
-                  f"device_train_microbatch_size={microbatch}",
-                  f"callbacks.sample_log.path={tmp_path}/{name}-{{rank}}.jsonl", launcher=launcher)
-        by_batch = {}
-        for path in sorted(tmp_path.glob(f"{name}-*.jsonl")):
-            for row in map(json.loads, open(path)):
-                by_batch.setdefault(row["batch"], {}).update(zip(map(tuple, row["samples"]), row["selected"]))
-        selections.append(by_batch)
-    one, two = selections
-    assert sorted(one) == sorted(two) == [0, 1] and all(len(one[b]) == 8 for b in one)
-    assert one == two
-    kept = [len(positions) for positions in one[0].values()]
-    assert len(set(kept)) > 1  # one top-k over the batch, not 40% of each sequence
 
 
 def test_fewer_samples_than_one_global_batch_is_refused_at_start(tmp_path):

@@ -57,6 +57,7 @@ class Output:
         self.local = Path(local_root if remote else out_root)
         self.local.mkdir(parents=True, exist_ok=True)
         self._uploader = None
+        self._downloader = None  # made at the first download, kept: a client per file costs more than a small file
         if remote:
             from streaming.base.storage import CloudUploader
 
@@ -70,10 +71,12 @@ class Output:
         locally, so the download goes to a fresh scratch file first."""
         from streaming.base.storage import CloudDownloader
 
+        if self._downloader is None:
+            self._downloader = CloudDownloader.get(self.remote)
         with tempfile.TemporaryDirectory(dir=self.local) as scratch:
             copy = Path(scratch) / "file"
             try:
-                CloudDownloader.direct_download(f"{self.remote.rstrip('/')}/{relative}", str(copy))
+                self._downloader.download(f"{self.remote.rstrip('/')}/{relative}", str(copy))
             except Exception as error:
                 if _is_missing(error):
                     return False
