@@ -91,6 +91,7 @@ def test_the_default_run_ends_by_showing_what_its_teacher_keeps(tiny_run):
 def test_the_student_model_shifts_labels_without_importing_every_causal_lm_class(monkeypatch, tokenizers):
     """Composer's HuggingFaceModel asks transformers' whole causal-LM mapping whether the student is in it (every
     model class imported, 2-3 s of each rank's start); train.py gives shift_labels, so that question is never asked."""
+    from composer.models import huggingface
     from transformers.models.auto import modeling_auto
 
     from vocagno.config import build_causal_lm
@@ -102,8 +103,10 @@ def test_the_student_model_shifts_labels_without_importing_every_causal_lm_class
     monkeypatch.setattr(modeling_auto, "MODEL_FOR_CAUSAL_LM_MAPPING", Unasked())
     student = build_causal_lm(om.create({"config": {"model_type": "llama", "hidden_size": 16, "intermediate_size": 32,
                                                     "num_hidden_layers": 1, "num_attention_heads": 2}}), 32000, seed=0)
+    asked = huggingface._is_registered_causal_lm
     model = train.student_model(student, tokenizers["llama2"])
     assert model.shift_labels and model.use_logits and list(model.val_metrics) == ["BitsPerByte"]
+    assert huggingface._is_registered_causal_lm is asked  # Composer's own question again for every other model
 
 
 def test_loggers_and_callbacks_take_llmfoundrys_names_and_refuse_unknown_ones():
