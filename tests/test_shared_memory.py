@@ -6,6 +6,7 @@ import mmap
 import os
 import shutil
 import tempfile
+from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -167,3 +168,46 @@ def test_the_leader_of_a_job_over_several_nodes_never_takes_the_registration_loc
         monkeypatch.setenv("WORLD_SIZE", "2")  # the same leader in a job of one node waits
         with pytest.warns(UserWarning, match="without it"), data.registering_shared_memory():
             assert time.monotonic() - began >= 1
+
+
+def shared_memory_held() -> Counter:
+    """How many descriptors this process holds open on each ``/dev/shm`` file."""
+    held = Counter()
+    for descriptor in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{descriptor}")
+        except OSError:  # the listing's own descriptor, closed meanwhile
+            continue
+        if target.startswith("/dev/shm/"):
+            held[os.path.basename(target)] += 1
+    return held
+
+
+def test_a_dataset_holds_only_its_own_shared_memory_and_lets_it_go_with_it(tmp_path, tokenizers):
+    # Streaming keeps every shared memory it opens until the process exits: the prefixes its lookup walks past
+    # (every other dataset's on the machine, six files each) and its own. A process opening datasets one after the
+    # other (an evaluation loop, a notebook, these tests) ran out of descriptors, and a long job pinned what dead jobs
+    # left, which clean_leaked_shared_memory then takes for held.
+    from streaming.base.util import clean_stale_shared_memory
+
+    from conversion import convert_dataset
+    from helpers import first_documents
+
+    clean_stale_shared_memory()
+    assert convert_dataset.main(["--input", str(first_documents(tmp_path, 8)), "--student-tokenizer", "llama2",
+                                 "--teacher-tokenizer", "qwen2.5", "--seq-len", "64",
+                                 "--out-root", str(tmp_path / "shards")]) == 0
+    before = shared_memory_held()
+    first = data.TeacherGuidedDataset(local=str(tmp_path / "shards"), batch_size=1)
+    own = shared_memory_held() - before
+    assert own and {name[:6] for name in own} == {f"{first._shm_prefix_int:06}"}
+    second = data.TeacherGuidedDataset(local=str(tmp_path / "shards"), batch_size=1)
+    assert second[0]["text"] == first[0]["text"]
+    seconds = shared_memory_held() - before - own  # the first's prefix, walked past, is not held again
+    assert {name[:6] for name in seconds} == {f"{second._shm_prefix_int:06}"}
+    assert sorted(seconds.values()) == sorted(own.values())
+    del second
+    assert shared_memory_held() - before == own
+    assert not set(os.listdir("/dev/shm")) & set(seconds), "the second's memory is unlinked with it"
+    del first
+    assert shared_memory_held() == before

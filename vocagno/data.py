@@ -20,6 +20,7 @@ a resumed run see the batches an uninterrupted one would.
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import os
 import re
@@ -27,6 +28,7 @@ import stat
 import tempfile
 import time
 import warnings
+import weakref
 from contextlib import contextmanager
 from typing import Any
 
@@ -121,6 +123,42 @@ def registering_shared_memory():
             os.close(lock)
 
 
+@contextmanager
+def collecting_shared_memory(collected: list):
+    """Streaming's shared memories opened inside, into ``collected`` instead of onto the exit's list.
+
+    Streaming keeps every shared memory it opens until the process exits (``atexit``): its own, and every other
+    prefix its lookup walks past (each dataset's on the machine, six files each). A process opening datasets one after
+    the other (an evaluation loop, a notebook, a test suite) ran out of descriptors, and a long job pinned the memory
+    dead jobs left, which ``clean_leaked_shared_memory`` then took for held."""
+    from streaming.base.shared.memory import SharedMemory
+
+    register = atexit.register
+
+    def collect(function, *args, **kwargs):
+        if isinstance(getattr(function, "__self__", None), SharedMemory) and not args and not kwargs:
+            collected.append(function.__self__)
+            return function
+        return register(function, *args, **kwargs)
+
+    atexit.register = collect
+    try:
+        yield
+    finally:
+        atexit.register = register
+
+
+def _release_shared_memory(memories: list, owner_pid: int) -> None:
+    """What Streaming does at exit for ``memories``: close them, unlinking those this process created. Only in the
+    process that opened them: a forked copy of a dataset (a loader's worker) leaves them to it."""
+    if os.getpid() == owner_pid:
+        for memory in memories:
+            try:
+                memory.cleanup()
+            except BufferError:  # an array still views it: left to the exit, as Streaming would
+                atexit.register(memory.cleanup)
+
+
 def clean_leaked_shared_memory(locals_: list[str], shm_dir: str = "/dev/shm") -> list[str]:
     """Unlink the Streaming shared memory a killed run left on one of ``locals_`` (this run's local folders), and
     return the names unlinked.
@@ -131,8 +169,9 @@ def clean_leaked_shared_memory(locals_: list[str], shm_dir: str = "/dev/shm") ->
     on the same node loses its memory and the next dataset takes its prefix. Here a prefix is junk only when its
     registration names one of ``locals_`` and no process this user can see maps or holds open any of its files
     (Linux's ``/proc``; without it nothing is unlinked); a file is unlinked only if it is still the file examined.
-    A live process that merely looked the prefix up (Streaming maps every prefix it walks past) keeps it: then
-    Streaming refuses the run, saying so. Every rank may call it: a name another rank unlinked first is skipped.
+    A live process that merely looked the prefix up (plain Streaming datasets map every prefix they walk past until
+    they exit; ``TeacherGuidedDataset`` lets them go once open) keeps it: then Streaming refuses the run, saying so.
+    Every rank may call it: a name another rank unlinked first is skipped.
     """
     from streaming.base.constant import LOCALS, SHM_TO_CLEAN
 
@@ -256,19 +295,29 @@ class TeacherGuidedDataset(StreamingDataset):
             self.stream_metadata[name] = metadata
         self.metadata = next(iter(self.stream_metadata.values()))
         kwargs = {"validate_hash": SHARD_HASH, **streaming_kwargs}
-        if streams:
-            from streaming import Stream
+        opened: list = []
+        try:
+            if streams:
+                from streaming import Stream
 
-            try:  # Streaming's checks of the weights (proportion, repeat, choose), its streams counted from 0
-                made = [Stream(**stream) for stream in streams.values()]
-                with registering_shared_memory():
-                    super().__init__(streams=made, **kwargs)
-            except (ValueError, TypeError) as error:
-                order = ", ".join(f"{i}: {name!r}" for i, name in enumerate(streams))
-                raise ValueError(f"streams ({order}): {error}") from None
-        else:
-            with registering_shared_memory():
-                super().__init__(local=local, remote=remote, split=split, **kwargs)
+                try:  # Streaming's checks of the weights (proportion, repeat, choose), its streams counted from 0
+                    made = [Stream(**stream) for stream in streams.values()]
+                    with registering_shared_memory(), collecting_shared_memory(opened):
+                        super().__init__(streams=made, **kwargs)
+                except (ValueError, TypeError) as error:
+                    order = ", ".join(f"{i}: {name!r}" for i, name in enumerate(streams))
+                    raise ValueError(f"streams ({order}): {error}") from None
+            else:
+                with registering_shared_memory(), collecting_shared_memory(opened):
+                    super().__init__(local=local, remote=remote, split=split, **kwargs)
+        except BaseException:
+            _release_shared_memory(opened, os.getpid())
+            raise
+        # Other prefixes the lookup walked past are let go now; this dataset's own memory goes with the dataset.
+        own = f"{self._shm_prefix_int:06}_"
+        _release_shared_memory([memory for memory in opened if not memory.shm.name.startswith(own)], os.getpid())
+        weakref.finalize(self, _release_shared_memory, [memory for memory in opened if memory.shm.name.startswith(own)],
+                         os.getpid())
         for shard in self.shards:  # before any sample is decoded: a pkl column would be unpickled
             check_columns(dict(zip(shard.column_names, shard.column_encodings)), shard.dirname)
 
