@@ -92,3 +92,24 @@ def test_a_tokenizers_description_follows_tokens_added_to_it():
     fresh = load_tokenizer("mistral")
     fresh.add_tokens(["<step>"])
     assert after == tokenizer_info(fresh, "mistral")
+
+
+def test_text_copies_of_a_tokenizer_are_made_once_per_content_and_leave_the_tokenizer_as_it_was():
+    # Copying a 151K vocabulary's tokenizer (twice: as it is, without the dummy prefix) took about a second and a
+    # half: every conversion, part and Encoder paid it again for the same tokenizer file.
+    from vocagno.shards import Encoder
+    from vocagno.tokenization import text_tokenizers
+
+    first, second = load_tokenizer("qwen2.5"), load_tokenizer("qwen2.5")
+    assert first.backend_tokenizer is not second.backend_tokenizer
+    copies = text_tokenizers(first.backend_tokenizer)
+    assert text_tokenizers(second.backend_tokenizer) is copies
+    assert not first.backend_tokenizer.encode_special_tokens and copies[0].encode_special_tokens
+    assert "<|endoftext|>" not in copies[0].encode("a <|endoftext|>").tokens  # text stays text
+    assert "<|endoftext|>" in first.backend_tokenizer.encode("a <|endoftext|>").tokens  # the tokenizer is untouched
+
+    llama = load_tokenizer("llama2")
+    assert Encoder(first, second).same and not Encoder(llama, first).same
+    second.add_tokens(["<vocagno_new>"])  # another content: copies of its own, which know the added token
+    assert text_tokenizers(second.backend_tokenizer) is not copies
+    assert "<vocagno_new>" in text_tokenizers(second.backend_tokenizer)[0].encode("x <vocagno_new>").tokens

@@ -297,8 +297,8 @@ class Encoder:
 
         self.student = text_tokenizers(student.backend_tokenizer)
         self.teacher = text_tokenizers(teacher.backend_tokenizer)
-        # One tokenizer on both sides (a Rho-1 reference model): tokenize once.
-        self.same = student.backend_tokenizer.to_str() == teacher.backend_tokenizer.to_str()
+        # One tokenizer on both sides (a Rho-1 reference model): tokenize once. The same content, the same copies.
+        self.same = self.student is self.teacher
         specials = {str(t) for tok in (student, teacher) for t in tok.added_tokens_decoder.values() if t.special}
         self._special = re.compile("|".join(map(re.escape, sorted(specials, key=len, reverse=True))))
 
