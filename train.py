@@ -32,6 +32,7 @@ from composer.utils import dist, format_name_with_dist, get_device, reproducibil
 from omegaconf import DictConfig  # noqa: E402
 from omegaconf import OmegaConf as om  # noqa: E402
 
+from vocagno.allocator import keep_freed_memory  # noqa: E402
 from vocagno.config import build_causal_lm, load_config  # noqa: E402
 from vocagno.data import clean_leaked_shared_memory, teacher_guided_loader  # noqa: E402
 from vocagno.fsdp import wrap_per_decoder_layer  # noqa: E402
@@ -242,6 +243,8 @@ def student_model(student: torch.nn.Module, tokenizer) -> HuggingFaceModel:
 
 
 def main(cfg: DictConfig) -> Trainer:
+    if not torch.cuda.is_available():  # the steps' logits and gradients reused, not faulted in again each step
+        keep_freed_memory()
     dist.initialize_dist(get_device(None), timeout=cfg.get("dist_timeout", 600))
     _signal_files_per_node()
     clean_leaked_shared_memory(dataset_locals(cfg))  # what a killed run left on them would refuse Streaming

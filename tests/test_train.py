@@ -345,22 +345,23 @@ def test_a_checkout_that_pip_never_installed_finds_vocagnos_algorithms(monkeypat
     assert type(algorithm).__name__ == "VocAgnoLM"
 
 
-def test_the_two_teacher_yaml_trains_with_both_and_ends_with_what_each_keeps(tmp_path):
-    """yamls/tiny_two_teachers.yaml on a CPU: the GSM8K teacher reads the shards' Mistral tokens, the MATH teacher's
-    DeepSeek tokens are made from the text; each step logs both teachers' shares of the kept tokens (combine: min:
-    they add up to 1) and forward times; the run ends with what each teacher keeps and the combination."""
-    result = run_train(tmp_path, "max_duration=12ba", "eval_interval=12ba", f"loggers.jsonl.path={tmp_path}/log.jsonl",
-                       "loggers.console={}", "console_log_interval=12ba", "selection_report.samples=24",
+def test_the_two_teacher_yaml_trains_with_both_and_ends_with_what_each_keeps(tiny_run, tmp_path):
+    """yamls/tiny_two_teachers.yaml on a CPU (on tiny.yaml's shards, its base's): the GSM8K teacher reads the shards'
+    Mistral tokens, the MATH teacher's DeepSeek tokens are made from the text; each step logs both teachers' shares of
+    the kept tokens (combine: min: they add up to 1) and forward times; the run ends with what each teacher keeps and
+    the combination."""
+    result = run_train(tiny_run[0], "max_duration=4ba", "eval_interval=4ba", f"loggers.jsonl.path={tmp_path}/log.jsonl",
+                       "loggers.console={}", "console_log_interval=4ba", "selection_report.samples=24",
                        yaml=str(REPO / "yamls" / "tiny_two_teachers.yaml"))
     steps = read_log(tmp_path / "log.jsonl")
     trained = [s for s in sorted(steps) if "loss/train/total" in steps[s]]  # logged with the step's loss
-    assert len(trained) == 12
+    assert len(trained) == 4
     for step in trained:
         shares = [steps[step][f"vocagno/teacher_share/{name}"] for name in ("math", "latex")]
         assert sum(shares) == pytest.approx(1) and all(0 <= share <= 1 for share in shares)
     assert sum(steps[step]["vocagno/teacher_share/latex"] for step in trained) > 0  # it gives some references
     assert all(steps[step][f"vocagno/teacher_forward_seconds/{n}"] > 0 for n in ("math", "latex") for step in
-               range(1, 13))
+               range(1, 5))
     output = result.stdout + result.stderr
     assert "what the teacher keeps:" in output and "math" in output and "latex" in output
 
@@ -406,3 +407,19 @@ def test_a_run_cleans_what_a_killed_run_left_in_shared_memory_and_not_what_a_liv
     assert _streaming_shm(live._shm_prefix_int) == held
     assert not left & _streaming_shm(int((tmp_path / "prefix").read_text()))
     assert next(iter(live))["student_ids"].shape == (128,)
+
+
+def test_a_cpu_run_keeps_the_large_blocks_its_steps_free_from_its_start(monkeypatch):
+    """vocagno.allocator on a CPU (tests/test_allocator.py shows what it changes): set before anything is built."""
+    import train
+
+    class Started(Exception):
+        pass
+
+    def kept():
+        raise Started
+
+    monkeypatch.setattr(train, "keep_freed_memory", kept)
+    monkeypatch.setattr(train.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(Started):
+        train.main(train.load_config(TINY, []))
