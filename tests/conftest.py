@@ -14,7 +14,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
     torch.set_num_threads(1)
 
+from vocagno.allocator import keep_freed_memory  # noqa: E402
 from vocagno.tokenization import ASSETS, SHIPPED_TOKENIZERS, load_tokenizer  # noqa: E402
+
+keep_freed_memory()  # the tests' in-process training and scoring, as a CPU run of train.py does
 
 
 # Seconds each file took under `pytest -n 2 --dist loadfile --durations=0` (2 cores, 2026-11-25), the slowest first:
