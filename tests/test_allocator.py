@@ -9,6 +9,7 @@ import pytest
 STEP = """
 import resource, sys, torch
 from vocagno.allocator import keep_freed_memory
+torch.set_num_threads(1)  # as in the test workers: with two, reuse varied more from run to run
 if sys.argv[1] == "kept":
     assert keep_freed_memory()
 def step():  # tiny.yaml's logits and their log-softmax: 8 x 128 x 32K floats each
@@ -32,4 +33,4 @@ def test_steps_after_the_first_fault_no_pages_in_once_freed_memory_is_kept():
         faults[mode] = int(result.stdout)
     pages = 2 * 8 * 128 * 32000 * 4 // resource.getpagesize()  # two 131 MB tensors a step
     assert faults["default"] > 5 * pages // 2, faults  # given back and faulted in again every step
-    assert faults["kept"] < faults["default"] // 4, faults  # mostly reused (0 to 1 step's worth seen)
+    assert faults["kept"] < faults["default"] // 3, faults  # mostly reused (0 to 1 step's worth seen in 10 runs)

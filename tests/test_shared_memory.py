@@ -188,12 +188,9 @@ def test_a_dataset_holds_only_its_own_shared_memory_and_lets_it_go_with_it(tmp_p
     # (every other dataset's on the machine, six files each) and its own. A process opening datasets one after the
     # other (an evaluation loop, a notebook, these tests) ran out of descriptors, and a long job pinned what dead jobs
     # left, which clean_leaked_shared_memory then takes for held.
-    from streaming.base.util import clean_stale_shared_memory
-
     from conversion import convert_dataset
     from helpers import first_documents
 
-    clean_stale_shared_memory()
     assert convert_dataset.main(["--input", str(first_documents(tmp_path, 8)), "--student-tokenizer", "llama2",
                                  "--teacher-tokenizer", "qwen2.5", "--seq-len", "64",
                                  "--out-root", str(tmp_path / "shards")]) == 0
@@ -211,3 +208,32 @@ def test_a_dataset_holds_only_its_own_shared_memory_and_lets_it_go_with_it(tmp_p
     assert not set(os.listdir("/dev/shm")) & set(seconds), "the second's memory is unlinked with it"
     del first
     assert shared_memory_held() == before
+
+
+def test_shared_memory_another_thread_opens_meanwhile_is_left_alone():
+    # Streaming's resumption state (a dataset's load_state_dict) made in another thread while a dataset is built is
+    # that thread's: taken for the build's and released, a resumed run would start over.
+    import threading
+
+    from streaming.base.shared.memory import SharedMemory
+
+    name = f"vocagno_test_{os.getpid()}_resume"
+    built, made = threading.Event(), []
+
+    def other_thread():
+        built.wait(30)
+        made.append(SharedMemory(name, create=True, size=64))
+        made[0].buf[:5] = b"state"
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    collected = []
+    with data.collecting_shared_memory(collected):
+        built.set()
+        thread.join(30)
+    try:
+        assert made and not collected
+        data._release_shared_memory(collected, os.getpid())
+        assert bytes(made[0].buf[:5]) == b"state" and os.path.exists(f"/dev/shm/{name}")  # still open, still there
+    finally:
+        made[0].cleanup()

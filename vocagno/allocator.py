@@ -30,4 +30,6 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, BLOCKS_KEPT_UP_TO)) and bool(mallopt(_M_TRIM_THRESHOLD, TOP_KEPT_UP_TO))
+    kept = [mallopt(option, value) for option, value in ((_M_MMAP_THRESHOLD, BLOCKS_KEPT_UP_TO),
+                                                          (_M_TRIM_THRESHOLD, TOP_KEPT_UP_TO))]
+    return all(kept)  # an older glibc refuses a threshold over 32 MB (and keeps its own)

@@ -26,6 +26,7 @@ import os
 import re
 import stat
 import tempfile
+import threading
 import time
 import warnings
 import weakref
@@ -123,29 +124,46 @@ def registering_shared_memory():
             os.close(lock)
 
 
+# collecting_shared_memory's: atexit.register replaced while any thread collects, each thread's own memories collected.
+_collecting = threading.local()
+_collecting_lock = threading.Lock()
+_collectors = 0
+_exit_register = atexit.register
+
+
 @contextmanager
 def collecting_shared_memory(collected: list):
-    """Streaming's shared memories opened inside, into ``collected`` instead of onto the exit's list.
+    """Streaming's shared memories this thread opens inside, into ``collected`` instead of onto the exit's list.
 
     Streaming keeps every shared memory it opens until the process exits (``atexit``): its own, and every other
     prefix its lookup walks past (each dataset's on the machine, six files each). A process opening datasets one after
     the other (an evaluation loop, a notebook, a test suite) ran out of descriptors, and a long job pinned the memory
-    dead jobs left, which ``clean_leaked_shared_memory`` then took for held."""
-    from streaming.base.shared.memory import SharedMemory
-
-    register = atexit.register
-
-    def collect(function, *args, **kwargs):
-        if isinstance(getattr(function, "__self__", None), SharedMemory) and not args and not kwargs:
-            collected.append(function.__self__)
-            return function
-        return register(function, *args, **kwargs)
-
-    atexit.register = collect
+    dead jobs left, which ``clean_leaked_shared_memory`` then took for held. Other threads' memories (another
+    dataset's resumption state) go to the exit's list as before."""
+    global _collectors
+    with _collecting_lock:
+        if _collectors == 0:
+            atexit.register = _collect
+        _collectors += 1
+    outer, _collecting.into = getattr(_collecting, "into", None), collected
     try:
         yield
     finally:
-        atexit.register = register
+        _collecting.into = outer
+        with _collecting_lock:
+            _collectors -= 1
+            if _collectors == 0:
+                atexit.register = _exit_register
+
+
+def _collect(function, *args, **kwargs):
+    from streaming.base.shared.memory import SharedMemory
+
+    into = getattr(_collecting, "into", None)
+    if into is not None and isinstance(getattr(function, "__self__", None), SharedMemory) and not args and not kwargs:
+        into.append(function.__self__)
+        return function
+    return _exit_register(function, *args, **kwargs)
 
 
 def _release_shared_memory(memories: list, owner_pid: int) -> None:
@@ -155,8 +173,8 @@ def _release_shared_memory(memories: list, owner_pid: int) -> None:
         for memory in memories:
             try:
                 memory.cleanup()
-            except BufferError:  # an array still views it: left to the exit, as Streaming would
-                atexit.register(memory.cleanup)
+            except Exception:  # an array still views it, or the system refused: left to the exit, as Streaming would
+                _exit_register(memory.cleanup)
 
 
 def clean_leaked_shared_memory(locals_: list[str], shm_dir: str = "/dev/shm") -> list[str]:
