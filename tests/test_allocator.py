@@ -18,7 +18,7 @@ def step():  # tiny.yaml's logits and their log-softmax: 8 x 128 x 32K floats ea
 for _ in range(3):  # the heap grows to its size
     step()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(5):
+for _ in range(10):
     step()
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
@@ -32,5 +32,6 @@ def test_steps_after_the_first_fault_no_pages_in_once_freed_memory_is_kept():
         assert result.returncode == 0, result.stderr[-2000:]
         faults[mode] = int(result.stdout)
     pages = 2 * 8 * 128 * 32000 * 4 // resource.getpagesize()  # two 131 MB tensors a step
-    assert faults["default"] > 5 * pages // 2, faults  # given back and faulted in again every step
-    assert faults["kept"] < faults["default"] // 3, faults  # mostly reused (0 to 1 step's worth seen in 10 runs)
+    assert faults["default"] > 10 * pages // 2, faults  # given back and faulted in again every step
+    # Mostly reused: at most 2 steps' worth of tensors faulted in again, in a CI run beside the other tests' processes.
+    assert faults["kept"] < faults["default"] // 3, faults
