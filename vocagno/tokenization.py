@@ -164,10 +164,12 @@ def text_tokenizers(backend) -> tuple:
 
     The same copies for the same tokenizer content, made once a process: copying a 151K vocabulary's tokenizer took
     about a second and a half, and every conversion, part and ``Encoder`` asked again. They are only encoded with."""
+    from tokenizers import Tokenizer
+
     spec = backend.to_str()
     made = _TEXT_TOKENIZERS.pop(spec, None)
     if made is None:
-        plain = copy.deepcopy(backend)
+        plain = Tokenizer.from_str(spec)  # the copy, from the serialization the key already made
         plain.encode_special_tokens = True
         continuing = without_dummy_prefix(backend)
         if continuing is not None:
