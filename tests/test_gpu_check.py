@@ -1,9 +1,13 @@
 """benchmarks/gpu_check.py without a GPU: its dry run writes the report, every step's status and every goal."""
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -40,6 +44,99 @@ def test_a_failing_step_is_reported_and_the_others_still_run(tmp_path):
     assert late["status"] == "failed (past its 1 s)"
     verdict = gpu_check.judge({"gpu_tests": broken})[0]
     assert verdict["value"] == 2 and verdict["met"] is False
+
+
+def test_a_step_past_its_time_goes_with_every_process_it_started(tmp_path):
+    """As a launcher past its time: its ranks must not outlive it, holding a GPU the next step needs."""
+    pid_file = tmp_path / "rank.pid"
+    launcher = ("import subprocess, sys, time; "
+                "rank = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+                f"open({str(pid_file)!r}, 'w').write(str(rank.pid)); time.sleep(60)")
+    (tmp_path / "logs").mkdir()
+    late = gpu_check.run_step({"name": "launcher", "command": [sys.executable, "-c", launcher], "timeout": 3,
+                               "parse": gpu_check.pytest_counts}, tmp_path / "logs")
+    assert late["status"] == "failed (past its 3 s)"
+    rank = int(pid_file.read_text())
+    for _ in range(50):  # killed at once; the kernel may take a moment to reap it
+        if not _alive(rank):
+            break
+        time.sleep(0.1)
+    assert not _alive(rank), f"the launcher's child {rank} outlived the step"
+
+
+def test_a_check_ended_by_sigterm_ends_the_step_it_runs_and_keeps_the_report_of_those_before(tmp_path):
+    """`timeout 560 python benchmarks/gpu_check.py ...` on a machine lent for minutes: when it strikes, the running
+    step's launcher and ranks go too (they run in a session of their own), and the finished steps are reported."""
+    pid_file = tmp_path / "rank.pid"
+    launcher = ("import subprocess, sys, time; "
+                "rank = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+                f"open({str(pid_file)!r}, 'w').write(str(rank.pid)); time.sleep(60)")
+    script = tmp_path / "check.py"
+    script.write_text(
+        f"import runpy, sys\nsys.path.insert(0, {str(REPO / 'benchmarks')!r})\nimport gpu_check\n"
+        "gpu_check.steps = lambda *args: [\n"
+        "    {'name': 'gpu_tests', 'command': [sys.executable, '-c', 'print(\"4 passed\")'], 'timeout': 60,\n"
+        "     'parse': gpu_check.pytest_counts},\n"
+        f"    {{'name': 'bench_paper', 'command': [sys.executable, '-c', {launcher!r}], 'timeout': 60,\n"
+        "     'parse': gpu_check.bench_figures}]\n"
+        "gpu_check.exit_on_sigterm()\n"
+        f"sys.exit(gpu_check.main(['--dry-run', '--out', {str(tmp_path / 'report')!r}]))\n")
+    check = subprocess.Popen([sys.executable, str(script)], cwd=REPO)
+    for _ in range(300):
+        if pid_file.exists() and pid_file.read_text():
+            break
+        time.sleep(0.1)
+    check.send_signal(signal.SIGTERM)
+    assert check.wait(timeout=30) == 128 + signal.SIGTERM
+    rank = int(pid_file.read_text())
+    for _ in range(50):
+        if not _alive(rank):
+            break
+        time.sleep(0.1)
+    assert not _alive(rank), f"the step's rank {rank} outlived the check"
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert list(report["steps"]) == ["gpu_tests"] and "1 step(s) not run yet" in report["header"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"  # a zombie is dead, waiting for init to reap it
+
+
+def test_only_runs_the_steps_it_names_in_its_order_and_refuses_a_name_that_is_no_step(tmp_path):
+    steps = gpu_check.steps(sys.executable, 1, tmp_path, dry=False)
+    chosen = gpu_check.chosen_steps(steps, "bench_paper,gpu_tests")
+    assert [step["name"] for step in chosen] == ["bench_paper", "gpu_tests"]
+    assert [step["name"] for step in gpu_check.chosen_steps(steps, None)] == [step["name"] for step in steps]
+    with pytest.raises(SystemExit, match="--only names no step 'bench-paper'; the steps: gpu_tests, bench_tiny"):
+        gpu_check.chosen_steps(steps, "bench-paper,gpu_tests")
+
+
+def test_the_report_holds_each_finished_step_when_the_check_is_stopped_before_the_next(tmp_path, monkeypatch):
+    """A machine's time may end mid-check: what ran by then is in report.md and report.json."""
+    quick = {"name": "gpu_tests", "command": [sys.executable, "-c", "print('4 passed')"], "timeout": 60,
+             "parse": gpu_check.pytest_counts}
+    stopped = {"name": "bench_paper", "command": [sys.executable, "-c", "pass"], "timeout": 60,
+               "parse": gpu_check.bench_figures}
+    monkeypatch.setattr(gpu_check, "steps", lambda *args: [quick, stopped])
+    monkeypatch.setattr(gpu_check, "run_step", _stopping_after(gpu_check.run_step, "bench_paper"))
+    with pytest.raises(KeyboardInterrupt):
+        gpu_check.main(["--dry-run", "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["steps"]["gpu_tests"]["figures"] == {"passed": 4, "failed": 0, "skipped": 0}
+    assert "bench_paper" not in report["steps"] and "1 step(s) not run yet" in report["header"]
+    assert "| gpu_tests | ok | " in (tmp_path / "report.md").read_text()
+
+
+def _stopping_after(run_step, name):
+    def run(step, logs):
+        if step["name"] == name:
+            raise KeyboardInterrupt  # the check stopped from outside while this step ran
+        return run_step(step, logs)
+    return run
 
 
 def test_the_sharded_step_reads_the_resumed_losses_against_the_straight_run_and_the_three_bits_per_byte(tmp_path):
