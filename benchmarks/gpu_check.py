@@ -19,8 +19,9 @@ reported as such and the others still run:
 5. ``miniature``: ``experiments/miniature.py --size gpu`` (its table: held-out bits per byte per method).
 
 Goals, each beside its figure in the report: ``microbatch`` overhead (guided / (plain + teacher forward)) at most
-1.10 and cached steps at most 1.05 x plain (paper preset); plain MFU at least 40%; the gpu tests passing. Sized for at
-most 25 minutes on one H100. Where Composer is missing (the GPU image of ``../shared/gpu/README.md``), the wheels in
+1.10 and cached steps at most 1.05 x plain (paper preset); plain MFU at least 40%; the gpu tests passing. On one H200,
+``--only bench_paper,fsdp_all_gpus,sharded_resume_export,gpu_tests`` took 347 s (72 + 74 + 169 + 42); the miniature
+alone runs for longer than a 15-minute lease. The report is rewritten after every step. Where Composer is missing (the GPU image of ``../shared/gpu/README.md``), the wheels in
 ``.whl/`` (``../shared/gpu/fetch-wheels.sh``) are installed into ``/tmp/site`` first, from no registry.
 """
 

@@ -36,3 +36,26 @@ def test_every_random_init_model_of_a_run_and_of_its_scoring_pass_is_built_on_th
         score.Teacher.from_config(cfg, "bench")
     train.build_causal_lm(section, 300)
     assert devices == ["meta", "meta", "cpu"]  # inside it, and only there
+
+
+def test_a_finished_run_is_let_go_before_the_next_one():
+    """A finished Trainer stays in reference cycles until the garbage collector's full pass: on a GPU, every run
+    before would hold its models (the paper preset ran out of memory at its fifth run)."""
+    import weakref
+
+    from composer import Trainer
+    from composer.models import HuggingFaceModel
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def finished_run():
+        student = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
+                                               num_hidden_layers=1, num_attention_heads=2))
+        batches = [{"input_ids": torch.randint(0, 64, (2, 8)), "labels": torch.randint(0, 64, (2, 8))}]
+        Trainer(model=HuggingFaceModel(student), train_dataloader=batches, max_duration="1ba",
+                device_train_microbatch_size=2, loggers=[], progress_bar=False).fit()
+        return weakref.ref(student)
+
+    student = finished_run()
+    assert student() is not None  # dropped, yet held: what bench_step's runs must not leave
+    bench_step.free_earlier_runs()
+    assert student() is None
