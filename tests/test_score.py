@@ -225,3 +225,18 @@ def test_a_yamls_config_built_teacher_scores_what_its_training_run_would_use(sco
             algorithm = next(a for a in trainer.state.algorithms if isinstance(a, VocAgnoLM))
             assert algorithm.scorer is None and algorithm.options["aggregation"] == aggregation
             assert int(trainer.state.timestamp.batch) == 2
+
+
+def test_scoring_on_a_cpu_keeps_the_blocks_it_frees_for_the_next_batch(scored, tmp_path, monkeypatch):
+    """vocagno.allocator, as train.py on a CPU: the teacher's logits and log-softmax reused, not faulted in again."""
+    class Kept(Exception):
+        pass
+
+    def kept():
+        raise Kept
+
+    monkeypatch.setattr(score, "keep_freed_memory", kept)
+    with pytest.raises(Kept):
+        score.main(["--shards", str(scored / "shards"), "--teacher", str(scored / "teacher"), "--out",
+                    str(tmp_path / "scored"), "--dtype", "float32", "--device", "cpu"])
+    assert not (tmp_path / "scored").exists()  # set before the first batch

@@ -50,6 +50,7 @@ import torch
 from tqdm import tqdm
 
 from vocagno.algorithm import TeacherScorer, load_teacher, weights_fingerprint
+from vocagno.allocator import keep_freed_memory
 from vocagno.output import (
     PART_STATS, OwnedLock, Output, all_jobs_done, check_or_write_settings, job_marker, merge_once, publish_dataset,
     unfinished_parts,
@@ -391,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
         chosen = Teacher(load_teacher(args.teacher, args.dtype), args.teacher, args.dtype, args.chunk_size, tokenizer,
                          args.name)
     device = args.device or (f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":  # the teacher's logits and log-softmax reused, not faulted in again each batch
+        keep_freed_memory()
     rank, world = rank_and_world()
     try:
         samples = score(args.shards, Output(args.out, args.local_root), chosen, device, args.batch_tokens, rank, world)

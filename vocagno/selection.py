@@ -75,6 +75,7 @@ import torch
 from tqdm import tqdm
 
 from vocagno.alignment import check_alignment, chunk_align
+from vocagno.allocator import keep_freed_memory
 from vocagno.canaries import CLEAN, NOISE, Canaries, clean_documents, mix, pack
 from vocagno.loss import (check_options, excess_loss, next_token_cross_entropy, reference_loss, select_random,
                           select_top)
@@ -791,6 +792,8 @@ def _main(args: argparse.Namespace) -> Report | None:
     except (ValueError, OSError, KeyError, RuntimeError, pickle.UnpicklingError) as error:
         raise BadInput(f"{error.__class__.__name__}: {str(error).splitlines()[0] if str(error) else ''}") from error
     device = args.device or (f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":  # the models' logits and log-softmax reused, not faulted in again each batch
+        keep_freed_memory()
     return run({name: str(folder) for name, folder in sources.items()}, chosen, settings, student=student,
                student_name=student_name, samples=args.samples, canaries=args.canaries or 0.0, noise=noise,
                seed=args.seed, device=device, work=args.work,
