@@ -19,9 +19,10 @@ reported as such and the others still run:
 5. ``miniature``: ``experiments/miniature.py --size gpu`` (its table: held-out bits per byte per method).
 
 Goals, each beside its figure in the report: ``microbatch`` overhead (guided / (plain + teacher forward)) at most
-1.10 and cached steps at most 1.05 x plain (paper preset); plain MFU at least 40%; the gpu tests passing. On one H200,
-``--only bench_paper,fsdp_all_gpus,sharded_resume_export,gpu_tests`` took 347 s (72 + 74 + 169 + 42); the miniature
-alone runs for longer than a 15-minute lease. The report is rewritten after every step. Where Composer is missing (the GPU image of ``../shared/gpu/README.md``), the wheels in
+1.10 and cached steps at most 1.05 x plain (paper preset); plain MFU at least 40%; the gpu tests passing. On one H200:
+bench_paper 72 s, fsdp_all_gpus 74 s, sharded_resume_export 169 s, gpu_tests 42 s; the miniature alone runs for longer
+than a 15-minute lease. With one GPU, Composer's FSDP falls back to NO_SHARD: steps 3 and 4 shard nothing there. The
+report is rewritten after every step. Where Composer is missing (the GPU image of ``../shared/gpu/README.md``), the wheels in
 ``.whl/`` (``../shared/gpu/fetch-wheels.sh``) are installed into ``/tmp/site`` first, from no registry.
 """
 
@@ -95,7 +96,10 @@ def steps(python: str, gpus: int, out: Path, dry: bool) -> list[dict]:
 def gpu_test_files() -> list[str]:
     """The test files that hold ``gpu`` tests: collecting the others would import what a GPU image may lack (moto,
     boto3, datasets, llm-foundry), and their collection errors would count as failed gpu tests."""
-    return [str(path) for path in sorted((REPO / "tests").glob("test_*.py")) if "@pytest.mark.gpu" in path.read_text()]
+    files = [str(path) for path in sorted((REPO / "tests").glob("test_*.py")) if "pytest.mark.gpu" in path.read_text()]
+    if not files:  # pytest given no file would collect the whole suite
+        raise SystemExit("error: no file under tests/ marks a test pytest.mark.gpu")
+    return files
 
 
 # What each step's output says: figures by name.
@@ -190,47 +194,73 @@ GOALS = [
 
 def chosen_steps(all_steps: list[dict], only: str | None) -> list[dict]:
     """The steps ``--only`` names, in its order (the most wanted first, where a machine's time may run out); all of
-    them without it. A name that is no step is refused."""
+    them without it. A name that is no step, or named twice, is refused."""
     if not only:
         return all_steps
-    by_name = {step["name"]: step for step in all_steps}
-    unknown = [name for name in only.split(",") if name not in by_name]
+    by_name, names = {step["name"]: step for step in all_steps}, only.split(",")
+    unknown = [name for name in names if name not in by_name]
     if unknown:
         raise SystemExit(f"error: --only names no step {', '.join(map(repr, unknown))}; the steps: {', '.join(by_name)}")
-    return [by_name[name] for name in only.split(",")]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise SystemExit(f"error: --only names {', '.join(map(repr, twice))} twice")
+    return [by_name[name] for name in names]
+
+
+class Stopped(Exception):
+    """The check was stopped (SIGTERM, Ctrl-C) during a step: what that step had done by then, and why it stopped."""
+
+    def __init__(self, result: dict, cause: BaseException):
+        super().__init__(result["status"])
+        self.result, self.cause = result, cause
 
 
 def run_step(step: dict, logs: Path) -> dict:
-    """Run a step's command (or commands, in turn, up to the first that fails) within its time; parse its output."""
+    """Run a step's command (or commands, in turn, up to the first that fails) within its time, its output written to
+    ``logs/STEP.log`` as it comes; parse that. Stopped from outside, it raises ``Stopped`` with what the step had
+    printed by then (parsed too)."""
     commands = step.get("commands") or [step["command"]]
     if commands == [None]:
         return {"status": "skipped", "why": step["why"], "figures": {}}
-    begin, output, status = time.perf_counter(), "", "ok"
-    for command in commands:
-        left = step["timeout"] - (time.perf_counter() - begin)
-        # A session of its own: past its time, the command goes with everything it started (a launcher's ranks too),
-        # so no rank is left holding a GPU for the next step.
-        process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
-        try:
-            output += process.communicate(timeout=max(left, 1))[0]
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            output += process.communicate()[0]
-            status = f"failed (past its {step['timeout']} s)"
-            break
-        except BaseException:  # the check itself stopped (SIGTERM, Ctrl-C): its step goes with it
-            os.killpg(process.pid, signal.SIGKILL)
-            raise
-        if process.returncode != 0:
-            status = f"failed (exit {process.returncode})"
-            break
-    (logs / f"{step['name']}.log").write_text(output)
+    begin, status, stopped = time.perf_counter(), "ok", None
+    log = logs / f"{step['name']}.log"
+    with open(log, "w") as out:
+        for command in commands:
+            left = step["timeout"] - (time.perf_counter() - begin)
+            # A session of its own, ended whole when the command ends, runs past its time or the check stops:
+            # nothing it started (a launcher's ranks) is left holding a GPU for the next step.
+            process = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                       env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+            try:
+                process.wait(timeout=max(left, 1))
+            except subprocess.TimeoutExpired:
+                status = f"failed (past its {step['timeout']} s)"
+            except BaseException as error:  # SIGTERM (exit_on_sigterm) or Ctrl-C
+                status, stopped = "stopped (the check was ended during this step)", error
+            finally:
+                _end_session(process.pid)
+                process.wait()
+            if status == "ok" and process.returncode != 0:
+                status = f"failed (exit {process.returncode})"
+            if status != "ok":
+                break
+    output = log.read_text(errors="replace")
     try:
         figures = step["parse"](output)
     except (ValueError, KeyError) as error:
         figures, status = {}, f"{status}; its output could not be read ({error})"
-    return {"status": status, "seconds": round(time.perf_counter() - begin, 1), "figures": figures}
+    result = {"status": status, "seconds": round(time.perf_counter() - begin, 1), "figures": figures}
+    if stopped is not None:
+        raise Stopped(result, stopped)
+    return result
+
+
+def _end_session(pid: int) -> None:
+    """SIGKILL every process left in the session a step's command leads (none, where it ended alone and whole)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def judge(results: dict) -> list[dict]:
@@ -300,14 +330,20 @@ def main(argv: list[str] | None = None) -> int:
     begin, results = time.perf_counter(), {}
     for step in chosen:
         print(f"{step['name']} ...", flush=True)
-        results[step["name"]] = run_step(step, out / "logs")
+        stop = None
+        try:
+            results[step["name"]] = run_step(step, out / "logs")
+        except Stopped as stopped:
+            results[step["name"]], stop = stopped.result, stopped
         print(f"{step['name']}: {results[step['name']]['status']}", flush=True)
-        # After every step: a check stopped from outside (a machine's time running out) keeps the steps it finished.
+        # After every step: a check stopped from outside (a machine's time running out) keeps what it had done.
         left = len(chosen) - len(results)
         header = (f"{device} x {gpus}; torch {torch.__version__}; {time.perf_counter() - begin:.0f} s in all"
                   f"{f'; {left} step(s) not run yet' if left else ''}"
                   f"{'; dry run: CPU smoke, no figure is a GPU figure' if args.dry_run else ''}.")
         write_report(out, results, header)
+        if stop is not None:
+            raise stop.cause
     print(f"wrote {out / 'report.md'} and report.json")
     return 1 if any(not r["status"].startswith(("ok", "skipped")) for r in results.values()) else 0
 

@@ -3,6 +3,7 @@
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from omegaconf import OmegaConf
 
@@ -38,7 +39,7 @@ def test_every_random_init_model_of_a_run_and_of_its_scoring_pass_is_built_on_th
     assert devices == ["meta", "meta", "cpu"]  # inside it, and only there
 
 
-def test_a_finished_run_is_let_go_before_the_next_one():
+def test_a_finished_run_is_let_go_before_the_next_one(monkeypatch):
     """A finished Trainer stays in reference cycles until the garbage collector's full pass: on a GPU, every run
     before would hold its models (the paper preset ran out of memory at its fifth run)."""
     import weakref
@@ -59,3 +60,14 @@ def test_a_finished_run_is_let_go_before_the_next_one():
     assert student() is not None  # dropped, yet held: what bench_step's runs must not leave
     bench_step.free_earlier_runs()
     assert student() is None
+
+    class Freed(Exception):
+        pass
+
+    def freed():
+        raise Freed
+
+    monkeypatch.setattr(bench_step, "free_earlier_runs", freed)
+    for first_thing_of in (lambda: bench_step.run(None, True, "batch", 1), lambda: bench_step.score_once(None, "", "")):
+        with pytest.raises(Freed):  # before it builds anything
+            first_thing_of()

@@ -64,12 +64,13 @@ def test_a_step_past_its_time_goes_with_every_process_it_started(tmp_path):
     assert not _alive(rank), f"the launcher's child {rank} outlived the step"
 
 
-def test_a_check_ended_by_sigterm_ends_the_step_it_runs_and_keeps_the_report_of_those_before(tmp_path):
+def test_a_check_ended_by_sigterm_ends_the_step_it_runs_and_reports_what_it_and_those_before_did(tmp_path):
     """`timeout 560 python benchmarks/gpu_check.py ...` on a machine lent for minutes: when it strikes, the running
     step's launcher and ranks go too (they run in a session of their own), and the finished steps are reported."""
     pid_file = tmp_path / "rank.pid"
     launcher = ("import subprocess, sys, time; "
                 "rank = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+                "print('{\"selection_scope\": \"batch\", \"plain_step_s\": 0.2}', flush=True); "
                 f"open({str(pid_file)!r}, 'w').write(str(rank.pid)); time.sleep(60)")
     script = tmp_path / "check.py"
     script.write_text(
@@ -95,7 +96,29 @@ def test_a_check_ended_by_sigterm_ends_the_step_it_runs_and_keeps_the_report_of_
         time.sleep(0.1)
     assert not _alive(rank), f"the step's rank {rank} outlived the check"
     report = json.loads((tmp_path / "report" / "report.json").read_text())
-    assert list(report["steps"]) == ["gpu_tests"] and "1 step(s) not run yet" in report["header"]
+    assert list(report["steps"]) == ["gpu_tests", "bench_paper"]
+    stopped = report["steps"]["bench_paper"]  # what it had printed by then: its log and its figures
+    assert stopped["status"] == "stopped (the check was ended during this step)"
+    assert stopped["figures"] == {"plain_step_s": 0.2}
+    assert "plain_step_s" in (tmp_path / "report" / "logs" / "bench_paper.log").read_text()
+
+
+def test_a_step_that_ends_takes_what_it_left_running_with_it(tmp_path):
+    """A launcher that exits while a rank of its still runs: the rank goes with the step, not on into the next."""
+    pid_file = tmp_path / "rank.pid"
+    launcher = ("import subprocess, sys; "
+                "rank = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+                f"open({str(pid_file)!r}, 'w').write(str(rank.pid)); print('4 passed')")
+    (tmp_path / "logs").mkdir()
+    done = gpu_check.run_step({"name": "launcher", "command": [sys.executable, "-c", launcher], "timeout": 60,
+                               "parse": gpu_check.pytest_counts}, tmp_path / "logs")
+    assert done["status"] == "ok" and done["figures"]["passed"] == 4
+    rank = int(pid_file.read_text())
+    for _ in range(50):
+        if not _alive(rank):
+            break
+        time.sleep(0.1)
+    assert not _alive(rank), f"the launcher's child {rank} outlived the step"
 
 
 def _alive(pid: int) -> bool:
@@ -106,13 +129,15 @@ def _alive(pid: int) -> bool:
     return state != "Z"  # a zombie is dead, waiting for init to reap it
 
 
-def test_only_runs_the_steps_it_names_in_its_order_and_refuses_a_name_that_is_no_step(tmp_path):
+def test_only_runs_the_steps_it_names_in_its_order_and_refuses_a_name_that_is_no_step_or_twice(tmp_path):
     steps = gpu_check.steps(sys.executable, 1, tmp_path, dry=False)
     chosen = gpu_check.chosen_steps(steps, "bench_paper,gpu_tests")
     assert [step["name"] for step in chosen] == ["bench_paper", "gpu_tests"]
     assert [step["name"] for step in gpu_check.chosen_steps(steps, None)] == [step["name"] for step in steps]
     with pytest.raises(SystemExit, match="--only names no step 'bench-paper'; the steps: gpu_tests, bench_tiny"):
         gpu_check.chosen_steps(steps, "bench-paper,gpu_tests")
+    with pytest.raises(SystemExit, match="--only names 'gpu_tests' twice"):
+        gpu_check.chosen_steps(steps, "gpu_tests,bench_paper,gpu_tests")
 
 
 def test_the_report_holds_each_finished_step_when_the_check_is_stopped_before_the_next(tmp_path, monkeypatch):
