@@ -20,15 +20,17 @@ from vocagno.tokenization import ASSETS, SHIPPED_TOKENIZERS, load_tokenizer  # n
 keep_freed_memory()  # the tests' in-process training and scoring, as a CPU run of train.py does
 
 
-# Seconds each file took under `pytest -n 2 --dist loadfile --durations=0` (2 cores, 2026-11-25), the slowest first:
-# the workers take files in this order, so the long ones start at once and the short ones fill the end (longest
-# first). A file not listed goes last; update the figures when a file's time changes much.
+# Seconds each file took under `pytest -n 2 --dist loadfile --durations=0` (2 cores, 2026-11-26, with pytest-randomly;
+# test_train.py's refusals since moved in-process, about 140 s less), the slowest first: the workers take files in this
+# order, so the long ones start at once and the short ones fill the end (longest first). A file not listed goes last;
+# update the figures when a file's time changes much.
 FILE_SECONDS = {
-    "test_multinode.py": 579, "test_train.py": 432, "test_distributed.py": 384, "test_conversion.py": 351,
-    "test_export.py": 317, "test_selection_teachers.py": 191, "test_s3.py": 178, "test_score.py": 172,
-    "test_teachers.py": 160, "test_miniature.py": 158, "test_algorithm.py": 96, "test_llmfoundry.py": 80,
-    "test_mixtures.py": 69, "test_selection.py": 60, "test_gpu_check.py": 51, "test_teacher_side.py": 38,
-    "test_eval.py": 30, "test_latex_teacher.py": 25, "test_untrusted.py": 24, "test_cli.py": 19,
+    "test_distributed.py": 719, "test_train.py": 655, "test_multinode.py": 648, "test_export.py": 556,
+    "test_conversion.py": 490, "test_teachers.py": 216, "test_selection_teachers.py": 205, "test_score.py": 169,
+    "test_s3.py": 111, "test_llmfoundry.py": 106, "test_algorithm.py": 85, "test_mixtures.py": 74,
+    "test_gpu_check.py": 73, "test_miniature.py": 71, "test_selection.py": 67, "test_alignment_real.py": 37,
+    "test_eval.py": 28, "test_untrusted.py": 20, "test_teacher_side.py": 20, "test_cli.py": 20, "test_allocator.py": 15,
+    "test_launch.py": 12,
 }
 
 

@@ -426,3 +426,23 @@ def test_a_cpu_run_keeps_the_large_blocks_its_steps_free_from_its_start(monkeypa
     monkeypatch.setattr(train.torch.cuda, "is_available", lambda: False)
     with pytest.raises(Started):
         train.main(train.load_config(TINY, []))
+
+
+def test_a_run_names_its_cpu_for_composer_without_a_subprocess(tiny_run, monkeypatch):
+    """Composer records the CPU model in checkpoints through py-cpuinfo, a Python subprocess on every rank (about
+    1.2 s of CPU): a run reads the same name from /proc/cpuinfo."""
+    import subprocess as processes
+
+    import cpuinfo
+    from composer.utils import collect_env
+
+    name = cpuinfo.get_cpu_info()["brand_raw"]
+    monkeypatch.setattr(collect_env, "get_cpu_model", collect_env.get_cpu_model)  # as it was, after this test
+    collect_env.get_cpu_model.cache_clear()  # not asked yet in this process, whatever ran in it before
+    refusal(tiny_run[0], "tokenizer.name=mistral")  # train.main as far as its shards' check
+
+    def no_subprocess(*args, **kwargs):
+        raise AssertionError(f"a subprocess: {args}")
+
+    monkeypatch.setattr(processes, "Popen", no_subprocess)
+    assert collect_env.get_cpu_model() == name
