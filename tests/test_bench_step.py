@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import Reached, reached
 from omegaconf import OmegaConf
 
 REPO = Path(__file__).resolve().parent.parent
@@ -61,13 +62,7 @@ def test_a_finished_run_is_let_go_before_the_next_one(monkeypatch):
     bench_step.free_earlier_runs()
     assert student() is None
 
-    class Freed(Exception):
-        pass
-
-    def freed():
-        raise Freed
-
-    monkeypatch.setattr(bench_step, "free_earlier_runs", freed)
+    monkeypatch.setattr(bench_step, "free_earlier_runs", reached)
     for first_thing_of in (lambda: bench_step.run(None, True, "batch", 1), lambda: bench_step.score_once(None, "", "")):
-        with pytest.raises(Freed):  # before it builds anything
+        with pytest.raises(Reached):  # before it builds anything
             first_thing_of()

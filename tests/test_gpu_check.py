@@ -49,36 +49,26 @@ def test_a_failing_step_is_reported_and_the_others_still_run(tmp_path):
 def test_a_step_past_its_time_goes_with_every_process_it_started(tmp_path):
     """As a launcher past its time: its ranks must not outlive it, holding a GPU the next step needs."""
     pid_file = tmp_path / "rank.pid"
-    launcher = ("import subprocess, sys, time; "
-                "rank = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-                f"open({str(pid_file)!r}, 'w').write(str(rank.pid)); time.sleep(60)")
     (tmp_path / "logs").mkdir()
-    late = gpu_check.run_step({"name": "launcher", "command": [sys.executable, "-c", launcher], "timeout": 3,
-                               "parse": gpu_check.pytest_counts}, tmp_path / "logs")
+    late = gpu_check.run_step({"name": "launcher", "command": launcher(pid_file, then="time.sleep(60)"),
+                               "timeout": 3, "parse": gpu_check.pytest_counts}, tmp_path / "logs")
     assert late["status"] == "failed (past its 3 s)"
-    rank = int(pid_file.read_text())
-    for _ in range(50):  # killed at once; the kernel may take a moment to reap it
-        if not _alive(rank):
-            break
-        time.sleep(0.1)
-    assert not _alive(rank), f"the launcher's child {rank} outlived the step"
+    assert_rank_gone(pid_file)
 
 
 def test_a_check_ended_by_sigterm_ends_the_step_it_runs_and_reports_what_it_and_those_before_did(tmp_path):
     """`timeout 560 python benchmarks/gpu_check.py ...` on a machine lent for minutes: when it strikes, the running
     step's launcher and ranks go too (they run in a session of their own), and the finished steps are reported."""
     pid_file = tmp_path / "rank.pid"
-    launcher = ("import subprocess, sys, time; "
-                "rank = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-                "print('{\"selection_scope\": \"batch\", \"plain_step_s\": 0.2}', flush=True); "
-                f"open({str(pid_file)!r}, 'w').write(str(rank.pid)); time.sleep(60)")
+    stopping = launcher(pid_file, first="print('{\"selection_scope\": \"batch\", \"plain_step_s\": 0.2}')",
+                        then="time.sleep(60)")
     script = tmp_path / "check.py"
     script.write_text(
         f"import runpy, sys\nsys.path.insert(0, {str(REPO / 'benchmarks')!r})\nimport gpu_check\n"
         "gpu_check.steps = lambda *args: [\n"
         "    {'name': 'gpu_tests', 'command': [sys.executable, '-c', 'print(\"4 passed\")'], 'timeout': 60,\n"
         "     'parse': gpu_check.pytest_counts},\n"
-        f"    {{'name': 'bench_paper', 'command': [sys.executable, '-c', {launcher!r}], 'timeout': 60,\n"
+        f"    {{'name': 'bench_paper', 'command': {stopping!r}, 'timeout': 60,\n"
         "     'parse': gpu_check.bench_figures}]\n"
         "gpu_check.exit_on_sigterm()\n"
         f"sys.exit(gpu_check.main(['--dry-run', '--out', {str(tmp_path / 'report')!r}]))\n")
@@ -89,12 +79,7 @@ def test_a_check_ended_by_sigterm_ends_the_step_it_runs_and_reports_what_it_and_
         time.sleep(0.1)
     check.send_signal(signal.SIGTERM)
     assert check.wait(timeout=30) == 128 + signal.SIGTERM
-    rank = int(pid_file.read_text())
-    for _ in range(50):
-        if not _alive(rank):
-            break
-        time.sleep(0.1)
-    assert not _alive(rank), f"the step's rank {rank} outlived the check"
+    assert_rank_gone(pid_file)
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert list(report["steps"]) == ["gpu_tests", "bench_paper"]
     stopped = report["steps"]["bench_paper"]  # what it had printed by then: its log and its figures
@@ -106,19 +91,28 @@ def test_a_check_ended_by_sigterm_ends_the_step_it_runs_and_reports_what_it_and_
 def test_a_step_that_ends_takes_what_it_left_running_with_it(tmp_path):
     """A launcher that exits while a rank of its still runs: the rank goes with the step, not on into the next."""
     pid_file = tmp_path / "rank.pid"
-    launcher = ("import subprocess, sys; "
-                "rank = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-                f"open({str(pid_file)!r}, 'w').write(str(rank.pid)); print('4 passed')")
     (tmp_path / "logs").mkdir()
-    done = gpu_check.run_step({"name": "launcher", "command": [sys.executable, "-c", launcher], "timeout": 60,
-                               "parse": gpu_check.pytest_counts}, tmp_path / "logs")
+    done = gpu_check.run_step({"name": "launcher", "command": launcher(pid_file, then="print('4 passed')"),
+                               "timeout": 60, "parse": gpu_check.pytest_counts}, tmp_path / "logs")
     assert done["status"] == "ok" and done["figures"]["passed"] == 4
+    assert_rank_gone(pid_file)
+
+
+def launcher(pid_file: Path, then: str, first: str = "pass") -> list[str]:
+    """A launcher's command: ``first``, then it starts a rank that sleeps a minute, writes the rank's pid to
+    ``pid_file`` and goes on with ``then``."""
+    return [sys.executable, "-c", f"import subprocess, sys, time; {first}; sys.stdout.flush(); "
+            "rank = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            f"open({str(pid_file)!r}, 'w').write(str(rank.pid)); {then}"]
+
+
+def assert_rank_gone(pid_file: Path) -> None:
     rank = int(pid_file.read_text())
-    for _ in range(50):
+    for _ in range(50):  # killed at once; the kernel may take a moment to reap it
         if not _alive(rank):
             break
         time.sleep(0.1)
-    assert not _alive(rank), f"the launcher's child {rank} outlived the step"
+    assert not _alive(rank), f"the launcher's rank {rank} outlived its step"
 
 
 def _alive(pid: int) -> bool:

@@ -14,6 +14,7 @@ import pytest
 import torch
 from composer import Trainer
 from composer.models import HuggingFaceModel
+from helpers import Reached, reached
 from torch.utils.data import DataLoader
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
@@ -229,14 +230,8 @@ def test_a_yamls_config_built_teacher_scores_what_its_training_run_would_use(sco
 
 def test_scoring_on_a_cpu_keeps_the_blocks_it_frees_for_the_next_batch(scored, tmp_path, monkeypatch):
     """vocagno.allocator, as train.py on a CPU: the teacher's logits and log-softmax reused, not faulted in again."""
-    class Kept(Exception):
-        pass
-
-    def kept():
-        raise Kept
-
-    monkeypatch.setattr(score, "keep_freed_memory", kept)
-    with pytest.raises(Kept):
+    monkeypatch.setattr(score, "keep_freed_memory", reached)
+    with pytest.raises(Reached):
         score.main(["--shards", str(scored / "shards"), "--teacher", str(scored / "teacher"), "--out",
                     str(tmp_path / "scored"), "--dtype", "float32", "--device", "cpu"])
     assert not (tmp_path / "scored").exists()  # set before the first batch

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import Reached, reached
 
 from conversion import convert_dataset
 from vocagno import selection
@@ -276,13 +277,7 @@ def test_the_json_report_is_strict_json_a_mean_over_no_tokens_is_null():
 def test_a_report_on_a_cpu_keeps_the_blocks_it_frees_for_the_next_batch(heldout, monkeypatch):
     """vocagno.allocator, as train.py on a CPU: the models' logits and log-softmax reused, not faulted in again (a
     report of 64 rows: 1.75M page faults without it, 0.30M with it)."""
-    class Kept(Exception):
-        pass
-
-    def kept():
-        raise Kept
-
-    monkeypatch.setattr(selection, "keep_freed_memory", kept)
-    with pytest.raises(Kept):
+    monkeypatch.setattr(selection, "keep_freed_memory", reached)
+    with pytest.raises(Reached):
         selection.main(["--shards", str(heldout), "--teacher", "tiny-math-teacher", "--dtype", "float32",
                         "--device", "cpu"])

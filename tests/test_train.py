@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import assert_same_losses, kill_when, read_log
+from helpers import Reached, assert_same_losses, kill_when, reached, read_log
 from omegaconf import OmegaConf as om
 
 import train
@@ -416,15 +416,9 @@ def test_a_cpu_run_keeps_the_large_blocks_its_steps_free_from_its_start(monkeypa
     """vocagno.allocator on a CPU (tests/test_allocator.py shows what it changes): set before anything is built."""
     import train
 
-    class Started(Exception):
-        pass
-
-    def kept():
-        raise Started
-
-    monkeypatch.setattr(train, "keep_freed_memory", kept)
+    monkeypatch.setattr(train, "keep_freed_memory", reached)
     monkeypatch.setattr(train.torch.cuda, "is_available", lambda: False)
-    with pytest.raises(Started):
+    with pytest.raises(Reached):
         train.main(train.load_config(TINY, []))
 
 
