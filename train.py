@@ -81,25 +81,23 @@ def _signal_files_per_node() -> None:
     dist.get_node_signal_file_name = per_node
 
 
-def _cpu_model_from_proc() -> None:
+_PY_CPUINFO_MODEL = collect_env.get_cpu_model
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_model_from_proc() -> str:
     """Composer records the CPU's model in every checkpoint, asking py-cpuinfo, which runs a Python subprocess for it
     (about 1.2 s of CPU at the start of every rank); Linux names the model in /proc/cpuinfo. Elsewhere, or where it
-    names none, py-cpuinfo is asked as before."""
-    asked = collect_env.get_cpu_model
-
-    @functools.lru_cache(maxsize=1)
-    def from_proc() -> str:
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8") as info:
-                for line in info:
-                    key, _, value = line.partition(":")
-                    if key.strip() == "model name" and value.strip():
-                        return value.strip()
-        except OSError:
-            pass
-        return asked()
-
-    collect_env.get_cpu_model = from_proc
+    names none, py-cpuinfo is asked as before. ``main`` puts it in Composer's place."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return _PY_CPUINFO_MODEL()
 
 
 def dataset_locals(cfg: DictConfig) -> list[str]:
@@ -269,7 +267,7 @@ def main(cfg: DictConfig) -> Trainer:
         keep_freed_memory()
     dist.initialize_dist(get_device(None), timeout=cfg.get("dist_timeout", 600))
     _signal_files_per_node()
-    _cpu_model_from_proc()
+    collect_env.get_cpu_model = _cpu_model_from_proc  # the same function however often main runs
     clean_leaked_shared_memory(dataset_locals(cfg))  # what a killed run left on them would refuse Streaming
     reproducibility.seed_all(cfg.seed)
     world = dist.get_world_size()
