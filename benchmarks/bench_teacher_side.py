@@ -132,9 +132,10 @@ def end_to_end(seq_len: int = 512, batch_size: int = 8, batches: int = 12) -> di
     from omegaconf import OmegaConf as om
 
     from conversion import convert_dataset
-    from vocagno.algorithm import VocAgnoLM, load_teacher
+    from vocagno.algorithm import VocAgnoLM
     from vocagno.config import build_causal_lm
     from vocagno.data import teacher_guided_loader
+    from vocagno.scorer import load_teacher
 
     class Clock(Callback):
         def __init__(self):

@@ -46,9 +46,9 @@ import torch  # noqa: E402
 import train  # noqa: E402
 from conversion import convert_dataset  # noqa: E402
 from vocagno import score  # noqa: E402
-from vocagno.algorithm import load_teacher  # noqa: E402
 from vocagno.canaries import NOISE  # noqa: E402
 from vocagno.metrics import bits_per_byte  # noqa: E402
+from vocagno.scorer import load_teacher  # noqa: E402
 from vocagno.tokenization import ASSETS, load_tokenizer  # noqa: E402
 
 YAML = str(REPO / "yamls" / "miniature.yaml")

@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     student_tok = load_tokenizer("llama2")
     result = {"size": args.size, "seeds": seeds, "junk": args.junk, "steps": size["steps"], "teachers": {},
               "bits_per_byte": {}}
-    from vocagno.algorithm import load_teacher
+    from vocagno.scorer import load_teacher
 
     for name, (model, tokenizer) in TEACHERS.items():
         result["teachers"][name] = heldout_bits_per_byte(load_teacher(model, "float32").eval(), load_tokenizer(tokenizer))

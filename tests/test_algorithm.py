@@ -11,9 +11,10 @@ from torch.utils.data import DataLoader
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from conversion import convert_dataset
-from vocagno.algorithm import TeacherScorer, VocAgnoLM, teacher_guided_loss
+from vocagno.algorithm import VocAgnoLM, teacher_guided_loss
 from vocagno.data import TeacherGuidedCollator, TeacherGuidedDataset
 from vocagno.loss import teacher_token_loss
+from vocagno.scorer import TeacherScorer
 from vocagno.tokenization import ASSETS
 
 
@@ -296,7 +297,7 @@ def test_student_and_teacher_attend_with_sdpa(tmp_path):
     from omegaconf import OmegaConf
 
     import train
-    from vocagno.algorithm import load_teacher
+    from vocagno.scorer import load_teacher
 
     student = train.build_causal_lm(OmegaConf.create({"config": {
         "model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,

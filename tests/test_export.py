@@ -279,11 +279,11 @@ def test_no_path_that_builds_or_loads_a_bf16_model_narrows_its_rotary_frequencie
                                                                                   tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from vocagno.algorithm import load_teacher
     from vocagno.checkpoint import load_model as load_checkpoint_model
     from vocagno.config import build_causal_lm, load_config
     from vocagno.eval.__main__ import load_model as eval_load_model
     from vocagno.score import Teacher
+    from vocagno.scorer import load_teacher
     from vocagno.tokenization import load_tokenizer
 
     assert export_main([str(sharded_run), str(tmp_path / "model")]) == 0

@@ -19,7 +19,8 @@ from conversion import convert_dataset
 from tests.helpers import Capture
 from tests.test_algorithm import tiny
 from vocagno import score
-from vocagno.algorithm import TeacherScorer, VocAgnoLM, teacher_guided_loss
+from vocagno.algorithm import VocAgnoLM, teacher_guided_loss
+from vocagno.scorer import TeacherScorer
 from vocagno.data import TeacherGuidedCollator, TeacherGuidedDataset, batch_key
 from vocagno.loss import guided_loss, reference_loss
 from vocagno.shards import ShardMetadata

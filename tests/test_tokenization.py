@@ -60,8 +60,8 @@ def test_the_shipped_teacher_is_a_hugging_face_folder_that_has_learned_gsm8k_tex
     import torch
     from transformers import AutoModelForCausalLM
 
-    from vocagno.algorithm import load_teacher
     from vocagno.metrics import bits_per_byte
+    from vocagno.scorer import load_teacher
     from vocagno.tokenization import shipped_model_dir
 
     folder = shipped_model_dir("tiny-math-teacher")

@@ -38,7 +38,6 @@ on every device whole, or sharded with FSDP when the run uses FSDP (``teacher_pl
 
 from __future__ import annotations
 
-import hashlib
 import time
 from typing import Any, Mapping
 
@@ -53,62 +52,18 @@ from torch.utils.data import DataLoader
 
 from vocagno.alignment import check_alignment, chunk_align
 from vocagno.data import TeacherGuidedCollator, batch_key
-from vocagno.fsdp import decoder_layer_classes
 from vocagno.loss import (
-    check_options, excess_loss, guided_loss, next_token_cross_entropy, select_random, select_top, teacher_token_loss,
+    check_options, excess_loss, guided_loss, next_token_cross_entropy, select_random, select_top,
 )
-from vocagno.shards import describe_tokenizer
+from vocagno.scorer import TeacherScorer, check_teacher_options, check_teacher_reads, load_teacher, shard_teacher
 from vocagno.teacher_side import TeacherSide, WithTeacherSide, unpack_teacher_side
 from vocagno.teachers import (OtherTeachers, TeacherSpec, WithOtherTeachers, check_scored_by_teacher, checked_teacher,
                               reading_teacher, teacher_shares, teacher_specs)
-from vocagno.tokenization import as_tokenizer, resolve_shipped
+from vocagno.tokenization import as_tokenizer
 
-__all__ = [
-    "TeacherScorer", "load_teacher", "weights_fingerprint", "teacher_guided_loss", "check_teacher_reads",
-    "shard_teacher", "VocAgnoLM",
-]
+__all__ = ["teacher_guided_loss", "VocAgnoLM"]
 
 PLACEMENTS = ("auto", "replicate", "fsdp")
-
-
-class TeacherScorer(nn.Module):
-    """A frozen Hugging Face causal LM that returns the loss of each of its tokens: ``[B, M]``, NaN where undefined."""
-
-    def __init__(self, model: nn.Module, chunk_size: int = 1024):
-        super().__init__()
-        self.model = model.eval().requires_grad_(False)
-        self.chunk_size = chunk_size
-
-    def train(self, mode: bool = True) -> "TeacherScorer":
-        return super().train(False)  # always in eval mode, whatever the trainer asks of modules
-
-    @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        # The base model's hidden states and the LM head in chunks: the full logits are never materialized. No KV
-        # cache: nothing is generated, and a 7B teacher's cache is ~5 GB at 4 x 2560 tokens.
-        hidden = self.model.base_model(
-            input_ids=input_ids, attention_mask=attention_mask, use_cache=False
-        ).last_hidden_state
-        return teacher_token_loss(
-            hidden, self.model.get_output_embeddings(), input_ids, attention_mask, chunk_size=self.chunk_size
-        )
-
-
-def load_teacher(name_or_path: str, dtype: str = "bfloat16", trust_remote_code: bool = False) -> nn.Module:
-    """A pretrained causal LM by Hugging Face name, local folder or shipped name (tiny-math-teacher), in ``dtype``."""
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(
-        resolve_shipped(name_or_path), torch_dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
-    )
-
-
-def weights_fingerprint(model: nn.Module) -> str:
-    """16 hex digits from every parameter's name, shape and sum: which weights scored shards, cheap on a GPU."""
-    digest = hashlib.sha256()
-    for name, parameter in model.named_parameters():
-        digest.update(f"{name}{tuple(parameter.shape)}{float(parameter.double().sum()):.10e}".encode())
-    return digest.hexdigest()[:16]
 
 
 def teacher_guided_loss(
@@ -166,53 +121,6 @@ def _no_cache(model) -> dict[str, bool]:
 
 def _as_it_is(batch):
     return batch
-
-
-def check_teacher_options(teacher_dtype: str, trust_remote_code: Any) -> None:
-    """Refuse teacher options every teacher algorithm takes, naming the option, before training starts."""
-    if not isinstance(trust_remote_code, bool):  # the string "false" is truthy: it would run a folder's code
-        raise ValueError(f"trust_remote_code must be True or False, got {trust_remote_code!r}")
-    if not isinstance(getattr(torch, teacher_dtype, None), torch.dtype):
-        raise ValueError(f"teacher_dtype must name a torch dtype, got {teacher_dtype!r}")
-
-
-def shard_teacher(scorer: TeacherScorer, sharding_strategy: str = "FULL_SHARD") -> nn.Module:
-    """The teacher sharded with PyTorch FSDP over the default process group, one unit per decoder layer: on this rank's
-    GPU, or on the CPU where there is none (gloo; FSDP refuses ``device_id=None`` there). FSDP moves each shard to the
-    device itself: no device ever holds the whole teacher."""
-    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-
-    layer_classes = set(decoder_layer_classes(scorer.model))
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    return FullyShardedDataParallel(
-        scorer,
-        auto_wrap_policy=ModuleWrapPolicy(layer_classes) if layer_classes else None,
-        sharding_strategy=ShardingStrategy[sharding_strategy.upper()],
-        device_id=device,
-        use_orig_params=True,
-        limit_all_gathers=True,
-    )
-
-
-def check_teacher_reads(teacher: nn.Module, metadata, teacher_tokenizer: Any = None) -> None:
-    """Refuse a teacher that can't read the shards' teacher tokens (``metadata``: their ``ShardMetadata``): another
-    tokenizer (when ``teacher_tokenizer`` is given), too few positions for a row, or an embedding without a row for
-    each token (it may have more: Qwen2.5 pads 151,665 tokens to 152,064 rows)."""
-    positions = getattr(getattr(teacher, "config", None), "max_position_embeddings", None)
-    if positions is not None and positions < metadata.seq_len:  # teacher rows hold about as many tokens, or more
-        raise ValueError(
-            f"the shards' samples hold {metadata.seq_len} student tokens (and about as many teacher tokens or "
-            f"more), but the teacher has max_position_embeddings={positions}: it can't read them"
-        )
-    rows = teacher.get_input_embeddings().num_embeddings
-    if rows < metadata.teacher.vocab_size:
-        raise ValueError(
-            f"the teacher's embedding has {rows} rows, but the shards' teacher tokenizer "
-            f"{metadata.teacher.name!r} has {metadata.teacher.vocab_size} tokens: this teacher can't read them"
-        )
-    if teacher_tokenizer is not None:
-        metadata.check_tokenizers(teacher=describe_tokenizer(teacher_tokenizer, "teacher"))
 
 
 class VocAgnoLM(Algorithm):

@@ -19,8 +19,8 @@ from composer.core import Algorithm, Event, State
 from composer.loggers import Logger
 from torch import nn
 
-from vocagno.algorithm import check_teacher_options, load_teacher
 from vocagno.distill import kld_loss, uld_loss
+from vocagno.scorer import check_teacher_options, load_teacher
 from vocagno.tokenization import as_tokenizer
 
 __all__ = ["ULD", "KLD"]

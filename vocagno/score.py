@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from vocagno.algorithm import TeacherScorer, load_teacher, weights_fingerprint
+from vocagno.scorer import TeacherScorer, load_teacher, weights_fingerprint
 from vocagno.allocator import keep_freed_memory
 from vocagno.output import (
     PART_STATS, OwnedLock, Output, all_jobs_done, check_or_write_settings, job_marker, merge_once, publish_dataset,

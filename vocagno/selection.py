@@ -719,8 +719,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace) -> Report | None:
-    from vocagno.algorithm import check_teacher_reads, load_teacher
     from vocagno.score import Teacher, rank_and_world
+    from vocagno.scorer import check_teacher_reads, load_teacher
     from vocagno.tokenization import load_tokenizer
 
     if args.samples < 1:

@@ -127,7 +127,7 @@ def checked_teacher(spec: TeacherSpec, metadata):
     with its tokenizer) at the length of the shards' rows (``metadata``, when there are shards)."""
     from dataclasses import replace
 
-    from vocagno.algorithm import TeacherScorer, check_teacher_reads, load_teacher
+    from vocagno.scorer import TeacherScorer, check_teacher_reads, load_teacher
 
     teacher = spec.teacher
     if isinstance(teacher, str):
@@ -153,7 +153,7 @@ def check_scored_by_teacher(teacher: str | nn.Module, by: dict, check: bool, los
     """Refuse cached losses that ``by`` (a ``ShardMetadata.scored_by`` entry) says another teacher scored than
     ``teacher`` (its name, or the module: its weights). ``losses`` begins the message (which losses, and "was"/"were");
     with ``check`` false, only say who scored them."""
-    from vocagno.algorithm import weights_fingerprint
+    from vocagno.scorer import weights_fingerprint
 
     if not check:
         print(f"VocAgnoLM: {losses} scored by {by}; not checked (check_scored_by: false)", flush=True)
