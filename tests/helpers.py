@@ -7,10 +7,13 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from composer import Callback
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 class Reached(Exception):
@@ -19,6 +22,20 @@ class Reached(Exception):
 
 def reached(*args, **kwargs):
     raise Reached
+
+
+def train_in_process(yaml, overrides) -> None:
+    """``train.py YAML OVERRIDES`` as ``train.main`` in this process, from the repository root where train.py runs (the
+    yamls name their inputs from there): for the tests of what a run trains, where a subprocess would spend most of
+    its CPU importing Composer. Its Trainer is closed, as train.py's exit closes it."""
+    import train
+
+    here = os.getcwd()
+    os.chdir(REPO)
+    try:
+        train.main(train.load_config(str(yaml), list(overrides))).close()
+    finally:
+        os.chdir(here)
 
 
 def read_log(path):
