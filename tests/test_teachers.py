@@ -20,9 +20,9 @@ from tests.helpers import Capture
 from tests.test_algorithm import tiny
 from vocagno import score
 from vocagno.algorithm import VocAgnoLM, teacher_guided_loss
-from vocagno.scorer import TeacherScorer
 from vocagno.data import TeacherGuidedCollator, TeacherGuidedDataset, batch_key
 from vocagno.loss import guided_loss, reference_loss
+from vocagno.scorer import TeacherScorer
 from vocagno.shards import ShardMetadata
 from vocagno.teachers import made_side
 from vocagno.teacher_side import TeacherSide

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import Reached, assert_same_losses, kill_when, reached, read_log, train_in_process
 from omegaconf import OmegaConf as om
 
@@ -169,12 +170,12 @@ def test_kill_and_autoresume_continue_with_the_same_losses(tiny_run, straight, t
                f"variables.heldout={tiny_run[0]}/shards/heldout", "loggers.console=null", *CHECKPOINTED,
                "max_duration=8ba", f"save_folder={killed}/ckpt", "run_name=killed",
                f"loggers.jsonl.path={killed}/log.jsonl"]
-    kill_when(command, (killed / "ckpt" / "ep0-ba4-rank0.pt").exists, settle=0.5, cwd=REPO,
-              env={**os.environ, "PYTHONPATH": str(REPO)})
+    # As many threads as the in-process reference trained with (a file of the session may set them: test_allocator.py).
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    kill_when(command, (killed / "ckpt" / "ep0-ba4-rank0.pt").exists, settle=0.5, cwd=REPO, env=env)
     first = read_log(killed / "log.jsonl")
     assert max(s for s in first if "loss/train/total" in first[s]) < 7, "the kill should land before the run ends"
-    result = subprocess.run(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                            capture_output=True, text=True, timeout=900)
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     assert_same_losses(straight, read_log(killed / "log.jsonl"), 8)
 

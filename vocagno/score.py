@@ -49,12 +49,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from vocagno.scorer import TeacherScorer, load_teacher, weights_fingerprint
 from vocagno.allocator import keep_freed_memory
 from vocagno.output import (
     PART_STATS, OwnedLock, Output, all_jobs_done, check_or_write_settings, job_marker, merge_once, publish_dataset,
     unfinished_parts,
 )
+from vocagno.scorer import TeacherScorer, load_teacher, weights_fingerprint
 from vocagno.shards import (
     METADATA_FILE, SCORED_COLUMNS, SHARD_HASH, ShardMetadata, align_column, check_columns, check_teacher_name, compact,
     describe_tokenizer, loss_column, write_atomically,
