@@ -7,13 +7,10 @@ import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 import torch
 from composer import Callback
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 class Reached(Exception):
@@ -22,34 +19,6 @@ class Reached(Exception):
 
 def reached(*args, **kwargs):
     raise Reached
-
-
-def train_in_process(yaml, overrides) -> None:
-    """``train.py YAML OVERRIDES`` as ``train.main`` in this process, from the repository root where train.py runs (the
-    yamls name their inputs from there): for the tests of what a run trains, where a subprocess would spend most of
-    its CPU importing Composer. Afterwards the process is as before the run: its Trainer closed and let go (Composer's
-    exit hook would keep it, its models and Streaming's shared memory until the tests end), no process group, the same
-    environment and folder."""
-    import atexit
-    import gc
-
-    import torch.distributed as torch_dist
-    from composer.core.engine import Engine
-
-    import train
-
-    here, environment = os.getcwd(), dict(os.environ)
-    os.chdir(REPO)
-    try:
-        train.main(train.load_config(str(yaml), list(overrides))).close()
-    finally:
-        os.chdir(here)
-        os.environ.clear()
-        os.environ.update(environment)
-        atexit.unregister(Engine._close)  # one function for every Engine: each closed run's hook goes
-        if torch_dist.is_initialized():
-            torch_dist.destroy_process_group()
-        gc.collect()  # a Trainer lives in reference cycles
 
 
 def read_log(path):

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import bucket_keys as keys
-from helpers import train_in_process
 
 from vocagno.checkpoint import BadCheckpoint, repair
 from vocagno.export import main as export_main
@@ -32,8 +31,7 @@ def train(*overrides, env=None, cwd=REPO):
 @pytest.fixture(scope="module")
 def whole_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("whole") / "run"
-    train_in_process(REPO / "yamls" / "tiny.yaml", [*OVERRIDES, "max_duration=2ba", f"save_folder={folder}",
-                                                    "save_interval=2ba"])
+    train("max_duration=2ba", f"save_folder={folder}", "save_interval=2ba")
     return folder
 
 

@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from helpers import Reached, assert_same_losses, kill_when, reached, read_log, train_in_process
+from helpers import Reached, assert_same_losses, kill_when, reached, read_log
 from omegaconf import OmegaConf as om
 
 import train
@@ -23,30 +22,24 @@ REPO = Path(__file__).resolve().parent.parent
 TINY = str(REPO / "yamls" / "tiny.yaml")
 
 
-def under(tmp_path) -> list[str]:
-    """The overrides that put a run's shards and logs under tmp_path."""
-    return [f"variables.data={tmp_path}/shards/train", f"variables.heldout={tmp_path}/shards/heldout",
-            "loggers.console=null"]
-
-
-def run_train(tmp_path, *overrides):
-    """train.py yamls/tiny.yaml in a subprocess, as README command 1 runs it, its shards and logs under tmp_path."""
-    result = subprocess.run([sys.executable, str(REPO / "train.py"), TINY, *under(tmp_path), *overrides], cwd=REPO,
-                            capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert result.returncode == 0, result.stderr[-4000:]
+def run_train(tmp_path, *overrides, launcher=(sys.executable,), check=True, timeout=900, yaml=TINY):
+    """train.py yamls/tiny.yaml (or ``yaml``) in a subprocess, with its shards and logs under tmp_path."""
+    command = [*launcher, str(REPO / "train.py"), yaml, f"variables.data={tmp_path}/shards/train",
+               f"variables.heldout={tmp_path}/shards/heldout", "loggers.console=null", *overrides]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    if check:
+        assert result.returncode == 0, result.stderr[-4000:]
     return result
-
-
-def train_here(tmp_path, *overrides, yaml=TINY) -> None:
-    """train.py ``yaml`` (tiny.yaml), its shards and logs under tmp_path, in this process (``train_in_process``)."""
-    train_in_process(yaml, [*under(tmp_path), *overrides])
 
 
 def refusal(tmp_path, *overrides) -> str:
     """What stops train.py yamls/tiny.yaml (its shards and logs under tmp_path) before it trains: ``train.main`` run in
     this process, as ``train.py`` runs it, since a subprocess would spend most of its time importing Composer."""
+    cfg = train.load_config(TINY, [f"variables.data={tmp_path}/shards/train",
+                                   f"variables.heldout={tmp_path}/shards/heldout", "loggers.console=null", *overrides])
     with pytest.raises(ValueError) as refused:
-        train.main(train.load_config(TINY, [*under(tmp_path), *overrides]))
+        train.main(cfg)
     return str(refused.value)
 
 
@@ -159,8 +152,8 @@ def straight(tiny_run, tmp_path_factory):
     """The losses of an uninterrupted run of 8 batches saving every 2: what the interrupted runs must end with (its
     first 6 steps are a 6-batch run's: the learning rate is still warming up, whatever the run's length)."""
     folder = tmp_path_factory.mktemp("straight")
-    train_here(tiny_run[0], *CHECKPOINTED, "max_duration=8ba", f"save_folder={folder}/ckpt", "run_name=straight",
-               f"loggers.jsonl.path={folder}/log.jsonl")
+    run_train(tiny_run[0], *CHECKPOINTED, "max_duration=8ba", f"save_folder={folder}/ckpt", "run_name=straight",
+              f"loggers.jsonl.path={folder}/log.jsonl")
     return read_log(folder / "log.jsonl")
 
 
@@ -170,30 +163,28 @@ def test_kill_and_autoresume_continue_with_the_same_losses(tiny_run, straight, t
                f"variables.heldout={tiny_run[0]}/shards/heldout", "loggers.console=null", *CHECKPOINTED,
                "max_duration=8ba", f"save_folder={killed}/ckpt", "run_name=killed",
                f"loggers.jsonl.path={killed}/log.jsonl"]
-    # As many threads as the in-process reference trained with (a file of the session may set them: test_allocator.py).
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(torch.get_num_threads())}
-    kill_when(command, (killed / "ckpt" / "ep0-ba4-rank0.pt").exists, settle=0.5, cwd=REPO, env=env)
+    kill_when(command, (killed / "ckpt" / "ep0-ba4-rank0.pt").exists, settle=0.5, cwd=REPO,
+              env={**os.environ, "PYTHONPATH": str(REPO)})
     first = read_log(killed / "log.jsonl")
     assert max(s for s in first if "loss/train/total" in first[s]) < 7, "the kill should land before the run ends"
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    result = subprocess.run(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     assert_same_losses(straight, read_log(killed / "log.jsonl"), 8)
 
 
-def test_an_interrupted_checkpoint_save_resumes_with_the_same_command(tiny_run, straight, tmp_path, capfd):
+def test_an_interrupted_checkpoint_save_resumes_with_the_same_command(tiny_run, straight, tmp_path):
     """A kill or a full disk during a save leaves a truncated checkpoint (here the latest, ba4) and a partial one
     past it (ba6): the same command falls back to ba2 and ends with the losses of an uninterrupted run."""
     broken = tmp_path / "broken"
     resume = [*CHECKPOINTED, "max_duration=6ba", f"save_folder={broken}/ckpt", "run_name=broken",
               f"loggers.jsonl.path={broken}/log.jsonl"]
-    train_here(tiny_run[0], *resume, "max_duration=4ba")
+    run_train(tiny_run[0], *resume, "max_duration=4ba")
     latest = broken / "ckpt" / "ep0-ba4-rank0.pt"
     latest.write_bytes(latest.read_bytes()[: latest.stat().st_size // 2])
     (broken / "ckpt" / "ep0-ba6-rank0.pt").write_bytes(b"PK\x03\x04 partial")
-    capfd.readouterr()
-    train_here(tiny_run[0], *resume)
-    output = capfd.readouterr().out
-    assert "removing" in output and "ep0-ba4-rank0.pt: an incomplete checkpoint" in output
+    result = run_train(tiny_run[0], *resume)
+    assert "removing" in result.stdout and "ep0-ba4-rank0.pt: an incomplete checkpoint" in result.stdout
     first_six = {step: row for step, row in straight.items() if step < 6}  # steps count from 0
     assert_same_losses(first_six, read_log(broken / "log.jsonl"), 6)
     assert os.path.realpath(broken / "ckpt" / "latest-rank0.pt").endswith("ep0-ba6-rank0.pt")
@@ -291,8 +282,8 @@ def test_shards_of_other_tokenizers_are_refused(tiny_run):
 ], ids=["random", "chunk"])
 def test_tiny_variants_of_the_method_train(tiny_run, tmp_path, overrides):
     """The controls and baselines that are options of the vocagno algorithm train from tiny.yaml plus overrides."""
-    train_here(tiny_run[0], "max_duration=3ba", "eval_loader=null", f"loggers.jsonl.path={tmp_path}/log.jsonl",
-               *overrides)
+    run_train(tiny_run[0], "max_duration=3ba", "eval_loader=null", f"loggers.jsonl.path={tmp_path}/log.jsonl",
+              *overrides)
     steps = read_log(tmp_path / "log.jsonl")
     logged = [row for _, row in sorted(steps.items()) if "loss/train/kept_fraction" in row]
     kept, mapped = ([row[f"loss/train/{key}"] for row in logged] for key in ("kept_fraction", "mapped_fraction"))
@@ -310,8 +301,8 @@ def test_tiny_baselines_train_from_their_yamls(tiny_run, tmp_path, name, parts, 
     """yamls/tiny_uld.yaml and tiny_kld.yaml (tiny.yaml and tiny_qwen.yaml as their base:, vocagno turned off): 3 batches, the
     baseline's loss and its parts logged, the CE below the uniform guess over 32,000 tokens."""
     shards = tiny_run[0] if name == "uld" else tmp_path  # tiny.yaml's shards are tiny_uld.yaml's; Qwen's are made here
-    train_here(shards, "max_duration=3ba", "eval_loader=null", f"loggers.jsonl.path={tmp_path}/log.jsonl",
-               *overrides, yaml=str(REPO / "yamls" / f"tiny_{name}.yaml"))
+    run_train(shards, "max_duration=3ba", "eval_loader=null", f"loggers.jsonl.path={tmp_path}/log.jsonl",
+              *overrides, yaml=str(REPO / "yamls" / f"tiny_{name}.yaml"))
     logged = [row for _, row in sorted(read_log(tmp_path / "log.jsonl").items()) if "loss/train/total" in row]
     assert len(logged) == 3
     assert all({f"loss/train/{part}" for part in parts} <= set(row) for row in logged)
@@ -357,14 +348,14 @@ def test_a_checkout_that_pip_never_installed_finds_vocagnos_algorithms(monkeypat
     assert type(algorithm).__name__ == "VocAgnoLM"
 
 
-def test_the_two_teacher_yaml_trains_with_both_and_ends_with_what_each_keeps(tiny_run, tmp_path, capfd):
+def test_the_two_teacher_yaml_trains_with_both_and_ends_with_what_each_keeps(tiny_run, tmp_path):
     """yamls/tiny_two_teachers.yaml on a CPU (on tiny.yaml's shards, its base's): the GSM8K teacher reads the shards'
     Mistral tokens, the MATH teacher's DeepSeek tokens are made from the text; each step logs both teachers' shares of
     the kept tokens (combine: min: they add up to 1) and forward times; the run ends with what each teacher keeps and
     the combination."""
-    train_here(tiny_run[0], "max_duration=4ba", "eval_interval=4ba", f"loggers.jsonl.path={tmp_path}/log.jsonl",
-               "loggers.console={}", "console_log_interval=4ba", "selection_report.samples=24",
-               yaml=str(REPO / "yamls" / "tiny_two_teachers.yaml"))
+    result = run_train(tiny_run[0], "max_duration=4ba", "eval_interval=4ba", f"loggers.jsonl.path={tmp_path}/log.jsonl",
+                       "loggers.console={}", "console_log_interval=4ba", "selection_report.samples=24",
+                       yaml=str(REPO / "yamls" / "tiny_two_teachers.yaml"))
     steps = read_log(tmp_path / "log.jsonl")
     trained = [s for s in sorted(steps) if "loss/train/total" in steps[s]]  # logged with the step's loss
     assert len(trained) == 4
@@ -374,7 +365,7 @@ def test_the_two_teacher_yaml_trains_with_both_and_ends_with_what_each_keeps(tin
     assert sum(steps[step]["vocagno/teacher_share/latex"] for step in trained) > 0  # it gives some references
     assert all(steps[step][f"vocagno/teacher_forward_seconds/{n}"] > 0 for n in ("math", "latex") for step in
                range(1, 5))
-    output = "".join(capfd.readouterr())
+    output = result.stdout + result.stderr
     assert "what the teacher keeps:" in output and "math" in output and "latex" in output
 
 
