@@ -54,7 +54,8 @@ def test_convert_score_and_train_on_s3_and_resume_after_a_kill(s3, tmp_path, mon
     kill_when(killed, lambda: any(k.endswith("-rank0.pt") for k in keys(client, "chain/killed/")), cwd=tmp_path,
               env=run_env)
     first = read_log(tmp_path / "killed.jsonl")
-    assert max(s for s in first if "loss/train/total" in first[s]) < BATCHES - 1, "the kill should land before the run ends"
+    killed_at = max(s for s in first if "loss/train/total" in first[s])
+    assert killed_at < BATCHES - 1, "the kill should land before the run ends"
     resumed = subprocess.run(killed, cwd=tmp_path, env=run_env, capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     expected, got = read_log(tmp_path / "straight-shards.jsonl"), read_log(tmp_path / "killed.jsonl")

@@ -1,5 +1,6 @@
-"""The frozen teacher, framework-free: loaded by name, folder or shipped name, scoring its own tokens (``TeacherScorer``),
-sharded with PyTorch FSDP over the ranks, fingerprinted, and checked against the shards it is to read.
+"""The frozen teacher, framework-free: loaded by name, folder or shipped name, scoring its own tokens
+(``TeacherScorer``), sharded with PyTorch FSDP over the ranks, fingerprinted, and checked against the shards it is to
+read.
 
 Training (``vocagno.algorithm``, ``vocagno.baselines``), the scoring pass (``vocagno.score``) and the selection report
 (``vocagno.selection``) share it; only the first imports Composer.
