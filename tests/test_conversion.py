@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from at_once import open_dataset, read_metadata_of, run_at_once, write_many
 
 from conversion import convert_dataset
 from conversion.sources import TextOf, hub_sources
@@ -60,46 +61,13 @@ def sample_samples(sample_shards, tmp_path_factory):
     return read_samples(sample_shards, tmp_path_factory.mktemp("read"))
 
 
-
-def _at_once(target, args_per_process) -> list[int]:
-    """Run ``target(barrier, *args)`` in one forked process per args, all let go at the same moment; exit codes."""
-    import multiprocessing
-
-    context = multiprocessing.get_context("fork")
-    barrier = context.Barrier(len(args_per_process))
-    processes = [context.Process(target=target, args=(barrier, *args)) for args in args_per_process]
-    for process in processes:
-        process.start()
-    for process in processes:
-        process.join(120)
-        if process.is_alive():  # hung: it does not outlive the test
-            process.kill()
-            process.join()
-    return [process.exitcode for process in processes]
-
-
-def _write_many(barrier, path, text):
-    from vocagno.shards import write_atomically
-
-    barrier.wait()
-    for _ in range(200):
-        write_atomically(path, text)
-
-
 def test_ranks_writing_the_same_file_at_once_each_leave_it_whole(tmp_path):
     """Every rank of a scoring pass writes its settings file at start (score.json): the writes of several processes
     at once each replace the file whole, and none fails on another's temporary file."""
     text = json.dumps({"teacher": "x" * 5000})
-    assert _at_once(_write_many, [(tmp_path / "score.json", text)] * 4) == [0] * 4
+    assert run_at_once(write_many, [(tmp_path / "score.json", text)] * 4) == [0] * 4
     assert (tmp_path / "score.json").read_text() == text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["score.json"]
-
-
-def _read_metadata_of(barrier, local, remote):
-    from vocagno.data import read_metadata
-
-    barrier.wait()
-    read_metadata(str(local), str(remote))
 
 
 def test_ranks_of_a_node_fetch_the_shards_metadata_into_one_local_at_once(sample_shards, tmp_path):
@@ -107,13 +75,9 @@ def test_ranks_of_a_node_fetch_the_shards_metadata_into_one_local_at_once(sample
     once all get it, and the local holds it alone."""
     for attempt in range(10):
         local = tmp_path / f"local{attempt}"
-        assert _at_once(_read_metadata_of, [(local, sample_shards)] * 4) == [0] * 4, attempt
+        assert run_at_once(read_metadata_of, [(local, sample_shards)] * 4) == [0] * 4, attempt
         assert sorted(p.name for p in local.iterdir()) == ["vocagno.json"]
         assert ShardMetadata.read(local) == ShardMetadata.read(sample_shards)
-
-def _open_dataset(barrier, local, remote):
-    barrier.wait()
-    TeacherGuidedDataset(local=str(local), remote=str(remote), batch_size=1)
 
 
 def test_jobs_of_a_node_opening_datasets_at_once_each_get_their_own_shared_memory(sample_shards, tmp_path):
@@ -123,9 +87,20 @@ def test_jobs_of_a_node_opening_datasets_at_once_each_get_their_own_shared_memor
 
     locals_ = [str(tmp_path / f"local{job}") for job in range(4)]
     for attempt in range(5):
-        codes = _at_once(_open_dataset, [(local, sample_shards) for local in locals_])
+        codes = run_at_once(open_dataset, [(local, sample_shards) for local in locals_])
         clean_leaked_shared_memory(locals_)  # what a process that failed half-way left
         assert codes == [0] * 4, (attempt, codes)
+
+
+def test_processes_started_at_once_do_not_inherit_the_locks_the_test_process_holds(sample_shards, tmp_path):
+    """The processes of the tests above start from a clean server, not as forks of this process: a lock held here
+    (as a thread of an earlier test may hold one at the fork), here the one around Streaming's memories, does not hang
+    them inside the registration lock (seen in CI: four forks killed after 120 s, the registration lock held)."""
+    from vocagno.data import _collecting_lock
+
+    with _collecting_lock:
+        codes = run_at_once(open_dataset, [(tmp_path / f"local{job}", sample_shards) for job in range(4)], timeout=60)
+    assert codes == [0] * 4
 
 
 def test_round_trip_invariants(sample_samples, sample_shards, tokenizers):

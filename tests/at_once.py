@@ -1,0 +1,47 @@
+"""Several processes let go at the same moment, as the ranks or jobs of one node start: each forked from a server
+process that imported only this module, not from the pytest worker. A fork of the worker inherits the threads and
+locks that the tests it ran before left (Streaming's threads, torch's, execnet's): a lock some thread held at the fork
+stays held in the child for good, and the CI run at 9dd6544 saw all four children of one call hang."""
+
+import multiprocessing
+
+# The forkserver imports these once; the children it forks start with them imported.
+_context = multiprocessing.get_context("forkserver")
+_context.set_forkserver_preload(["at_once", "vocagno.data", "vocagno.shards"])
+
+
+def run_at_once(target, args_per_process, timeout: float = 120.0) -> list[int]:
+    """Run ``target(barrier, *args)`` (a function of this module) in one process per args, all let go at once; exit
+    codes (-9: hung past ``timeout`` and killed, so that nothing outlives the test)."""
+    barrier = _context.Barrier(len(args_per_process))
+    processes = [_context.Process(target=target, args=(barrier, *args)) for args in args_per_process]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout)
+        if process.is_alive():
+            process.kill()
+            process.join()
+    return [process.exitcode for process in processes]
+
+
+def write_many(barrier, path, text):
+    from vocagno.shards import write_atomically
+
+    barrier.wait()
+    for _ in range(200):
+        write_atomically(path, text)
+
+
+def read_metadata_of(barrier, local, remote):
+    from vocagno.data import read_metadata
+
+    barrier.wait()
+    read_metadata(str(local), str(remote))
+
+
+def open_dataset(barrier, local, remote):
+    from vocagno.data import TeacherGuidedDataset
+
+    barrier.wait()
+    TeacherGuidedDataset(local=str(local), remote=str(remote), batch_size=1)
