@@ -1,13 +1,9 @@
-"""Several processes let go at the same moment, as the ranks or jobs of one node start: each forked from a server
-process that imported only this module, not from the pytest worker. A fork of the worker inherits the threads and
-locks that the tests it ran before left (Streaming's threads, torch's, execnet's): a lock some thread held at the fork
-stays held in the child for good, and the CI run at 9dd6544 saw all four children of one call hang."""
+"""Several processes let go at the same moment, as the ranks or jobs of one node start: each forked from
+``forked``'s server, not from the pytest worker. A fork of the worker inherits the threads and locks that the tests it
+ran before left (Streaming's threads, torch's, execnet's): a lock some thread held at the fork stays held in the child
+for good, and the CI run at 9dd6544 saw all four children of one call hang."""
 
-import multiprocessing
-
-# The forkserver imports these once; the children it forks start with them imported.
-_context = multiprocessing.get_context("forkserver")
-_context.set_forkserver_preload(["at_once", "vocagno.data", "vocagno.shards"])
+from forked import context as _context
 
 
 def run_at_once(target, args_per_process, timeout: float = 120.0) -> list[int]:

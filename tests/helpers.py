@@ -8,6 +8,7 @@ import signal
 import subprocess
 import time
 
+import forked
 import pytest
 import torch
 from composer import Callback
@@ -58,9 +59,13 @@ def bucket_keys(client, prefix, bucket="runs"):
 def kill_when(command, ready, settle=0.0, timeout=600, **popen):
     """Start ``command`` in a process group of its own and ``kill -9`` the whole group, as a node's death kills a
     run with its children (dataloader workers, spawned ranks, resource trackers), as soon as ``ready()`` holds
-    (``settle`` seconds later), or when ``timeout`` passed or it ended by itself; nothing of it outlives this."""
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                               **popen)
+    (``settle`` seconds later), or when ``timeout`` passed or it ended by itself; nothing of it outlives this. A
+    ``python`` command runs forked (``forked``)."""
+    try:
+        process = forked.Forked(command, stdout=os.devnull, stderr=os.devnull, **popen)
+    except ValueError:  # not python
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                   start_new_session=True, **popen)
     deadline = time.time() + timeout
     while not ready() and time.time() < deadline and process.poll() is None:
         time.sleep(0.05)

@@ -740,8 +740,8 @@ def test_a_long_document_cut_into_pieces_gives_the_tokens_of_the_whole(tokenizer
     from collections import Counter
 
     from conversion.convert_dataset import clean
-    from vocagno.shards import Encoder
     from conversion.sources import Record
+    from vocagno.shards import Encoder
 
     text = "alpha beta gamma\nThe integral ∫x²dx = x³/3 — 中文 😀 and  two  spaces. " * 60
     pieces = clean(Record(text), 97, Counter())

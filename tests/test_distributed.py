@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked
 import pytest
 import torch
 from helpers import first_documents
@@ -57,7 +58,9 @@ def _shard_and_score(rank: int, world: int, family: str, folder: str) -> None:
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("family", sorted(TEACHERS))
 def test_a_teacher_sharded_over_cpu_ranks_scores_as_the_whole_one_and_each_rank_holds_a_share(tmp_path, family, world):
-    torch.multiprocessing.spawn(_shard_and_score, args=(world, family, str(tmp_path)), nprocs=world, join=True)
+    # forkserver: forked's server (train.py's modules imported), not a fresh interpreter per rank
+    torch.multiprocessing.start_processes(_shard_and_score, args=(world, family, str(tmp_path)), nprocs=world,
+                                          join=True, start_method="forkserver")
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
     for result in results:
         assert torch.allclose(result["got"], result["expected"], atol=1e-5, equal_nan=True)
@@ -87,8 +90,7 @@ def run_train(tmp_path, name, *overrides, data, ranks=2):
                str(REPO / "yamls" / "tiny.yaml"), f"variables.data={data}", "eval_loader=null",
                "loggers.console=null", "selection_report=null", "max_duration=3ba", f"run_name={name}",
                f"loggers.jsonl.path={tmp_path}/{name}.jsonl", *overrides]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    result = forked.run(command, cwd=REPO, timeout=900, env={**os.environ, "PYTHONPATH": str(REPO)}, fork_children=True)
     assert result.returncode == 0, result.stderr[-4000:]
     steps = {}
     for line in open(tmp_path / f"{name}.jsonl", encoding="utf-8"):
@@ -203,10 +205,12 @@ def test_the_scoring_pass_under_torchrun_on_two_cpu_processes_writes_the_one_pro
                  "--dtype", "float32", "--device", "cpu"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     torchrun = [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "2"]
-    for launcher, out in (([sys.executable], "one"), (torchrun, "two")):
-        result = subprocess.run([*launcher, *arguments, "--out", str(tmp_path / out)], cwd=tmp_path, env=env,
-                                capture_output=True, text=True, timeout=600)
-        assert result.returncode == 0, result.stderr[-3000:]
+    single = forked.run([sys.executable, *arguments, "--out", str(tmp_path / "one")], cwd=tmp_path, env=env,
+                        timeout=600)
+    assert single.returncode == 0, single.stderr[-3000:]
+    result = subprocess.run([*torchrun, *arguments, "--out", str(tmp_path / "two")], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
     assert "rank 0 of 2" in result.stdout and "rank 1 of 2" in result.stdout
 
     def samples(folder):
@@ -270,8 +274,7 @@ def test_a_run_resumed_on_a_world_size_its_batch_cant_be_split_over_is_refused(s
     command = [str(Path(sys.executable).parent / "composer"), "-n", "3", str(REPO / "train.py"),
                str(REPO / "yamls" / "tiny.yaml"), f"variables.data={tmp_path / 'shards'}", "eval_loader=null",
                "selection_report=null", "max_duration=4ba", *common]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    result = forked.run(command, cwd=REPO, timeout=900, env={**os.environ, "PYTHONPATH": str(REPO)}, fork_children=True)
     assert result.returncode != 0
     assert "global_train_batch_size 8 is not divisible by 3 ranks" in result.stderr + result.stdout
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == before

@@ -5,10 +5,10 @@ remote save folders."""
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
+import forked
 import pytest
 import torch
 from helpers import bucket_keys as keys
@@ -21,9 +21,8 @@ OVERRIDES = ["selection_report=null", "eval_loader=null", "loggers.console=null"
 
 
 def train(*overrides, env=None, cwd=REPO):
-    result = subprocess.run([sys.executable, str(REPO / "train.py"), str(REPO / "yamls" / "tiny.yaml"), *OVERRIDES,
-                             *overrides], cwd=cwd, capture_output=True, text=True, timeout=900,
-                            env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+    result = forked.run([sys.executable, str(REPO / "train.py"), str(REPO / "yamls" / "tiny.yaml"), *OVERRIDES,
+                         *overrides], cwd=cwd, timeout=900, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
     assert result.returncode == 0, result.stderr[-4000:]
     return result
 

@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+import forked
 import numpy as np
 import pytest
 from helpers import assert_group_gone, first_documents, read_log
@@ -211,8 +212,8 @@ def test_the_teacher_sharded_over_two_nodes_and_cached_losses_train_as_on_one_no
     scored_by_rank = {int(rank): int(samples) for rank, samples in
                       re.findall(r"rank (\d) of 4: (\d+) samples scored", scored.output())}
     assert sorted(scored_by_rank) == [0, 1, 2, 3] and all(scored_by_rank.values()), scored_by_rank
-    one = subprocess.run([sys.executable, "-m", "vocagno.score", *arguments, "--out", str(tmp_path / "one")],
-                         cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
+    one = forked.run([sys.executable, "-m", "vocagno.score", *arguments, "--out", str(tmp_path / "one")], cwd=REPO,
+                     timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert one.returncode == 0, one.stderr[-3000:]
 
     def samples(folder):
@@ -237,8 +238,8 @@ def test_the_selection_report_on_two_nodes_is_the_one_process_report_written_onc
     report = Nodes("selection", [*arguments, "--work", str(tmp_path / "work"), "--json",
                                  str(tmp_path / "two.json")], nodes=2, nproc=2, where=tmp_path / "selection").wait()
     assert report.output().count(f"wrote {tmp_path / 'two.json'}") == 1
-    one = subprocess.run([sys.executable, "-m", "vocagno.selection", *arguments, "--json", str(tmp_path / "one.json")],
-                         cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
+    one = forked.run([sys.executable, "-m", "vocagno.selection", *arguments, "--json", str(tmp_path / "one.json")],
+                     cwd=REPO, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert one.returncode == 0, one.stderr[-3000:]
     two, one = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("two", "one"))
     two.pop("seconds", None), one.pop("seconds", None)

@@ -3,10 +3,10 @@
 checkpoints saved there, killed and resumed."""
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+import forked
 from helpers import assert_same_losses, first_documents, kill_when, read_log
 from helpers import bucket_keys as keys
 
@@ -44,8 +44,7 @@ def test_convert_score_and_train_on_s3_and_resume_after_a_kill(s3, tmp_path, mon
 
     run_env = {**os.environ, "PYTHONPATH": str(REPO)}
     for data in ("shards", "scored"):
-        straight = subprocess.run(command(f"straight-{data}", data), cwd=tmp_path, env=run_env, capture_output=True,
-                                  text=True, timeout=900)
+        straight = forked.run(command(f"straight-{data}", data), cwd=tmp_path, env=run_env, timeout=900)
         assert straight.returncode == 0, straight.stderr[-4000:]
     # The uninterrupted runs save nothing: the killed one's checkpoints are what the store must hold.
     killed = command("killed", "shards", "save_interval=2ba", "autoresume=true", "save_folder=s3://runs/chain/killed")
@@ -56,7 +55,7 @@ def test_convert_score_and_train_on_s3_and_resume_after_a_kill(s3, tmp_path, mon
     first = read_log(tmp_path / "killed.jsonl")
     killed_at = max(s for s in first if "loss/train/total" in first[s])
     assert killed_at < BATCHES - 1, "the kill should land before the run ends"
-    resumed = subprocess.run(killed, cwd=tmp_path, env=run_env, capture_output=True, text=True, timeout=900)
+    resumed = forked.run(killed, cwd=tmp_path, env=run_env, timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     expected, got = read_log(tmp_path / "straight-shards.jsonl"), read_log(tmp_path / "killed.jsonl")
     assert_same_losses(expected, got, BATCHES)

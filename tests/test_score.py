@@ -3,12 +3,12 @@ the scoring pass splits over ranks, resumes after a kill and writes to remote ou
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import forked
 import numpy as np
 import pytest
 import torch
@@ -198,18 +198,18 @@ def test_kill_and_resume_gives_the_uninterrupted_scores(scored, tmp_path):
                str(scored / "teacher"), "--dtype", "float32", "--batch-tokens", "640", "--device", "cpu",
                "--out", str(out)]
     env = {**os.environ, "WORLD_SIZE": "1", "RANK": "0"}
-    process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = forked.Forked(command, cwd=tmp_path, env=env, stdout=os.devnull, stderr=os.devnull)
     deadline = time.time() + 120
     while not list(out.glob("part-*/part.json")) and time.time() < deadline and process.poll() is None:
         time.sleep(0.01)
-    process.send_signal(signal.SIGKILL)
+    process.kill()
     process.wait()
     done = len(list(out.glob("part-*/part.json")))
     assert 1 <= done < PARTS, f"the kill should land mid-run ({done} of {PARTS} parts done)"
     assert not (out / "index.json").exists()
     (out / f".scratch-part-{PARTS - 1:05d}").mkdir(exist_ok=True)  # as a kill while decompressing leaves it
     (out / f".scratch-part-{PARTS - 1:05d}" / "shard.00000.mds").write_bytes(b"half a shard")
-    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    result = forked.run(command, cwd=tmp_path, env=env, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "complete:" in result.stdout and not list(out.glob(".tmp-*")) and not list(out.glob(".scratch-*"))
     same_samples(read(out), read(scored / "scored"))

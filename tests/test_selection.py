@@ -3,10 +3,10 @@
 import json
 import os
 import random
-import subprocess
 import sys
 from pathlib import Path
 
+import forked
 import numpy as np
 import pytest
 from helpers import Reached, reached
@@ -218,14 +218,14 @@ def test_two_ranks_share_the_scoring_and_rank_0_alone_reports_and_writes_files(h
     arguments = ["--shards", str(heldout), "--teacher", "tiny-math-teacher", "--dtype", "float32", "--canaries", "0.5",
                  "--samples", "64", "--work", str(tmp_path / "work")]
     files = ["--json", str(tmp_path / "report.json"), "--html", str(tmp_path / "page.html")]
-    other = subprocess.Popen([sys.executable, "-m", "vocagno.selection", *arguments, *files], cwd=REPO,
-                             env={**os.environ, "RANK": "1", "WORLD_SIZE": "2"}, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    other = forked.Forked([sys.executable, "-m", "vocagno.selection", *arguments, *files], cwd=REPO,
+                          env={**os.environ, "RANK": "1", "WORLD_SIZE": "2"})
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     assert selection.main([*arguments, *files]) == 0
-    out, err = other.communicate(timeout=600)
-    assert other.returncode == 0, err
+    code = other.wait(timeout=600)
+    out, err = other.output(other.stdout), other.output(other.stderr)
+    assert code == 0, err
     assert "wrote" not in out
     assert "precision" not in out  # no report
     assert len(json.loads((tmp_path / "work" / "rows" / "index.json").read_text())["shards"]) > 1

@@ -5,10 +5,10 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
+import forked
 import pytest
 from helpers import Reached, assert_same_losses, kill_when, reached, read_log
 from omegaconf import OmegaConf as om
@@ -22,12 +22,12 @@ REPO = Path(__file__).resolve().parent.parent
 TINY = str(REPO / "yamls" / "tiny.yaml")
 
 
-def run_train(tmp_path, *overrides, launcher=(sys.executable,), check=True, timeout=900, yaml=TINY):
-    """train.py yamls/tiny.yaml (or ``yaml``) in a subprocess, with its shards and logs under tmp_path."""
-    command = [*launcher, str(REPO / "train.py"), yaml, f"variables.data={tmp_path}/shards/train",
+def run_train(tmp_path, *overrides, check=True, timeout=900, yaml=TINY):
+    """python train.py yamls/tiny.yaml (or ``yaml``) in a process of its own (``forked``), with its shards and logs
+    under tmp_path."""
+    command = [sys.executable, str(REPO / "train.py"), yaml, f"variables.data={tmp_path}/shards/train",
                f"variables.heldout={tmp_path}/shards/heldout", "loggers.console=null", *overrides]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    result = forked.run(command, cwd=REPO, timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO)})
     if check:
         assert result.returncode == 0, result.stderr[-4000:]
     return result
@@ -167,8 +167,7 @@ def test_kill_and_autoresume_continue_with_the_same_losses(tiny_run, straight, t
               env={**os.environ, "PYTHONPATH": str(REPO)})
     first = read_log(killed / "log.jsonl")
     assert max(s for s in first if "loss/train/total" in first[s]) < 7, "the kill should land before the run ends"
-    result = subprocess.run(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                            capture_output=True, text=True, timeout=900)
+    result = forked.run(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     assert_same_losses(straight, read_log(killed / "log.jsonl"), 8)
 
@@ -405,7 +404,7 @@ def test_a_run_cleans_what_a_killed_run_left_in_shared_memory_and_not_what_a_liv
     command = [sys.executable, str(REPO / "train.py"), TINY, f"train_loader.dataset.remote={remote}",
                f"train_loader.dataset.local={tmp_path}/cache", "train_loader.convert_if_missing=null",
                "eval_loader=null", "selection_report=null", "loggers.console=null", "max_duration=1ba"]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    result = forked.run(command, cwd=REPO, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     assert _streaming_shm(live._shm_prefix_int) == held
     assert not left & _streaming_shm(int((tmp_path / "prefix").read_text()))
