@@ -95,9 +95,25 @@ def _become(command: list[str], cwd: str, env, fork_children: bool) -> None:
         os._exit(code)
 
 
-def _run_command(command: list[str], cwd: str, env: dict, stdout: str, stderr: str, fork_children: bool) -> None:
+def _own_dev_shm() -> None:
+    """A mount namespace of this process's own with an empty /dev/shm, as a machine of its own has (``unshare -m
+    --propagation private`` and ``mount -t tmpfs tmpfs /dev/shm``, as root)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    clone_newns, ms_rec, ms_private = 0x20000, 0x4000, 0x40000
+    if (libc.unshare(clone_newns) or libc.mount(b"none", b"/", None, ms_rec | ms_private, None)
+            or libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", 0, b"size=2g")):
+        error = ctypes.get_errno()
+        raise OSError(error, f"a private /dev/shm: {os.strerror(error)}")
+
+
+def _run_command(command: list[str], cwd: str, env: dict, stdout: str, stderr: str, fork_children: bool,
+                 private_shm: bool) -> None:
     """The forkserver's child: a session of its own, its output into files."""
     os.setsid()
+    if private_shm:
+        _own_dev_shm()
     for fd, path in ((1, stdout), (2, stderr)):
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         os.dup2(target, fd)
@@ -111,13 +127,14 @@ class ForkingPopen(subprocess.Popen):
     usual."""
 
     def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo, creationflags,
-                       shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite, *rest):
+                       shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite, restore_signals, gid, gids, uid,
+                       umask, start_new_session, *process_group):
         command = None if shell or preexec_fn or threading.active_count() > 1 else _python_command(args)
         if command is None:
             return super()._execute_child(args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
                                           creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread,
-                                          errwrite, *rest)
-        start_new_session = rest[4]  # after restore_signals, gid, gids, uid, umask
+                                          errwrite, restore_signals, gid, gids, uid, umask, start_new_session,
+                                          *process_group)
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
@@ -141,9 +158,11 @@ class ForkingPopen(subprocess.Popen):
 
 class Forked:
     """A running command, as much of ``subprocess.Popen`` as the tests use: ``pid`` (also its process group),
-    ``poll``, ``wait``, ``kill``; ``stdout`` and ``stderr`` are the files its output went to."""
+    ``poll``, ``wait``, ``kill``; ``stdout`` and ``stderr`` are the files its output went to. ``fork_children``: see
+    ``run``; ``private_shm``: in a mount namespace of its own with its own /dev/shm (a node of a job over several).
+    """
 
-    def __init__(self, command, cwd=None, env=None, stdout=None, stderr=None, fork_children=False):
+    def __init__(self, command, cwd=None, env=None, stdout=None, stderr=None, fork_children=False, private_shm=False):
         python = _python_command(command)
         if python is None:
             raise ValueError(f"not a `python script ...` or `python -m module ...` command: {command}")
@@ -152,7 +171,7 @@ class Forked:
         self.stderr = stderr or os.path.join(self._folder.name, "stderr")
         self._process = context.Process(target=_run_command, args=(
             python, str(cwd or os.getcwd()), dict(os.environ if env is None else env), str(self.stdout),
-            str(self.stderr), fork_children))
+            str(self.stderr), fork_children, private_shm))
         self._process.start()
         self.pid = self._process.pid
 

@@ -74,13 +74,10 @@ class Nodes:
             command = node_command(job, job_args, nodes=nodes, node_rank=node, nproc=nproc, master_addr="127.0.0.1",
                                    master_port=port, cache=str(where / f"node{node}-cache"), shards=shards,
                                    logs=str(where / "logs"))
-            # The node's own /dev/shm, as a machine of its own has.
-            command = ["unshare", "-m", "--propagation", "private", "sh", "-c",
-                       'mount -t tmpfs -o size=2g tmpfs /dev/shm && exec "$@"', "node", *command]
-            out = open(where / f"node{node}.out", "w")
-            self.processes.append(subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                                   env={**os.environ, "PYTHONPATH": str(REPO)},
-                                                   start_new_session=True))
+            # The node's own /dev/shm, as a machine of its own has; its launcher and ranks forked (forked).
+            out = where / f"node{node}.out"
+            self.processes.append(forked.Forked(command, cwd=REPO, stdout=out, stderr=out, fork_children=True,
+                                                private_shm=True, env={**os.environ, "PYTHONPATH": str(REPO)}))
 
     def wait(self, timeout=900):
         try:
