@@ -2,28 +2,54 @@
 imported train.py's modules once (torch, Composer, Streaming, transformers: about 7 s of CPU a fresh interpreter
 spends before its first line of work), instead of a fresh interpreter each.
 
-A run is still a process of its own: its own session (a process group to kill whole), working folder, environment,
-stdout and stderr, exit code, and the exit a script gets (its non-daemon threads joined, its atexit handlers run). The
-server is multiprocessing's forkserver, started clean from this module, not the pytest worker: a fork of the worker
+A run is still a process of its own, as close to ``python ...`` as a fork gets: its own session (a process group to
+kill whole), working folder, environment, ``sys.path`` and ``sys.argv``, stdout and stderr (unbuffered under
+``PYTHONUNBUFFERED``), default signal handlers, multiprocessing's own state, exit code, and the exit a script gets
+(its non-daemon threads joined, its atexit handlers run). What a fork can't give: modules the server imported stay
+imported (``PREIMPORTED``, all installed packages, importable by a fresh interpreter too), with what they read from
+the environment when imported (the pytest worker's: one torch thread, Hugging Face offline).
+
+The server is multiprocessing's forkserver, a clean interpreter, not the pytest worker: a fork of the worker
 inherits the threads and locks its earlier tests left, and a lock some thread held at the fork stays held in the
-child (the CI run at 9dd6544 saw four such children hang). What a fresh interpreter alone tests (what a module
-imports, ``PYTHONPATH``, a launcher's own processes) keeps ``subprocess``."""
+child (the CI run at 9dd6544 saw four such children hang). What only a fresh interpreter shows (what a module
+imports, ``torchrun``) keeps ``subprocess``."""
 
 import atexit
+import io
+import json
 import multiprocessing
 import os
 import runpy
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
+import weakref
 from pathlib import Path
 
 EXEC_POPEN = subprocess.Popen
+# Installed modules (the server's path is a fresh interpreter's, not the tests'): what train.py, the scoring pass,
+# the selection report and Composer's launcher import.
+PREIMPORTED = ["torch", "transformers", "streaming", "composer", "composer.cli.launcher", "omegaconf",
+               "vocagno.algorithm", "vocagno.baselines", "vocagno.config", "vocagno.data", "vocagno.checkpoint",
+               "vocagno.loggers", "vocagno.metrics", "vocagno.fsdp", "vocagno.score", "vocagno.selection"]
 context = multiprocessing.get_context("forkserver")
-# at_once's processes come from the same server (one per pytest worker, the preload set before it starts).
-context.set_forkserver_preload(["forked", "at_once", "train", "vocagno.score", "vocagno.selection"])
+context.set_forkserver_preload(PREIMPORTED)  # at_once's processes come from the same server
+_live: set["Forked"] = set()
+_fresh_path: list[str] = []  # set in the tests' process, and in a run for the runs it forks
+
+
+def fresh_path() -> list[str]:
+    """``sys.path`` of a fresh interpreter without PYTHONPATH, less its first entry (the script's folder)."""
+    if not _fresh_path:
+        env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+        out = subprocess.run([sys.executable, "-c", "import json, sys; print(json.dumps(sys.path[1:]))"], env=env,
+                             capture_output=True, text=True, check=True).stdout
+        _fresh_path[:] = json.loads(out)
+    return _fresh_path
 
 
 def _exit_code(code) -> int:
@@ -36,25 +62,55 @@ def _exit_code(code) -> int:
     return 1
 
 
-def _as_a_fresh_interpreter() -> None:
-    """The forked process is multiprocessing's main process, with no parent, and starts its own resource tracker
-    when it first needs one (a run's leaked shared memory is its tracker's, which dies with its process group)."""
-    from multiprocessing import process, resource_tracker
+def _as_a_fresh_interpreter(cwd: str, env: dict) -> None:
+    """What the forked process inherited of the process it was forked from, as a fresh interpreter has it: default
+    signal handlers, no finalizers of the parent's objects (a launcher's temporary folders), stdout and stderr on
+    fds 1 and 2, multiprocessing's main process with no parent, its default start method, its own resource tracker
+    and forkserver when it first needs them (a run's leaked shared memory is its tracker's, which dies with its
+    process group)."""
+    from multiprocessing import forkserver, process, resource_tracker, util
 
+    for number in signal.valid_signals():
+        handler = signal.getsignal(number)
+        if callable(handler) and handler is not signal.default_int_handler:
+            signal.signal(number, signal.default_int_handler if number == signal.SIGINT else signal.SIG_DFL)
+    weakref.finalize._registry.clear()
+    util._finalizer_registry.clear()
+    unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        raw = io.FileIO(fd, "w", closefd=False)
+        stream = io.TextIOWrapper(raw if unbuffered else io.BufferedWriter(raw), encoding="utf-8",
+                                  errors="backslashreplace" if name == "stderr" else "strict",
+                                  line_buffering=name == "stderr" or raw.isatty(), write_through=unbuffered)
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
     current = process.current_process()
     current._name, current._identity, current._parent_pid, current._parent_name = "MainProcess", (), None, None
     process._parent_process = None
+    process.ORIGINAL_DIR = os.path.abspath(cwd)
+    multiprocessing.context._default_context._actual_context = None
     tracker = resource_tracker._resource_tracker
     if tracker._fd is not None:
         os.close(tracker._fd)
     tracker._fd = tracker._pid = None
+    server = forkserver._forkserver
+    server._forkserver_address = server._forkserver_alive_fd = server._forkserver_pid = None
+    server._inherited_fds = None
+    server._preload_modules = ["__main__"]
 
 
 def _python_command(command) -> list[str] | None:
-    """``command`` as ``[python, script, ...]`` or ``[python, -m, module, ...]`` (a console script of this
+    """``command`` as ``[python, script, ...]`` or ``[python, -m, module, ...]`` (a Python console script of this
     environment, such as ``composer``, is a script), or None for any other command."""
     command = [os.fsdecode(part) if isinstance(part, bytes) else str(part) for part in command]
     if command and command[0] != sys.executable and Path(command[0]).parent == Path(sys.executable).parent:
+        try:
+            with open(command[0], "rb") as script:
+                first = script.readline(200)
+        except OSError:
+            return None
+        if not (first.startswith(b"#!") and b"python" in first):
+            return None
         command = [sys.executable, *command]
     if len(command) < 2 or command[0] != sys.executable:
         return None
@@ -63,23 +119,28 @@ def _python_command(command) -> list[str] | None:
     return None if command[1].startswith("-") else command
 
 
-def _become(command: list[str], cwd: str, env, fork_children: bool) -> None:
-    """In a forked process: run ``command`` as ``python`` would, then exit as the interpreter does."""
-    _as_a_fresh_interpreter()
-    os.chdir(cwd)
-    env = dict(env)
-    os.environ.clear()
-    os.environ.update(env)
-    subprocess.Popen = ForkingPopen if fork_children else EXEC_POPEN
+def _become(command: list[str], cwd: str, env: dict, fork_children: bool) -> None:
+    """In a forked process, its fds 0-2 set: run ``command`` as ``python`` would, then exit as the interpreter does."""
     code = 0
     try:
-        if command[1] == "-m":  # python -m: the working folder first on the path, the module's file in argv[0]
+        os.chdir(cwd)
+        _as_a_fresh_interpreter(cwd, env)
+        os.environ.clear()
+        os.environ.update(env)
+        subprocess.Popen = ForkingPopen if fork_children else EXEC_POPEN
+        python_path = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
+        if command[1] == "-m":  # python -m: the working folder first, the module run as __main__ only
             sys.argv = [command[2], *command[3:]]
-            sys.path.insert(0, cwd)
+            sys.path[:] = [cwd, *python_path, *_fresh_path]
+            sys.modules.pop(command[2], None)
             runpy.run_module(command[2], run_name="__main__", alter_sys=True)
         else:  # python script.py: the script's folder first
             sys.argv = command[1:]
-            sys.path.insert(0, str(Path(command[1]).resolve().parent))
+            if not os.path.isfile(command[1]):
+                print(f"{sys.executable}: can't open file {os.path.abspath(command[1])!r}: [Errno 2] No such file "
+                      "or directory", file=sys.stderr)
+                raise SystemExit(2)
+            sys.path[:] = [str(Path(command[1]).resolve().parent), *python_path, *_fresh_path]
             runpy.run_path(command[1], run_name="__main__")
     except SystemExit as exit:
         code = _exit_code(exit.code)
@@ -95,6 +156,26 @@ def _become(command: list[str], cwd: str, env, fork_children: bool) -> None:
         os._exit(code)
 
 
+def _run_command(command: list[str], cwd: str, env: dict, stdout: str, stderr: str, fork_children: bool,
+                 private_shm: bool, path: list[str]) -> None:
+    """The forkserver's child: a session of its own, its output into files."""
+    os.setsid()
+    _fresh_path[:] = path
+    sys.stdout.flush()  # what the server printed goes to the server's output, not the run's
+    sys.stderr.flush()
+    for fd, path in ((1, stdout), (2, stderr)):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+    if private_shm:
+        try:
+            _own_dev_shm()
+        except OSError:
+            traceback.print_exc()
+            os._exit(1)
+    _become(command, cwd, env, fork_children)
+
+
 def _own_dev_shm() -> None:
     """A mount namespace of this process's own with an empty /dev/shm, as a machine of its own has (``unshare -m
     --propagation private`` and ``mount -t tmpfs tmpfs /dev/shm``, as root)."""
@@ -108,29 +189,18 @@ def _own_dev_shm() -> None:
         raise OSError(error, f"a private /dev/shm: {os.strerror(error)}")
 
 
-def _run_command(command: list[str], cwd: str, env: dict, stdout: str, stderr: str, fork_children: bool,
-                 private_shm: bool) -> None:
-    """The forkserver's child: a session of its own, its output into files."""
-    os.setsid()
-    if private_shm:
-        _own_dev_shm()
-    for fd, path in ((1, stdout), (2, stderr)):
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-        os.dup2(target, fd)
-        os.close(target)
-    _become(command, cwd, env, fork_children)
-
-
 class ForkingPopen(subprocess.Popen):
     """``subprocess.Popen`` whose ``python ...`` children are forks of this process, which has their modules imported
     (a launcher that starts ranks, before it starts any thread); other commands, or a process with threads, exec as
-    usual."""
+    usual. Unlike exec it keeps the parent's other file descriptors open in the child (closing them would leave the
+    parent's objects that own them closing numbers reused since)."""
 
     def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo, creationflags,
                        shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite, restore_signals, gid, gids, uid,
                        umask, start_new_session, *process_group):
         command = None if shell or preexec_fn or threading.active_count() > 1 else _python_command(args)
-        if command is None:
+        if command is None or gid is not None or gids is not None or uid is not None or umask >= 0 \
+                or process_group[:1] not in ((), (None,), (-1,)):
             return super()._execute_child(args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
                                           creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread,
                                           errwrite, restore_signals, gid, gids, uid, umask, start_new_session,
@@ -145,10 +215,19 @@ class ForkingPopen(subprocess.Popen):
                 for fd in (p2cwrite, c2pread, errread):  # the parent's ends
                     if fd != -1:
                         os.close(fd)
-                for target, fd in ((p2cread, 0), (c2pwrite, 1), (errwrite, 2)):
-                    if target != -1:
+                # As _posixsubprocess: move the child's ends off 0-2 first, so dup2 in order does not clobber them.
+                if c2pwrite == 0:
+                    c2pwrite = os.dup(c2pwrite)
+                while errwrite in (0, 1):
+                    errwrite = os.dup(errwrite)
+                ends = [(p2cread, 0), (c2pwrite, 1), (errwrite, 2)]
+                for target, fd in ends:
+                    if target != -1 and target != fd:
                         os.dup2(target, fd)
-                _become(command, os.fsdecode(cwd) if cwd else os.getcwd(), os.environ if env is None else env, False)
+                for target in {target for target, _ in ends if target > 2}:
+                    os.close(target)
+                child_cwd = os.fsdecode(cwd) if cwd else os.getcwd()
+                _become(command, child_cwd, dict(os.environ if env is None else env), False)
             finally:
                 os._exit(1)
         self.pid = pid
@@ -160,28 +239,40 @@ class Forked:
     """A running command, as much of ``subprocess.Popen`` as the tests use: ``pid`` (also its process group),
     ``poll``, ``wait``, ``kill``; ``stdout`` and ``stderr`` are the files its output went to. ``fork_children``: see
     ``run``; ``private_shm``: in a mount namespace of its own with its own /dev/shm (a node of a job over several).
-    """
+    It returns once the run leads its process group, so that killing the group reaches it."""
 
     def __init__(self, command, cwd=None, env=None, stdout=None, stderr=None, fork_children=False, private_shm=False):
         python = _python_command(command)
         if python is None:
             raise ValueError(f"not a `python script ...` or `python -m module ...` command: {command}")
+        self.args = command
         self._folder = tempfile.TemporaryDirectory(prefix="forked-")
         self.stdout = stdout or os.path.join(self._folder.name, "stdout")
         self.stderr = stderr or os.path.join(self._folder.name, "stderr")
         self._process = context.Process(target=_run_command, args=(
-            python, str(cwd or os.getcwd()), dict(os.environ if env is None else env), str(self.stdout),
-            str(self.stderr), fork_children, private_shm))
+            python, os.path.abspath(cwd or os.getcwd()), dict(os.environ if env is None else env), str(self.stdout),
+            str(self.stderr), fork_children, private_shm, fresh_path()))
         self._process.start()
         self.pid = self._process.pid
+        _live.add(self)
+        while self._process.exitcode is None:
+            try:
+                if os.getpgid(self.pid) == self.pid:
+                    break
+            except ProcessLookupError:
+                break
+            time.sleep(0.001)
 
     def poll(self):
-        return self._process.exitcode
+        code = self._process.exitcode
+        if code is not None:
+            _live.discard(self)
+        return code
 
     def wait(self, timeout=None):
         self._process.join(timeout)
-        if self._process.exitcode is None:
-            raise subprocess.TimeoutExpired(self._process.name, timeout)
+        if self.poll() is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
         return self._process.exitcode
 
     def kill(self):
@@ -193,14 +284,16 @@ class Forked:
 
 def run(command, cwd=None, env=None, timeout=None, fork_children=False) -> subprocess.CompletedProcess:
     """``subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)``, forked; a run
-    past ``timeout`` is killed with its process group and raises ``subprocess.TimeoutExpired``. ``fork_children``:
-    the ``python ...`` processes it starts (a launcher's ranks) are forks of it too (``ForkingPopen``)."""
+    past ``timeout``, or whose wait is interrupted, is killed with its process group. ``fork_children``: the
+    ``python ...`` processes it starts (a launcher's ranks) are forks of it too (``ForkingPopen``)."""
     process = Forked(command, cwd=cwd, env=env, fork_children=fork_children)
     try:
         code = process.wait(timeout)
-    except subprocess.TimeoutExpired:
+    except BaseException as error:
         kill_group(process.pid)
         process.wait()
+        if isinstance(error, subprocess.TimeoutExpired):
+            error.output, error.stderr = process.output(process.stdout), process.output(process.stderr)
         raise
     finally:
         stdout, stderr = process.output(process.stdout), process.output(process.stderr)
@@ -210,6 +303,15 @@ def run(command, cwd=None, env=None, timeout=None, fork_children=False) -> subpr
 
 def kill_group(group: int) -> None:
     try:
-        os.killpg(group, 9)
+        os.killpg(group, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+@atexit.register
+def _kill_live_groups() -> None:
+    """A worker that ends (interrupted, crashed) takes its runs with it: each has a session of its own, which no
+    Ctrl-C at a terminal reaches."""
+    for run in list(_live):
+        if run.poll() is None:
+            kill_group(run.pid)

@@ -27,8 +27,8 @@ def test_a_forked_run_and_the_python_processes_it_starts_die_with_its_process_gr
     """forked's runs stand for a launcher and its ranks: a rank it forks stays in the launcher's process group (unless
     asked for a session of its own), so killing the group, as a node's death does, leaves nothing behind."""
     rank = tmp_path / "rank.py"
-    rank.write_text("import os, pathlib, sys, time\npathlib.Path(sys.argv[1]).write_text(str(os.getpid()))\n"
-                    "time.sleep(300)\n")
+    rank.write_text("import os, pathlib, sys, time\npathlib.Path(sys.argv[1] + '.part').write_text(str(os.getpid()))\n"
+                    "os.rename(sys.argv[1] + '.part', sys.argv[1])\ntime.sleep(300)\n")
     launcher = tmp_path / "launcher.py"
     launcher.write_text("import subprocess, sys\n"
                         f"subprocess.Popen([sys.executable, {str(rank)!r}, sys.argv[1]]).wait()\n")

@@ -1,0 +1,67 @@
+"""tests/forked.py: a run forked from its server is, to its script, the process `python ...` would start."""
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import forked
+
+TESTS = str(Path(__file__).resolve().parent)
+
+REPORT = """import json, multiprocessing, os, signal, sys
+print(json.dumps({"path": sys.path[:2], "tests": any(p.rstrip("/") == %r for p in sys.path), "argv": sys.argv,
+                  "start": multiprocessing.get_start_method(), "name": multiprocessing.current_process().name,
+                  "parent": multiprocessing.parent_process() is None,
+                  "sigterm": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL}))
+"""
+
+
+def test_a_forked_run_sees_what_a_fresh_interpreter_sees(tmp_path):
+    script = tmp_path / "report.py"
+    script.write_text(REPORT % TESTS)
+    result = forked.run([sys.executable, str(script), "a", "b"], cwd=tmp_path,
+                        env={**os.environ, "PYTHONPATH": "/elsewhere"}, timeout=120)
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert seen["path"] == [str(tmp_path), "/elsewhere"] and not seen["tests"]  # not the pytest worker's path
+    assert seen["argv"] == [str(script), "a", "b"]
+    assert (seen["start"], seen["name"], seen["parent"], seen["sigterm"]) == ("fork", "MainProcess", True, True)
+    module = forked.run([sys.executable, "-m", "vocagno.score", "--help"], timeout=120)
+    assert module.returncode == 0 and "usage:" in module.stdout and "RuntimeWarning" not in module.stderr
+    missing = forked.run([sys.executable, str(tmp_path / "missing.py")], timeout=120)
+    assert missing.returncode == 2 and "can't open file" in missing.stderr
+
+
+def test_a_rank_forked_by_a_launcher_keeps_nothing_of_the_launchers_state(tmp_path):
+    """Its temporary folders stay (their finalizers are the launcher's), its signal handlers are the defaults, and
+    PYTHONUNBUFFERED gets its output out before a kill -9."""
+    rank = tmp_path / "rank.py"
+    rank.write_text("import os, signal, sys\n"
+                    "print('default' if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL else 'inherited')\n"
+                    "os.kill(os.getpid(), signal.SIGKILL)\n")
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text("import os, signal, subprocess, sys, tempfile\n"
+                        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))\n"
+                        "folder = tempfile.TemporaryDirectory()\n"
+                        f"with open({str(tmp_path / 'rank.out')!r}, 'w') as out:\n"
+                        f"    subprocess.Popen([sys.executable, {str(rank)!r}], stdout=out,\n"
+                        "                     env={**os.environ, 'PYTHONUNBUFFERED': '1'}).wait()\n"
+                        "print('kept' if os.path.isdir(folder.name) else 'gone')\n")
+    result = forked.run([sys.executable, str(launcher)], cwd=tmp_path, timeout=120, fork_children=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "kept"
+    assert (tmp_path / "rank.out").read_text().strip() == "default"
+
+
+def test_a_run_killed_as_soon_as_it_starts_is_killed(tmp_path):
+    """Forked returns once the run leads its process group: killing the group at once reaches it."""
+    script = tmp_path / "sleep.py"
+    script.write_text("import time\ntime.sleep(300)\n")
+    for _ in range(3):
+        run = forked.Forked([sys.executable, str(script)])
+        os.killpg(run.pid, signal.SIGKILL)
+        began = time.time()
+        assert run.wait(60) == -signal.SIGKILL and time.time() - began < 60
