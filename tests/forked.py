@@ -17,6 +17,7 @@ imports, ``torchrun``) keeps ``subprocess``."""
 import atexit
 import io
 import json
+import logging
 import multiprocessing
 import os
 import runpy
@@ -39,6 +40,7 @@ PREIMPORTED = ["torch", "transformers", "streaming", "composer", "composer.cli.l
 context = multiprocessing.get_context("forkserver")
 context.set_forkserver_preload(PREIMPORTED)  # at_once's processes come from the same server
 _live: set["Forked"] = set()
+_root_handlers: list = []  # the root logger's handlers when a run starts
 _fresh_path: list[str] = []  # set in the tests' process, and in a run for the runs it forks
 
 
@@ -70,12 +72,15 @@ def _as_a_fresh_interpreter(cwd: str, env: dict) -> None:
     process group)."""
     from multiprocessing import forkserver, process, resource_tracker, util
 
-    for number in signal.valid_signals():
+    for number in signal.valid_signals():  # CPython's own at start; a measuring coverage's SIGTERM handler stays
         handler = signal.getsignal(number)
-        if callable(handler) and handler is not signal.default_int_handler:
+        if callable(handler) and not getattr(handler, "__module__", "").startswith("coverage"):
             signal.signal(number, signal.default_int_handler if number == signal.SIGINT else signal.SIG_DFL)
+    for number in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(number, signal.SIG_IGN)
     weakref.finalize._registry.clear()
     util._finalizer_registry.clear()
+    logging.root.handlers[:] = _root_handlers  # those a launcher's logging.basicConfig added go
     unbuffered = bool(env.get("PYTHONUNBUFFERED"))
     for name, fd in (("stdout", 1), ("stderr", 2)):
         raw = io.FileIO(fd, "w", closefd=False)
@@ -87,13 +92,16 @@ def _as_a_fresh_interpreter(cwd: str, env: dict) -> None:
     current = process.current_process()
     current._name, current._identity, current._parent_pid, current._parent_name = "MainProcess", (), None, None
     process._parent_process = None
-    process.ORIGINAL_DIR = os.path.abspath(cwd)
+    process._children.clear()  # the launcher's, which a rank's exit would otherwise terminate
+    process.ORIGINAL_DIR = os.getcwd()
     multiprocessing.context._default_context._actual_context = None
     tracker = resource_tracker._resource_tracker
     if tracker._fd is not None:
         os.close(tracker._fd)
     tracker._fd = tracker._pid = None
     server = forkserver._forkserver
+    if server._forkserver_alive_fd is not None:
+        os.close(server._forkserver_alive_fd)
     server._forkserver_address = server._forkserver_alive_fd = server._forkserver_pid = None
     server._inherited_fds = None
     server._preload_modules = ["__main__"]
@@ -131,12 +139,13 @@ def _become(command: list[str], cwd: str, env: dict, fork_children: bool) -> Non
         python_path = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
         if command[1] == "-m":  # python -m: the working folder first, the module run as __main__ only
             sys.argv = [command[2], *command[3:]]
-            sys.path[:] = [cwd, *python_path, *_fresh_path]
-            sys.modules.pop(command[2], None)
+            sys.path[:] = [os.getcwd(), *python_path, *_fresh_path]
+            if not hasattr(sys.modules.get(command[2]), "__path__"):  # preloaded: python -m has not imported it
+                sys.modules.pop(command[2], None)
             runpy.run_module(command[2], run_name="__main__", alter_sys=True)
         else:  # python script.py: the script's folder first
             sys.argv = command[1:]
-            if not os.path.isfile(command[1]):
+            if not os.path.exists(command[1]):
                 print(f"{sys.executable}: can't open file {os.path.abspath(command[1])!r}: [Errno 2] No such file "
                       "or directory", file=sys.stderr)
                 raise SystemExit(2)
@@ -161,6 +170,7 @@ def _run_command(command: list[str], cwd: str, env: dict, stdout: str, stderr: s
     """The forkserver's child: a session of its own, its output into files."""
     os.setsid()
     _fresh_path[:] = path
+    _root_handlers[:] = logging.root.handlers
     sys.stdout.flush()  # what the server printed goes to the server's output, not the run's
     sys.stderr.flush()
     for fd, path in ((1, stdout), (2, stderr)):
@@ -189,6 +199,11 @@ def _own_dev_shm() -> None:
         raise OSError(error, f"a private /dev/shm: {os.strerror(error)}")
 
 
+def _cuda_initialized() -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_initialized()
+
+
 class ForkingPopen(subprocess.Popen):
     """``subprocess.Popen`` whose ``python ...`` children are forks of this process, which has their modules imported
     (a launcher that starts ranks, before it starts any thread); other commands, or a process with threads, exec as
@@ -198,7 +213,8 @@ class ForkingPopen(subprocess.Popen):
     def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo, creationflags,
                        shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite, restore_signals, gid, gids, uid,
                        umask, start_new_session, *process_group):
-        command = None if shell or preexec_fn or threading.active_count() > 1 else _python_command(args)
+        plain = not (shell or preexec_fn or executable or threading.active_count() > 1 or _cuda_initialized())
+        command = _python_command(args) if plain and isinstance(args, (list, tuple)) else None
         if command is None or gid is not None or gids is not None or uid is not None or umask >= 0 \
                 or process_group[:1] not in ((), (None,), (-1,)):
             return super()._execute_child(args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,

@@ -39,21 +39,26 @@ def test_a_rank_forked_by_a_launcher_keeps_nothing_of_the_launchers_state(tmp_pa
     """Its temporary folders stay (their finalizers are the launcher's), its signal handlers are the defaults, and
     PYTHONUNBUFFERED gets its output out before a kill -9."""
     rank = tmp_path / "rank.py"
-    rank.write_text("import os, signal, sys\n"
-                    "print('default' if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL else 'inherited')\n"
-                    "os.kill(os.getpid(), signal.SIGKILL)\n")
+    rank.write_text("import os, pathlib, signal, sys\n"
+                    "forked = 'forkserver' in pathlib.Path(f'/proc/{os.getpid()}/cmdline').read_text()\n"
+                    "print('forked' if forked else 'exec', 'default' if signal.getsignal(signal.SIGTERM) == "
+                    "signal.SIG_DFL else 'inherited')\n"
+                    "if sys.argv[1] == 'killed':\n"
+                    "    os.kill(os.getpid(), signal.SIGKILL)\n")
     launcher = tmp_path / "launcher.py"
     launcher.write_text("import os, signal, subprocess, sys, tempfile\n"
                         "signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))\n"
                         "folder = tempfile.TemporaryDirectory()\n"
-                        f"with open({str(tmp_path / 'rank.out')!r}, 'w') as out:\n"
-                        f"    subprocess.Popen([sys.executable, {str(rank)!r}], stdout=out,\n"
-                        "                     env={**os.environ, 'PYTHONUNBUFFERED': '1'}).wait()\n"
+                        "for how in ('exits', 'killed'):\n"
+                        f"    with open({str(tmp_path)!r} + f'/{{how}}.out', 'w') as out:\n"
+                        f"        subprocess.Popen([sys.executable, {str(rank)!r}, how], stdout=out,\n"
+                        "                         env={**os.environ, 'PYTHONUNBUFFERED': '1'}).wait()\n"
                         "print('kept' if os.path.isdir(folder.name) else 'gone')\n")
     result = forked.run([sys.executable, str(launcher)], cwd=tmp_path, timeout=120, fork_children=True)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "kept"
-    assert (tmp_path / "rank.out").read_text().strip() == "default"
+    assert result.stdout.strip() == "kept"  # the rank that exited ran no finalizer of the launcher's folder
+    for how in ("exits", "killed"):  # forked; the killed one's line out unbuffered
+        assert (tmp_path / f"{how}.out").read_text().split() == ["forked", "default"], how
 
 
 def test_a_run_killed_as_soon_as_it_starts_is_killed(tmp_path):
