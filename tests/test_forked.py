@@ -15,7 +15,7 @@ REPORT = """import json, multiprocessing, os, signal, sys
 print(json.dumps({"path": sys.path[:2], "tests": any(p.rstrip("/") == %r for p in sys.path), "argv": sys.argv,
                   "start": multiprocessing.get_start_method(), "name": multiprocessing.current_process().name,
                   "parent": multiprocessing.parent_process() is None,
-                  "sigterm": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL}))
+                  "sigint": signal.getsignal(signal.SIGINT) is signal.default_int_handler}))
 """
 
 
@@ -28,7 +28,7 @@ def test_a_forked_run_sees_what_a_fresh_interpreter_sees(tmp_path):
     seen = json.loads(result.stdout)
     assert seen["path"] == [str(tmp_path), "/elsewhere"] and not seen["tests"]  # not the pytest worker's path
     assert seen["argv"] == [str(script), "a", "b"]
-    assert (seen["start"], seen["name"], seen["parent"], seen["sigterm"]) == ("fork", "MainProcess", True, True)
+    assert (seen["start"], seen["name"], seen["parent"], seen["sigint"]) == ("fork", "MainProcess", True, True)
     module = forked.run([sys.executable, "-m", "vocagno.score", "--help"], timeout=120)
     assert module.returncode == 0 and "usage:" in module.stdout and "RuntimeWarning" not in module.stderr
     missing = forked.run([sys.executable, str(tmp_path / "missing.py")], timeout=120)
@@ -41,13 +41,13 @@ def test_a_rank_forked_by_a_launcher_keeps_nothing_of_the_launchers_state(tmp_pa
     rank = tmp_path / "rank.py"
     rank.write_text("import os, pathlib, signal, sys\n"
                     "forked = 'forkserver' in pathlib.Path(f'/proc/{os.getpid()}/cmdline').read_text()\n"
-                    "print('forked' if forked else 'exec', 'default' if signal.getsignal(signal.SIGTERM) == "
+                    "print('forked' if forked else 'exec', 'default' if signal.getsignal(signal.SIGUSR1) == "
                     "signal.SIG_DFL else 'inherited')\n"
                     "if sys.argv[1] == 'killed':\n"
                     "    os.kill(os.getpid(), signal.SIGKILL)\n")
     launcher = tmp_path / "launcher.py"
     launcher.write_text("import os, signal, subprocess, sys, tempfile\n"
-                        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))\n"
+                        "signal.signal(signal.SIGUSR1, lambda *a: sys.exit(138))\n"
                         "folder = tempfile.TemporaryDirectory()\n"
                         "for how in ('exits', 'killed'):\n"
                         f"    with open({str(tmp_path)!r} + f'/{{how}}.out', 'w') as out:\n"
