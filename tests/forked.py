@@ -294,8 +294,10 @@ class Forked:
     def kill(self):
         self._process.kill()
 
-    def output(self, path) -> str:
-        return Path(path).read_text(encoding="utf-8", errors="replace") if os.path.exists(path) else ""
+    def outputs(self) -> tuple[str, str]:
+        """What it wrote to stdout and to stderr, so far."""
+        return tuple(Path(path).read_text(encoding="utf-8", errors="replace") if os.path.exists(path) else ""
+                     for path in (self.stdout, self.stderr))
 
 
 def run(command, cwd=None, env=None, timeout=None, fork_children=False) -> subprocess.CompletedProcess:
@@ -309,10 +311,10 @@ def run(command, cwd=None, env=None, timeout=None, fork_children=False) -> subpr
         kill_group(process.pid)
         process.wait()
         if isinstance(error, subprocess.TimeoutExpired):
-            error.output, error.stderr = process.output(process.stdout), process.output(process.stderr)
+            error.output, error.stderr = process.outputs()
         raise
     finally:
-        stdout, stderr = process.output(process.stdout), process.output(process.stderr)
+        stdout, stderr = process.outputs()
         process._folder.cleanup()
     return subprocess.CompletedProcess(command, code, stdout, stderr)
 

@@ -224,7 +224,7 @@ def test_two_ranks_share_the_scoring_and_rank_0_alone_reports_and_writes_files(h
     monkeypatch.setenv("RANK", "0")
     assert selection.main([*arguments, *files]) == 0
     code = other.wait(timeout=600)
-    out, err = other.output(other.stdout), other.output(other.stderr)
+    out, err = other.outputs()
     assert code == 0, err
     assert "wrote" not in out
     assert "precision" not in out  # no report
