@@ -3,9 +3,10 @@
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
+
+import forked
 
 REPO = Path(__file__).resolve().parent.parent
 METHODS = ("plain", "vocagno_40", "vocagno_clean", "random_40", "chunk_1", "chunk_16")
@@ -14,9 +15,8 @@ METHODS = ("plain", "vocagno_40", "vocagno_clean", "random_40", "chunk_1", "chun
 def test_the_miniature_runs_the_products_chain_at_toy_size_and_reports_it(tmp_path):
     """convert -> vocagno.score -> train.py, cached losses, per method -> held-out bits per byte -> vocagno.report."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    result = subprocess.run([sys.executable, str(REPO / "experiments" / "miniature.py"), "--size", "toy", "--device",
-                             "cpu", "--out", str(tmp_path / "mini")], cwd=tmp_path, env=env, capture_output=True,
-                            text=True, timeout=1200)
+    result = forked.run([sys.executable, str(REPO / "experiments" / "miniature.py"), "--size", "toy", "--device", "cpu",
+                         "--out", str(tmp_path / "mini")], cwd=tmp_path, env=env, timeout=1200)
     assert result.returncode == 0, result.stderr[-4000:]
     measured = json.loads((tmp_path / "mini" / "miniature.json").read_text())
     assert list(measured["bits_per_byte"]) == ["init", *METHODS]
@@ -28,9 +28,8 @@ def test_the_miniature_runs_the_products_chain_at_toy_size_and_reports_it(tmp_pa
     assert 0 < measured["teacher_bits_per_byte"] < init
     rows = re.findall(r"^\| (\w+) \| ([0-9.]+) \|", result.stdout, re.MULTILINE)
     assert [name for name, _ in rows] == ["init", *METHODS]
-    report = subprocess.run([sys.executable, "-m", "vocagno.report", "--miniature", str(tmp_path / "mini" /
-                             "miniature.json"), "--plot", str(tmp_path / "bpb.png")], capture_output=True, text=True,
-                            timeout=120, cwd=REPO)
+    report = forked.run([sys.executable, "-m", "vocagno.report", "--miniature", str(tmp_path / "mini" / "miniature.json"),
+                         "--plot", str(tmp_path / "bpb.png")], timeout=120, cwd=REPO)
     assert report.returncode == 0, report.stderr
     assert "| vocagno_40 |" in report.stdout and "n/a (one seed)" in report.stdout
     assert (tmp_path / "bpb.png").read_bytes()[:4] == b"\x89PNG"
