@@ -20,9 +20,9 @@ REPO = Path(__file__).resolve().parent.parent
 OVERRIDES = ["selection_report=null", "eval_loader=null", "loggers.console=null", "progress_bar=false"]
 
 
-def train(*overrides, env=None, cwd=REPO):
+def train(*overrides):
     result = forked.run([sys.executable, str(REPO / "train.py"), str(REPO / "yamls" / "tiny.yaml"), *OVERRIDES,
-                         *overrides], cwd=cwd, timeout=900, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+                         *overrides], cwd=REPO, timeout=900, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode == 0, result.stderr[-4000:]
     return result
 

@@ -69,15 +69,15 @@ def chain(s3, tmp_path_factory):
                   env=run_env)
         first = read_log(tmp_path / "killed.jsonl")
         killed_at = max(s for s in first if "loss/train/total" in first[s])
+        assert killed_at < BATCHES - 1, "the kill should land before the run ends"
         # Resumed from the store: a restart instead would fail to upload ep0-ba2 again (the object exists).
         resumed = forked.run(killed, cwd=tmp_path, env=run_env, timeout=900)
         assert resumed.returncode == 0, resumed.stderr[-4000:]
-    return tmp_path, client, killed_at
+    return tmp_path, client
 
 
 def test_convert_score_and_train_on_s3_and_resume_after_a_kill(chain):
-    tmp_path, client, killed_at = chain
-    assert killed_at < BATCHES - 1, "the kill should land before the run ends"
+    tmp_path, client = chain
     expected, got = read_log(tmp_path / "straight-shards.jsonl"), read_log(tmp_path / "killed.jsonl")
     assert_same_losses(expected, got, BATCHES)
     assert f"chain/killed/ep0-ba{BATCHES}-rank0.pt" in keys(client, "chain/killed/")
@@ -88,7 +88,7 @@ def test_convert_score_and_train_on_s3_and_resume_after_a_kill(chain):
 def test_a_run_saved_to_s3_exports_from_there_and_resumed_from_there(chain, s3, tmp_path, monkeypatch):
     """train.py uploads its checkpoints and latest-rank0.pt.symlink as Composer does, the resumed run repoints it
     to its last checkpoint, and vocagno.export reads the run from the store by its save folder."""
-    run, client, _ = chain
+    run, client = chain
     for name, value in s3[0].items():
         monkeypatch.setenv(name, value)
     last = f"chain/killed/ep0-ba{BATCHES}-rank0.pt"
