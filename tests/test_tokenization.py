@@ -1,5 +1,6 @@
 """Loading the shipped tokenizers offline, and refusing tokenizers that can't give offsets."""
 
+import errno
 import json
 import os
 
@@ -32,6 +33,31 @@ def test_unpacking_is_cached_and_keyed_by_content():
     assert first.name.startswith("qwen2.5-") and (first / "tokenizer.json").stat().st_size > 5_000_000
     assert str(first).startswith(os.environ["VOCAGNO_CACHE"])
     assert shipped_tokenizer_dir("qwen2.5") == first
+
+
+def test_a_job_that_loses_the_unpacking_race_takes_the_winners_folder_and_leaves_no_staging(tmp_path, monkeypatch):
+    """Jobs of a node unpacking the same shipped files at once: the one whose rename finds the folder in place takes
+    that folder as it is and removes its own staging copy; a fill that fails with no folder in place raises."""
+    from vocagno.tokenization import _unpacked_once
+
+    monkeypatch.setenv("VOCAGNO_CACHE", str(tmp_path))
+    target = tmp_path / "models" / "x-abc"
+
+    def another_job_wins(folder):
+        (folder / "mine").write_text("loser")
+        target.mkdir()
+        (target / "theirs").write_text("winner")
+
+    assert _unpacked_once("models", "x", "abc", another_job_wins) == target
+    assert [p.name for p in target.iterdir()] == ["theirs"]
+    assert [p.name for p in (tmp_path / "models").iterdir()] == ["x-abc"]
+
+    def full_disk(folder):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left on device"):
+        _unpacked_once("models", "y", "abc", full_disk)
+    assert [p.name for p in (tmp_path / "models").iterdir()] == ["x-abc"]
 
 
 def test_unknown_shipped_name_is_refused():

@@ -308,6 +308,11 @@ def test_truncated_files_are_named_and_only_a_save_cut_short_is_removed(heldout,
     repair(str(save))  # a zip without its directory, which comes last: proof its save was cut short
     assert not (save / "ep0-ba3-rank0.pt").exists()
 
+    (save / "ep0-ba4-rank0.pt").write_bytes(b"")  # a save killed before its first byte
+    assert_refused_by_every_reader(save / "ep0-ba4-rank0.pt", "an incomplete checkpoint", heldout, tmp_path, capsys)
+    repair(str(save))
+    assert not (save / "ep0-ba4-rank0.pt").exists()
+
 
 def test_a_read_error_is_no_proof_of_a_save_cut_short(tmp_path, monkeypatch):
     """An NFS hiccup or a permission error while repair looks at a whole checkpoint stops it, naming the file; the
