@@ -64,7 +64,7 @@ def _exit_code(code) -> int:
     return 1
 
 
-def _as_a_fresh_interpreter(cwd: str, env: dict) -> None:
+def _as_a_fresh_interpreter(env: dict) -> None:
     """What the forked process inherited of the process it was forked from, as a fresh interpreter has it: default
     signal handlers, no finalizers of the parent's objects (a launcher's temporary folders), stdout and stderr on
     fds 1 and 2, multiprocessing's main process with no parent, its default start method, its own resource tracker
@@ -132,7 +132,7 @@ def _become(command: list[str], cwd: str, env: dict, fork_children: bool) -> Non
     code = 0
     try:
         os.chdir(cwd)
-        _as_a_fresh_interpreter(cwd, env)
+        _as_a_fresh_interpreter(env)
         os.environ.clear()
         os.environ.update(env)
         subprocess.Popen = ForkingPopen if fork_children else EXEC_POPEN
@@ -173,8 +173,8 @@ def _run_command(command: list[str], cwd: str, env: dict, stdout: str, stderr: s
     _root_handlers[:] = logging.root.handlers
     sys.stdout.flush()  # what the server printed goes to the server's output, not the run's
     sys.stderr.flush()
-    for fd, path in ((1, stdout), (2, stderr)):
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    for fd, output in ((1, stdout), (2, stderr)):
+        target = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(target, fd)
         os.close(target)
     if private_shm:

@@ -30,7 +30,7 @@ def chain(s3, tmp_path_factory):
     """Converted into the store, scored into it, then four runs of tiny.yaml from there: uninterrupted on the shards
     and on the scored shards (cached teacher losses), and one saving its checkpoints to the store every 2 batches,
     killed once its first checkpoint is there and resumed by the same command (autoresume). The folder the runs ran
-    in, the store's client and the batch the killed run's log reached."""
+    in and the store's client."""
     env, client = s3
     tmp_path = tmp_path_factory.mktemp("chain")
     with pytest.MonkeyPatch.context() as monkeypatch:
