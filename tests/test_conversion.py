@@ -96,10 +96,10 @@ def test_processes_started_at_once_do_not_inherit_the_locks_the_test_process_hol
     """The processes of the tests above start from a clean server, not as forks of this process: a lock held here
     (as a thread of an earlier test may hold one at the fork), here the one around Streaming's memories, does not hang
     them inside the registration lock (seen in CI: four forks killed after 120 s, the registration lock held)."""
-    from vocagno.data import _collecting_lock, clean_leaked_shared_memory
+    from vocagno.data import _replacing_lock, clean_leaked_shared_memory
 
     locals_ = [str(tmp_path / f"local{job}") for job in range(4)]
-    with _collecting_lock:
+    with _replacing_lock:
         codes = run_at_once(open_dataset, [(local, sample_shards) for local in locals_], timeout=60)
     clean_leaked_shared_memory(locals_)  # what a killed process left
     assert codes == [0] * 4

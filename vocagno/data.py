@@ -90,7 +90,11 @@ def registering_shared_memory():
     guards), makes this user's one-node jobs register one after the other; the kernel lets it go when its holder dies.
     The holder waits inside Streaming's barriers, so a leader whose job spans nodes never takes it: two such jobs on
     the same nodes would each hold one node's lock and wait at their barrier for the other's. Nor does a holder block
-    for long: after ``REGISTRATION_WAIT_SECONDS`` the dataset goes on as Streaming alone would, with a warning."""
+    for long: after ``REGISTRATION_WAIT_SECONDS`` the dataset goes on as Streaming alone would, with a warning.
+
+    Inside, the node's other ranks take the prefix their leader registered (``_leaders_shm_prefix``) instead of
+    looking for one of their own."""
+    from streaming.base import dataset as streaming_dataset
     from streaming.base.world import World
 
     world = World.detect()
@@ -118,16 +122,96 @@ def registering_shared_memory():
                                       "the dataset without it")
                         break
                     time.sleep(0.05)
-        yield
+        outer, _registering.inside = getattr(_registering, "inside", False), True
+        try:
+            with _replacing(streaming_dataset, "get_shm_prefix", _leaders_shm_prefix):
+                yield
+        finally:
+            _registering.inside = outer
     finally:
         if lock is not None:
             os.close(lock)
 
 
+_registering = threading.local()
+
+
+def _leaders_shm_prefix(streams_local: list[str], streams_remote: list, world, retry: int = 100) -> tuple[int, Any]:
+    """Streaming's ``get_shm_prefix``, except that only each node's leader looks for a free prefix: the node's other
+    ranks take the one it registered.
+
+    Streaming has every rank look on its own, then the leader registers what it found: another job on the node that
+    exits or registers between the leader's look and another rank's gives them different prefixes, and that rank
+    fails ('shared memory prefix=N was not registered by local leader', or '... does not match local leader'). A
+    leader that finds its prefix taken when it registers (a job that doesn't take the lock) looks again."""
+    from streaming.base.constant import LOCALS, SHM_TO_CLEAN
+    from streaming.base.shared import SharedMemory, prefix
+
+    dist = torch.distributed
+    if (not getattr(_registering, "inside", False) or not (dist.is_available() and dist.is_initialized())
+            or world.num_ranks != dist.get_world_size()):  # replicated ranks: Streaming's own way
+        return prefix.get_shm_prefix(streams_local, streams_remote, world, retry)
+    prefix._check_self(streams_local)
+    found: int | str | None = None
+    shm = error = None
+    if world.is_local_leader:
+        try:
+            for attempt in range(1 + retry):
+                found = max(prefix._check_and_find_retrying(streams_local, streams_remote, name, retry)
+                            for name in SHM_TO_CLEAN)
+                packed = prefix._pack_locals(streams_local, found)
+                try:
+                    shm = SharedMemory(prefix._get_path(found, LOCALS), True, len(packed))
+                    break
+                except FileExistsError:
+                    if attempt == retry:
+                        raise
+            shm.buf[:len(packed)] = packed
+        except Exception as raised:  # the node's other ranks raise too, instead of waiting for it forever
+            error, found = raised, f"{type(raised).__name__}: {raised}"
+    leaders = [None] * dist.get_world_size()
+    dist.all_gather_object(leaders, (world.node, world.is_local_leader, found))
+    if error is not None:
+        raise error
+    leader = next(value for node, is_leader, value in leaders if node == world.node and is_leader)
+    if isinstance(leader, str):
+        raise RuntimeError(f"the node's leader could not register the dataset's shared memory: {leader}")
+    if not world.is_local_leader:
+        found = leader
+        shm = SharedMemory(prefix._get_path(found, LOCALS), False)
+        their_locals, their_prefix = prefix._unpack_locals(bytes(shm.buf))
+        if their_locals != streams_local or their_prefix != found:
+            raise RuntimeError(f"this rank's local folders {streams_local} are not its node's leader's "
+                               f"{their_locals}: give every rank the same local")
+    return found, shm
+
+
+_replacing_lock = threading.Lock()
+_replaced: dict[tuple[int, str], list] = {}  # (id(owner), name): [the original, how many threads are inside]
+
+
+@contextmanager
+def _replacing(owner: Any, name: str, replacement: Any):
+    """``owner.name`` is ``replacement`` while any thread is inside; the replacement itself tells this thread's calls
+    from other threads', which it hands to the original."""
+    key = (id(owner), name)
+    with _replacing_lock:
+        entry = _replaced.setdefault(key, [getattr(owner, name), 0])
+        if entry[1] == 0:
+            setattr(owner, name, replacement)
+        entry[1] += 1
+    try:
+        yield
+    finally:
+        with _replacing_lock:
+            entry[1] -= 1
+            if entry[1] == 0:
+                setattr(owner, name, entry[0])
+                del _replaced[key]
+
+
 # collecting_shared_memory's: atexit.register replaced while any thread collects, each thread's own memories collected.
 _collecting = threading.local()
-_collecting_lock = threading.Lock()
-_collectors = 0
 _exit_register = atexit.register
 
 
@@ -140,20 +224,12 @@ def collecting_shared_memory(collected: list):
     the other (an evaluation loop, a notebook, a test suite) ran out of descriptors, and a long job pinned the memory
     dead jobs left, which ``clean_leaked_shared_memory`` then took for held. Other threads' memories (another
     dataset's resumption state) go to the exit's list as before."""
-    global _collectors
-    with _collecting_lock:
-        if _collectors == 0:
-            atexit.register = _collect
-        _collectors += 1
     outer, _collecting.into = getattr(_collecting, "into", None), collected
     try:
-        yield
+        with _replacing(atexit, "register", _collect):
+            yield
     finally:
         _collecting.into = outer
-        with _collecting_lock:
-            _collectors -= 1
-            if _collectors == 0:
-                atexit.register = _exit_register
 
 
 def _collect(function, *args, **kwargs):
