@@ -241,46 +241,62 @@ def test_shared_memory_another_thread_opens_meanwhile_is_left_alone():
 
 
 
+
+def _register(name: str, locals_: list[str], prefix: int) -> bool:
+    """Another job's registration of ``locals_`` at ``prefix`` in the machine's /dev/shm, unless a job holds it."""
+    try:
+        with open(f"/dev/shm/{name}", "xb") as registration:
+            registration.write(_pack_locals(locals_, prefix))
+        return True
+    except FileExistsError:
+        return False
+
+
+
 def _open_the_dataset_as_one_rank(rank: int, world: int, folder: str, shards: str, meanwhile: str, other_job: str):
-    """One rank of a one-node job opening a dataset on ``shards``, while another job, registered at ``other_job``:
-    - "exits": lets its registration go after the leader looked for a free prefix, before the other rank looks;
-    - "registers": takes the prefix the leader found before the leader registers it (a job without the lock);
-    - "reuses the local": holds it on this job's local, with a remote.
+    """One rank of a job opening a dataset on ``shards``, while:
+    - "another job exits": the job registered at ``other_job`` lets it go after the leader looked for a free prefix,
+      before the other rank looks;
+    - "another job registers": a job without the lock takes the prefix the leader found before the leader registers;
+    - "the leader can't register": the leader's look fails (Streaming's "Reused local directory": another job reads
+      this local from another remote);
+    - "node 1's leader can't register": the same, on the second node of a job of two nodes of one rank each.
     Writes what the rank got: its prefix and first sample, or its error."""
     from datetime import timedelta
 
     import torch.distributed as dist
     from streaming.base.shared import prefix
 
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+    per_node = 1 if meanwhile.startswith("node 1") else world
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank % per_node), WORLD_SIZE=str(world),
+                      LOCAL_WORLD_SIZE=str(per_node))
     dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world,
                             timeout=timedelta(seconds=60))
     looked = Path(folder) / "the leader looked"
-    kwargs = {"local": shards}
-    if meanwhile == "reuses the local":
-        kwargs = {"local": str(Path(folder) / "cache"), "remote": shards}
+    look = prefix._check_and_find_retrying
+
+    def look_and_say(*args, **kwargs):
+        if meanwhile.endswith("can't register"):
+            raise ValueError("Reused local directory (another job reads it from another remote)")
+        found = look(*args, **kwargs)
+        if meanwhile == "another job registers" and not looked.exists():
+            (Path(folder) / "found").write_text(str(found))
+            if _register(f"{found:06}_locals", [f"{folder}/a-third-job"], found):
+                (Path(folder) / "taken").write_text(f"/dev/shm/{found:06}_locals")
+        looked.touch()
+        return found
+
     try:
-        if rank == 0 and meanwhile != "reuses the local":
-            look = prefix._check_and_find_retrying
-
-            def look_and_say(*args, **kwargs):
-                found = look(*args, **kwargs)
-                if meanwhile == "registers" and not looked.exists():
-                    taken = f"/dev/shm/{found:06}_locals"
-                    Path(taken).write_bytes(_pack_locals([f"{folder}/a-third-job"], found))
-                    (Path(folder) / "taken").write_text(taken)
-                looked.touch()
-                return found
-
+        if rank == (1 if meanwhile.startswith("node 1") else 0):
             prefix._check_and_find_retrying = look_and_say
-        elif rank == 1 and meanwhile == "exits":
+        elif meanwhile == "another job exits":
             for _ in range(600):
                 if looked.exists():
                     break
                 time.sleep(0.1)
             os.unlink(f"/dev/shm/{other_job}")
         try:
-            dataset = data.TeacherGuidedDataset(batch_size=1, **kwargs)
+            dataset = data.TeacherGuidedDataset(local=shards, batch_size=1)
             got = f"{dataset._shm_prefix_int} {dataset[0]['text'][:40]}"
         except Exception as error:
             got = f"{type(error).__name__}: {error}"
@@ -289,14 +305,16 @@ def _open_the_dataset_as_one_rank(rank: int, world: int, folder: str, shards: st
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("meanwhile", ["exits", "registers", "reuses the local"])
+@pytest.mark.distributed
+@pytest.mark.parametrize("meanwhile", ["another job exits", "another job registers", "the leader can't register",
+                                       "node 1's leader can't register"])
 def test_a_nodes_ranks_take_the_prefix_their_leader_registered_whatever_other_jobs_do_meanwhile(tmp_path, meanwhile):
     """Streaming has every rank look for the lowest free prefix on its own: another job on the node that exits (or
     registers) between the leader's look and another rank's gave them different prefixes, and that rank failed
     ('shared memory prefix=0 was not registered by local leader'; a CI run of test_distributed died of it). A job
     without the registration lock taking the prefix the leader found made the leader fail (FileExistsError): it looks
-    again. A leader that can't register (a local another job reads from another remote) fails its node's other ranks
-    too, instead of leaving them waiting."""
+    again. A leader that can't register fails every rank of the job, its node's and the other nodes', instead of
+    leaving them waiting."""
     import torch
     from conversion import convert_dataset
     from helpers import first_documents
@@ -306,25 +324,29 @@ def test_a_nodes_ranks_take_the_prefix_their_leader_registered_whatever_other_jo
     assert convert_dataset.main(["--input", str(first_documents(tmp_path, 8)), "--student-tokenizer", "llama2",
                                  "--teacher-tokenizer", "qwen2.5", "--seq-len", "64",
                                  "--out-root", str(tmp_path / "shards")]) == 0
-    free = prefix._check_and_find([str(tmp_path / "another-job")], [None], LOCALS)
-    other_job = f"{free:06}_{LOCALS}"
-    if meanwhile == "reuses the local":
-        Path(f"/dev/shm/{other_job}").write_bytes(_pack_locals([str(tmp_path / "cache")], free))
-    elif meanwhile == "exits":
-        Path(f"/dev/shm/{other_job}").write_bytes(_pack_locals([str(tmp_path / "another-job")], free))
+    other_job = None
+    while meanwhile == "another job exits" and other_job is None:  # the lowest free prefix, unless a job takes it
+        free = prefix._check_and_find([str(tmp_path / "another-job")], [None], LOCALS)
+        if _register(f"{free:06}_{LOCALS}", [str(tmp_path / "another-job")], free):
+            other_job = f"{free:06}_{LOCALS}"
     try:
         torch.multiprocessing.start_processes(
             _open_the_dataset_as_one_rank, nprocs=2, join=True, start_method="forkserver",
             args=(2, str(tmp_path), str(tmp_path / "shards"), meanwhile, other_job))
     finally:
-        Path(f"/dev/shm/{other_job}").unlink(missing_ok=True)
+        if other_job is not None:
+            Path(f"/dev/shm/{other_job}").unlink(missing_ok=True)
         if (tmp_path / "taken").exists():
             Path((tmp_path / "taken").read_text()).unlink(missing_ok=True)
-    leader, other = ((tmp_path / f"rank{rank}").read_text() for rank in range(2))
-    if meanwhile == "reuses the local":
-        assert leader.startswith("ValueError: Reused local directory"), leader
-        assert other == f"RuntimeError: the node's leader could not register the dataset's shared memory: {leader}"
+    first, second = ((tmp_path / f"rank{rank}").read_text() for rank in range(2))
+    if meanwhile.endswith("can't register"):
+        failed, told = (second, first) if meanwhile.startswith("node 1") else (first, second)
+        assert failed == "ValueError: Reused local directory (another job reads it from another remote)", failed
+        node = 1 if meanwhile.startswith("node 1") else 0
+        assert told == f"RuntimeError: node {node}'s leader could not register its dataset's shared memory: {failed}"
     else:
-        assert other == leader and int(leader.split()[0]) > free, (leader, other)
-        assert leader.split(maxsplit=1)[1] == data.TeacherGuidedDataset(local=str(tmp_path / "shards"),
-                                                                       batch_size=1)[0]["text"][:40]
+        assert second == first, (first, second)
+        taken = free if meanwhile == "another job exits" else int((tmp_path / "found").read_text())
+        assert int(first.split()[0]) != taken, "the other job held it when the leader looked, or took it after"
+        assert first.split(maxsplit=1)[1] == data.TeacherGuidedDataset(local=str(tmp_path / "shards"),
+                                                                      batch_size=1)[0]["text"][:40]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import fcntl
+import itertools
 import os
 import re
 import stat
@@ -143,16 +144,21 @@ def _leaders_shm_prefix(streams_local: list[str], streams_remote: list, world, r
     Streaming has every rank look on its own, then the leader registers what it found: another job on the node that
     exits or registers between the leader's look and another rank's gives them different prefixes, and that rank
     fails ('shared memory prefix=N was not registered by local leader', or '... does not match local leader'). A
-    leader that finds its prefix taken when it registers (a job that doesn't take the lock) looks again."""
+    leader that finds its prefix taken when it registers (a job that doesn't take the lock) looks again; one that
+    can't register fails every rank of the job, not only itself, instead of leaving them waiting at a barrier.
+
+    The leaders' answers go through the process group's store, not a collective: under NCCL a collective of objects
+    runs on the current GPU, which a rank may not have set yet (Streaming's barrier guesses one instead)."""
     from streaming.base.constant import LOCALS, SHM_TO_CLEAN
     from streaming.base.shared import SharedMemory, prefix
 
     dist = torch.distributed
     if (not getattr(_registering, "inside", False) or not (dist.is_available() and dist.is_initialized())
-            or world.num_ranks != dist.get_world_size()):  # replicated ranks: Streaming's own way
+            or world.num_ranks != dist.get_world_size()):  # Streaming's World (the environment's) isn't this group's
         return prefix.get_shm_prefix(streams_local, streams_remote, world, retry)
     prefix._check_self(streams_local)
-    found: int | str | None = None
+    store = dist.distributed_c10d._get_default_store()
+    key = f"vocagno/shm_prefix/{next(_prefix_exchanges)}/node"  # the how-many-th dataset: the same on every rank
     shm = error = None
     if world.is_local_leader:
         try:
@@ -167,23 +173,27 @@ def _leaders_shm_prefix(streams_local: list[str], streams_remote: list, world, r
                     if attempt == retry:
                         raise
             shm.buf[:len(packed)] = packed
-        except Exception as raised:  # the node's other ranks raise too, instead of waiting for it forever
-            error, found = raised, f"{type(raised).__name__}: {raised}"
-    leaders = [None] * dist.get_world_size()
-    dist.all_gather_object(leaders, (world.node, world.is_local_leader, found))
+            store.set(f"{key}{world.node}", f"prefix {found}")
+        except Exception as raised:  # told to every rank, then raised here
+            error = raised
+            store.set(f"{key}{world.node}", f"error {type(raised).__name__}: {raised}")
+    answers = {node: store.get(f"{key}{node}").decode() for node in range(world.num_nodes)}
     if error is not None:
         raise error
-    leader = next(value for node, is_leader, value in leaders if node == world.node and is_leader)
-    if isinstance(leader, str):
-        raise RuntimeError(f"the node's leader could not register the dataset's shared memory: {leader}")
+    for node, answer in sorted(answers.items()):
+        if answer.startswith("error "):
+            raise RuntimeError(f"node {node}'s leader could not register its dataset's shared memory: {answer[6:]}")
+    found = int(answers[world.node].removeprefix("prefix "))
     if not world.is_local_leader:
-        found = leader
         shm = SharedMemory(prefix._get_path(found, LOCALS), False)
         their_locals, their_prefix = prefix._unpack_locals(bytes(shm.buf))
         if their_locals != streams_local or their_prefix != found:
             raise RuntimeError(f"this rank's local folders {streams_local} are not its node's leader's "
                                f"{their_locals}: give every rank the same local")
     return found, shm
+
+
+_prefix_exchanges = itertools.count()
 
 
 _replacing_lock = threading.Lock()
