@@ -253,15 +253,17 @@ def _register(name: str, locals_: list[str], prefix: int) -> bool:
 
 
 
+
 def _open_the_dataset_as_one_rank(rank: int, world: int, folder: str, shards: str, meanwhile: str, other_job: str):
     """One rank of a job opening a dataset on ``shards``, while:
     - "another job exits": the job registered at ``other_job`` lets it go after the leader looked for a free prefix,
-      before the other rank looks;
+      before the other rank would look;
     - "another job registers": a job without the lock takes the prefix the leader found before the leader registers;
     - "the leader can't register": the leader's look fails (Streaming's "Reused local directory": another job reads
       this local from another remote);
     - "node 1's leader can't register": the same, on the second node of a job of two nodes of one rank each.
-    Writes what the rank got: its prefix and first sample, or its error."""
+    Writes what the rank got (its prefix and first sample, or its error), and the prefix its look found, if it looked.
+    """
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -271,25 +273,26 @@ def _open_the_dataset_as_one_rank(rank: int, world: int, folder: str, shards: st
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank % per_node), WORLD_SIZE=str(world),
                       LOCAL_WORLD_SIZE=str(per_node))
     dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))
+                            timeout=timedelta(seconds=180))  # the leader may wait 60 s for another job's lock
     looked = Path(folder) / "the leader looked"
     look = prefix._check_and_find_retrying
+    failing = 1 if meanwhile.startswith("node 1") else 0
 
     def look_and_say(*args, **kwargs):
-        if meanwhile.endswith("can't register"):
+        if meanwhile.endswith("can't register") and rank == failing:
             raise ValueError("Reused local directory (another job reads it from another remote)")
         found = look(*args, **kwargs)
         if meanwhile == "another job registers" and not looked.exists():
             (Path(folder) / "found").write_text(str(found))
             if _register(f"{found:06}_locals", [f"{folder}/a-third-job"], found):
                 (Path(folder) / "taken").write_text(f"/dev/shm/{found:06}_locals")
+        (Path(folder) / f"rank{rank} looked").write_text(str(found))
         looked.touch()
         return found
 
+    prefix._check_and_find_retrying = look_and_say
     try:
-        if rank == (1 if meanwhile.startswith("node 1") else 0):
-            prefix._check_and_find_retrying = look_and_say
-        elif meanwhile == "another job exits":
+        if rank == 1 and meanwhile == "another job exits":
             for _ in range(600):
                 if looked.exists():
                     break
@@ -300,6 +303,9 @@ def _open_the_dataset_as_one_rank(rank: int, world: int, folder: str, shards: st
             got = f"{dataset._shm_prefix_int} {dataset[0]['text'][:40]}"
         except Exception as error:
             got = f"{type(error).__name__}: {error}"
+            if (Path(folder) / f"rank{rank} looked").exists():  # what it registered is let go with the dataset
+                found = int((Path(folder) / f"rank{rank} looked").read_text())
+                got += f" (its registration {'left' if os.path.exists(f'/dev/shm/{found:06}_locals') else 'gone'})"
         (Path(folder) / f"rank{rank}").write_text(got)
     finally:
         dist.destroy_process_group()
@@ -308,13 +314,13 @@ def _open_the_dataset_as_one_rank(rank: int, world: int, folder: str, shards: st
 @pytest.mark.distributed
 @pytest.mark.parametrize("meanwhile", ["another job exits", "another job registers", "the leader can't register",
                                        "node 1's leader can't register"])
-def test_a_nodes_ranks_take_the_prefix_their_leader_registered_whatever_other_jobs_do_meanwhile(tmp_path, meanwhile):
+def test_a_nodes_ranks_take_their_leaders_prefix_or_its_failure_whatever_other_jobs_do_meanwhile(tmp_path, meanwhile):
     """Streaming has every rank look for the lowest free prefix on its own: another job on the node that exits (or
     registers) between the leader's look and another rank's gave them different prefixes, and that rank failed
-    ('shared memory prefix=0 was not registered by local leader'; a CI run of test_distributed died of it). A job
-    without the registration lock taking the prefix the leader found made the leader fail (FileExistsError): it looks
-    again. A leader that can't register fails every rank of the job, its node's and the other nodes', instead of
-    leaving them waiting."""
+    ('shared memory prefix=0 was not registered by local leader'; a CI run of test_distributed died of it). Here only
+    the leader looks. A job without the registration lock taking the prefix the leader found made the leader fail
+    (FileExistsError): it looks again. A leader that can't register fails every rank of the job, its node's and the
+    other nodes', instead of leaving them waiting; what the other nodes registered is let go."""
     import torch
     from conversion import convert_dataset
     from helpers import first_documents
@@ -326,7 +332,10 @@ def test_a_nodes_ranks_take_the_prefix_their_leader_registered_whatever_other_jo
                                  "--out-root", str(tmp_path / "shards")]) == 0
     other_job = None
     while meanwhile == "another job exits" and other_job is None:  # the lowest free prefix, unless a job takes it
-        free = prefix._check_and_find([str(tmp_path / "another-job")], [None], LOCALS)
+        walked_past = []  # the registrations the look maps, let go here rather than at the worker's exit
+        with data.collecting_shared_memory(walked_past):
+            free = prefix._check_and_find([str(tmp_path / "another-job")], [None], LOCALS)
+        data._release_shared_memory(walked_past, os.getpid())
         if _register(f"{free:06}_{LOCALS}", [str(tmp_path / "another-job")], free):
             other_job = f"{free:06}_{LOCALS}"
     try:
@@ -339,14 +348,19 @@ def test_a_nodes_ranks_take_the_prefix_their_leader_registered_whatever_other_jo
         if (tmp_path / "taken").exists():
             Path((tmp_path / "taken").read_text()).unlink(missing_ok=True)
     first, second = ((tmp_path / f"rank{rank}").read_text() for rank in range(2))
-    if meanwhile.endswith("can't register"):
-        failed, told = (second, first) if meanwhile.startswith("node 1") else (first, second)
-        assert failed == "ValueError: Reused local directory (another job reads it from another remote)", failed
-        node = 1 if meanwhile.startswith("node 1") else 0
-        assert told == f"RuntimeError: node {node}'s leader could not register its dataset's shared memory: {failed}"
-    else:
-        assert second == first, (first, second)
-        taken = free if meanwhile == "another job exits" else int((tmp_path / "found").read_text())
-        assert int(first.split()[0]) != taken, "the other job held it when the leader looked, or took it after"
-        assert first.split(maxsplit=1)[1] == data.TeacherGuidedDataset(local=str(tmp_path / "shards"),
-                                                                      batch_size=1)[0]["text"][:40]
+    if meanwhile.startswith("node 1"):  # two nodes: each leader looks
+        assert (tmp_path / "rank0 looked").exists()
+        assert second == "ValueError: Reused local directory (another job reads it from another remote)", second
+        assert first == ("RuntimeError: node 1's leader could not register its dataset's shared memory: "
+                         f"{second} (its registration gone)")
+        return
+    assert not (tmp_path / "rank1 looked").exists(), "the leader's prefix is taken, not looked for again"
+    if meanwhile == "the leader can't register":
+        assert first == "ValueError: Reused local directory (another job reads it from another remote)", first
+        assert second == f"RuntimeError: node 0's leader could not register its dataset's shared memory: {first}"
+        return
+    assert second == first, (first, second)
+    taken = free if meanwhile == "another job exits" else int((tmp_path / "found").read_text())
+    assert int(first.split()[0]) != taken, "the other job held it when the leader looked, or took it after"
+    assert first.split(maxsplit=1)[1] == data.TeacherGuidedDataset(local=str(tmp_path / "shards"),
+                                                                  batch_size=1)[0]["text"][:40]

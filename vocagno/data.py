@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import atexit
 import fcntl
+import hashlib
 import itertools
+import json
 import os
 import re
 import stat
@@ -31,6 +33,7 @@ import threading
 import time
 import warnings
 import weakref
+from collections import defaultdict
 from contextlib import contextmanager
 from typing import Any
 
@@ -148,17 +151,21 @@ def _leaders_shm_prefix(streams_local: list[str], streams_remote: list, world, r
     can't register fails every rank of the job, not only itself, instead of leaving them waiting at a barrier.
 
     The leaders' answers go through the process group's store, not a collective: under NCCL a collective of objects
-    runs on the current GPU, which a rank may not have set yet (Streaming's barrier guesses one instead)."""
+    runs on the current GPU, which a rank may not have set yet (Streaming's barrier guesses one instead). They are
+    keyed by the dataset's folders and how many datasets on them this process opened before, the same on every rank
+    as long as the ranks open the same datasets in the same order, as Streaming's barriers need too."""
     from streaming.base.constant import LOCALS, SHM_TO_CLEAN
     from streaming.base.shared import SharedMemory, prefix
 
     dist = torch.distributed
     if (not getattr(_registering, "inside", False) or not (dist.is_available() and dist.is_initialized())
-            or world.num_ranks != dist.get_world_size()):  # Streaming's World (the environment's) isn't this group's
+            or world.num_ranks != dist.get_world_size()  # Streaming's World (the environment's) isn't this group's
+            or dist.get_backend() == "mpi"):  # MPI's process group has no store
         return prefix.get_shm_prefix(streams_local, streams_remote, world, retry)
     prefix._check_self(streams_local)
     store = dist.distributed_c10d._get_default_store()
-    key = f"vocagno/shm_prefix/{next(_prefix_exchanges)}/node"  # the how-many-th dataset: the same on every rank
+    folders = hashlib.sha256(json.dumps([streams_local, streams_remote]).encode()).hexdigest()[:16]
+    key = f"vocagno/shm_prefix/{folders}/{next(_prefix_exchanges[folders])}/node"
     shm = error = None
     if world.is_local_leader:
         try:
@@ -177,10 +184,10 @@ def _leaders_shm_prefix(streams_local: list[str], streams_remote: list, world, r
         except Exception as raised:  # told to every rank, then raised here
             error = raised
             store.set(f"{key}{world.node}", f"error {type(raised).__name__}: {raised}")
-    answers = {node: store.get(f"{key}{node}").decode() for node in range(world.num_nodes)}
+    answers = [answer.decode() for answer in store.multi_get([f"{key}{node}" for node in range(world.num_nodes)])]
     if error is not None:
         raise error
-    for node, answer in sorted(answers.items()):
+    for node, answer in enumerate(answers):
         if answer.startswith("error "):
             raise RuntimeError(f"node {node}'s leader could not register its dataset's shared memory: {answer[6:]}")
     found = int(answers[world.node].removeprefix("prefix "))
@@ -193,7 +200,8 @@ def _leaders_shm_prefix(streams_local: list[str], streams_remote: list, world, r
     return found, shm
 
 
-_prefix_exchanges = itertools.count()
+# A dataset's folders: how many datasets on them this process opened (C's count and defaultdict: safe in threads).
+_prefix_exchanges: defaultdict[str, itertools.count] = defaultdict(itertools.count)
 
 
 _replacing_lock = threading.Lock()
