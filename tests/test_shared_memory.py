@@ -254,6 +254,22 @@ def _register(name: str, locals_: list[str], prefix: int) -> bool:
 
 
 
+def _registered(local: str) -> list[str]:
+    """The registrations of ``local`` in the machine's /dev/shm (by name, another job's of its own folders may take a
+    prefix as soon as it is let go)."""
+    from streaming.base.shared.prefix import _unpack_locals
+
+    found = []
+    for entry in os.scandir("/dev/shm"):
+        try:
+            if entry.name.endswith("_locals") and os.path.abspath(local) in _unpack_locals(
+                    Path(entry.path).read_bytes())[0]:
+                found.append(entry.name)
+        except (OSError, ValueError):  # let go meanwhile, or not a registration
+            continue
+    return found
+
+
 def _open_the_dataset_as_one_rank(rank: int, world: int, folder: str, shards: str, meanwhile: str, other_job: str):
     """One rank of a job opening a dataset on ``shards``, while:
     - "another job exits": the job registered at ``other_job`` lets it go after the leader looked for a free prefix,
@@ -286,7 +302,7 @@ def _open_the_dataset_as_one_rank(rank: int, world: int, folder: str, shards: st
             (Path(folder) / "found").write_text(str(found))
             if _register(f"{found:06}_locals", [f"{folder}/a-third-job"], found):
                 (Path(folder) / "taken").write_text(f"/dev/shm/{found:06}_locals")
-        (Path(folder) / f"rank{rank} looked").write_text(str(found))
+        (Path(folder) / f"rank{rank} looked").touch()
         looked.touch()
         return found
 
@@ -304,8 +320,7 @@ def _open_the_dataset_as_one_rank(rank: int, world: int, folder: str, shards: st
         except Exception as error:
             got = f"{type(error).__name__}: {error}"
             if (Path(folder) / f"rank{rank} looked").exists():  # what it registered is let go with the dataset
-                found = int((Path(folder) / f"rank{rank} looked").read_text())
-                got += f" (its registration {'left' if os.path.exists(f'/dev/shm/{found:06}_locals') else 'gone'})"
+                got += f" (registrations of the local left: {_registered(shards)})"
         (Path(folder) / f"rank{rank}").write_text(got)
     finally:
         dist.destroy_process_group()
@@ -352,7 +367,7 @@ def test_a_nodes_ranks_take_their_leaders_prefix_or_its_failure_whatever_other_j
         assert (tmp_path / "rank0 looked").exists()
         assert second == "ValueError: Reused local directory (another job reads it from another remote)", second
         assert first == ("RuntimeError: node 1's leader could not register its dataset's shared memory: "
-                         f"{second} (its registration gone)")
+                         f"{second} (registrations of the local left: [])")
         return
     assert not (tmp_path / "rank1 looked").exists(), "the leader's prefix is taken, not looked for again"
     if meanwhile == "the leader can't register":

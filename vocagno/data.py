@@ -126,18 +126,14 @@ def registering_shared_memory():
                                       "the dataset without it")
                         break
                     time.sleep(0.05)
-        outer, _registering.inside = getattr(_registering, "inside", False), True
-        try:
-            with _replacing(streaming_dataset, "get_shm_prefix", _leaders_shm_prefix):
-                yield
-        finally:
-            _registering.inside = outer
+        with _replacing(streaming_dataset, "get_shm_prefix", _leaders_shm_prefix, _registering, True):
+            yield
     finally:
         if lock is not None:
             os.close(lock)
 
 
-_registering = threading.local()
+_registering = threading.local()  # .value: True in a thread inside registering_shared_memory
 
 
 def _leaders_shm_prefix(streams_local: list[str], streams_remote: list, world, retry: int = 100) -> tuple[int, Any]:
@@ -158,7 +154,7 @@ def _leaders_shm_prefix(streams_local: list[str], streams_remote: list, world, r
     from streaming.base.shared import SharedMemory, prefix
 
     dist = torch.distributed
-    if (not getattr(_registering, "inside", False) or not (dist.is_available() and dist.is_initialized())
+    if (not getattr(_registering, "value", None) or not (dist.is_available() and dist.is_initialized())
             or world.num_ranks != dist.get_world_size()  # Streaming's World (the environment's) isn't this group's
             or dist.get_backend() == "mpi"):  # MPI's process group has no store
         return prefix.get_shm_prefix(streams_local, streams_remote, world, retry)
@@ -209,9 +205,10 @@ _replaced: dict[tuple[int, str], list] = {}  # (id(owner), name): [the original,
 
 
 @contextmanager
-def _replacing(owner: Any, name: str, replacement: Any):
-    """``owner.name`` is ``replacement`` while any thread is inside; the replacement itself tells this thread's calls
-    from other threads', which it hands to the original."""
+def _replacing(owner: Any, name: str, replacement: Any, mark: threading.local, value: Any):
+    """``owner.name`` is ``replacement`` while any thread is inside, and ``mark.value`` is ``value`` in this thread
+    only: by it the replacement tells this thread's calls from other threads', which it hands to the original."""
+    outer, mark.value = getattr(mark, "value", None), value
     key = (id(owner), name)
     with _replacing_lock:
         entry = _replaced.setdefault(key, [getattr(owner, name), 0])
@@ -221,6 +218,7 @@ def _replacing(owner: Any, name: str, replacement: Any):
     try:
         yield
     finally:
+        mark.value = outer
         with _replacing_lock:
             entry[1] -= 1
             if entry[1] == 0:
@@ -229,7 +227,7 @@ def _replacing(owner: Any, name: str, replacement: Any):
 
 
 # collecting_shared_memory's: atexit.register replaced while any thread collects, each thread's own memories collected.
-_collecting = threading.local()
+_collecting = threading.local()  # .value: the list a thread collects into
 _exit_register = atexit.register
 
 
@@ -242,18 +240,14 @@ def collecting_shared_memory(collected: list):
     the other (an evaluation loop, a notebook, a test suite) ran out of descriptors, and a long job pinned the memory
     dead jobs left, which ``clean_leaked_shared_memory`` then took for held. Other threads' memories (another
     dataset's resumption state) go to the exit's list as before."""
-    outer, _collecting.into = getattr(_collecting, "into", None), collected
-    try:
-        with _replacing(atexit, "register", _collect):
-            yield
-    finally:
-        _collecting.into = outer
+    with _replacing(atexit, "register", _collect, _collecting, collected):
+        yield
 
 
 def _collect(function, *args, **kwargs):
     from streaming.base.shared.memory import SharedMemory
 
-    into = getattr(_collecting, "into", None)
+    into = getattr(_collecting, "value", None)
     if into is not None and isinstance(getattr(function, "__self__", None), SharedMemory) and not args and not kwargs:
         into.append(function.__self__)
         return function
