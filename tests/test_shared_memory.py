@@ -277,15 +277,19 @@ def _open_the_dataset_as_one_rank(rank: int, world: int, folder: str, shards: st
     - "another job registers": a job without the lock takes the prefix the leader found before the leader registers;
     - "the leader can't register": the leader's look fails (Streaming's "Reused local directory": another job reads
       this local from another remote);
-    - "node 1's leader can't register": the same, on the second node of a job of two nodes of one rank each.
-    Writes what the rank got (its prefix and first sample, or its error), and the prefix its look found, if it looked.
-    """
+    - "node 1's leader can't register": the same, on the second node of a job of two nodes of one rank each;
+    - "nothing, on two nodes": that job, with nothing in the way.
+    On two nodes each node has its shards in a folder of its own (``shards`` and ``shards-node1``), as each node's
+    own ``local`` cache. Writes what the rank got (its prefix and first sample, or its error), and a line for each of
+    its looks for a free prefix (one per Streaming name, ``SHM_TO_CLEAN``), if it looked."""
     from datetime import timedelta
 
     import torch.distributed as dist
+    from streaming.base.constant import SHM_TO_CLEAN
     from streaming.base.shared import prefix
 
-    per_node = 1 if meanwhile.startswith("node 1") else world
+    per_node = 1 if "node" in meanwhile else world
+    shards += "-node1" if rank // per_node == 1 else ""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank % per_node), WORLD_SIZE=str(world),
                       LOCAL_WORLD_SIZE=str(per_node))
     dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world,
@@ -298,18 +302,21 @@ def _open_the_dataset_as_one_rank(rank: int, world: int, folder: str, shards: st
         if meanwhile.endswith("can't register") and rank == failing:
             raise ValueError("Reused local directory (another job reads it from another remote)")
         found = look(*args, **kwargs)
-        if meanwhile == "another job registers" and not looked.exists():
-            (Path(folder) / "found").write_text(str(found))
-            if _register(f"{found:06}_locals", [f"{folder}/a-third-job"], found):
-                (Path(folder) / "taken").write_text(f"/dev/shm/{found:06}_locals")
-        (Path(folder) / f"rank{rank} looked").touch()
+        with open(Path(folder) / f"rank{rank} looked", "a") as looks:
+            looks.write(f"{found}\n")
+        answers = [int(line) for line in (Path(folder) / f"rank{rank} looked").read_text().split()]
+        if meanwhile == "another job registers" and len(answers) == len(SHM_TO_CLEAN):  # the prefix the leader chose
+            chosen = max(answers)
+            (Path(folder) / "found").write_text(str(chosen))
+            if _register(f"{chosen:06}_locals", [f"{folder}/a-third-job"], chosen):
+                (Path(folder) / "taken").write_text(f"/dev/shm/{chosen:06}_locals")
         looked.touch()
         return found
 
     prefix._check_and_find_retrying = look_and_say
     try:
         if rank == 1 and meanwhile == "another job exits":
-            for _ in range(600):
+            for _ in range(1700):  # the leader may wait 60 s for another job's registration lock
                 if looked.exists():
                     break
                 time.sleep(0.1)
@@ -328,23 +335,27 @@ def _open_the_dataset_as_one_rank(rank: int, world: int, folder: str, shards: st
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("meanwhile", ["another job exits", "another job registers", "the leader can't register",
-                                       "node 1's leader can't register"])
+                                       "node 1's leader can't register", "nothing, on two nodes"])
 def test_a_nodes_ranks_take_their_leaders_prefix_or_its_failure_whatever_other_jobs_do_meanwhile(tmp_path, meanwhile):
     """Streaming has every rank look for the lowest free prefix on its own: another job on the node that exits (or
     registers) between the leader's look and another rank's gave them different prefixes, and that rank failed
     ('shared memory prefix=0 was not registered by local leader'; a CI run of test_distributed died of it). Here only
     the leader looks. A job without the registration lock taking the prefix the leader found made the leader fail
     (FileExistsError): it looks again. A leader that can't register fails every rank of the job, its node's and the
-    other nodes', instead of leaving them waiting; what the other nodes registered is let go."""
+    other nodes', instead of leaving them waiting; what the other nodes registered is let go. Nodes with their shards in
+    folders of their own (each node's own local cache) agree as well."""
+    import shutil
+
     import torch
     from conversion import convert_dataset
     from helpers import first_documents
-    from streaming.base.constant import LOCALS
+    from streaming.base.constant import LOCALS, SHM_TO_CLEAN
     from streaming.base.shared import prefix
 
     assert convert_dataset.main(["--input", str(first_documents(tmp_path, 8)), "--student-tokenizer", "llama2",
                                  "--teacher-tokenizer", "qwen2.5", "--seq-len", "64",
                                  "--out-root", str(tmp_path / "shards")]) == 0
+    shutil.copytree(tmp_path / "shards", tmp_path / "shards-node1")
     other_job = None
     while meanwhile == "another job exits" and other_job is None:  # the lowest free prefix, unless a job takes it
         walked_past = []  # the registrations the look maps, let go here rather than at the worker's exit
@@ -363,11 +374,16 @@ def test_a_nodes_ranks_take_their_leaders_prefix_or_its_failure_whatever_other_j
         if (tmp_path / "taken").exists():
             Path((tmp_path / "taken").read_text()).unlink(missing_ok=True)
     first, second = ((tmp_path / f"rank{rank}").read_text() for rank in range(2))
+    expected = data.TeacherGuidedDataset(local=str(tmp_path / "shards"), batch_size=1)[0]["text"][:40]
     if meanwhile.startswith("node 1"):  # two nodes: each leader looks
         assert (tmp_path / "rank0 looked").exists()
         assert second == "ValueError: Reused local directory (another job reads it from another remote)", second
         assert first == ("RuntimeError: node 1's leader could not register its dataset's shared memory: "
                          f"{second} (registrations of the local left: [])")
+        return
+    if meanwhile == "nothing, on two nodes":
+        assert (tmp_path / "rank0 looked").exists() and (tmp_path / "rank1 looked").exists()
+        assert first.split(maxsplit=1)[1] == second.split(maxsplit=1)[1] == expected, (first, second)
         return
     assert not (tmp_path / "rank1 looked").exists(), "the leader's prefix is taken, not looked for again"
     if meanwhile == "the leader can't register":
@@ -377,5 +393,6 @@ def test_a_nodes_ranks_take_their_leaders_prefix_or_its_failure_whatever_other_j
     assert second == first, (first, second)
     taken = free if meanwhile == "another job exits" else int((tmp_path / "found").read_text())
     assert int(first.split()[0]) != taken, "the other job held it when the leader looked, or took it after"
-    assert first.split(maxsplit=1)[1] == data.TeacherGuidedDataset(local=str(tmp_path / "shards"),
-                                                                  batch_size=1)[0]["text"][:40]
+    if meanwhile == "another job registers":  # found taken when it registered: looked again
+        assert len((tmp_path / "rank0 looked").read_text().split()) == 2 * len(SHM_TO_CLEAN)
+    assert first.split(maxsplit=1)[1] == expected

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import atexit
 import fcntl
-import hashlib
 import itertools
-import json
 import os
 import re
 import stat
@@ -33,7 +31,6 @@ import threading
 import time
 import warnings
 import weakref
-from collections import defaultdict
 from contextlib import contextmanager
 from typing import Any
 
@@ -148,8 +145,9 @@ def _leaders_shm_prefix(streams_local: list[str], streams_remote: list, world, r
 
     The leaders' answers go through the process group's store, not a collective: under NCCL a collective of objects
     runs on the current GPU, which a rank may not have set yet (Streaming's barrier guesses one instead). They are
-    keyed by the dataset's folders and how many datasets on them this process opened before, the same on every rank
-    as long as the ranks open the same datasets in the same order, as Streaming's barriers need too."""
+    keyed by how many datasets this process opened before: the same on every rank as long as the ranks open the same
+    datasets in the same order, as Streaming's barriers need too; not by the dataset's folders, which each node may
+    have elsewhere (its own ``local`` cache)."""
     from streaming.base.constant import LOCALS, SHM_TO_CLEAN
     from streaming.base.shared import SharedMemory, prefix
 
@@ -160,8 +158,7 @@ def _leaders_shm_prefix(streams_local: list[str], streams_remote: list, world, r
         return prefix.get_shm_prefix(streams_local, streams_remote, world, retry)
     prefix._check_self(streams_local)
     store = dist.distributed_c10d._get_default_store()
-    folders = hashlib.sha256(json.dumps([streams_local, streams_remote]).encode()).hexdigest()[:16]
-    key = f"vocagno/shm_prefix/{folders}/{next(_prefix_exchanges[folders])}/node"
+    key = f"vocagno/shm_prefix/{next(_prefix_exchanges)}/node"
     shm = error = None
     if world.is_local_leader:
         try:
@@ -196,8 +193,7 @@ def _leaders_shm_prefix(streams_local: list[str], streams_remote: list, world, r
     return found, shm
 
 
-# A dataset's folders: how many datasets on them this process opened (C's count and defaultdict: safe in threads).
-_prefix_exchanges: defaultdict[str, itertools.count] = defaultdict(itertools.count)
+_prefix_exchanges = itertools.count()  # how many datasets this process opened (C's count: safe in threads)
 
 
 _replacing_lock = threading.Lock()
