@@ -240,8 +240,6 @@ def test_shared_memory_another_thread_opens_meanwhile_is_left_alone():
         made[0].cleanup()
 
 
-
-
 def _register(name: str, locals_: list[str], prefix: int) -> bool:
     """Another job's registration of ``locals_`` at ``prefix`` in the machine's /dev/shm, unless a job holds it."""
     try:
@@ -250,8 +248,6 @@ def _register(name: str, locals_: list[str], prefix: int) -> bool:
         return True
     except FileExistsError:
         return False
-
-
 
 
 def _registered(local: str) -> list[str]:
