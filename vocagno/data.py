@@ -147,7 +147,7 @@ def _leaders_shm_prefix(streams_local: list[str], streams_remote: list, world, r
     runs on the current GPU, which a rank may not have set yet (Streaming's barrier guesses one instead). They are
     keyed by how many datasets this process opened before: the same on every rank as long as the ranks open the same
     datasets in the same order, as Streaming's barriers need too; not by the dataset's folders, which each node may
-    have elsewhere (its own ``local`` cache)."""
+    have elsewhere (its own ``local`` cache); and by torchrun's attempt."""
     from streaming.base.constant import LOCALS, SHM_TO_CLEAN
     from streaming.base.shared import SharedMemory, prefix
 
@@ -158,7 +158,10 @@ def _leaders_shm_prefix(streams_local: list[str], streams_remote: list, world, r
         return prefix.get_shm_prefix(streams_local, streams_remote, world, retry)
     prefix._check_self(streams_local)
     store = dist.distributed_c10d._get_default_store()
-    key = f"vocagno/shm_prefix/{next(_prefix_exchanges)}/node"
+    # torchrun's store (its agent's) outlives a failed attempt and what it wrote: a restarted rank counting its
+    # datasets from 0 again would read the failed attempt's answer before its own leader's.
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    key = f"vocagno/shm_prefix/{attempt}/{next(_prefix_exchanges)}/node"
     shm = error = None
     if world.is_local_leader:
         try:
