@@ -394,26 +394,29 @@ def test_a_nodes_ranks_take_their_leaders_prefix_or_its_failure_whatever_other_j
     assert first.split(maxsplit=1)[1] == expected
 
 
-def _open_the_dataset_in_an_attempt(rank: int, folder: str, shards: str, port: int, attempt: int):
+def _open_the_dataset_in_an_attempt(rank: int, folder: str, shards: str, port: int, attempt: int, restart: str):
     """One of two ranks of a job under torchrun opening a dataset: its store is the agent's, which outlives a failed
-    attempt and what it wrote, and ``TORCHELASTIC_RESTART_COUNT`` counts the attempts. In attempt 0 the leader can't
-    register; in attempt 1 nothing is in the way, the leader only looks slowly (the other rank asks for its answer
-    first). Writes what the rank got."""
+    attempt and what it wrote, and ``TORCHELASTIC_RESTART_COUNT`` is each node's agent's count of its failures. In
+    attempt 0 node 0's leader can't register; in attempt 1 nothing is in the way, the leaders only look slowly (a
+    follower asks for its leader's answer first). Writes what the rank got."""
     from datetime import timedelta
 
     import torch.distributed as dist
     from streaming.base.shared import prefix
 
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
-                      TORCHELASTIC_RESTART_COUNT=str(attempt))
+    two_nodes = restart == "on two nodes, a rank of one failed"
+    counts = {"after a failure": (1, 1), "as a node joined": (0, 0), "on two nodes, a rank of one failed": (1, 0)}
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(0 if two_nodes else rank), WORLD_SIZE="2",
+                      LOCAL_WORLD_SIZE="1" if two_nodes else "2",
+                      TORCHELASTIC_RESTART_COUNT=str(counts[restart][rank] if attempt else 0))
     dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous{attempt}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=120))
-    agent = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
+                            timeout=timedelta(seconds=90))
+    agent = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=90))
     dist.distributed_c10d._get_default_store = lambda: agent
     look = prefix._check_and_find_retrying
 
     def failing_or_slow_look(*args, **kwargs):
-        if attempt == 0:
+        if attempt == 0 and rank == 0:
             raise ValueError("Reused local directory (attempt 0)")
         time.sleep(0.5)
         return look(*args, **kwargs)
@@ -421,7 +424,8 @@ def _open_the_dataset_in_an_attempt(rank: int, folder: str, shards: str, port: i
     prefix._check_and_find_retrying = failing_or_slow_look
     try:
         try:
-            dataset = data.TeacherGuidedDataset(local=shards, batch_size=1)
+            dataset = data.TeacherGuidedDataset(local=shards + ("-node1" if two_nodes and rank else ""),
+                                                batch_size=1)
             got = f"{dataset._shm_prefix_int} {dataset[0]['text'][:40]}"
         except Exception as error:
             got = f"{type(error).__name__}: {error}"
@@ -431,10 +435,14 @@ def _open_the_dataset_in_an_attempt(rank: int, folder: str, shards: str, port: i
 
 
 @pytest.mark.distributed
-def test_a_job_restarted_by_torchrun_takes_its_leaders_answer_not_the_failed_attempts(tmp_path):
-    """torchrun's store outlives a failed attempt: the ranks of the next one, counting their datasets from 0 again,
-    read the failed attempt's answer (its leader's error, or a prefix it registered and let go) before their own
-    leader's, and failed with nothing in the way."""
+@pytest.mark.parametrize("restart", ["after a failure", "as a node joined", "on two nodes, a rank of one failed"])
+def test_a_job_restarted_by_torchrun_takes_its_leaders_answers_not_the_failed_attempts(tmp_path, restart):
+    """torchrun's store outlives the workers it restarts: the ranks of the next attempt, counting their datasets from
+    0 again, read the failed attempt's answer (its leader's error, or a prefix it registered and let go) before their
+    own leader's, and failed with nothing in the way. torchrun's restart count tells no attempt from the last: a
+    restart as a node joins does not count, and each node's agent counts only its own failures."""
+    import shutil
+
     import torch
     from conversion import convert_dataset
     from helpers import first_documents
@@ -442,13 +450,16 @@ def test_a_job_restarted_by_torchrun_takes_its_leaders_answer_not_the_failed_att
     assert convert_dataset.main(["--input", str(first_documents(tmp_path, 8)), "--student-tokenizer", "llama2",
                                  "--teacher-tokenizer", "qwen2.5", "--seq-len", "64",
                                  "--out-root", str(tmp_path / "shards")]) == 0
+    shutil.copytree(tmp_path / "shards", tmp_path / "shards-node1")
     agent = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     for attempt in range(2):
         torch.multiprocessing.start_processes(
             _open_the_dataset_in_an_attempt, nprocs=2, join=True, start_method="forkserver",
-            args=(str(tmp_path), str(tmp_path / "shards"), agent.port, attempt))
+            args=(str(tmp_path), str(tmp_path / "shards"), agent.port, attempt, restart))
     failed = [(tmp_path / f"rank{rank} attempt0").read_text() for rank in range(2)]
-    assert failed[1] == f"RuntimeError: node 0's leader could not register its dataset's shared memory: {failed[0]}"
+    assert failed[0] == "ValueError: Reused local directory (attempt 0)"
+    assert failed[1].startswith(f"RuntimeError: node 0's leader could not register its dataset's shared memory: "
+                                f"{failed[0]}"), failed[1]
     first, second = ((tmp_path / f"rank{rank} attempt1").read_text() for rank in range(2))
     expected = data.TeacherGuidedDataset(local=str(tmp_path / "shards"), batch_size=1)[0]["text"][:40]
-    assert first == second and first.split(maxsplit=1)[1] == expected, (first, second)
+    assert first.split(maxsplit=1)[1] == second.split(maxsplit=1)[1] == expected, (first, second)

@@ -147,7 +147,7 @@ def _leaders_shm_prefix(streams_local: list[str], streams_remote: list, world, r
     runs on the current GPU, which a rank may not have set yet (Streaming's barrier guesses one instead). They are
     keyed by how many datasets this process opened before: the same on every rank as long as the ranks open the same
     datasets in the same order, as Streaming's barriers need too; not by the dataset's folders, which each node may
-    have elsewhere (its own ``local`` cache); and by torchrun's attempt."""
+    have elsewhere (its own ``local`` cache). They are read after a barrier, as Streaming's own way does."""
     from streaming.base.constant import LOCALS, SHM_TO_CLEAN
     from streaming.base.shared import SharedMemory, prefix
 
@@ -158,10 +158,7 @@ def _leaders_shm_prefix(streams_local: list[str], streams_remote: list, world, r
         return prefix.get_shm_prefix(streams_local, streams_remote, world, retry)
     prefix._check_self(streams_local)
     store = dist.distributed_c10d._get_default_store()
-    # torchrun's store (its agent's) outlives a failed attempt and what it wrote: a restarted rank counting its
-    # datasets from 0 again would read the failed attempt's answer before its own leader's.
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    key = f"vocagno/shm_prefix/{attempt}/{next(_prefix_exchanges)}/node"
+    key = f"vocagno/shm_prefix/{next(_prefix_exchanges)}/node"
     shm = error = None
     if world.is_local_leader:
         try:
@@ -176,11 +173,16 @@ def _leaders_shm_prefix(streams_local: list[str], streams_remote: list, world, r
                     if attempt == retry:
                         raise
             shm.buf[:len(packed)] = packed
-            store.set(f"{key}{world.node}", f"prefix {found}")
+            answer = f"prefix {found}"
         except Exception as raised:  # told to every rank, then raised here
             error = raised
-            store.set(f"{key}{world.node}", f"error {type(raised).__name__}: {raised}")
-    answers = [answer.decode() for answer in store.multi_get([f"{key}{node}" for node in range(world.num_nodes)])]
+            answer = f"error {type(raised).__name__}: {raised}"
+        store.set(f"{key}{world.node}", answer)
+        store.get(f"{key}{world.node}")  # a reply: the store holds it before this rank reaches the barrier
+    # No rank reads before every leader wrote: a store may hold an earlier job's answers under the same keys
+    # (torchrun's agent's store outlives the workers it restarts, and restarted workers count from 0 again).
+    dist.barrier()
+    answers = [value.decode() for value in store.multi_get([f"{key}{node}" for node in range(world.num_nodes)])]
     if error is not None:
         raise error
     for node, answer in enumerate(answers):
