@@ -397,8 +397,8 @@ def test_a_nodes_ranks_take_their_leaders_prefix_or_its_failure_whatever_other_j
 def _open_the_dataset_in_an_attempt(rank: int, folder: str, shards: str, port: int, attempt: int, restart: str):
     """One of two ranks of a job under torchrun opening a dataset: its store is the agent's, which outlives a failed
     attempt and what it wrote, and ``TORCHELASTIC_RESTART_COUNT`` is each node's agent's count of its failures. In
-    attempt 0 node 0's leader can't register; in attempt 1 nothing is in the way, the leaders only look slowly (a
-    follower asks for its leader's answer first). Writes what the rank got."""
+    attempt 0 node 0's leader can't register; in attempt 1 nothing is in the way, node 0's leader only looks slowly
+    (rank 1, a follower or node 1's leader, asks for its answer first). Writes what the rank got."""
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -416,9 +416,10 @@ def _open_the_dataset_in_an_attempt(rank: int, folder: str, shards: str, port: i
     look = prefix._check_and_find_retrying
 
     def failing_or_slow_look(*args, **kwargs):
-        if attempt == 0 and rank == 0:
+        if rank == 0 and attempt == 0:
             raise ValueError("Reused local directory (attempt 0)")
-        time.sleep(0.5)
+        if rank == 0:
+            time.sleep(0.5)
         return look(*args, **kwargs)
 
     prefix._check_and_find_retrying = failing_or_slow_look
