@@ -184,17 +184,23 @@ def shared_memory_held() -> Counter:
     return held
 
 
-def test_a_dataset_holds_only_its_own_shared_memory_and_lets_it_go_with_it(tmp_path, tokenizers):
-    # Streaming keeps every shared memory it opens until the process exits: the prefixes its lookup walks past
-    # (every other dataset's on the machine, six files each) and its own. A process opening datasets one after the
-    # other (an evaluation loop, a notebook, these tests) ran out of descriptors, and a long job pinned what dead jobs
-    # left, which clean_leaked_shared_memory then takes for held.
+def _converted(tmp_path: Path) -> Path:
+    """Eight shipped documents converted into ``tmp_path / "shards"`` (TinyLlama's and Qwen2.5's tokenizers)."""
     from conversion import convert_dataset
     from helpers import first_documents
 
     assert convert_dataset.main(["--input", str(first_documents(tmp_path, 8)), "--student-tokenizer", "llama2",
                                  "--teacher-tokenizer", "qwen2.5", "--seq-len", "64",
                                  "--out-root", str(tmp_path / "shards")]) == 0
+    return tmp_path / "shards"
+
+
+def test_a_dataset_holds_only_its_own_shared_memory_and_lets_it_go_with_it(tmp_path, tokenizers):
+    # Streaming keeps every shared memory it opens until the process exits: the prefixes its lookup walks past
+    # (every other dataset's on the machine, six files each) and its own. A process opening datasets one after the
+    # other (an evaluation loop, a notebook, these tests) ran out of descriptors, and a long job pinned what dead jobs
+    # left, which clean_leaked_shared_memory then takes for held.
+    _converted(tmp_path)
     before = shared_memory_held()
     first = data.TeacherGuidedDataset(local=str(tmp_path / "shards"), batch_size=1)
     own = shared_memory_held() - before
@@ -340,17 +346,11 @@ def test_a_nodes_ranks_take_their_leaders_prefix_or_its_failure_whatever_other_j
     (FileExistsError): it looks again. A leader that can't register fails every rank of the job, its node's and the
     other nodes', instead of leaving them waiting; what the other nodes registered is let go. Nodes with their shards in
     folders of their own (each node's own local cache) agree as well."""
-    import shutil
-
     import torch
-    from conversion import convert_dataset
-    from helpers import first_documents
     from streaming.base.constant import LOCALS, SHM_TO_CLEAN
     from streaming.base.shared import prefix
 
-    assert convert_dataset.main(["--input", str(first_documents(tmp_path, 8)), "--student-tokenizer", "llama2",
-                                 "--teacher-tokenizer", "qwen2.5", "--seq-len", "64",
-                                 "--out-root", str(tmp_path / "shards")]) == 0
+    _converted(tmp_path)
     shutil.copytree(tmp_path / "shards", tmp_path / "shards-node1")
     other_job = None
     while meanwhile == "another job exits" and other_job is None:  # the lowest free prefix, unless a job takes it
@@ -442,15 +442,9 @@ def test_a_job_restarted_by_torchrun_takes_its_leaders_answers_not_the_failed_at
     0 again, read the failed attempt's answer (its leader's error, or a prefix it registered and let go) before their
     own leader's, and failed with nothing in the way. torchrun's restart count tells no attempt from the last: a
     restart as a node joins does not count, and each node's agent counts only its own failures."""
-    import shutil
-
     import torch
-    from conversion import convert_dataset
-    from helpers import first_documents
 
-    assert convert_dataset.main(["--input", str(first_documents(tmp_path, 8)), "--student-tokenizer", "llama2",
-                                 "--teacher-tokenizer", "qwen2.5", "--seq-len", "64",
-                                 "--out-root", str(tmp_path / "shards")]) == 0
+    _converted(tmp_path)
     shutil.copytree(tmp_path / "shards", tmp_path / "shards-node1")
     agent = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     for attempt in range(2):
