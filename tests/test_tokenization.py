@@ -104,6 +104,16 @@ def test_the_shipped_teacher_is_a_hugging_face_folder_that_has_learned_gsm8k_tex
     assert trained_bpb < 2.0 < 5.0 < untrained_bpb, (trained_bpb, untrained_bpb)
 
 
+def test_vocabulary_fingerprints_stay_what_existing_shards_record(tokenizers):
+    """The fingerprint shards record of each tokenizer (sha256 of its sorted token -> id pairs as JSON) stays the
+    same however it is computed: shards converted before are still read."""
+    from vocagno.shards import tokenizer_info
+
+    assert {name: tokenizer_info(tokenizer, name).fingerprint for name, tokenizer in tokenizers.items()} == {
+        "llama2": "a255706a2929068e", "codellama": "6bafdfb83eca97be", "mistral": "fc11e3a10805a88b",
+        "qwen2.5": "0bcfe76c695a7b4b", "deepseek-llm": "e2903b87c944f85e"}
+
+
 def test_a_tokenizers_description_follows_tokens_added_to_it():
     """vocagno.shards.tokenizer_info keeps a tokenizer's vocabulary digest between calls: a token added since
     changes the size and fingerprint it reports, as a tokenizer loaded afresh does."""
