@@ -20,18 +20,17 @@ from vocagno.tokenization import ASSETS, SHIPPED_TOKENIZERS, load_tokenizer  # n
 keep_freed_memory()  # the tests' in-process training and scoring, as a CPU run of train.py does
 
 
-# Seconds each file took under `pytest -n 2 --dist loadfile --durations=0` (2 cores, 2026-11-26, its runs forked from
-# tests/forked.py's server; test_multinode.py and test_gpu_check.py measured alone since, test_export.py, test_s3.py
-# and test_miniature.py scaled by their CPU seconds under -n 1 since), the slowest first: the
-# workers take files in this order, so the long ones start at once and the short ones fill the end (longest first). A
-# file not listed goes last; update the figures when a file's time changes much.
+# Seconds each file took under `pytest -n 2 --dist loadfile` (2 cores, 2026-11-27: each worker's wall per test, summed
+# by file), the slowest first: the workers take files in this order, so the long ones start at once and the short
+# ones fill the end (longest first). A file not listed goes last; update the figures when a file's time changes much.
 FILE_SECONDS = {
-    "test_export.py": 290, "test_train.py": 243, "test_conversion.py": 199, "test_s3.py": 185,
-    "test_multinode.py": 120, "test_distributed.py": 119, "test_score.py": 110, "test_teachers.py": 104,
-    "test_selection_teachers.py": 91, "test_llmfoundry.py": 88, "test_algorithm.py": 75, "test_miniature.py": 58,
-    "test_gpu_check.py": 45, "test_mixtures.py": 39, "test_selection.py": 36, "test_alignment_real.py": 28,
-    "test_eval.py": 21, "test_untrusted.py": 20, "test_teacher_side.py": 19, "test_cli.py": 17, "test_allocator.py": 13,
-    "test_launch.py": 10,
+    "test_conversion.py": 187, "test_train.py": 162, "test_export.py": 150, "test_s3.py": 114,
+    "test_distributed.py": 105, "test_teachers.py": 96, "test_multinode.py": 87, "test_selection_teachers.py": 87,
+    "test_score.py": 86, "test_llmfoundry.py": 70, "test_algorithm.py": 61, "test_miniature.py": 39,
+    "test_gpu_check.py": 33, "test_shared_memory.py": 30, "test_mixtures.py": 28, "test_selection.py": 27,
+    "test_teacher_side.py": 18, "test_untrusted.py": 17, "test_eval.py": 16, "test_alignment_real.py": 16,
+    "test_cli.py": 15, "test_allocator.py": 10, "test_latex_teacher.py": 8, "test_launch.py": 8,
+    "test_tokenization.py": 7, "test_report.py": 5, "test_helpers.py": 4, "test_alignment.py": 3,
 }
 
 
