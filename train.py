@@ -265,7 +265,7 @@ def student_model(student: torch.nn.Module, tokenizer) -> HuggingFaceModel:
 
 # How often the saver looks whether a checkpoint has reached the object store before it points the latest link at
 # it. Composer looks every 30 s, and a run waits for that before it ends: up to 30 s more of every run that saves to a
-# store, on every node. One HEAD request a second costs nothing.
+# store, on every node. A lookup of the checkpoint's object a second (on S3 a GET) costs little.
 LATEST_LINK_POLL_SECONDS = 1.0
 
 
