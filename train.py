@@ -270,7 +270,8 @@ LATEST_LINK_POLL_SECONDS = 1.0
 
 
 def promptly_linked(trainer: Trainer) -> None:
-    """The trainer's checkpoint saver links its latest checkpoint within a second of its upload."""
+    """The trainer's checkpoint saver looks every second, not every 30 s, whether a checkpoint has reached the store
+    before it links it."""
     for callback in trainer.state.callbacks:
         if isinstance(callback, CheckpointSaver):
             callback._symlink_upload_wait_before_next_try_in_seconds = LATEST_LINK_POLL_SECONDS  # no public setting
