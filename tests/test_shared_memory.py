@@ -246,6 +246,25 @@ def test_shared_memory_another_thread_opens_meanwhile_is_left_alone():
         made[0].cleanup()
 
 
+def test_a_shared_memory_created_and_never_sized_is_named_after_the_wait(monkeypatch):
+    """A rank that created a name and died before sizing it: the others wait for its size so long, then say so."""
+    import _posixshmem
+
+    from streaming.base.shared.memory import SharedMemory
+
+    monkeypatch.setattr(data, "SHARED_MEMORY_SIZE_WAIT_SECONDS", 0.2)
+    name = f"vocagno_test_{os.getpid()}_never_sized"
+    os.close(_posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600))
+    try:
+        began = time.monotonic()
+        with pytest.raises(RuntimeError, match=f"shared memory '{name}' was created but not sized within 0.2 s"), \
+                data.attaching_when_sized():
+            SharedMemory(name, size=64)
+        assert time.monotonic() - began >= 0.2
+    finally:
+        _posixshmem.shm_unlink("/" + name)
+
+
 def _register(name: str, locals_: list[str], prefix: int) -> bool:
     """Another job's registration of ``locals_`` at ``prefix`` in the machine's /dev/shm, unless a job holds it."""
     try:
@@ -280,7 +299,9 @@ def _open_the_dataset_as_one_rank(rank: int, world: int, folder: str, shards: st
     - "the leader can't register": the leader's look fails (Streaming's "Reused local directory": another job reads
       this local from another remote);
     - "node 1's leader can't register": the same, on the second node of a job of two nodes of one rank each;
-    - "nothing, on two nodes": that job, with nothing in the way.
+    - "nothing, on two nodes": that job, with nothing in the way;
+    - "the leader sizes its memory slowly": the leader creates each name half a second before it sizes it, the other
+      rank comes 0.2 s after it, as on a loaded node; both then load a resumption state.
     On two nodes each node has its shards in a folder of its own (``shards`` and ``shards-node1``), as each node's
     own ``local`` cache. Writes what the rank got (its prefix and first sample, or its error), and a line for each of
     its looks for a free prefix (one per Streaming name, ``SHM_TO_CLEAN``), if it looked."""
@@ -316,6 +337,8 @@ def _open_the_dataset_as_one_rank(rank: int, world: int, folder: str, shards: st
         return found
 
     prefix._check_and_find_retrying = look_and_say
+    if meanwhile == "the leader sizes its memory slowly":
+        _create_shared_memory_late(0.5 if rank == 0 else 0.0, 0.2 if rank == 1 else 0.0)
     try:
         if rank == 1 and meanwhile == "another job exits":
             for _ in range(1700):  # the leader may wait 60 s for another job's registration lock
@@ -325,6 +348,8 @@ def _open_the_dataset_as_one_rank(rank: int, world: int, folder: str, shards: st
             os.unlink(f"/dev/shm/{other_job}")
         try:
             dataset = data.TeacherGuidedDataset(local=shards, batch_size=1)
+            if meanwhile == "the leader sizes its memory slowly":
+                dataset.load_state_dict(dataset.state_dict(0, False))
             got = f"{dataset._shm_prefix_int} {dataset[0]['text'][:40]}"
         except Exception as error:
             got = f"{type(error).__name__}: {error}"
@@ -335,9 +360,37 @@ def _open_the_dataset_as_one_rank(rank: int, world: int, folder: str, shards: st
         dist.destroy_process_group()
 
 
+def _create_shared_memory_late(sized_after: float, created_after: float):
+    """This process's new shared memories (Python's, under Streaming's and through ``multiprocessing``) created
+    ``created_after`` seconds late, and sized ``sized_after`` seconds after their name: a creator descheduled
+    between the two steps."""
+    import _posixshmem
+    from multiprocessing import resource_tracker, shared_memory
+
+    from streaming.base.shared import memory
+
+    builtin = shared_memory.SharedMemory
+
+    def late(name=None, create=False, size=0):
+        if not create:
+            return builtin(name, create, size)
+        time.sleep(created_after)
+        descriptor = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+        try:
+            resource_tracker.register("/" + name, "shared_memory")  # as Python's own creation does
+            time.sleep(sized_after)
+            os.ftruncate(descriptor, size)
+        finally:
+            os.close(descriptor)
+        return builtin(name, False, size)
+
+    shared_memory.SharedMemory = memory.BuiltinSharedMemory = late
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize("meanwhile", ["another job exits", "another job registers", "the leader can't register",
-                                       "node 1's leader can't register", "nothing, on two nodes"])
+                                       "node 1's leader can't register", "nothing, on two nodes",
+                                       "the leader sizes its memory slowly"])
 def test_a_nodes_ranks_take_their_leaders_prefix_or_its_failure_whatever_other_jobs_do_meanwhile(tmp_path, meanwhile):
     """Streaming has every rank look for the lowest free prefix on its own: another job on the node that exits (or
     registers) between the leader's look and another rank's gave them different prefixes, and that rank failed
@@ -376,6 +429,10 @@ def test_a_nodes_ranks_take_their_leaders_prefix_or_its_failure_whatever_other_j
         assert second == "ValueError: Reused local directory (another job reads it from another remote)", second
         assert first == ("RuntimeError: node 1's leader could not register its dataset's shared memory: "
                          f"{second} (registrations of the local left: [])")
+        return
+    if meanwhile == "the leader sizes its memory slowly":
+        assert not (tmp_path / "rank1 looked").exists()
+        assert first == second and first.split(maxsplit=1)[1] == expected, (first, second)
         return
     if meanwhile == "nothing, on two nodes":
         assert (tmp_path / "rank0 looked").exists() and (tmp_path / "rank1 looked").exists()

@@ -227,6 +227,45 @@ def _replacing(owner: Any, name: str, replacement: Any, mark: threading.local, v
                 del _replaced[key]
 
 
+# How long a rank waits for a shared memory another rank created to be given its size.
+SHARED_MEMORY_SIZE_WAIT_SECONDS = 30.0
+
+
+@contextmanager
+def attaching_when_sized():
+    """Streaming's shared memories this thread opens inside, each waited for until the rank that created it has given
+    it its size.
+
+    Every rank of a node opens the same names at once (a dataset's barrier, epoch, cache and shard states; its
+    resumption state): the first creates each, which is two steps (the name, then its size), and the others attach
+    7 ms after they found the name taken. On a loaded node the creator may not have sized it yet: the other rank failed
+    with 'cannot mmap an empty file' (a CI run of test_multinode died of it; mosaicml/streaming#901)."""
+    from streaming.base.shared import memory
+
+    with _replacing(memory, "BuiltinSharedMemory", _sized_shared_memory, _attaching, True):
+        yield
+
+
+_attaching = threading.local()  # .value: True in a thread inside attaching_when_sized
+
+
+def _sized_shared_memory(name=None, create=False, size=0):
+    from multiprocessing import shared_memory
+
+    deadline = time.monotonic() + SHARED_MEMORY_SIZE_WAIT_SECONDS
+    while True:
+        try:
+            return shared_memory.SharedMemory(name, create, size)
+        except ValueError as error:  # mmap's, of a memory created and not yet sized
+            if create or not getattr(_attaching, "value", None) or "empty file" not in str(error):
+                raise
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"shared memory {name!r} was created but not sized within "
+                                   f"{SHARED_MEMORY_SIZE_WAIT_SECONDS:g} s: the rank creating it died or hangs"
+                                   ) from None
+            time.sleep(0.005)
+
+
 # collecting_shared_memory's: atexit.register replaced while any thread collects, each thread's own memories collected.
 _collecting = threading.local()  # .value: the list a thread collects into
 _exit_register = atexit.register
@@ -409,13 +448,15 @@ class TeacherGuidedDataset(StreamingDataset):
 
                 try:  # Streaming's checks of the weights (proportion, repeat, choose), its streams counted from 0
                     made = [Stream(**stream) for stream in streams.values()]
-                    with registering_shared_memory(), collecting_shared_memory(opened):
+                    with (registering_shared_memory(), collecting_shared_memory(opened),
+                          attaching_when_sized()):
                         super().__init__(streams=made, **kwargs)
                 except (ValueError, TypeError) as error:
                     order = ", ".join(f"{i}: {name!r}" for i, name in enumerate(streams))
                     raise ValueError(f"streams ({order}): {error}") from None
             else:
-                with registering_shared_memory(), collecting_shared_memory(opened):
+                with (registering_shared_memory(), collecting_shared_memory(opened),
+                      attaching_when_sized()):
                     super().__init__(local=local, remote=remote, split=split, **kwargs)
         except BaseException:
             _release_shared_memory(opened, os.getpid())
@@ -427,6 +468,10 @@ class TeacherGuidedDataset(StreamingDataset):
                          os.getpid())
         for shard in self.shards:  # before any sample is decoded: a pkl column would be unpickled
             check_columns(dict(zip(shard.column_names, shard.column_encodings)), shard.dirname)
+
+    def load_state_dict(self, obj: dict[str, Any]) -> None:
+        with attaching_when_sized():  # every rank opens the resumption state's memory
+            super().load_state_dict(obj)
 
     def get_item(self, idx: int, retry: int = 7) -> dict[str, Any]:
         sample = super().get_item(idx, retry)
