@@ -130,6 +130,25 @@ def test_a_tokenizers_description_follows_tokens_added_to_it():
     assert after == tokenizer_info(fresh, "mistral")
 
 
+@pytest.mark.parametrize("name", SHIPPED_TOKENIZERS)
+def test_a_copy_without_the_dummy_prefix_differs_only_there(tokenizers, name):
+    """SentencePiece tokenizers (Llama-2's, Mistral's) prepend a "▁" to every text; their copy for pieces that go on
+    from a document prepends none and tokenizes the rest as they do. Byte-level ones have no copy."""
+    from vocagno.tokenization import has_dummy_prefix, without_dummy_prefix
+
+    backend = tokenizers[name].backend_tokenizer
+    copy = without_dummy_prefix(backend)
+    assert has_dummy_prefix(backend) == (copy is not None) == (name in ("llama2", "codellama", "mistral"))
+    if copy is None:
+        return
+    text = "x = 3 apples\n  and 4½ pears </s>"
+    ours, theirs = backend.encode(text, add_special_tokens=False), copy.encode(text, add_special_tokens=False)
+    assert ours.tokens[0] == "▁x" and theirs.tokens[0] == "x" and ours.tokens[1:] == theirs.tokens[1:]
+    spec, copied = json.loads(backend.to_str()), json.loads(copy.to_str())
+    assert {key for key in spec if spec[key] != copied[key]} <= {"normalizer", "pre_tokenizer"}
+    assert not has_dummy_prefix(copy)
+
+
 def test_text_copies_of_a_tokenizer_are_made_once_per_content_and_leave_the_tokenizer_as_it_was():
     # Copying a 151K vocabulary's tokenizer (twice: as it is, without the dummy prefix) took about a second and a
     # half: every conversion, part and Encoder paid it again for the same tokenizer file.

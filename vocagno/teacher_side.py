@@ -36,8 +36,8 @@ import torch
 from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
 
 from vocagno.data import TeacherGuidedCollator
-from vocagno.shards import document_separator, tokenizer_info
-from vocagno.tokenization import text_tokenizers, without_dummy_prefix
+from vocagno.shards import document_separator, tokenizer_info, vocabulary
+from vocagno.tokenization import has_dummy_prefix, text_tokenizers
 
 __all__ = ["StudentText", "TeacherSide", "WithTeacherSide", "unpack_teacher_side"]
 
@@ -51,10 +51,10 @@ class StudentText:
     """
 
     def __init__(self, tokenizer):
-        spec = json.loads(tokenizer.backend_tokenizer.to_str())
-        decoder = spec.get("decoder") or {}
+        backend = tokenizer.backend_tokenizer
+        decoder = {} if backend.decoder is None else json.loads(backend.decoder.__getstate__())  # not the whole 7 MB
         kinds = {d.get("type") for d in decoder.get("decoders", [decoder])}
-        vocab = tokenizer.get_vocab()
+        vocab, _ = vocabulary(tokenizer)
         self.token_bytes: list[bytes] = [b""] * (max(vocab.values()) + 1)
         self.special = np.zeros(len(self.token_bytes), dtype=bool)
         if "ByteLevel" in kinds:
@@ -75,7 +75,7 @@ class StudentText:
             if i < len(self.token_bytes):
                 self.token_bytes[i] = b"" if token.special else token.content.encode()
                 self.special[i] = token.special
-        self.dummy_prefix = without_dummy_prefix(tokenizer.backend_tokenizer) is not None
+        self.dummy_prefix = has_dummy_prefix(backend)
         self.eos_id = tokenizer.convert_tokens_to_ids(document_separator(tokenizer))
         self.bos_id = tokenizer.bos_token_id
 

@@ -20,7 +20,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 __all__ = [
     "SHIPPED_TOKENIZERS", "SHIPPED_MODELS", "ASSETS", "load_tokenizer", "as_tokenizer", "shipped_tokenizer_dir",
     "shipped_model_dir", "resolve_shipped", "encode_with_offsets",
-    "text_tokenizers", "without_dummy_prefix",
+    "text_tokenizers", "has_dummy_prefix", "without_dummy_prefix",
 ]
 
 ASSETS = Path(__file__).parent / "assets"
@@ -181,11 +181,36 @@ def text_tokenizers(backend) -> tuple:
     return made
 
 
+def has_dummy_prefix(backend) -> bool:
+    """Whether a backend tokenizer prepends a "▁" to a text (SentencePiece's dummy prefix)."""
+    return _dummy_prefix_stripped(backend) is not None
+
+
 def without_dummy_prefix(backend):
     """A copy of a backend tokenizer that prepends no "▁" to a text (SentencePiece's dummy prefix: a ``Prepend``
     normalizer in Llama-2's tokenizer.json, a ``Metaspace`` pre-tokenizer's prepend scheme in Mistral's), or None
     when it has none (byte-level BPE)."""
     from tokenizers import Tokenizer
+
+    stripped = _dummy_prefix_stripped(backend)
+    if stripped is None:
+        return None
+    made = Tokenizer.from_str(backend.to_str())
+    # Only the two components change: set them on the copy, not through a JSON round trip of the whole tokenizer
+    # (that took three times as long as the copy itself for Llama-2's).
+    for key, part in stripped.items():
+        component = None
+        if part is not None:
+            component = copy.deepcopy(getattr(backend, key))
+            component.__setstate__(json.dumps(part).encode())
+        setattr(made, key, component)
+    return made
+
+
+def _dummy_prefix_stripped(backend) -> dict | None:
+    """The backend's normalizer and pre-tokenizer (as JSON) with the dummy prefix taken out, or None when it has none.
+    The two components alone: serializing the whole tokenizer (7 MB for a 151K vocabulary) only to find nothing to
+    strip took most of a conversion's start."""
 
     def strip(node):
         if not isinstance(node, dict):
@@ -199,13 +224,8 @@ def without_dummy_prefix(backend):
                 node[key] = [n for n in map(strip, node[key]) if n is not None]
         return node
 
-    # The two components alone first: serializing the whole tokenizer (7 MB for a 151K vocabulary) only to find
-    # nothing to strip took most of a conversion's start.
     parts = {key: None if part is None else json.loads(part.__getstate__())
              for key, part in (("normalizer", backend.normalizer), ("pre_tokenizer", backend.pre_tokenizer))}
     stripped = {key: strip(copy.deepcopy(part)) for key, part in parts.items()}
-    if stripped == parts:
-        return None
-    spec = json.loads(backend.to_str())
-    spec.update(stripped)
-    return Tokenizer.from_str(json.dumps(spec))
+    changed = {key: part for key, part in stripped.items() if part != parts[key]}
+    return changed or None
