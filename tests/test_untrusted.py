@@ -9,6 +9,7 @@ nothing is deleted. The crafted files are made here, never shipped."""
 import json
 import os
 import pickle
+import re
 import shutil
 import tempfile
 import zipfile
@@ -248,6 +249,26 @@ def test_a_shard_name_leaving_its_folder_is_refused_locally_and_in_a_store(name,
     with pytest.raises(BadCheckpoint, match=reason):
         repair(f"s3://runs/{tmp_path.name}")
     assert f"{prefix}/.metadata" in [o["Key"] for o in client.list_objects_v2(Bucket="runs")["Contents"]]
+
+
+@pytest.mark.parametrize("bad", [["__0_0.distcp"], "../outside.distcp"], ids=["no string", "a parent"])
+def test_a_bad_shard_name_after_many_good_ones_is_refused_in_one_line(bad, tmp_path):
+    """.metadata names a shard for every item (a tokenizer in the state is thousands): each distinct name is checked
+    once, and a bad one after the good ones, or one that is no string at all, is still refused in one line."""
+    from vocagno.untrusted import UntrustedFile, read_dcp_metadata
+
+    checkpoint = dcp_save({"state": {"model": {"w": torch.ones(2)}, "timestamp": {str(i): i for i in range(50)}}},
+                          tmp_path / "save" / "ep0-ba1")
+    with open(checkpoint / ".metadata", "rb") as f:
+        metadata = pickle.load(f)
+    items = list(metadata.storage_data.values())
+    assert len(items) > 50 and all(item.relative_path == items[0].relative_path for item in items)
+    items[-1].relative_path = bad
+    with open(checkpoint / ".metadata", "wb") as f:
+        pickle.dump(metadata, f)
+    with pytest.raises(UntrustedFile, match=f"its shard name {re.escape(repr(bad))} is not a"):
+        read_dcp_metadata(checkpoint / ".metadata")
+    assert_repair_refuses(checkpoint, "shard name", tmp_path / "save")
 
 
 def test_a_latest_link_in_a_store_naming_a_parent_is_refused(store, tmp_path, capsys):

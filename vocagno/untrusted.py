@@ -109,8 +109,13 @@ def read_dcp_metadata(path: Path, max_bytes: int = 1 << 30):
     if not isinstance(metadata, Metadata) or not isinstance(getattr(metadata, "storage_data", None), dict):
         raise UntrustedFile(f"{path}: refused to load: not torch.distributed.checkpoint's metadata (it holds a "
                             f"{type(metadata).__name__})")
+    # Each item names its shard file: a few names, each checked once (a tokenizer in the state is an item a token).
+    checked = set()
     for info in metadata.storage_data.values():
-        inside(path.parent, getattr(info, "relative_path", None), str(path), "shard name")
+        name = getattr(info, "relative_path", None)
+        if not isinstance(name, str) or name not in checked:  # a name that is no string is refused here
+            inside(path.parent, name, str(path), "shard name")
+            checked.add(name)
     return metadata
 
 
