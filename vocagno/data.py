@@ -239,7 +239,7 @@ def attaching_when_sized():
     Every rank of a node opens the same names at once (a dataset's barrier, epoch, cache and shard states; its
     resumption state): the first creates each, which is two steps (the name, then its size), and the others attach
     7 ms after they found the name taken. On a loaded node the creator may not have sized it yet: the other rank failed
-    with 'cannot mmap an empty file' (a CI run of test_multinode died of it; mosaicml/streaming#901)."""
+    with 'cannot mmap an empty file' (a run of the suite's test_multinode died of it)."""
     from streaming.base.shared import memory
 
     with _replacing(memory, "BuiltinSharedMemory", _sized_shared_memory, _attaching, True):
