@@ -6,6 +6,7 @@ a loop and a dangling link (object-store keys that are no file name: tests/test_
 non-zero exit (or a BadCheckpoint, for the library's repair); nothing runs, nothing is written outside the output,
 nothing is deleted. The crafted files are made here, never shipped."""
 
+import io
 import json
 import os
 import pickle
@@ -196,6 +197,61 @@ def test_a_pickled_object_in_a_sharded_checkpoints_shards_runs_nothing(heldout, 
                                    tmp_path, capsys, names="ep0-ba1")
     assert_repair_refuses(checkpoint, "refused to load: it holds objects that are not tensors", save)
     assert not marker.exists()
+
+
+def torch_archive(pickled: bytes, before: bytes = b"", **records: bytes) -> io.BytesIO:
+    """What ``torch.save`` writes (as DCP writes each object into a shard), holding ``pickled`` as its pickle and
+    ``records`` besides (or instead of) its own, after ``before``."""
+    saved, made = io.BytesIO(), io.BytesIO(before)
+    torch.save("x", saved)
+    made.seek(0, 2)
+    with zipfile.ZipFile(saved) as original, zipfile.ZipFile(made, "a") as archive:
+        prefix = original.infolist()[0].filename.split("/")[0]
+        for member in original.infolist():
+            name = member.filename.removeprefix(prefix + "/")
+            if name not in records:
+                archive.writestr(member, pickled if name == "data.pkl" else original.read(member))
+        for name, content in records.items():
+            archive.writestr(f"{prefix}/{name}", content)
+    return io.BytesIO(made.getvalue())
+
+
+def test_an_object_of_a_sharded_checkpoint_reads_as_torch_reads_it_and_a_gadget_in_one_runs_nothing(tmp_path):
+    """An object of a sharded checkpoint's shards that is plain data (a saved tokenizer is one a token) is read by
+    Python's unpickler, faster, with the result of torch's weights_only one; anything else goes to torch's, which
+    reads tensors and refuses what would run code. A gadget before the archive (torch.load reads that, not the zip
+    found from the end), a TorchScript archive, a byte order torch doesn't know, or a pickle that keeps an object
+    under a number far out (Python's unpickler would allocate for it) are torch's to judge, never read as data."""
+    import datetime
+
+    from vocagno.untrusted import _NOT_PLAIN, UntrustedFile, _plain_data, load_torch
+
+    def saved(value) -> io.BytesIO:
+        out = io.BytesIO()
+        torch.save(value, out)
+        return io.BytesIO(out.getvalue())
+
+    for value in ["▁the", "\udc80", 7, -2**70, 1.5, None, True, [1, "a", (2, 3)], {"a": {"b": [None]}}, ()]:
+        assert _plain_data(saved(value)) == torch.load(saved(value), weights_only=True) == value
+        assert load_torch(saved(value), "x") == value
+    with torch.serialization.safe_globals([datetime.timedelta]):
+        for value in [torch.arange(3), {"w": torch.ones(2)}, b"bytes", datetime.timedelta(days=1)]:
+            assert _plain_data(saved(value)) is _NOT_PLAIN
+            assert str(load_torch(saved(value), "x")) == str(value)
+    marker = tmp_path / "ran"
+    plain = pickle.dumps("harmless", protocol=2)
+    for name, gadget in gadgets(marker).items():
+        for archive in (torch_archive(gadget), torch_archive(plain, before=gadget)):
+            with pytest.raises(UntrustedFile, match="refused to load"):
+                load_torch(archive, name)
+            assert not marker.exists(), name
+    assert _plain_data(torch_archive(plain)) == "harmless"
+    far = b"\x80\x02N" + b"r" + (2**32 - 1).to_bytes(4, "little") + b"."  # None, kept as object 4294967295
+    appends_nothing = b"\x80\x02N(e."  # None, extended by nothing: torch's refuses it, Python's gives None
+    for odd in (torch_archive(plain, **{"constants.pkl": plain}), torch_archive(plain, byteorder=b"middle"),
+                torch_archive(plain, **{".storage_alignment": b"x"}), torch_archive(far),
+                torch_archive(appends_nothing), torch_archive(b"\x80\x02N(\x80\x02e.")):
+        assert _plain_data(odd) is _NOT_PLAIN
 
 
 def crafted_state(tokenizer_files: dict) -> dict:
