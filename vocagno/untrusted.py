@@ -169,9 +169,12 @@ def _plain_data(source: io.BytesIO) -> Any:
     path reads it; else ``_NOT_PLAIN``, for ``torch.load`` to read or refuse. The result of torch's weights_only
     unpickler, built by Python's own: a sharded checkpoint holds a Composer run's tokenizer as an object a token, and
     torch's, which runs in Python, took most of the seconds a check or an export of one spends."""
-    if source.tell() != 0 or not source.getvalue().startswith(b"PK\x03\x04"):  # torch.load's test for its zip path
+    if source.tell() != 0:
         return _NOT_PLAIN
     try:
+        if source.read(4) != b"PK\x03\x04":  # torch.load's test for its zip path (not a copy of the whole buffer)
+            return _NOT_PLAIN
+        source.seek(0)
         archive = torch._C.PyTorchFileReader(source)
         records = set(archive.get_all_records())
         if "data.pkl" not in records or not records - {"data.pkl"} <= _PLAIN_RECORDS:
