@@ -32,7 +32,7 @@ import time
 import warnings
 import weakref
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -472,6 +472,20 @@ class TeacherGuidedDataset(StreamingDataset):
     def load_state_dict(self, obj: dict[str, Any]) -> None:
         with attaching_when_sized():  # every rank opens the resumption state's memory
             super().load_state_dict(obj)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        """Streaming's epoch, whose two threads (reading ahead, waiting for shards) also stop when the iteration is
+        dropped before its end: a run stopping at ``max_duration``, a report reading a few batches. Streaming's own
+        poll every 7 ms until the next epoch begins or the process exits."""
+        epoch = None
+        try:
+            for sample in super().__iter__():
+                if epoch is None:  # this iteration's, set before its first sample (a later iteration replaces it)
+                    epoch = self._iterator
+                yield sample
+        finally:
+            if epoch is not None:
+                epoch.non_blocking_exit()
 
     def get_item(self, idx: int, retry: int = 7) -> dict[str, Any]:
         sample = super().get_item(idx, retry)
