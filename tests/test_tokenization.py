@@ -130,6 +130,23 @@ def test_a_tokenizers_description_follows_tokens_added_to_it():
     assert after == tokenizer_info(fresh, "mistral")
 
 
+def test_a_tokenizer_loaded_again_takes_the_vocabulary_of_the_same_content_and_not_of_another():
+    """A tokenizer loaded again (a new object) is described from what was computed for the same content, not by
+    reading and hashing its 151K tokens again; one whose content differs (a token added) is read."""
+    from helpers import reached
+
+    from vocagno.shards import vocabulary
+
+    vocab, digest = vocabulary(load_tokenizer("qwen2.5"))
+    again = load_tokenizer("qwen2.5")
+    again.get_vocab = reached  # not read
+    assert vocabulary(again) == (vocab, digest)
+    changed = load_tokenizer("qwen2.5")
+    changed.add_tokens(["<step>"])
+    changed_vocab, changed_digest = vocabulary(changed)
+    assert changed_vocab == {**vocab, "<step>": len(vocab)} and changed_digest != digest
+
+
 @pytest.mark.parametrize("name", SHIPPED_TOKENIZERS)
 def test_a_copy_without_the_dummy_prefix_differs_only_there(tokenizers, name):
     """SentencePiece tokenizers (Llama-2's, Mistral's) prepend a "▁" to every text; their copy for pieces that go on

@@ -31,6 +31,7 @@ import os
 import re
 import uuid
 import weakref
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from json.encoder import encode_basestring
 from pathlib import Path
@@ -146,20 +147,32 @@ class TokenizerInfo:
 
 
 _VOCABULARIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# vocabulary's results by the SHA-256 of the backend tokenizer's serialization, which holds the whole vocabulary: each
+# load of a tokenizer is a new object, and a process that converts or scores again loads the same one again. The
+# latest few.
+_VOCABULARIES_BY_CONTENT: OrderedDict[str, tuple[dict[str, int], str]] = OrderedDict()
+_VOCABULARIES_KEPT = 4
 
 
 def vocabulary(tokenizer) -> tuple[dict[str, int], str]:
-    """A tokenizer's vocabulary (added tokens included) and its SHA-256, computed once per tokenizer object and again
-    when tokens are added (a 151K vocabulary takes a third of a second: every dataset and scorer asks)."""
+    """A tokenizer's vocabulary (added tokens included) and its SHA-256, computed once per tokenizer content and again
+    when tokens are added. A 151K vocabulary takes a third of a second, its tokenizer's serialization a tenth: every
+    dataset and scorer asks."""
     added = dict(tokenizer.backend_tokenizer.get_added_tokens_decoder())  # the only part that can grow (add_tokens)
     known = _VOCABULARIES.get(tokenizer)
     if known is None or known[0] != added:
-        vocab = tokenizer.get_vocab()
-        # json.dumps(sorted(vocab.items()), ensure_ascii=False), built in a third less time: tokens are unique, so
-        # sorting them alone sorts the pairs.
-        pairs = ", ".join([f"[{encode_basestring(token)}, {vocab[token]}]" for token in sorted(vocab)])
-        digest = hashlib.sha256(f"[{pairs}]".encode("utf-8")).hexdigest()
-        known = _VOCABULARIES[tokenizer] = (added, vocab, digest)
+        content = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
+        computed = _VOCABULARIES_BY_CONTENT.pop(content, None)
+        if computed is None:
+            vocab = tokenizer.get_vocab()
+            # json.dumps(sorted(vocab.items()), ensure_ascii=False), built in a third less time: tokens are unique, so
+            # sorting them alone sorts the pairs.
+            pairs = ", ".join([f"[{encode_basestring(token)}, {vocab[token]}]" for token in sorted(vocab)])
+            computed = vocab, hashlib.sha256(f"[{pairs}]".encode("utf-8")).hexdigest()
+        _VOCABULARIES_BY_CONTENT[content] = computed
+        while len(_VOCABULARIES_BY_CONTENT) > _VOCABULARIES_KEPT:
+            _VOCABULARIES_BY_CONTENT.popitem(last=False)
+        known = _VOCABULARIES[tokenizer] = (added, *computed)
     return known[1], known[2]
 
 
