@@ -14,7 +14,7 @@ import pytest
 import torch
 from composer import Trainer
 from composer.models import HuggingFaceModel
-from helpers import Reached, reached
+from helpers import Reached, first_documents, reached
 from torch.utils.data import DataLoader
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
@@ -215,15 +215,19 @@ def test_kill_and_resume_gives_the_uninterrupted_scores(scored, tmp_path):
     same_samples(read(out), read(scored / "scored"))
 
 
-def test_a_yamls_config_built_teacher_scores_what_its_training_run_would_use(scored, tokenizers, tmp_path):
+def test_a_yamls_config_built_teacher_scores_what_its_training_run_would_use(tokenizers, tmp_path):
     """--config builds the teacher train.py builds for the same yaml (random weights from the yaml's seed), and a
     cached run of that yaml accepts the shards: the whole Table 3 grid of tiny runs from one scoring pass."""
     import train
 
-    overrides = ["variables.seq_len=64", f"train_loader.dataset.local={scored / 'shards'}", "eval_loader=null",
+    # 20 documents: 2 batches of 8 samples a run (scoring the fixture's 100 through a 151K head took 23 s).
+    assert convert_dataset.main(["--input", str(first_documents(tmp_path, 20)), "--student-tokenizer", "llama2",
+                                 "--teacher-tokenizer", "qwen2.5", "--seq-len", "64",
+                                 "--out-root", str(tmp_path / "shards")]) == 0
+    overrides = ["variables.seq_len=64", f"train_loader.dataset.local={tmp_path / 'shards'}", "eval_loader=null",
                  "max_duration=2ba", "eval_interval=1", "loggers.console=null", "callbacks=null",
                  "progress_bar=false"]
-    assert score.main(["--shards", str(scored / "shards"), "--config", str(REPO / "yamls" / "tiny_qwen.yaml"),
+    assert score.main(["--shards", str(tmp_path / "shards"), "--config", str(REPO / "yamls" / "tiny_qwen.yaml"),
                        *overrides,
                        "--out", str(tmp_path / "scored"), "--batch-tokens", "2048", "--device", "cpu"]) == 0
     cfg = train.load_config(str(REPO / "yamls" / "tiny_qwen.yaml"), overrides)
