@@ -7,7 +7,9 @@ kill whole), working folder, environment, ``sys.path`` and ``sys.argv``, stdout 
 ``PYTHONUNBUFFERED``), default signal handlers, multiprocessing's own state, exit code, and the exit a script gets
 (its non-daemon threads joined, its atexit handlers run). What a fork can't give: modules the server imported stay
 imported (``PREIMPORTED``, all installed packages, importable by a fresh interpreter too), with what they read from
-the environment when imported (the pytest worker's: one torch thread, Hugging Face offline).
+the environment when imported (the pytest worker's: one torch thread, Hugging Face offline). Its processes started
+with multiprocessing's spawn are forks of a forkserver of its own: one fresh interpreter a run, which imports the
+run's script as each spawned process would.
 
 The server is multiprocessing's forkserver, a clean interpreter, not the pytest worker: a fork of the worker
 inherits the threads and locks its earlier tests left, and a lock some thread held at the fork stays held in the
@@ -104,7 +106,10 @@ def _as_a_fresh_interpreter(env: dict) -> None:
         os.close(server._forkserver_alive_fd)
     server._forkserver_address = server._forkserver_alive_fd = server._forkserver_pid = None
     server._inherited_fds = None
-    server._preload_modules = ["__main__"]
+    server._preload_modules = ["__main__", *PREIMPORTED]  # Python 3.11 preloads no __main__ (spawn names it otherwise)
+    # Its spawn is its forkserver (Composer's uploaders: four a run saving to a store, each a fresh interpreter importing
+    # the run's script again, 8 s of CPU): one fresh interpreter a run, whose forks are in the run's process group.
+    multiprocessing.context._concrete_contexts["spawn"] = multiprocessing.context._concrete_contexts["forkserver"]
 
 
 def _python_command(command) -> list[str] | None:

@@ -70,3 +70,34 @@ def test_a_run_killed_as_soon_as_it_starts_is_killed(tmp_path):
         os.killpg(run.pid, signal.SIGKILL)
         began = time.time()
         assert run.wait(60) == -signal.SIGKILL and time.time() - began < 60
+
+
+SPAWNS = """import concurrent.futures, multiprocessing, os, pathlib, sys
+
+def where():
+    parent = pathlib.Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()
+    forked = "forkserver" in pathlib.Path("/proc/self/cmdline").read_text() and "composer" in sys.modules
+    return forked, os.getpgid(0), os.getppid(), int(parent[1])
+
+if __name__ == "__main__":
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        seen = [pool.submit(where).result() for _ in range(3)]
+    forks = {fork for fork, _, _, _ in seen}
+    groups = {group == os.getpgid(0) for _, group, _, _ in seen}
+    servers = {server for _, _, server, _ in seen}
+    launched = {launcher == os.getpid() for _, _, _, launcher in seen}
+    print(forks, groups, len(servers), launched)
+"""
+
+
+def test_a_runs_spawned_processes_are_forks_of_its_own_server_in_its_process_group(tmp_path):
+    """Composer starts its uploaders with multiprocessing's spawn: a fresh interpreter each, which imports the run's
+    script again (8 s of CPU each, four a run saving to a store). A forked run's spawn is its forkserver: one fresh
+    interpreter a run, which imported Composer and the rest once, and whose forks are still the run's to kill (its
+    process group)."""
+    script = tmp_path / "spawns.py"
+    script.write_text(SPAWNS)
+    result = forked.run([sys.executable, str(script)], cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    # forks with Composer imported, in the run's group, of one server the run started
+    assert result.stdout.strip() == "{True} {True} 1 {True}", result.stdout
