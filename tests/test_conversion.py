@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import forked
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -186,16 +187,16 @@ def test_kill_and_resume_gives_the_uninterrupted_samples(sample_samples, tmp_pat
     command = [sys.executable, str(REPO / "conversion" / "convert_dataset.py"), "--input", SAMPLE, *BASE_ARGS,
                "--out-root", str(root), "--docs-per-part", "25"]
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}  # run as docs/conversion.md says
-    process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = forked.Forked(command, cwd=tmp_path, env=env, stdout=os.devnull, stderr=os.devnull)
     deadline = time.time() + 120
     while len(list(root.glob("part-*/part.json"))) < 2 and time.time() < deadline and process.poll() is None:
         time.sleep(0.02)
-    process.send_signal(signal.SIGKILL)
+    forked.kill_group(process.pid)  # as a node's death kills it, with its workers
     process.wait()
     done = len(list(root.glob("part-*/part.json")))
     assert 2 <= done < 20, f"the kill should land mid-run ({done} of 20 parts done)"
     assert not (root / "index.json").exists()
-    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    result = forked.run(command, cwd=tmp_path, env=env, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "documents read:        500" in result.stdout  # the summary counts the parts kept from the first run
     # 25-document parts drop more tails than 100-document parts: compare with an uninterrupted 25-document run.
@@ -325,11 +326,8 @@ def test_nasty_documents_are_all_accounted_for(tmp_path, monkeypatch):
 
 def test_inspect_shows_a_sample_and_the_corpus(sample_shards, tmp_path):
     page = tmp_path / "sample.html"
-    result = subprocess.run(
-        [sys.executable, "-m", "vocagno.inspect", "--shards", str(sample_shards), "--index", "3", "--html", str(page),
-         "--max-samples", "50", "--rows", "5"],
-        capture_output=True, text=True, timeout=300,
-    )
+    result = forked.run([sys.executable, "-m", "vocagno.inspect", "--shards", str(sample_shards), "--index", "3",
+                         "--html", str(page), "--max-samples", "50", "--rows", "5"], timeout=300)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert f"samples of {SEQ_LEN} student tokens" in out and "sample 3:" in out
@@ -453,8 +451,8 @@ def test_inspect_html_escapes_markup_in_documents(tmp_path):
     samples = read_samples(root, tmp_path)
     index = next(i for i, sample in enumerate(samples) if "<!--<script>" in sample["text"])
     page = tmp_path / "sample.html"
-    result = subprocess.run([sys.executable, "-m", "vocagno.inspect", "--shards", str(root), "--index", str(index),
-                             "--html", str(page)], capture_output=True, text=True, timeout=300)
+    result = forked.run([sys.executable, "-m", "vocagno.inspect", "--shards", str(root), "--index", str(index),
+                         "--html", str(page)], timeout=300)
     assert result.returncode == 0, result.stderr
     html = page.read_text(encoding="utf-8")
     script = html.split("<script>", 1)[1].split("</script>", 1)[0]
