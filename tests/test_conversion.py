@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from at_once import open_dataset, read_metadata_of, run_at_once, write_many
+from helpers import assert_group_gone
 
 from conversion import convert_dataset
 from conversion.sources import TextOf, hub_sources
@@ -193,6 +194,7 @@ def test_kill_and_resume_gives_the_uninterrupted_samples(sample_samples, tmp_pat
         time.sleep(0.02)
     forked.kill_group(process.pid)  # as a node's death kills it, with its workers
     process.wait()
+    assert_group_gone(process.pid)
     done = len(list(root.glob("part-*/part.json")))
     assert 2 <= done < 20, f"the kill should land mid-run ({done} of 20 parts done)"
     assert not (root / "index.json").exists()

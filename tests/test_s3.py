@@ -1,7 +1,7 @@
 """The whole chain on an object store: moto's S3 server on this machine, through the clients a real bucket uses
 (boto3 under Streaming and Composer): converting into it, scoring into it, training from shards there with
 checkpoints saved there, killed and resumed, and exporting the run from there. One chain, run once (``chain``),
-serves the tests: each run saving to a store starts four fresh interpreters (Composer's spawned uploaders)."""
+serves the tests: each run saving to a store starts four processes (Composer's uploaders)."""
 
 import os
 import sys

@@ -3,6 +3,7 @@
 import errno
 import json
 import os
+from collections import OrderedDict
 
 import pytest
 
@@ -114,9 +115,10 @@ def test_vocabulary_fingerprints_stay_what_existing_shards_record(tokenizers):
         "qwen2.5": "0bcfe76c695a7b4b", "deepseek-llm": "e2903b87c944f85e"}
 
 
-def test_a_tokenizers_description_follows_tokens_added_to_it():
+def test_a_tokenizers_description_follows_tokens_added_to_it(monkeypatch):
     """vocagno.shards.tokenizer_info keeps a tokenizer's vocabulary digest between calls: a token added since
     changes the size and fingerprint it reports, as a tokenizer loaded afresh does."""
+    from vocagno import shards
     from vocagno.shards import tokenizer_info
 
     tokenizer = load_tokenizer("mistral")
@@ -127,6 +129,7 @@ def test_a_tokenizers_description_follows_tokens_added_to_it():
     assert after.vocab_size == before.vocab_size + 1 and after.fingerprint != before.fingerprint
     fresh = load_tokenizer("mistral")
     fresh.add_tokens(["<step>"])
+    monkeypatch.setattr(shards, "_VOCABULARIES_BY_CONTENT", OrderedDict())  # computed afresh, not taken from `after`
     assert after == tokenizer_info(fresh, "mistral")
 
 
@@ -145,6 +148,37 @@ def test_a_tokenizer_loaded_again_takes_the_vocabulary_of_the_same_content_and_n
     changed.add_tokens(["<step>"])
     changed_vocab, changed_digest = vocabulary(changed)
     assert changed_vocab == {**vocab, "<step>": len(vocab)} and changed_digest != digest
+
+
+def test_a_vocabulary_with_two_tokens_of_one_id_or_a_component_that_cant_be_saved_is_read_whole(tmp_path):
+    """A tokenizer.json may give two tokens one id: its serialization keeps one of them, so a copy saved from it
+    serializes the same with a token less, and each is described by its own vocabulary, whichever comes first. One
+    with a component defined in Python, which can't be serialized, is read too."""
+    from tokenizers import pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from vocagno.shards import vocabulary
+
+    spec = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+            "pre_tokenizer": None, "post_processor": None, "decoder": None,
+            "model": {"type": "WordLevel", "vocab": {"a": 0, "b": 0, "c": 1, "[UNK]": 2}, "unk_token": "[UNK]"}}
+    (tmp_path / "two.json").write_text(json.dumps(spec))
+    (tmp_path / "one.json").write_text(PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "two.json"))
+                                       .backend_tokenizer.to_str())
+    for first, second in (("two", "one"), ("one", "two")):
+        loaded = [PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / f"{name}.json")) for name in (first, second)]
+        assert loaded[0].backend_tokenizer.to_str() == loaded[1].backend_tokenizer.to_str()
+        assert [sorted(vocabulary(tokenizer)[0]) for tokenizer in loaded] == [
+            sorted(tokenizer.get_vocab()) for tokenizer in loaded], (first, second)
+    assert len(vocabulary(loaded[0])[0]) == 3 and len(vocabulary(loaded[1])[0]) == 4
+
+    class Whole:
+        def pre_tokenize(self, pretokenized):
+            pass
+
+    custom = load_tokenizer("mistral")
+    custom.backend_tokenizer.pre_tokenizer = pre_tokenizers.PreTokenizer.custom(Whole())
+    assert vocabulary(custom)[0] == load_tokenizer("mistral").get_vocab()
 
 
 @pytest.mark.parametrize("name", SHIPPED_TOKENIZERS)

@@ -147,10 +147,10 @@ class TokenizerInfo:
 
 
 _VOCABULARIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# vocabulary's results by the SHA-256 of the backend tokenizer's serialization, which holds the whole vocabulary: each
-# load of a tokenizer is a new object, and a process that converts or scores again loads the same one again. The
-# latest few.
-_VOCABULARIES_BY_CONTENT: OrderedDict[str, tuple[dict[str, int], str]] = OrderedDict()
+# vocabulary's results by the SHA-256 of the backend tokenizer's serialization and its vocabulary's size: each load of a
+# tokenizer is a new object, and a process that converts or scores again loads the same one again. The latest few,
+# only of vocabularies without two tokens of one id (the serialization keeps one of them).
+_VOCABULARIES_BY_CONTENT: OrderedDict[tuple[str, int], tuple[dict[str, int], str]] = OrderedDict()
 _VOCABULARIES_KEPT = 4
 
 
@@ -158,20 +158,27 @@ def vocabulary(tokenizer) -> tuple[dict[str, int], str]:
     """A tokenizer's vocabulary (added tokens included) and its SHA-256, computed once per tokenizer content and again
     when tokens are added. A 151K vocabulary takes a third of a second, its tokenizer's serialization a tenth: every
     dataset and scorer asks."""
-    added = dict(tokenizer.backend_tokenizer.get_added_tokens_decoder())  # the only part that can grow (add_tokens)
+    backend = tokenizer.backend_tokenizer
+    added = dict(backend.get_added_tokens_decoder())  # the only part that can grow (add_tokens)
     known = _VOCABULARIES.get(tokenizer)
     if known is None or known[0] != added:
-        content = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
-        computed = _VOCABULARIES_BY_CONTENT.pop(content, None)
+        try:
+            content = hashlib.sha256(backend.to_str().encode()).hexdigest(), backend.get_vocab_size()
+        except Exception:  # a component defined in Python can't be serialized: read the vocabulary itself
+            content = None
+        computed = _VOCABULARIES_BY_CONTENT.pop(content, None) if content else None
         if computed is None:
             vocab = tokenizer.get_vocab()
             # json.dumps(sorted(vocab.items()), ensure_ascii=False), built in a third less time: tokens are unique, so
             # sorting them alone sorts the pairs.
             pairs = ", ".join([f"[{encode_basestring(token)}, {vocab[token]}]" for token in sorted(vocab)])
             computed = vocab, hashlib.sha256(f"[{pairs}]".encode("utf-8")).hexdigest()
-        _VOCABULARIES_BY_CONTENT[content] = computed
-        while len(_VOCABULARIES_BY_CONTENT) > _VOCABULARIES_KEPT:
-            _VOCABULARIES_BY_CONTENT.popitem(last=False)
+            if content and len(set(vocab.values())) < len(vocab):
+                content = None
+        if content:
+            _VOCABULARIES_BY_CONTENT[content] = computed
+            while len(_VOCABULARIES_BY_CONTENT) > _VOCABULARIES_KEPT:
+                _VOCABULARIES_BY_CONTENT.popitem(last=False)
         known = _VOCABULARIES[tokenizer] = (added, *computed)
     return known[1], known[2]
 
