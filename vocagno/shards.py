@@ -166,7 +166,7 @@ def vocabulary(tokenizer) -> tuple[dict[str, int], str]:
             content = hashlib.sha256(backend.to_str().encode()).hexdigest(), backend.get_vocab_size()
         except Exception:  # a component defined in Python can't be serialized: read the vocabulary itself
             content = None
-        computed = _VOCABULARIES_BY_CONTENT.pop(content, None) if content else None
+        computed = _VOCABULARIES_BY_CONTENT.pop(content, None)  # None is never a key
         if computed is None:
             vocab = tokenizer.get_vocab()
             # json.dumps(sorted(vocab.items()), ensure_ascii=False), built in a third less time: tokens are unique, so
