@@ -143,10 +143,15 @@ def encode_with_offsets(
     Specials the tokenizer adds get empty spans, so alignment leaves them unmapped. A special token's string in the
     text ("</s>") stays text (``split_special_tokens``): text never turns into a special token.
     """
-    encoding = tokenizer(
-        text, add_special_tokens=add_special_tokens, return_offsets_mapping=True, return_attention_mask=False,
-        split_special_tokens=True,
-    )
+    backend = tokenizer.backend_tokenizer
+    splitting = backend.encode_special_tokens
+    try:
+        encoding = tokenizer(
+            text, add_special_tokens=add_special_tokens, return_offsets_mapping=True, return_attention_mask=False,
+            split_special_tokens=True,
+        )
+    finally:  # transformers leaves it set: the caller's own encodes would read "</s>" as text too
+        backend.encode_special_tokens = splitting
     ids = np.asarray(encoding["input_ids"], dtype=np.int64)
     offsets = np.asarray(encoding["offset_mapping"], dtype=np.int64).reshape(-1, 2)
     return ids, offsets
@@ -196,6 +201,7 @@ def without_dummy_prefix(backend):
     if stripped is None:
         return None
     made = Tokenizer.from_str(backend.to_str())
+    made.encode_special_tokens = backend.encode_special_tokens  # not in the serialization
     # Only the two components change: set them on the copy, not through a JSON round trip of the whole tokenizer
     # (that took three times as long as the copy itself for Llama-2's).
     for key, part in stripped.items():
