@@ -332,7 +332,7 @@ def _open_the_dataset_as_one_rank(rank: int, world: int, folder: str, shards: st
     - "node 1's leader can't register": the same, on the second node of a job of two nodes of one rank each;
     - "nothing, on two nodes": that job, with nothing in the way;
     - "the leader sizes its memory slowly": the leader creates each name half a second before it sizes it, the other
-      rank comes 0.2 s after it, as on a loaded node; both then load a resumption state.
+      rank comes 0.2 s after it, as on a loaded node; both then read their resumption state and load it.
     On two nodes each node has its shards in a folder of its own (``shards`` and ``shards-node1``), as each node's
     own ``local`` cache. Writes what the rank got (its prefix and first sample, or its error), and a line for each of
     its looks for a free prefix (one per Streaming name, ``SHM_TO_CLEAN``), if it looked."""
@@ -380,7 +380,11 @@ def _open_the_dataset_as_one_rank(rank: int, world: int, folder: str, shards: st
         try:
             dataset = data.TeacherGuidedDataset(local=shards, batch_size=1)
             if meanwhile == "the leader sizes its memory slowly":
-                dataset.load_state_dict(dataset.state_dict(0, False))
+                state = dataset.state_dict(0, False)
+                # As in a run, no rank reads the resumption state while another writes it (Composer saves it after
+                # steps every rank took): a rank reading it then found the memory named but not yet sized.
+                dist.barrier()
+                dataset.load_state_dict(state)
             got = f"{dataset._shm_prefix_int} {dataset[0]['text'][:40]}"
         except Exception as error:
             got = f"{type(error).__name__}: {error}"
