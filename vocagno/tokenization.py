@@ -143,15 +143,10 @@ def encode_with_offsets(
     Specials the tokenizer adds get empty spans, so alignment leaves them unmapped. A special token's string in the
     text ("</s>") stays text (``split_special_tokens``): text never turns into a special token.
     """
-    backend = tokenizer.backend_tokenizer
-    splitting = backend.encode_special_tokens
-    try:
-        encoding = tokenizer(
-            text, add_special_tokens=add_special_tokens, return_offsets_mapping=True, return_attention_mask=False,
-            split_special_tokens=True,
-        )
-    finally:  # transformers leaves it set: the caller's own encodes would read "</s>" as text too
-        backend.encode_special_tokens = splitting
+    encoding = tokenizer(
+        text, add_special_tokens=add_special_tokens, return_offsets_mapping=True, return_attention_mask=False,
+        split_special_tokens=True,
+    )
     ids = np.asarray(encoding["input_ids"], dtype=np.int64)
     offsets = np.asarray(encoding["offset_mapping"], dtype=np.int64).reshape(-1, 2)
     return ids, offsets
