@@ -243,3 +243,16 @@ def test_text_copies_of_a_tokenizer_are_made_once_per_content_and_leave_the_toke
     second.add_tokens(["<vocagno_new>"])  # another content: copies of its own, which know the added token
     assert text_tokenizers(second.backend_tokenizer) is not copies
     assert "<vocagno_new>" in text_tokenizers(second.backend_tokenizer)[0].encode("x <vocagno_new>").tokens
+
+
+def test_text_copies_are_kept_for_the_latest_tokenizers_only():
+    # A process that converts with many tokenizers (a notebook, a sweep) would otherwise hold two copies of each.
+    from vocagno.tokenization import _TEXT_TOKENIZERS_KEPT, text_tokenizers
+
+    first, later = load_tokenizer("llama2"), load_tokenizer("llama2")
+    copies = text_tokenizers(first.backend_tokenizer)
+    assert text_tokenizers(later.backend_tokenizer) is copies
+    for i in range(_TEXT_TOKENIZERS_KEPT):  # as many other contents as are kept
+        later.add_tokens([f"<vocagno_{i}>"])
+        text_tokenizers(later.backend_tokenizer)
+    assert text_tokenizers(first.backend_tokenizer) is not copies  # the oldest was let go and made again
