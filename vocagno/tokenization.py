@@ -189,7 +189,7 @@ def has_dummy_prefix(backend) -> bool:
 def without_dummy_prefix(backend):
     """A copy of a backend tokenizer that prepends no "▁" to a text (SentencePiece's dummy prefix: a ``Prepend``
     normalizer in Llama-2's tokenizer.json, a ``Metaspace`` pre-tokenizer's prepend scheme in Mistral's), or None
-    when it has none (byte-level BPE)."""
+    when it has none (byte-level BPE). The copy reads special tokens' strings as the tokenizer does."""
     from tokenizers import Tokenizer
 
     stripped = _dummy_prefix_stripped(backend)
