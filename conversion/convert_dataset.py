@@ -53,10 +53,11 @@ from vocagno.output import (  # noqa: E402
 )
 from conversion.sources import Record, Source, TextOf, parse_jsonl_line, sources_of  # noqa: E402
 from vocagno.shards import (  # noqa: E402
-    COLUMNS, SHARD_HASH, Encoder, Packer, ShardMetadata, TokenizerInfo, tokenizer_info, write_atomically,
+    COLUMNS, SHARD_HASH, Encoder, Packer, ShardMetadata, TokenizerInfo, tokenizer_info,
 )
 from vocagno.tokenization import load_tokenizer  # noqa: E402
 from vocagno.untrusted import UntrustedFile, plain_name  # noqa: E402
+from vocagno.writing import write_atomically  # noqa: E402
 
 DEFAULT_INPUT = "open-web-math/open-web-math"
 CONFIG_FILE = "conversion.json"

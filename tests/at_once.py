@@ -22,7 +22,7 @@ def run_at_once(target, args_per_process, timeout: float = 120.0) -> list[int]:
 
 
 def write_many(barrier, path, text):
-    from vocagno.shards import write_atomically
+    from vocagno.writing import write_atomically
 
     barrier.wait()
     for _ in range(200):

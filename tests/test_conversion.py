@@ -570,7 +570,7 @@ def test_a_stale_merge_lock_is_taken_over(tmp_path):
 
 
 def test_writes_are_atomic_on_a_full_disk(tmp_path, monkeypatch):
-    from vocagno.shards import write_atomically
+    from vocagno.writing import write_atomically
 
     path = tmp_path / "index.json"
     path.write_text('{"version": 2, "shards": []}')

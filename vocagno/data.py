@@ -40,9 +40,9 @@ from streaming import StreamingDataset
 from torch.utils.data import DataLoader
 
 from vocagno.alignment import align
+from vocagno.writing import own_temporary
 from vocagno.shards import (
     METADATA_FILE, SHARD_HASH, ShardMetadata, align_column, check_columns, describe_tokenizer, loss_column,
-    own_temporary,
 )
 
 __all__ = ["TeacherGuidedDataset", "TeacherGuidedCollator", "teacher_guided_loader", "read_metadata", "token_bytes",

@@ -25,8 +25,9 @@ from typing import Callable, TypeVar
 
 from streaming.base.hashing import get_hash
 
-from vocagno.shards import METADATA_FILE, SHARD_HASH, write_atomically
+from vocagno.shards import METADATA_FILE, SHARD_HASH
 from vocagno.untrusted import inside
+from vocagno.writing import write_atomically
 
 T = TypeVar("T")
 

@@ -57,9 +57,10 @@ from vocagno.output import (
 from vocagno.scorer import TeacherScorer, load_teacher, weights_fingerprint
 from vocagno.shards import (
     METADATA_FILE, SCORED_COLUMNS, SHARD_HASH, ShardMetadata, align_column, check_columns, check_teacher_name, compact,
-    describe_tokenizer, loss_column, write_atomically,
+    describe_tokenizer, loss_column,
 )
-from vocagno.untrusted import UntrustedFile, inside, remove
+from vocagno.untrusted import UntrustedFile, inside
+from vocagno.writing import remove, write_atomically
 
 __all__ = ["Teacher", "score", "main"]
 

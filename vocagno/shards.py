@@ -27,9 +27,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import os
 import re
-import uuid
 import weakref
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
@@ -40,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from vocagno.alignment import align, uncovered_characters
+from vocagno.writing import write_atomically
 
 __all__ = [
     "COLUMNS",
@@ -56,8 +55,6 @@ __all__ = [
     "EncodedDocuments",
     "Encoder",
     "Packer",
-    "write_atomically",
-    "own_temporary",
     "check_teacher_name",
     "check_columns",
     "loss_column",
@@ -107,24 +104,6 @@ def loss_column(name: str) -> str:
 def align_column(name: str) -> str:
     """The column of teacher ``name``'s alignment: per student token, its ``[start, end)`` teacher positions."""
     return f"align.{name}"
-
-
-def own_temporary(path: str | Path) -> Path:
-    """A hidden name beside ``path`` that no other process writing ``path`` at the same time picks (pid, random)."""
-    path = Path(path)
-    return path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
-
-
-def write_atomically(path: str | Path, text: str) -> None:
-    """Write a file so that it is either its old self or complete (a full disk or a kill leaves no truncated file):
-    a temporary file beside it, flushed to disk, renamed over it. The temporary file is this writer's own: ranks
-    writing the same file at once each replace it whole."""
-    tmp = own_temporary(path)
-    with open(tmp, "x", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def compact(array: np.ndarray) -> np.ndarray:

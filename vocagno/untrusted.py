@@ -8,15 +8,31 @@ that decides what of them is trusted.
   pairs ``torch.distributed.checkpoint`` writes there are resolved, never a dotted name.
 - A whole checkpoint (and every object in a sharded one's shards) is read by ``load_torch``: ``torch.load`` with
   ``weights_only=True`` and the few types a Composer checkpoint holds (``CHECKPOINT_GLOBALS``).
+- A file is opened by ``open_regular`` (``read_bytes``, ``read_json``): a regular file only (no device, FIFO or
+  socket), never through a link, never more bytes than its size said when it was opened (a ``/proc`` file says 0),
+  and within a size cap (``cap``) checked before anything is read.
+- A number from such a file that becomes an allocation or a loop bound is checked against the bytes that hold it
+  and a cap: Streaming's ``index.json`` by ``check_index`` before Streaming sees it, a compressed shard by
+  ``decompress`` (its output capped at what the index says).
+- A Hugging Face model or tokenizer is loaded by ``from_pretrained``: ``trust_remote_code`` explicit (off unless the
+  user's own yaml turns it on), a local folder's files regular and inside it, its config without ``CODE_FIELDS``.
+
+Caps (``CAPS``) are raised per job with the environment variable ``VOCAGNO_MAX_<NAME>`` (docs/files-from-elsewhere.md).
 """
 
 from __future__ import annotations
 
+import bz2
 import datetime
+import errno
+import gzip
 import io
+import json
+import os
 import pickle
 import pickletools
 import shutil
+import stat
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -24,7 +40,9 @@ import numpy as np
 import torch
 from torch.torch_version import TorchVersion
 
-__all__ = ["CHECKPOINT_GLOBALS", "UntrustedFile", "inside", "load_torch", "plain_name", "read_dcp_metadata", "remove"]
+__all__ = ["CAPS", "CHECKPOINT_GLOBALS", "CODE_FIELDS", "UntrustedFile", "cap", "check_config", "check_folder",
+           "check_index", "decompress", "from_pretrained", "inside", "load_torch", "open_regular", "plain_name",
+           "read_bytes", "read_dcp_metadata", "read_json", "remove"]
 
 
 class UntrustedFile(ValueError):
@@ -56,14 +74,320 @@ def inside(folder: str | Path, name: object, source: str, what: str = "name") ->
     return Path(folder).joinpath(*PurePosixPath(name).parts)
 
 
-def remove(path: Path) -> None:
-    """Remove what stands at ``path``, a scratch or staging name of ours in a folder others can write: a link planted
-    there is removed, never followed (``shutil.rmtree`` refuses a link, and with ``ignore_errors`` left it in place
-    for the next write to go through)."""
-    if path.is_symlink() or path.is_file():
-        path.unlink()
-    elif path.is_dir():
-        shutil.rmtree(path)
+# ---- caps: the most of each thing a file from elsewhere may make vocagno read, hold or loop over ----
+
+# name -> (default, what it bounds). Raised for one job by VOCAGNO_MAX_<NAME> (an integer).
+CAPS = {
+    "json_bytes": (256 << 20, "a JSON file: index.json, vocagno.json, a part's or job's state, a model's config"),
+    "shard_bytes": (1 << 30, "one shard, compressed or not (the converter writes at most 64 MiB)"),
+    "shards": (1_000_000, "shards in one index.json"),
+    "samples": (200_000_000, "samples in one index.json (Streaming keeps a few int64 numbers per sample)"),
+    "document_bytes": (64 << 20, "one document of a corpus (a .jsonl line, a .txt file, a record's text)"),
+    "file_bytes": (64 << 30, "any other single file: a corpus file, a checkpoint, a model's weights"),
+}
+
+
+def cap(name: str) -> int:
+    """The cap ``name`` of ``CAPS``: its default, or ``VOCAGNO_MAX_<NAME>`` where the environment sets it."""
+    default, _ = CAPS[name]
+    variable = f"VOCAGNO_MAX_{name.upper()}"
+    value = os.environ.get(variable)
+    if value is None:
+        return default
+    try:
+        number = int(value.replace("_", ""))
+    except ValueError:
+        number = -1
+    if number < 1:
+        raise ValueError(f"{variable}={value!r}: a positive whole number of "
+                         f"{'bytes' if name.endswith('bytes') else name} (unset, {default:,})")
+    return number
+
+
+def _over_cap(source: object, size: int, name: str) -> UntrustedFile:
+    return UntrustedFile(f"{source}: refused: {size:,} bytes, more than the {cap(name):,} allowed for "
+                         f"{CAPS[name][1].split(':')[0]} (raise VOCAGNO_MAX_{name.upper()} if it is right)")
+
+
+# ---- files: regular ones, inside their folder, never more than they said ----
+
+_KINDS = {stat.S_IFDIR: "a folder", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFLNK: "a symbolic link"}
+
+
+def _kind(mode: int) -> str:
+    return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
+class _Sized(io.RawIOBase):
+    """A file read up to the size ``fstat`` gave when it was opened, and refused if more is there: a file under
+    ``/proc`` says it has 0 bytes and reads as many as it likes, and a file that grows while read is not the one
+    checked."""
+
+    def __init__(self, fd: int, size: int, name: str):
+        self._file = os.fdopen(fd, "rb", buffering=0)
+        self.size, self.name, self._left = size, name, size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if self._left == 0:
+            if self._file.read(1):
+                raise UntrustedFile(f"{self.name}: refused: it holds more than the {self.size:,} bytes its size "
+                                    "says (a file of /proc or /sys, or one that grew while read)")
+            return 0
+        view = memoryview(buffer)[: self._left]
+        n = self._file.readinto(view)
+        self._left -= n or 0
+        return n
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
+
+
+def open_regular(path: str | Path, max_bytes: int | None = None, folder: str | Path | None = None,
+                 cap_name: str = "file_bytes"):
+    """A binary file object of the regular file at ``path``, refused (``UntrustedFile``) where it is a link, a
+    device, a FIFO or a socket, or larger than ``max_bytes`` (else the cap ``cap_name``). ``folder``: ``path`` is a
+    relative path inside it, opened one part after the other without following a link (a linked subfolder leads out).
+    It reads the bytes ``fstat`` counted when it was opened, and no more."""
+    limit = cap(cap_name) if max_bytes is None else max_bytes
+    name = str(Path(folder) / path) if folder is not None else str(path)
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    opened: list[int] = []
+    try:
+        if folder is None:
+            fd = os.open(path, flags)
+        else:
+            parts = inside("", str(path), name, "path").parts
+            opened.append(os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+            for part in parts[:-1]:
+                opened.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                      dir_fd=opened[-1]))
+            fd = os.open(parts[-1], flags, dir_fd=opened[-1])
+    except OSError as error:
+        if error.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+            mode = os.lstat(name).st_mode if os.path.lexists(name) else 0
+            raise UntrustedFile(f"{name}: refused: {_kind(mode) if mode else 'a path through a link'}: vocagno reads "
+                                "regular files only, and follows no link (copy the file itself there)") from None
+        raise
+    finally:
+        for descriptor in opened:
+            os.close(descriptor)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+        os.close(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UntrustedFile(f"{name}: refused: {_kind(info.st_mode)}: vocagno reads regular files only")
+        raise _over_cap(name, info.st_size, cap_name)
+    os.set_blocking(fd, True)
+    return io.BufferedReader(_Sized(fd, info.st_size, name))
+
+
+def read_bytes(path: str | Path, max_bytes: int | None = None, folder: str | Path | None = None,
+               cap_name: str = "file_bytes") -> bytes:
+    """The whole content of a regular file, as ``open_regular`` allows it."""
+    with open_regular(path, max_bytes, folder, cap_name) as f:
+        return f.read()
+
+
+def read_json(path: str | Path, folder: str | Path | None = None) -> Any:
+    """A JSON file from elsewhere, within the ``json_bytes`` cap; refused in one line when it is not JSON."""
+    data = read_bytes(path, folder=folder, cap_name="json_bytes")
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as error:
+        where = Path(folder) / path if folder is not None else path
+        raise UntrustedFile(f"{where}: refused: not JSON ({str(error).splitlines()[0][:120]})") from None
+
+
+def check_folder(folder: str | Path, max_bytes: int | None = None, cap_name: str = "file_bytes") -> list[Path]:
+    """Every file under ``folder`` (sorted, relative), each a regular file within the cap, no link, device or FIFO
+    anywhere inside: for a folder handed whole to a library that opens it itself (a model or tokenizer folder)."""
+    folder = Path(folder)
+    limit = cap(cap_name) if max_bytes is None else max_bytes
+    files = []
+    for where, folders, names in os.walk(folder, followlinks=False):
+        for entry in sorted(folders + names):
+            path = Path(where) / entry
+            info = os.lstat(path)
+            if stat.S_ISDIR(info.st_mode):
+                continue
+            if not stat.S_ISREG(info.st_mode):
+                raise UntrustedFile(f"{path}: refused: {_kind(info.st_mode)} in {folder}: vocagno reads regular files "
+                                    "only, and follows no link (copy the file itself there)")
+            if info.st_size > limit:
+                raise _over_cap(path, info.st_size, cap_name)
+            files.append(path.relative_to(folder))
+    return sorted(files)
+
+
+# ---- Streaming's index.json ----
+
+# The compressions whose output vocagno can cap as it decompresses (Streaming's names; ":LEVEL" may follow).
+COMPRESSIONS = ("zstd", "gz", "bz2")
+_COLUMN_ENCODINGS = ("str", "ndarray")  # what vocagno writes; any other is decoded when read, pkl unpickled
+
+
+def _whole(value: object, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def check_index(index: object, source: str, hash_name: str = "xxh3_64") -> dict:
+    """Streaming's ``index.json`` of vocagno shards (MDS, ``str`` and ``ndarray`` columns), as read from ``source``,
+    refused (``UntrustedFile``) unless every number in it is one the bytes it describes can hold and every name stays
+    in its folder: at most the ``shards`` cap of shards; each with a plain relative basename, at most ``shard_bytes``
+    bytes, a ``hash_name`` hash, a compression ``decompress`` caps, and no more samples than its bytes can hold
+    (an MDS shard spends 4 bytes a sample on offsets); at most the ``samples`` cap in all."""
+    def refuse(why: str) -> UntrustedFile:
+        return UntrustedFile(f"{source}: refused: {why}")
+
+    if not isinstance(index, dict) or index.get("version") != 2 or not isinstance(index.get("shards"), list):
+        raise refuse("not a Streaming index (version 2, a list of shards)")
+    shards = index["shards"]
+    if not shards:
+        raise refuse("it lists no shards: an empty dataset")
+    if len(shards) > cap("shards"):
+        raise refuse(f"{len(shards):,} shards, more than the {cap('shards'):,} allowed (raise VOCAGNO_MAX_SHARDS if "
+                     "it is right)")
+    total, seen = 0, set()
+    for number, shard in enumerate(shards):
+        where = f"shard {number}"
+        if not isinstance(shard, dict) or shard.get("format") != "mds":
+            raise refuse(f"{where} is not an MDS shard (vocagno writes MDS)")
+        names, encodings = shard.get("column_names"), shard.get("column_encodings")
+        if not (isinstance(names, list) and isinstance(encodings, list) and len(names) == len(encodings)
+                and all(isinstance(name, str) for name in names)
+                and isinstance(shard.get("column_sizes"), list) and len(shard["column_sizes"]) == len(names)):
+            raise refuse(f"{where} has no matching column names, encodings and sizes")
+        for name, encoding in zip(names, encodings):
+            if encoding not in _COLUMN_ENCODINGS:
+                raise refuse(f"{where}'s column {name!r} is stored as {encoding!r}: vocagno shards hold str and "
+                             "ndarray columns only (any other would be decoded, a pkl one unpickled, when read)")
+        compression = shard.get("compression")
+        if compression is not None and (not isinstance(compression, str)
+                                        or compression.split(":")[0] not in COMPRESSIONS):
+            raise refuse(f"{where}'s compression {compression!r} is not one vocagno reads ({', '.join(COMPRESSIONS)},"
+                         " or none)")
+        if shard.get("raw_meta") is not None or shard.get("zip_meta") is not None:
+            raise refuse(f"{where} has metadata files: an MDS shard has none")
+        files = [("raw_data", shard.get("raw_data"))]
+        if shard.get("zip_data") is not None or compression is not None:
+            if compression is None or shard.get("zip_data") is None:
+                raise refuse(f"{where} names a compressed file without its compression, or the other way round")
+            files.append(("zip_data", shard["zip_data"]))
+        for key, info in files:
+            if not isinstance(info, dict):
+                raise refuse(f"{where}'s {key} is not a file's description")
+            basename = inside("", info.get("basename"), source, "shard name").as_posix()
+            if basename in seen or basename == "index.json":
+                raise refuse(f"{where}'s {key} {basename!r} names a file the index names already")
+            seen.add(basename)
+            if not _whole(info.get("bytes"), 1, cap("shard_bytes")):
+                raise refuse(f"{where}'s {key} has {info.get('bytes')!r} bytes: a shard has 1 to "
+                             f"{cap('shard_bytes'):,} (raise VOCAGNO_MAX_SHARD_BYTES if it is right)")
+            hashes = info.get("hashes")
+            if not isinstance(hashes, dict) or not isinstance(hashes.get(hash_name), str):
+                raise refuse(f"{where}'s {key} has no {hash_name} hash: vocagno checks every shard it reads against "
+                             "its hash, and vocagno's converter records one")
+        samples = shard.get("samples")
+        most = (shard["raw_data"]["bytes"] - 8) // 4  # count (4 bytes) and samples + 1 offsets (4 bytes each)
+        if not _whole(samples, 1, max(most, 0)):
+            raise refuse(f"{where} says it holds {samples!r} samples: its {shard['raw_data']['bytes']:,} bytes hold "
+                         f"1 to {max(most, 0):,}")
+        total += samples
+    if total > cap("samples"):
+        raise refuse(f"{total:,} samples, more than the {cap('samples'):,} allowed (raise VOCAGNO_MAX_SAMPLES if it "
+                     "is right)")
+    return index
+
+
+def _read_up_to(reader, n: int) -> bytes:
+    chunks, left = [], n
+    while left:
+        chunk = reader.read(min(left, 1 << 24))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def decompress(compression: str, data: bytes, size: int, source: str) -> bytes:
+    """``data`` decompressed, which must give exactly ``size`` bytes (what the index says): decompression stops
+    one byte past it, so a small file that would expand to gigabytes is refused after ``size + 1`` bytes."""
+    algorithm = compression.split(":")[0]
+    try:
+        if algorithm == "zstd":
+            import zstandard
+
+            with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data)) as reader:
+                out = _read_up_to(reader, size + 1)
+        elif algorithm == "gz":
+            with gzip.GzipFile(fileobj=io.BytesIO(data)) as reader:
+                out = _read_up_to(reader, size + 1)
+        elif algorithm == "bz2":
+            out = bz2.BZ2Decompressor().decompress(data, max_length=size + 1)
+        else:
+            raise UntrustedFile(f"{source}: refused: compression {compression!r} is not one vocagno reads "
+                                f"({', '.join(COMPRESSIONS)})")
+    except UntrustedFile:
+        raise
+    except Exception as error:  # gzip's OSError, bz2's and zlib's, zstandard.ZstdError: all mean "not such data"
+        raise UntrustedFile(f"{source}: refused: not {algorithm} data ({type(error).__name__}: {error})") from None
+    if len(out) != size:
+        raise UntrustedFile(f"{source}: refused: it decompresses to {'more' if len(out) > size else len(out)} "
+                            f"bytes, its index says {size:,}")
+    return out
+
+
+# ---- Hugging Face models and tokenizers ----
+
+# Config fields that load code or name another place to load from: a config that holds one is refused (a saved
+# name_or_path is only where it came from, and is dropped).
+CODE_FIELDS = ("auto_map", "trust_remote_code", "custom_pipelines", "quantization_config")
+# transformers' attention implementations that are its own code; any other name is a kernel fetched from the hub.
+ATTENTION_IMPLEMENTATIONS = (None, "eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+
+
+def check_config(content: object, source: str) -> dict:
+    """A model or tokenizer config from elsewhere, refused where it names code: ``CODE_FIELDS``, an attention
+    implementation of the hub's, or a ``tokenizer_class`` / ``model_type`` written as a path or module."""
+    if not isinstance(content, dict):
+        raise UntrustedFile(f"{source}: refused: its config is not a mapping")
+    named = [key for key in CODE_FIELDS if content.get(key) not in (None, False, {}, [])]
+    for key in ("attn_implementation", "_attn_implementation"):
+        if content.get(key) not in ATTENTION_IMPLEMENTATIONS:
+            named.append(f"{key}={content.get(key)!r}")
+    for key in ("tokenizer_class", "model_type", "architectures"):
+        value = content.get(key)
+        if any(isinstance(v, str) and any(c in v for c in "./\\:") for v in (value if isinstance(value, list)
+                                                                              else [value])):
+            named.append(f"{key}={value!r}")
+    if named:
+        raise UntrustedFile(f"{source}: refused: its config names code to load ({', '.join(named)}): vocagno loads "
+                            "only what transformers ships, never code from a model's folder or the hub")
+    return content
+
+
+def from_pretrained(loader: Any, name_or_path: str, trust_remote_code: bool = False, **kwargs: Any) -> Any:
+    """``loader.from_pretrained(name_or_path, ...)`` with ``trust_remote_code`` passed explicitly (off unless the
+    user's own yaml turned it on). A local folder is checked first, unless trusted: its files regular and inside it
+    (``check_folder``), its ``config.json`` and ``tokenizer_config.json`` without code (``check_config``)."""
+    if trust_remote_code is not True:
+        trust_remote_code = False
+        folder = Path(name_or_path)
+        if folder.is_dir():
+            check_folder(folder)
+            for name in ("config.json", "tokenizer_config.json"):
+                if (folder / name).exists():
+                    config = check_config(read_json(name, folder), str(folder / name))
+                    for key in ("tokenizer_file", "vocab_file", "merges_file"):  # transformers loads these first
+                        if config.get(key) is not None:
+                            inside(folder, config[key], str(folder / name), key)
+    return loader.from_pretrained(name_or_path, trust_remote_code=trust_remote_code, **kwargs)
 
 
 # What torch.distributed.checkpoint pickles into a sharded checkpoint's .metadata (torch 2.6-2.7, as Composer's

@@ -1,0 +1,179 @@
+"""The one way in (``vocagno.untrusted``) and the one way out (``vocagno.writing``) on their own: what they open, what
+they refuse before reading, what they never write through. The entry points' attacker tests use them through the
+real commands (tests/test_untrusted.py)."""
+
+import bz2
+import gzip
+import json
+import os
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from vocagno.untrusted import (
+    UntrustedFile, cap, check_config, check_folder, check_index, decompress, open_regular, read_bytes, read_json,
+)
+from vocagno.writing import make_readable, publish, remove, staging, write_atomically
+
+
+def test_a_regular_file_reads_whole_and_nothing_else_is_opened(tmp_path):
+    (tmp_path / "a.json").write_text('{"x": 1}')
+    assert read_json(tmp_path / "a.json") == {"x": 1}
+    (tmp_path / "link").symlink_to(tmp_path / "a.json")
+    os.mkfifo(tmp_path / "fifo")
+    for path, kind in ((tmp_path / "link", "symbolic link"), (tmp_path / "fifo", "FIFO"),
+                       (Path("/dev/zero"), "character device")):
+        with pytest.raises(UntrustedFile, match=f"{path}: refused: a {kind}"):
+            read_bytes(path)
+
+
+def test_a_proc_file_that_says_it_is_empty_is_refused_once_it_gives_more():
+    assert os.stat("/proc/self/environ").st_size == 0
+    with pytest.raises(UntrustedFile, match="holds more than the 0 bytes its size says"):
+        read_bytes("/proc/self/environ")
+
+
+def test_a_file_inside_a_folder_is_reached_through_no_link(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("secret")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "sub").symlink_to(outside)
+    (folder / "real").mkdir()
+    (folder / "real" / "x").write_text("x")
+    assert read_bytes("real/x", folder=folder) == b"x"
+    with pytest.raises(UntrustedFile, match="follows no link"):
+        read_bytes("sub/secret", folder=folder)
+    with pytest.raises(UntrustedFile, match="not a relative path inside its folder"):
+        read_bytes("../outside/secret", folder=folder)
+
+
+def test_a_file_over_its_cap_is_refused_before_it_is_read_and_the_cap_can_be_raised(tmp_path, monkeypatch):
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps({"x": "y" * 2000}))
+    monkeypatch.setenv("VOCAGNO_MAX_JSON_BYTES", "1000")
+    with pytest.raises(UntrustedFile, match=r"2,\d{3} bytes, more than the 1,000 allowed .*VOCAGNO_MAX_JSON_BYTES"):
+        read_json(path)
+    monkeypatch.setenv("VOCAGNO_MAX_JSON_BYTES", "1_000_000")
+    assert len(read_json(path)["x"]) == 2000
+    monkeypatch.setenv("VOCAGNO_MAX_JSON_BYTES", "lots")
+    with pytest.raises(ValueError, match="VOCAGNO_MAX_JSON_BYTES='lots': a positive whole number of bytes"):
+        cap("json_bytes")
+
+
+def test_check_folder_lists_regular_files_and_refuses_a_link_anywhere(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "b.json").write_text("{}")
+    (tmp_path / "c.txt").write_text("c")
+    assert check_folder(tmp_path) == [Path("a/b.json"), Path("c.txt")]
+    (tmp_path / "a" / "key").symlink_to("/etc/hostname")
+    with pytest.raises(UntrustedFile, match="a/key: refused: a symbolic link"):
+        check_folder(tmp_path)
+
+
+def shard(basename="shard.00000.mds.zstd", samples=10, raw=4096, **changes):
+    info = {"format": "mds", "version": 2, "column_names": ["text", "student_ids"],
+            "column_encodings": ["str", "ndarray"], "column_sizes": [None, None], "compression": "zstd",
+            "hashes": ["xxh3_64"], "samples": samples, "size_limit": 1 << 26,
+            "raw_data": {"basename": basename.removesuffix(".zstd"), "bytes": raw, "hashes": {"xxh3_64": "1"}},
+            "zip_data": {"basename": basename, "bytes": 100, "hashes": {"xxh3_64": "2"}},
+            "raw_meta": None, "zip_meta": None}
+    info.update(changes)
+    return info
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"samples": 10**9}, "says it holds 1000000000 samples: its 4,096 bytes hold 1 to 1,022"),
+    ({"samples": -1}, "says it holds -1 samples"),
+    ({"samples": True}, "says it holds True samples"),
+    ({"raw_data": {"basename": "../outside/x", "bytes": 10, "hashes": {"xxh3_64": "1"}}},
+     "'../outside/x' is not a relative path inside its folder"),
+    ({"raw_data": {"basename": "x.mds", "bytes": 4 << 30, "hashes": {"xxh3_64": "1"}}},
+     "has 4294967296 bytes: a shard has 1 to 1,073,741,824"),
+    ({"raw_data": {"basename": "x.mds", "bytes": 4096, "hashes": {"md5": "1"}}}, "has no xxh3_64 hash"),
+    ({"column_encodings": ["str", "pkl"]}, "column 'student_ids' is stored as 'pkl'"),
+    ({"compression": "br"}, "compression 'br' is not one vocagno reads"),
+    ({"format": "jsonl"}, "is not an MDS shard"),
+])
+def test_an_index_is_refused_for_any_number_or_name_its_bytes_cant_hold(change, message):
+    good = {"version": 2, "shards": [shard()]}
+    assert check_index(good, "x/index.json") is good
+    with pytest.raises(UntrustedFile, match=f"x/index.json: refused: .*{message.replace('(', '.').replace(')', '.')}"):
+        check_index({"version": 2, "shards": [shard(**change)]}, "x/index.json")
+
+
+def test_an_index_over_the_caps_of_shards_or_samples_or_with_none_is_refused(monkeypatch):
+    with pytest.raises(UntrustedFile, match="lists no shards"):
+        check_index({"version": 2, "shards": []}, "i")
+    many = {"version": 2, "shards": [shard(f"s{i}.mds.zstd", samples=1000) for i in range(3)]}
+    monkeypatch.setenv("VOCAGNO_MAX_SAMPLES", "2999")
+    with pytest.raises(UntrustedFile, match="3,000 samples, more than the 2,999 allowed"):
+        check_index(many, "i")
+    monkeypatch.setenv("VOCAGNO_MAX_SHARDS", "2")
+    with pytest.raises(UntrustedFile, match="3 shards, more than the 2 allowed"):
+        check_index(many, "i")
+    with pytest.raises(UntrustedFile, match="names a file the index names already"):
+        check_index({"version": 2, "shards": [shard(), shard()]}, "i")
+
+
+@pytest.mark.parametrize("compression, compress", [
+    ("zstd", lambda data: zstandard.ZstdCompressor().compress(data)),
+    ("zstd:7", lambda data: zstandard.ZstdCompressor(level=7).compress(data)),
+    ("gz", gzip.compress), ("bz2", bz2.compress),
+])
+def test_decompression_stops_one_byte_past_what_the_index_says(compression, compress):
+    data = b"0123456789" * 1000
+    assert decompress(compression, compress(data), len(data), "s") == data
+    bomb = compress(b"\0" * (64 << 20))  # 64 MiB of zeros: a few KiB compressed
+    assert len(bomb) < 200_000
+    with pytest.raises(UntrustedFile, match="s: refused: it decompresses to more bytes, its index says 10,000"):
+        decompress(compression, bomb, len(data), "s")
+    with pytest.raises(UntrustedFile, match="decompresses to 9999 bytes, its index says 10,000"):
+        decompress(compression, compress(data[:-1]), len(data), "s")
+    with pytest.raises(UntrustedFile, match=f"s: refused: not {compression.split(':')[0]} data"):
+        decompress(compression, b"not compressed at all", len(data), "s")
+
+
+@pytest.mark.parametrize("field", [{"auto_map": {"AutoModel": "m.M"}}, {"trust_remote_code": True},
+                                   {"attn_implementation": "kernels-community/flash-attn"},
+                                   {"tokenizer_class": "my_module.Tokenizer"}, {"quantization_config": {"x": 1}}])
+def test_a_config_naming_code_is_refused(field):
+    assert check_config({"model_type": "llama", "attn_implementation": "sdpa"}, "c")
+    with pytest.raises(UntrustedFile, match=f"c: refused: its config names code to load .{next(iter(field))}"):
+        check_config({"model_type": "llama", **field}, "c")
+
+
+def test_write_atomically_replaces_a_planted_link_and_never_writes_through_it(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("mine")
+    (tmp_path / "out").symlink_to(victim)
+    write_atomically(tmp_path / "out", "new")
+    assert victim.read_text() == "mine" and not (tmp_path / "out").is_symlink()
+    assert (tmp_path / "out").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "victim"]
+
+
+def test_staging_is_fresh_and_publish_replaces_only_when_told_and_removes_links_not_their_targets(tmp_path):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "id_rsa").write_text("key")
+    os.chmod(victim / "id_rsa", 0o600)
+    final = tmp_path / "model"
+    final.symlink_to(victim)
+    built = staging(final)
+    assert built.parent == tmp_path and oct(built.stat().st_mode & 0o777) == "0o700" and not any(built.iterdir())
+    assert staging(final) != built
+    (built / "config.json").write_text("{}")
+    (built / "link").symlink_to(victim / "id_rsa")
+    make_readable(built, umask=0o022)
+    assert oct((victim / "id_rsa").stat().st_mode & 0o777) == "0o600"
+    assert oct((built / "config.json").stat().st_mode & 0o777) == "0o644"
+    with pytest.raises(FileExistsError):
+        publish(built, final)
+    publish(built, final, replace=True)
+    assert (final / "config.json").exists() and not final.is_symlink() and (victim / "id_rsa").read_text() == "key"
+    remove(final / "link")
+    assert (victim / "id_rsa").exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".model.staging")) == ["model", "victim"]

@@ -1,0 +1,92 @@
+"""The one way out: every file or folder vocagno writes goes through here, so nothing is written, chmod-ed or deleted
+through a link someone planted where vocagno writes (a shared out-root, a bucket's local cache, ``--out``).
+
+- A file is written under a fresh name of its own (``O_CREAT | O_EXCL``, which never follows a link) and renamed
+  into place (``write_atomically``): readers see the old file or the whole new one.
+- A folder is built in a fresh private staging folder (``staging``: ``mkdtemp`` beside where it goes, ``0700``, a name
+  no one else can have made) and renamed into place (``publish``); a staging name vocagno did not create this run is
+  never reused.
+- What stands in the way is removed by ``remove``: a link is unlinked, never followed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+import uuid
+from pathlib import Path
+
+__all__ = ["own_temporary", "publish", "remove", "staging", "write_atomically", "make_readable"]
+
+
+def own_temporary(path: str | Path) -> Path:
+    """A hidden name beside ``path`` that no other process writing ``path`` at the same time picks (pid, random)."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+
+
+def write_atomically(path: str | Path, content: str | bytes) -> None:
+    """Write a file so that it is either its old self or complete (a full disk or a kill leaves no truncated file):
+    a new file of this writer's own beside it (created exclusively: a link planted at that name is not followed),
+    flushed to disk, renamed over ``path`` (a link at ``path`` is replaced, not written through)."""
+    tmp = own_temporary(path)
+    data = content.encode("utf-8") if isinstance(content, str) else content
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def staging(final: str | Path) -> Path:
+    """A new empty folder of this process's own beside ``final`` (hidden, ``0700``), to build ``final`` in."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.staging-"))
+
+
+def publish(built: str | Path, final: str | Path, replace: bool = False) -> None:
+    """Rename the folder or file ``built`` (made by ``staging``) to ``final``. Where something stands at ``final``:
+    refused (``FileExistsError``) unless ``replace``, then moved aside first and removed once ``built`` is in place (a
+    link there is unlinked, never followed)."""
+    built, final = Path(built), Path(final)
+    aside = None
+    if os.path.lexists(final):
+        if not replace:
+            raise FileExistsError(f"{final} exists")
+        aside = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.replaced-"))
+        os.rename(final, aside / "old")
+    os.rename(built, final)
+    if aside is not None:
+        remove(aside)
+
+
+def remove(path: str | Path) -> None:
+    """Remove what stands at ``path``: a file or a link is unlinked (a link never followed), a folder removed with what
+    it holds (``shutil.rmtree`` unlinks the links inside it, never what they name)."""
+    path = Path(path)
+    if path.is_symlink() or path.is_file() or (os.path.lexists(path) and not path.is_dir()):
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+
+
+def make_readable(folder: str | Path, umask: int | None = None) -> None:
+    """Give the files and folders under ``folder`` (built by ``staging``, private) the modes a plain write gives them
+    under the umask; links are skipped, never followed."""
+    if umask is None:
+        umask = os.umask(0)
+        os.umask(umask)
+    for where, folders, files in os.walk(folder, followlinks=False):
+        for name, mode in [(f, 0o777) for f in folders] + [(f, 0o666) for f in files]:
+            path = os.path.join(where, name)
+            if not stat.S_ISLNK(os.lstat(path).st_mode):
+                os.chmod(path, mode & ~umask)
+    os.chmod(folder, 0o777 & ~umask)
