@@ -177,3 +177,32 @@ def test_staging_is_fresh_and_publish_replaces_only_when_told_and_removes_links_
     remove(final / "link")
     assert (victim / "id_rsa").exists()
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".model.staging")) == ["model", "victim"]
+
+
+def test_a_log_is_appended_to_its_own_file_and_never_through_a_link(tmp_path):
+    from vocagno.writing import append
+
+    append(tmp_path / "logs" / "metrics.jsonl", "one\n")
+    append(tmp_path / "logs" / "metrics.jsonl", "two\n")
+    assert (tmp_path / "logs" / "metrics.jsonl").read_text() == "one\ntwo\n"
+    victim = tmp_path / "victim"
+    victim.write_text("mine")
+    (tmp_path / "planted.jsonl").symlink_to(victim)
+    with pytest.raises(OSError):
+        append(tmp_path / "planted.jsonl", "three\n")
+    assert victim.read_text() == "mine"
+
+
+def test_a_report_of_runs_whose_results_are_a_device_or_a_list_says_so_in_one_line(tmp_path, capsys):
+    from vocagno.report import main as report_main
+
+    (tmp_path / "cpt").mkdir()
+    (tmp_path / "cpt" / "results.json").symlink_to("/dev/zero")
+    (tmp_path / "qwen").mkdir()
+    (tmp_path / "qwen" / "results.json").write_text("[1, 2]")
+    for run in ("cpt", "qwen"):
+        with pytest.raises(SystemExit) as exit:
+            report_main([str(tmp_path / run)])
+        assert exit.value.code == 2
+        message = capsys.readouterr().err.strip().splitlines()[-1]
+        assert f"{tmp_path / run / 'results.json'}: refused: " in message

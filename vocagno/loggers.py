@@ -11,13 +11,13 @@ from composer.core import Callback, State
 from composer.loggers import Logger, LoggerDestination
 from composer.utils import dist
 
+from vocagno.writing import append
+
 __all__ = ["JSONLinesLogger", "RunRecipe", "SampleLog"]
 
 
 def _rank_path(path: str) -> Path:
-    out = Path(path.format(rank=dist.get_global_rank()))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    return out
+    return Path(path.format(rank=dist.get_global_rank()))
 
 
 class JSONLinesLogger(LoggerDestination):
@@ -28,8 +28,7 @@ class JSONLinesLogger(LoggerDestination):
 
     def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
         row = {"step": step, **{k: float(v) for k, v in metrics.items()}}
-        with open(_rank_path(self.path), "a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
+        append(_rank_path(self.path), json.dumps(row) + "\n")
 
 
 class SampleLog(Callback):
@@ -44,8 +43,7 @@ class SampleLog(Callback):
         row = {"batch": int(state.timestamp.batch), "samples": state.batch["input_ids"][:, : self.prefix].tolist()}
         if "vocagno_selected" in state.batch:
             row["selected"] = [torch.nonzero(kept).flatten().tolist() for kept in state.batch["vocagno_selected"]]
-        with open(_rank_path(self.path), "a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
+        append(_rank_path(self.path), json.dumps(row) + "\n")
 
 
 class RunRecipe(Callback):

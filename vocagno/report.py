@@ -19,7 +19,6 @@ and plots bits per byte against the top-k ratio.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -27,6 +26,8 @@ import sys
 from pathlib import Path
 
 from vocagno.eval.benchmarks import BENCHMARKS, TITLES
+from vocagno.untrusted import UntrustedFile, read_json
+from vocagno.writing import save_figure
 
 __all__ = ["read_run", "run_names", "results_table", "sweep", "miniature_table", "main"]
 
@@ -36,7 +37,9 @@ def read_run(folder: Path) -> dict[str, float]:
     path = folder / "results.json"
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: give folders written by python -m vocagno.eval --output")
-    results = json.loads(path.read_text(encoding="utf-8"))
+    results = read_json(path)
+    if not isinstance(results, dict):
+        raise UntrustedFile(f"{path}: refused: not a mapping of benchmark names to accuracies")
     return {name: value for name, value in results.items() if isinstance(value, (int, float))}
 
 
@@ -100,7 +103,7 @@ def plot(runs: dict[str, dict[str, float]], path: Path, x_key: str, x_label: str
     axes.set_ylabel("average accuracy (%)")
     axes.grid(alpha=0.3)
     figure.tight_layout()
-    figure.savefig(path, dpi=150)
+    save_figure(figure, path, dpi=150)
     return (f"x is the number after {x_key!r} in each run's name: "
             + (", ".join(f"{name} at {x:g}" for x, name in placed) or "no run has one")
             + (f"; without it, a dashed line each: {', '.join(dashed)}" if dashed else ""))
@@ -175,7 +178,7 @@ def plot_miniature(result: dict, path: Path) -> None:
     axes.legend()
     axes.grid(alpha=0.3)
     figure.tight_layout()
-    figure.savefig(path, dpi=150)
+    save_figure(figure, path, dpi=150)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,7 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.miniature is not None:
         if args.runs or not args.miniature.is_file():
             parser.error("--miniature takes one miniature.json (experiments/miniature.py's) and no runs")
-        result = json.loads(args.miniature.read_text(encoding="utf-8"))
+        try:
+            result = read_json(args.miniature)
+        except UntrustedFile as error:
+            parser.error(str(error))
         print(miniature_table(result))
         if args.plot:
             plot_miniature(result, args.plot)
@@ -206,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"a run is given twice: {', '.join(sorted({n for n in names if names.count(n) > 1}))}")
     try:
         runs = {name: read_run(folder) for name, folder in zip(names, args.runs)}
-    except FileNotFoundError as error:
+    except (FileNotFoundError, UntrustedFile) as error:
         parser.error(str(error))
     named_cpt = [name for name in runs if "cpt" in Path(name).name.lower()]
     if args.baseline is None and len(named_cpt) > 1:

@@ -18,7 +18,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-__all__ = ["own_temporary", "publish", "remove", "staging", "write_atomically", "make_readable"]
+__all__ = ["append", "make_readable", "own_temporary", "publish", "remove", "save_figure", "staging", "write_atomically"]
 
 
 def own_temporary(path: str | Path) -> Path:
@@ -43,6 +43,29 @@ def write_atomically(path: str | Path, content: str | bytes) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def append(path: str | Path, text: str) -> None:
+    """Append ``text`` to the regular file at ``path`` (created if missing, with its folder): a log's next lines.
+    A link or anything but a regular file at ``path`` is refused (``OSError``), never written through."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise IsADirectoryError(f"{path}: not a regular file: a log is appended to a file of its own")
+        os.write(fd, text.encode("utf-8"))
+    finally:
+        os.close(fd)
+
+
+def save_figure(figure, path: str | Path, **kwargs) -> None:
+    """A matplotlib figure saved as ``write_atomically`` writes (its format from ``path``'s suffix)."""
+    import io
+
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format=Path(path).suffix.lstrip(".") or "png", **kwargs)
+    write_atomically(path, buffer.getvalue())
 
 
 def staging(final: str | Path) -> Path:
