@@ -1,0 +1,172 @@
+"""Bounded fuzzing of files from elsewhere: a real ``index.json`` and an out-root's real state files, each mutated by
+hypothesis (a value anywhere in them replaced by what an attacker would write: huge, negative or non-integer numbers,
+names that leave the folder, devices, other encodings) and fed to the real readers in a process with a memory and
+time ceiling (tests/bounded.py). Whatever the mutation, no reader writes outside its folders, allocates past its
+ceiling or hangs; what it refuses, it refuses in one line. (Pickles and configs in checkpoints:
+tests/test_untrusted_checkpoints.py.)"""
+
+import copy
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from bounded import convert, inspect_shards, read_shards, run_bounded
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from vocagno.tokenization import ASSETS
+
+SAMPLE = ASSETS / "text" / "gsm8k_train_500.jsonl"
+CONVERT = ["--student-tokenizer", "llama2", "--teacher-tokenizer", "mistral", "--seq-len", "64"]
+OUTSIDE = "/tmp/vocagno-fuzz-outside"
+
+ATTACKS = st.one_of(
+    st.sampled_from([0, -1, 10**9, 2**31, 2**32 - 1, 2**40, -(2**63), True, False, None, 1.5, [], {}]),
+    st.sampled_from(["../outside/x", OUTSIDE, "a/../../x", "index.json", "..", "", "x\\y", "/dev/zero",
+                     "/proc/self/environ", "pkl", "json", "br", "zstd", "mds", "xxh3_64", "md5"]),
+    st.integers(min_value=-(2**63), max_value=2**64),
+    st.text(max_size=8),
+    st.lists(st.integers(min_value=-5, max_value=2**40), max_size=3),
+)
+PART = "part-00000-000000"
+FILE = ("raw_data", "zip_data")
+SHARD = [("samples",), ("compression",), ("format",), ("version",), ("column_encodings",), ("column_encodings", 0),
+         ("column_names", 4), ("column_sizes",), ("size_limit",), ("hashes",), ("raw_meta",),
+         *((key, field) for key in FILE for field in ("basename", "bytes", "hashes")),
+         *((key, "hashes", "xxh3_64") for key in FILE), *((key,) for key in FILE)]
+# The places of a vocagno index.json (one shard, as CONVERT writes the corpus below) an attacker would change.
+INDEX_PLACES = [(), ("version",), ("shards",), ("shards", 0), *(("shards", 0, *at) for at in SHARD)]
+# The out-root's state files the converter reads when it resumes (before its merge), and their places.
+STATE_PLACES = {
+    "conversion.json": [(), ("seq_len",), ("inputs",), ("inputs", 0), ("compression",), ("docs_per_part",),
+                        ("student",), ("student", "vocab_size"), ("teacher", "separator_id")],
+    "job-0000-of-0001.json": [(), ("parts",), ("parts", 0), ("unreadable",), ("over_cap",)],
+    f"{PART}/part.json": [(), ("samples",), ("documents",), ("sources",), ("tail_tokens",)],
+    f"{PART}/index.json": [(), ("shards",), *(("shards", 0, *at) for at in SHARD)],
+}
+
+
+def replaced(tree, at, value):
+    if not at:
+        return value
+    tree = copy.deepcopy(tree)
+    parent = tree
+    for key in at[:-1]:
+        parent = parent[key]
+    parent[at[-1]] = value
+    return tree
+
+
+def apply(tree, changes):
+    for at, value in changes:
+        try:
+            tree = replaced(tree, at, value)
+        except (KeyError, IndexError, TypeError):  # not in this file, or an earlier change took the place away
+            pass
+    return tree
+
+
+def files_under(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*")}
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    lines = SAMPLE.read_text(encoding="utf-8").splitlines()[:24]
+    corpus = tmp_path_factory.mktemp("corpus") / "docs.jsonl"
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    root = tmp_path_factory.mktemp("fuzz") / "shards"
+    assert run_bounded(convert, ["--input", str(corpus), *CONVERT, "--out-root", str(root)]) == "ok"
+    return root
+
+
+def outcome_is_harmless(outcome: str, base: Path, before: set[str]) -> None:
+    """Nothing past the ceilings; a refusal in one line; nothing new but in the reader's own folders."""
+    assert outcome not in ("memory", "hung") and not outcome.startswith("died"), outcome
+    if outcome.startswith("refused"):
+        assert "\n" not in outcome.strip(), outcome
+    assert {p for p in files_under(base) - before if not p.startswith(("shards", "cache"))} == set(), \
+        f"written outside its folder ({outcome})"
+    assert not os.path.lexists(OUTSIDE), outcome
+
+
+def fresh_copy(shards: Path, prefix: str) -> Path:
+    """A copy of the shard folder in a fresh folder with an empty ``outside`` beside it."""
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    shutil.copytree(shards, base / "shards")
+    (base / "outside").mkdir()
+    return base
+
+
+INDEX_CHANGES = st.lists(st.tuples(st.sampled_from(INDEX_PLACES), ATTACKS), min_size=1, max_size=3)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(changes=INDEX_CHANGES)
+@example(changes=[(("shards", 0, "samples"), 10**9)])
+@example(changes=[(("shards", 0, "samples"), -1)])
+@example(changes=[(("shards", 0, "raw_data", "basename"), "../outside/x")])
+@example(changes=[(("shards", 0, "raw_data", "bytes"), 4 << 30)])
+@example(changes=[(("shards", 0, "zip_data", "hashes"), {"md5": "0"}), (("shards", 0, "raw_data", "hashes"), {})])
+@example(changes=[(("shards", 0, "column_encodings", 4), "pkl")])
+def test_a_mutated_index_is_read_or_refused_and_never_written_outside_or_past_memory(shards, changes):
+    """The training reader, with the shards as its local folder and as its remote."""
+    index = json.loads((shards / "index.json").read_text())
+    base = fresh_copy(shards, "fuzz-index-")
+    try:
+        (base / "shards" / "index.json").write_text(json.dumps(apply(index, changes)))
+        before = files_under(base)
+        outcome_is_harmless(run_bounded(read_shards, base / "shards"), base, before)
+        outcome_is_harmless(run_bounded(read_shards, base / "cache", str(base / "shards")), base, before)
+    finally:
+        shutil.rmtree(base)
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(changes=INDEX_CHANGES)
+@example(changes=[(("shards", 0, "samples"), 10**9)])
+@example(changes=[(("shards", 0, "raw_data", "basename"), "../outside/x")])
+def test_inspect_reads_or_refuses_a_mutated_index_in_one_line(shards, changes):
+    index = json.loads((shards / "index.json").read_text())
+    base = fresh_copy(shards, "fuzz-inspect-")
+    try:
+        (base / "shards" / "index.json").write_text(json.dumps(apply(index, changes)))
+        before = files_under(base)
+        outcome_is_harmless(run_bounded(inspect_shards, base / "shards"), base, before)
+    finally:
+        shutil.rmtree(base)
+
+
+STATE_CHANGES = st.sampled_from(sorted(STATE_PLACES)).flatmap(lambda name: st.tuples(
+    st.just(name), st.lists(st.tuples(st.sampled_from(STATE_PLACES[name]), ATTACKS), min_size=1, max_size=3)))
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(change=STATE_CHANGES)
+@example(change=(f"{PART}/index.json", [(("shards", 0, "samples"), 10**9)]))
+@example(change=(f"{PART}/index.json", [(("shards", 0, "samples"), -1)]))
+@example(change=(f"{PART}/index.json", [(("shards", 0, "raw_data", "basename"), "../../outside/x")]))
+@example(change=("job-0000-of-0001.json", [(("parts", 0), "../outside")]))
+def test_a_mutated_out_root_state_file_is_resumed_or_refused_in_one_line(shards, change):
+    """The converter run again on an out-root, its parts converted but not yet merged, whose state file someone
+    rewrote: it merges (the file read as valid) or stops in one line; it never writes outside the out-root or
+    allocates past its ceiling, and what it publishes reads as harmlessly."""
+    name, changes = change
+    base = fresh_copy(shards, "fuzz-state-")
+    try:
+        root = base / "shards"
+        (root / "index.json").unlink()
+        (root / "vocagno.json").unlink()
+        state = json.loads((root / name).read_text())
+        (root / name).write_text(json.dumps(apply(state, changes)))
+        corpus = json.loads((shards / "conversion.json").read_text())["inputs"][0]  # as the first run named it
+        before = files_under(base)
+        outcome = run_bounded(convert, ["--input", str(corpus), *CONVERT, "--out-root", str(root)])
+        outcome_is_harmless(outcome, base, before)
+        if outcome == "ok":  # what it published is read as harmlessly
+            outcome_is_harmless(run_bounded(read_shards, root), base, before)
+    finally:
+        shutil.rmtree(base)
