@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import fcntl
 import itertools
+import json
 import os
 import re
 import stat
@@ -36,29 +37,37 @@ from typing import Any, Iterator
 
 import numpy as np
 import torch
-from streaming import StreamingDataset
+from streaming import Stream, StreamingDataset
 from torch.utils.data import DataLoader
 
 from vocagno.alignment import align
-from vocagno.writing import own_temporary
 from vocagno.shards import (
     METADATA_FILE, SHARD_HASH, ShardMetadata, align_column, check_columns, describe_tokenizer, loss_column,
 )
+from vocagno.untrusted import UntrustedFile, check_index, decompress, open_regular, read_bytes, read_json
+from vocagno.writing import own_temporary, write_atomically
 
 __all__ = ["TeacherGuidedDataset", "TeacherGuidedCollator", "teacher_guided_loader", "read_metadata", "token_bytes",
-           "clean_leaked_shared_memory"]
+           "clean_leaked_shared_memory", "CheckedStream", "read_index"]
 
+INDEX_FILE = "index.json"  # Streaming's name for a shard folder's index
 ARRAY_COLUMNS = ("student_ids", "student_offsets", "teacher_ids", "teacher_offsets")
 
 
 def read_metadata(local: str, remote: str | None = None, split: str | None = None, timeout: float = 60) -> ShardMetadata:
-    """The shards' ``vocagno.json``, fetched from ``remote`` into ``local`` when it is not there yet."""
+    """The shards' ``vocagno.json``, fetched from ``remote`` into ``local`` when it is not there yet, read through
+    ``untrusted.read_json`` (``ShardMetadata.read``)."""
     local_dir = os.path.join(local, split or "")
-    if remote is not None and not os.path.exists(os.path.join(local_dir, METADATA_FILE)):
+    if remote is not None and not os.path.lexists(os.path.join(local_dir, METADATA_FILE)):
         from streaming.base.storage import CloudDownloader
 
         os.makedirs(local_dir, exist_ok=True)
         remote_path = os.path.join(remote, split or "", METADATA_FILE)
+        on_machine = _local_path(remote)
+        if on_machine is not None:  # a regular file within its cap (Streaming's copy would follow a link anywhere)
+            data = read_bytes(METADATA_FILE, folder=os.path.join(on_machine, split or ""), cap_name="json_bytes")
+            write_atomically(os.path.join(local_dir, METADATA_FILE), data)
+            return ShardMetadata.read(local_dir)
         # Every rank of a node fetches it: each into a name of its own (Streaming's downloaders write through
         # NAME.tmp, which the ranks would take from each other), then renamed into place.
         own = str(own_temporary(os.path.join(local_dir, METADATA_FILE)))
@@ -393,6 +402,142 @@ def _held_files(shm_dir: str) -> set[tuple[int, int]]:
     return held
 
 
+def read_index(folder: str | os.PathLike, source: str | None = None) -> dict:
+    """A shard folder's ``index.json``, read through the one way in (``untrusted.read_json``: a regular file within
+    the ``json_bytes`` cap) and checked by ``untrusted.check_index`` (names inside the folder, counts and sizes its
+    bytes can hold, a ``SHARD_HASH`` hash for every file) before Streaming or vocagno allocates anything from it."""
+    return check_index(read_json(INDEX_FILE, folder), source or os.path.join(folder, INDEX_FILE), SHARD_HASH)
+
+
+def _local_path(remote: str | None) -> str | None:
+    """The folder a remote names on this machine (a plain path, ``file://``), else None (an object store)."""
+    if remote is None:
+        return None
+    if remote.startswith("file://"):
+        return remote[len("file://"):]
+    return None if "://" in remote else remote
+
+
+class CheckedStream(Stream):
+    """Streaming's ``Stream`` handed only what vocagno checked (every work-around of Streaming's internals lives
+    here, behind the version pin on mosaicml-streaming).
+
+    - ``index.json`` is read by ``read_index`` (``check_index``) and the shard readers are built from that checked
+      object: a remote's index is fetched to a name of this process's own, checked, then put in place, so Streaming
+      never sees an index vocagno refused, and a shard name can't lead a download or a decompression out of
+      ``local``.
+    - Every shard file the index names is opened by ``untrusted.open_regular`` (no link, device or FIFO) and must
+      have the size the index says: those already in ``local`` before Streaming counts them as present, a remote's
+      on this machine before it is copied, each download once it is in.
+    - A compressed shard is read within its size, checked against its hash, then decompressed by
+      ``untrusted.decompress`` into exactly the raw size the index says (a small file that would expand to gigabytes
+      is refused past it) and written through ``writing.write_atomically``."""
+
+    def get_shards(self, world, allow_unsafe_types: bool) -> list:
+        from streaming.base.constant import TICK
+        from streaming.base.format import reader_from_json
+        from streaming.base.util import wait_for_file_to_exist
+
+        folder = os.path.join(self.local, self.split)
+        filename = os.path.join(folder, INDEX_FILE)
+        if not os.path.lexists(filename):
+            if world.is_local_leader:
+                if not self.remote:
+                    raise RuntimeError(f"No `remote` provided, but local file {filename} does not exist either")
+                self._fetch_index(folder, filename)
+            else:
+                wait_for_file_to_exist(filename, TICK, self.download_timeout,
+                                       f"Index file {os.path.join(self.remote or '', self.split, INDEX_FILE)} -> "
+                                       f"{filename} took too long to download or failed to download: see the local "
+                                       "leader's error")
+        index = read_index(folder)
+        self._sizes = {}
+        self._raw_bytes = {}  # a compressed file's basename -> the bytes it decompresses to
+        shards = []
+        for info in index["shards"]:
+            self._sizes[info["raw_data"]["basename"]] = info["raw_data"]["bytes"]
+            if info.get("zip_data") is not None:
+                self._sizes[info["zip_data"]["basename"]] = info["zip_data"]["bytes"]
+                self._raw_bytes[info["zip_data"]["basename"]] = info["raw_data"]["bytes"]
+            shard = reader_from_json(self.local, self.split, info)
+            shard.validate(allow_unsafe_types)
+            shards.append(shard)
+        return shards
+
+    def _fetch_index(self, folder: str, filename: str) -> None:
+        """The remote's ``index.json`` into ``filename``, checked first: fetched into a name of this process's own
+        (read within its cap from a remote on this machine, downloaded from an object store), put in place once
+        ``read_index`` passed it."""
+        from streaming.base.util import retry
+
+        os.makedirs(folder, exist_ok=True)
+        source = os.path.join(self.remote, self.split, INDEX_FILE)
+        on_machine = _local_path(self.remote)
+        if on_machine is not None:
+            data = read_bytes(INDEX_FILE, folder=os.path.join(on_machine, self.split), cap_name="json_bytes")
+            try:
+                index = json.loads(data)
+            except (ValueError, RecursionError) as error:
+                raise UntrustedFile(f"{source}: refused: not JSON ({str(error).splitlines()[0][:120]})") from None
+            check_index(index, source, SHARD_HASH)
+            write_atomically(filename, data)
+            return
+        own = own_temporary(filename)
+        try:
+            retry(clean_up_fn=self._downloader.clean_up, num_attempts=self.download_retry)(
+                lambda: self._downloader.download(source, str(own), self.download_timeout))()
+            check_index(read_json(own.name, folder), source, SHARD_HASH)
+            os.replace(own, filename)
+        finally:
+            if os.path.lexists(own):
+                os.remove(own)
+
+    def _check_file(self, folder: str, basename: str) -> None:
+        """The shard file ``basename`` of ``folder``: a regular file (reached through no link) of the size the
+        index says."""
+        expected = self._sizes[basename]
+        with open_regular(basename, expected, folder, "shard_bytes") as f:
+            size = f.raw.size  # what fstat gave when it was opened
+        if size != expected:
+            raise UntrustedFile(f"{os.path.join(folder, basename)}: refused: {size:,} bytes, its index says "
+                                f"{expected:,}")
+
+    def set_up_local(self, shards: list, cache_usage_per_shard) -> None:
+        folder = os.path.join(self.local, self.split)
+        for basename in self._sizes:  # before Streaming counts them as present and reads them
+            if os.path.lexists(os.path.join(folder, basename)):
+                self._check_file(folder, basename)
+        super().set_up_local(shards, cache_usage_per_shard)
+
+    def _download_file(self, from_basename: str, to_basename: str | None = None) -> str:
+        if from_basename not in self._sizes or to_basename is not None:
+            return super()._download_file(from_basename, to_basename)
+        on_machine = _local_path(self.remote)
+        if on_machine is not None:  # copied whole by Streaming: a link to /dev/zero would fill the disk
+            self._check_file(os.path.join(on_machine, self.split), from_basename)
+        local = super()._download_file(from_basename)
+        self._check_file(os.path.join(self.local, self.split), from_basename)
+        return local
+
+    def _decompress_shard_part(self, zip_info, zip_filename: str, raw_filename: str, compression: str | None) -> None:
+        from streaming.base.hashing import get_hash
+
+        data = read_bytes(zip_info.basename, zip_info.bytes, os.path.join(self.local, self.split), "shard_bytes")
+        if len(data) != zip_info.bytes:
+            raise UntrustedFile(f"{zip_filename}: refused: {len(data):,} bytes, its index says {zip_info.bytes:,}")
+        if self.validate_hash:
+            if self.validate_hash not in zip_info.hashes:
+                raise UntrustedFile(f"{zip_filename}: refused: its index gives no {self.validate_hash} hash "
+                                    f"({', '.join(sorted(zip_info.hashes)) or 'none'})")
+            if get_hash(self.validate_hash, data) != zip_info.hashes[self.validate_hash]:
+                raise ValueError(f"Checksum failure: {zip_filename}")
+        raw = decompress(compression, data, self._raw_bytes[zip_info.basename], zip_filename)
+        del data
+        write_atomically(raw_filename, raw)
+        if not self.safe_keep_zip:
+            os.remove(zip_filename)
+
+
 class TeacherGuidedDataset(StreamingDataset):
     """A ``StreamingDataset`` of vocagno shards whose samples are int64 tensors (and the sample's ``text``).
 
@@ -443,21 +588,22 @@ class TeacherGuidedDataset(StreamingDataset):
         kwargs = {"validate_hash": SHARD_HASH, **streaming_kwargs}
         opened: list = []
         try:
+            # Streaming reads every index and shard through CheckedStream: a single dataset is one stream of it.
             if streams:
-                from streaming import Stream
-
                 try:  # Streaming's checks of the weights (proportion, repeat, choose), its streams counted from 0
-                    made = [Stream(**stream) for stream in streams.values()]
+                    made = [CheckedStream(**stream) for stream in streams.values()]
                     with (registering_shared_memory(), collecting_shared_memory(opened),
                           attaching_when_sized()):
                         super().__init__(streams=made, **kwargs)
+                except UntrustedFile:  # it names the file
+                    raise
                 except (ValueError, TypeError) as error:
                     order = ", ".join(f"{i}: {name!r}" for i, name in enumerate(streams))
                     raise ValueError(f"streams ({order}): {error}") from None
             else:
                 with (registering_shared_memory(), collecting_shared_memory(opened),
                       attaching_when_sized()):
-                    super().__init__(local=local, remote=remote, split=split, **kwargs)
+                    super().__init__(streams=[CheckedStream(local=local, remote=remote, split=split)], **kwargs)
         except BaseException:
             _release_shared_memory(opened, os.getpid())
             raise

@@ -21,6 +21,8 @@ import numpy as np
 from vocagno.alignment import align, alignment_quality, vocab_overlap
 from vocagno.data import TeacherGuidedDataset
 from vocagno.tokenization import load_tokenizer
+from vocagno.untrusted import UntrustedFile
+from vocagno.writing import write_atomically
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,7 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-samples", type=int, default=1000, help="samples the statistics read (0: all)")
     parser.add_argument("--rows", type=int, default=40, help="student tokens in the alignment table")
     args = parser.parse_args(argv)
+    try:
+        return _show(args, parser)
+    except UntrustedFile as error:  # a shard folder's file that is not what it says: named, in one line
+        raise SystemExit(f"error: {error}") from None
 
+
+def _show(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     dataset = TeacherGuidedDataset(local=args.shards, batch_size=1)
     meta = dataset.metadata
     if not 0 <= args.index < len(dataset):
@@ -46,8 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     print(view.terminal(args.index, args.rows))
     print(statistics(dataset, args.max_samples, tokenizers))
     if args.html:
-        with open(args.html, "w", encoding="utf-8") as f:
-            f.write(view.html(args.index, f"{meta.student.name} / {meta.teacher.name}"))
+        write_atomically(args.html, view.html(args.index, f"{meta.student.name} / {meta.teacher.name}"))
         print(f"\nwrote {args.html}")
     return 0
 

@@ -59,7 +59,7 @@ from vocagno.shards import (
     METADATA_FILE, SCORED_COLUMNS, SHARD_HASH, ShardMetadata, align_column, check_columns, check_teacher_name, compact,
     describe_tokenizer, loss_column,
 )
-from vocagno.untrusted import UntrustedFile, inside
+from vocagno.untrusted import UntrustedFile, decompress, inside, read_bytes
 from vocagno.writing import remove, write_atomically
 
 __all__ = ["Teacher", "score", "main"]
@@ -181,12 +181,12 @@ def score(shards: str, output: Output, teacher: Teacher, device: str, batch_toke
           rank: int = 0, world: int = 1) -> int:
     """Score this rank's parts of ``shards`` into ``output``; the last rank to finish publishes the dataset.
     Return the number of samples this rank has scored (now or in an earlier, interrupted run)."""
+    from vocagno.data import read_index
+
     shards_root = Path(shards)
-    index = json.loads((shards_root / "index.json").read_text())
+    index = read_index(shards_root)  # every count and name checked before anything is allocated or read from it
     metadata = ShardMetadata.read(shards_root)
     column = teacher.column(metadata, shards)
-    if not index["shards"]:
-        raise SystemExit(f"error: {shards} holds no shards")
     # A resumed pass must score as the interrupted one did: the same input shards (by their index: names, sizes and
     # hashes, wherever the folder is now), teacher and chunk size; a further teacher's tokenizer too (it makes its
     # tokens and alignment).
@@ -244,11 +244,12 @@ def _digest(value: dict) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def read_shard(shards_root: Path, info: dict, scratch: Path) -> list[dict]:
-    """The samples of one input shard, in order. A compressed shard is checked against its hash and decompressed
-    into ``scratch``: the input folder is only read. A shard name in the index that leaves its folder is refused
-    (``UntrustedFile``)."""
-    from streaming.base.compression import decompress
+def read_shard(shards_root: Path, info: dict, scratch: Path | None = None) -> list[dict]:
+    """The samples of one input shard of ``shards_root``, in order; ``info`` is its entry of the index as
+    ``vocagno.data.read_index`` checked it. The shard is read through the one way in (a regular file, reached through
+    no link, of the size the index says), checked against its hash, decompressed into exactly the raw size the index
+    says (``untrusted.decompress``), and decoded in memory: the input folder is only read, and nothing is written
+    (``scratch`` is not used). A shard that is not what its index says is refused (``UntrustedFile``)."""
     from streaming.base.format import reader_from_json
     from streaming.base.hashing import get_hash
 
@@ -257,18 +258,23 @@ def read_shard(shards_root: Path, info: dict, scratch: Path) -> list[dict]:
         check_columns(dict(zip(info["column_names"], info["column_encodings"])), index)
     except ValueError as error:
         raise SystemExit(f"error: {error}") from None
-    dirname = scratch if info.get("zip_data") else shards_root
-    raw = inside(dirname, info["raw_data"]["basename"], index, "shard name")  # where Streaming's reader opens it
+    stored = info.get("zip_data") or info["raw_data"]
+    path = inside(shards_root, stored["basename"], index, "shard name")
+    data = read_bytes(stored["basename"], stored["bytes"], shards_root, "shard_bytes")
+    if len(data) != stored["bytes"]:
+        raise UntrustedFile(f"{path}: refused: {len(data):,} bytes, its index says {stored['bytes']:,}")
+    if get_hash(SHARD_HASH, data) != stored["hashes"][SHARD_HASH]:
+        raise SystemExit(f"error: {path} does not match its {SHARD_HASH} hash")
     if info.get("zip_data"):
-        zipped = inside(shards_root, info["zip_data"]["basename"], index, "shard name")
-        data = zipped.read_bytes()
-        expected = info["zip_data"].get("hashes", {}).get(SHARD_HASH)
-        if expected is not None and get_hash(SHARD_HASH, data) != expected:
-            raise SystemExit(f"error: {zipped} does not match its {SHARD_HASH} hash")
-        raw.parent.mkdir(parents=True, exist_ok=True)
-        raw.write_bytes(decompress(info["compression"], data))
-    reader = reader_from_json(str(dirname), None, info)
-    return [reader.get_item(i) for i in range(info["samples"])]
+        data = decompress(info["compression"], data, info["raw_data"]["bytes"], str(path))
+    # MDS: the sample count (uint32), samples + 1 offsets (uint32) into the file, the samples between them.
+    samples = info["samples"]
+    count = int(np.frombuffer(data, np.uint32, 1)[0])
+    offsets = np.frombuffer(data, np.uint32, samples + 1, 4).astype(np.int64)
+    if count != samples or offsets[0] < 4 * (samples + 2) or (np.diff(offsets) < 0).any() or offsets[-1] > len(data):
+        raise UntrustedFile(f"{path}: refused: not an MDS shard of the {samples:,} samples its index says")
+    reader = reader_from_json(str(shards_root), None, info)
+    return [reader.decode_sample(data[offsets[i]:offsets[i + 1]]) for i in range(samples)]
 
 
 def _padded(length: int) -> int:
@@ -312,12 +318,10 @@ def _score_part(shards_root: Path, info: dict, final: Path, scorer: TeacherScore
     from streaming import MDSWriter
 
     begin = time.perf_counter()
-    staging, scratch = final.with_name(f".tmp-{final.name}"), final.with_name(f".scratch-{final.name}")
-    remove(scratch)  # nothing planted there is written through
-    remove(staging)
+    staging = final.with_name(f".tmp-{final.name}")
+    remove(staging)  # nothing planted there is written through
     staging.mkdir()  # ours from now on: a link planted later makes mkdir fail, not the writer write through it
-    samples = read_shard(shards_root, info, scratch)
-    remove(scratch)
+    samples = read_shard(shards_root, info)
     if column is None:
         rows = [np.asarray(sample["teacher_ids"], dtype=np.int64) for sample in samples]
     else:
@@ -398,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = rank_and_world()
     try:
         samples = score(args.shards, Output(args.out, args.local_root), chosen, device, args.batch_tokens, rank, world)
-    except UntrustedFile as error:  # an index.json, the input's or a part's on --out, naming a path outside its folder
+    except UntrustedFile as error:  # an index.json or shard, the input's or a part's on --out, that is not what it says
         raise SystemExit(f"error: {error}") from None
     print(f"rank {rank} of {world}: {samples} samples scored with {chosen.scored_by['name']} into {args.out}")
     return 0

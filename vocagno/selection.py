@@ -82,6 +82,7 @@ from vocagno.loss import (check_options, excess_loss, next_token_cross_entropy, 
 from vocagno.shards import (COLUMNS, METADATA_FILE, SHARD_HASH, TEACHER_NAME, ShardMetadata, align_column,
                             check_teacher_name, describe_tokenizer, loss_column)
 from vocagno.untrusted import UntrustedFile
+from vocagno.writing import write_atomically
 
 __all__ = ["Settings", "Report", "measure", "main"]
 
@@ -430,19 +431,19 @@ def _page_rows(canaries: Canaries, kind, teacher, student_loss, selected, mapped
 # --------------------------------------------------------------------------------------------------- the command
 def sample_rows(shards: Path, count: int, seed: int) -> list[dict]:
     """``count`` rows drawn at random (without replacement, all when there are fewer) from a vocagno shard folder."""
+    from vocagno.data import read_index
     from vocagno.score import read_shard
 
-    index = json.loads((shards / "index.json").read_text())
+    index = read_index(shards)
     sizes = [info["samples"] for info in index["shards"]]
     chosen = sorted(random.Random(seed).sample(range(sum(sizes)), min(count, sum(sizes))))
     rows, first = [], 0
-    with tempfile.TemporaryDirectory() as scratch:
-        for i, info in enumerate(index["shards"]):
-            wanted = [k - first for k in chosen if first <= k < first + sizes[i]]
-            if wanted:
-                samples = read_shard(shards, info, Path(scratch) / str(i))
-                rows += [samples[k] for k in wanted]
-            first += sizes[i]
+    for i, info in enumerate(index["shards"]):
+        wanted = [k - first for k in chosen if first <= k < first + sizes[i]]
+        if wanted:
+            samples = read_shard(shards, info)
+            rows += [samples[k] for k in wanted]
+        first += sizes[i]
     return rows
 
 
@@ -466,19 +467,18 @@ def write_rows(canaries: Canaries, metadata: ShardMetadata, folder: Path) -> Non
 
 def read_scored(folder: Path) -> list[dict]:
     """The scored rows of ``folder``, in order, as ``TeacherGuidedDataset`` hands samples to the collator."""
+    from vocagno.data import read_index
     from vocagno.score import read_shard
 
-    index = json.loads((folder / "index.json").read_text())
     rows = []
-    with tempfile.TemporaryDirectory() as scratch:
-        for i, info in enumerate(index["shards"]):
-            for sample in read_shard(folder, info, Path(scratch) / str(i)):
-                row = {name: torch.from_numpy(np.array(sample[name], dtype=np.int64))
-                       for name in ("student_ids", "student_offsets", "teacher_ids", "teacher_offsets")}
-                others = {name: np.asarray(value) for name, value in sample.items()  # other teachers of a set
-                          if name.startswith((loss_column(""), align_column("")))}
-                rows.append({**row, **others, "text": sample["text"],
-                             "teacher_loss": torch.from_numpy(np.array(sample["teacher_loss"], dtype=np.float32))})
+    for info in read_index(folder)["shards"]:
+        for sample in read_shard(folder, info):
+            row = {name: torch.from_numpy(np.array(sample[name], dtype=np.int64))
+                   for name in ("student_ids", "student_offsets", "teacher_ids", "teacher_offsets")}
+            others = {name: np.array(value) for name, value in sample.items()  # other teachers of a set
+                      if name.startswith((loss_column(""), align_column("")))}
+            rows.append({**row, **others, "text": sample["text"],
+                         "teacher_loss": torch.from_numpy(np.array(sample["teacher_loss"], dtype=np.float32))})
     return rows
 
 
@@ -709,11 +709,10 @@ def main(argv: list[str] | None = None) -> int:
     print(report.table())
     print(f"({report.seconds:.0f} s)")
     if args.json:
-        Path(args.json).write_text(json.dumps(report.as_json(), indent=1, allow_nan=False) + "\n", encoding="utf-8")
+        write_atomically(args.json, json.dumps(report.as_json(), indent=1, allow_nan=False) + "\n")
         print(f"wrote {args.json}")
     if args.html:
-        Path(args.html).write_text(report.page(f"What the teacher keeps: {', '.join(args.shards or report.sources)}"),
-                                   encoding="utf-8")
+        write_atomically(args.html, report.page(f"What the teacher keeps: {', '.join(args.shards or report.sources)}"))
         print(f"wrote {args.html}")
     return 0
 
@@ -882,7 +881,9 @@ def _read_shards(folder: Path, source: str | None = None) -> ShardMetadata:
     if not (folder / METADATA_FILE).exists():
         raise BadInput(f"--shards {folder} holds no {METADATA_FILE}: not vocagno shards (a token MDS has no text or "
                        "offsets to align; convert the corpus with conversion/convert_dataset.py)")
-    index = json.loads((folder / "index.json").read_text())
+    from vocagno.data import read_index
+
+    index = read_index(folder)  # every count and name checked before the shards are read
     missing = sorted(set(COLUMNS) - {c for info in index["shards"][:1] for c in info.get("column_names", [])})
     if missing or not index["shards"]:
         raise BadInput(f"--shards {folder}: its shards lack the columns {', '.join(missing) or 'of any sample'}: "

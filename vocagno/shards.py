@@ -222,7 +222,9 @@ class ShardMetadata:
                 f"{path} is missing: {root} is not a vocagno shard folder, or its conversion has not finished "
                 "(run the same conversion command again to finish it)"
             )
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        from vocagno.untrusted import read_json  # a regular file within its cap: shards come from elsewhere
+
+        raw = read_json(path)
         if raw.get("format_version") != FORMAT_VERSION:
             raise ValueError(
                 f"{path}: format version {raw.get('format_version')}, this vocagno reads {FORMAT_VERSION}: convert the "

@@ -1,0 +1,287 @@
+"""A shard folder from elsewhere plays the attacker against every reader of shards: the streaming dataset (a local
+folder, and a remote on this machine), ``python -m vocagno.inspect``, ``python -m vocagno.score`` and
+``python -m vocagno.selection``. Each is refused in one line naming the file, before anything is written outside
+the folder, allocated from a count in the index, or read from a link, device or FIFO.
+
+The cases that would take gigabytes or hang on a reader that trusts the index run in one child interpreter of their
+own (``_run_cases``): each case a fork of it with its address space capped 2 GiB above what the imports took and a
+timeout."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import zstandard
+from streaming.base.hashing import get_hash
+from test_selection import convert
+
+from vocagno import inspect, score, selection
+from vocagno.data import TeacherGuidedDataset
+from vocagno.untrusted import UntrustedFile
+
+REPO = Path(__file__).resolve().parents[1]
+TEXT = REPO / "vocagno" / "assets" / "text"
+BOMB_BYTES = 4 << 30  # what the crafted zstd shard (128 KiB) expands to
+CASE_SECONDS = 30  # a case past it hangs (a FIFO opened for reading waits for a writer)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    """20 GSM8K problems in llama2 / mistral shards (one zstd shard of 27 samples): tiny-math-teacher reads them."""
+    texts = [json.loads(line)["text"] for line in open(TEXT / "gsm8k_heldout_100.jsonl", encoding="utf-8")][:20]
+    return convert(texts, tmp_path_factory.mktemp("shards") / "shards")
+
+
+def crafted(shards: Path, folder: Path, change=None) -> Path:
+    """A copy of ``shards`` (its index, vocagno.json and compressed shards only) whose index ``change`` edits, as
+    someone else's file may say anything."""
+    folder.mkdir(parents=True)
+    for name in ("index.json", "vocagno.json"):
+        shutil.copy(shards / name, folder / name)
+    index = json.loads((shards / "index.json").read_text())
+    for info in index["shards"]:
+        target = folder / info["zip_data"]["basename"]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(shards / info["zip_data"]["basename"], target)
+    if change is not None:
+        change(index["shards"][0], folder)
+        (folder / "index.json").write_text(json.dumps(index))
+    return folder
+
+
+def one_line_error(text: str) -> str:
+    """The one ``error: ...`` line of what an entry point wrote (a progress bar may stand before it), and no
+    traceback."""
+    assert text.count("error: ") == 1 and "Traceback" not in text, text[-3000:]
+    return text[text.index("error: "):].splitlines()[0]
+
+
+# ---- names that leave the folder ----
+
+def _outside(info: dict, folder: Path) -> None:
+    info["raw_data"]["basename"] = "../outside/shard.00000.mds"  # where the decompressed shard would be written
+
+
+def test_the_dataset_refuses_a_shard_name_out_of_its_local_folder_and_writes_nothing_there(shards, tmp_path):
+    folder = crafted(shards, tmp_path / "shards", _outside)
+    (tmp_path / "outside").mkdir()
+    with pytest.raises(UntrustedFile, match=r"index.json: refused: its shard name '\.\./outside/shard.00000.mds' is "
+                                            "not a relative path inside its folder"):
+        TeacherGuidedDataset(local=str(folder), batch_size=1)[0]
+    assert not list((tmp_path / "outside").iterdir())
+
+
+def test_the_dataset_refuses_a_remote_index_naming_a_download_out_of_local_before_it_is_placed(shards, tmp_path):
+    def escape(info, folder):
+        for key in ("raw_data", "zip_data"):
+            info[key]["basename"] = "../escape/" + Path(info[key]["basename"]).name
+        (folder.parent / "escape").mkdir()  # the remote holds what the names lead to
+        shutil.copy(shards / "part-00000-000000" / "shard.00000.mds.zstd", folder.parent / "escape")
+
+    remote = crafted(shards, tmp_path / "remote" / "shards", escape)
+    local = tmp_path / "cache" / "local"
+    with pytest.raises(UntrustedFile, match=r"shards/index.json: refused: its shard name '\.\./escape/"):
+        TeacherGuidedDataset(local=str(local), remote=str(remote), batch_size=1)[0]
+    assert not (tmp_path / "cache" / "escape").exists()
+    assert not (local / "index.json").exists()  # Streaming never sees an index vocagno refused
+
+
+def test_inspect_refuses_a_shard_name_out_of_the_folder_in_one_line(shards, tmp_path, capsys):
+    folder = crafted(shards, tmp_path / "shards", _outside)
+    (tmp_path / "outside").mkdir()
+    with pytest.raises(SystemExit) as exit:
+        inspect.main(["--shards", str(folder), "--max-samples", "2"])
+    assert str(exit.value.code).startswith(f"error: {folder}/index.json: refused: its shard name '../outside/")
+    assert len(str(exit.value.code).splitlines()) == 1
+    assert not list((tmp_path / "outside").iterdir())
+
+
+# ---- counts and hashes the scoring pass and the selection report trusted ----
+
+def _negative(info, folder):
+    info["samples"] = -3
+
+
+def _unknown_hash(info, folder):
+    for key in ("raw_data", "zip_data"):
+        info[key]["hashes"] = {"sha1": "0" * 40}
+    info["hashes"] = ["sha1"]
+
+
+@pytest.mark.parametrize("change, message", [
+    (_negative, "shard 0 says it holds -3 samples: its 52,376 bytes hold 1 to 13,092"),
+    (_unknown_hash, "shard 0's raw_data has no xxh3_64 hash"),
+], ids=["negative-count", "unknown-hash"])
+def test_score_refuses_an_index_it_cannot_check_and_publishes_nothing(shards, tmp_path, change, message):
+    folder = crafted(shards, tmp_path / "shards", change)
+    with pytest.raises(SystemExit) as exit:
+        score.main(["--shards", str(folder), "--teacher", "tiny-math-teacher", "--out", str(tmp_path / "scored"),
+                    "--dtype", "float32", "--device", "cpu"])
+    assert exit.value.code.startswith(f"error: {folder}/index.json: refused: {message}")
+    assert not (tmp_path / "scored" / "index.json").exists()
+
+
+def test_selection_refuses_shards_whose_index_names_an_unknown_hash_in_one_line(shards, tmp_path, capsys):
+    folder = crafted(shards, tmp_path / "shards", _unknown_hash)
+    code = selection.main(["--shards", str(folder), "--teacher", "tiny-math-teacher", "--samples", "4", "--dtype",
+                           "float32", "--json", str(tmp_path / "out.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert err[0] == f"error: {folder}/index.json: refused: shard 0's raw_data has no xxh3_64 hash: vocagno checks " \
+                     "every shard it reads against its hash, and vocagno's converter records one"
+    assert not (tmp_path / "out.json").exists()
+
+
+# ---- what would take gigabytes or hang: one child interpreter, each case a fork with its memory capped ----
+
+RUNNER = textwrap.dedent('''
+    import json, os, resource, signal, sys, time, traceback
+    import vocagno.data, vocagno.inspect, vocagno.score  # what the cases import, before the cap
+
+    def dataset(local, remote=None):  # as an entry point: an UntrustedFile is one line, exit 1
+        from vocagno.untrusted import UntrustedFile
+        try:
+            vocagno.data.TeacherGuidedDataset(local=local, remote=remote, batch_size=1)[0]
+        except UntrustedFile as error:
+            sys.exit(f"error: {error}")
+        return 0
+
+    ENTRIES = {"inspect": lambda args: vocagno.inspect.main(args), "score": lambda args: vocagno.score.main(args),
+               "dataset": lambda args: dataset(*args)}
+    cases, out, seconds = json.loads(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+    results = {}
+    for name, entry, args in cases:
+        err = os.path.join(out, name + ".err")
+        pid = os.fork()
+        if pid == 0:
+            fd = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(fd, 2)
+            os.dup2(fd, 1)
+            size = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+            resource.setrlimit(resource.RLIMIT_AS, (size + (2 << 30), size + (2 << 30)))
+            code = 1
+            try:
+                code = ENTRIES[entry](args) or 0
+            except SystemExit as error:
+                code = error.code if isinstance(error.code, int) else (print(error.code, file=sys.stderr) or 1)
+            except BaseException:
+                traceback.print_exc()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        deadline = time.monotonic() + seconds
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                results[name] = os.waitstatus_to_exitcode(status)
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                results[name] = "timeout"
+                break
+            time.sleep(0.05)
+    print(json.dumps(results))
+''')
+
+
+def _bomb(info, folder):
+    """The shard replaced by 128 KiB of zstd that expands to 4 GiB (its size in the frame), its hash recorded: the
+    index's raw size (52,376 bytes) is all it may give."""
+    zipped = folder / info["zip_data"]["basename"]
+    with open(zipped, "wb") as f, zstandard.ZstdCompressor(level=1, write_content_size=True).stream_writer(
+            f, size=BOMB_BYTES, closefd=False) as writer:
+        zeros = bytes(16 << 20)
+        for _ in range(BOMB_BYTES // len(zeros)):
+            writer.write(zeros)
+    data = zipped.read_bytes()
+    info["zip_data"].update(bytes=len(data), hashes={"xxh3_64": get_hash("xxh3_64", data)})
+
+
+def _billion(info, folder):
+    info["samples"] = 10**9
+
+
+def _zero_link(info, folder):
+    zipped = folder / info["zip_data"]["basename"]
+    zipped.unlink()
+    zipped.symlink_to("/dev/zero")
+
+
+def _fifo(info, folder):
+    zipped = folder / info["zip_data"]["basename"]
+    zipped.unlink()
+    os.mkfifo(zipped)
+
+
+def _scoring(folder: Path, out: Path) -> list[str]:
+    return ["--shards", str(folder), "--teacher", "tiny-math-teacher", "--out", str(out), "--dtype", "float32",
+            "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def capped(shards, tmp_path_factory):
+    """name -> (exit code or "timeout", what the case wrote, its folder) of every case below, run by one child."""
+    root = tmp_path_factory.mktemp("capped")
+    plan = {  # name: (entry, change, what reads the crafted folder)
+        "inspect-billion-samples": ("inspect", _billion, "shards"),
+        "inspect-bomb": ("inspect", _bomb, "shards"),
+        "inspect-dev-zero": ("inspect", _zero_link, "shards"),
+        "score-bomb": ("score", _bomb, "score"),
+        "score-fifo": ("score", _fifo, "score"),
+        "remote-bomb": ("dataset", _bomb, "remote"),
+        "remote-fifo": ("dataset", _fifo, "remote"),
+    }
+    cases, folders = [], {}
+    for name, (entry, change, reader) in plan.items():
+        folder = crafted(shards, root / name / "shards", change)
+        folders[name] = folder
+        args = {"shards": ["--shards", str(folder), "--max-samples", "2"],
+                "score": _scoring(folder, root / name / "scored"),
+                "remote": [str(root / name / "local"), str(folder)]}[reader]
+        cases.append((name, entry, args))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(cases), str(root), str(CASE_SECONDS)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=60 + CASE_SECONDS * len(cases))
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    return {name: (results[name], (root / f"{name}.err").read_text(errors="replace"), folders[name])
+            for name in plan}
+
+
+def _refused(capped, name: str) -> str:
+    code, text, _ = capped[name]
+    assert code == 1, f"{name}: {code}\n{text[-3000:]}"
+    return one_line_error(text)
+
+
+def test_a_billion_samples_in_the_index_are_refused_before_streaming_allocates_for_them(capped):
+    folder = capped["inspect-billion-samples"][2]
+    assert _refused(capped, "inspect-billion-samples") == (
+        f"error: {folder}/index.json: refused: shard 0 says it holds 1000000000 samples: its 52,376 bytes hold 1 to "
+        "13,092")
+
+
+@pytest.mark.parametrize("name", ["inspect-bomb", "score-bomb", "remote-bomb"])
+def test_a_shard_that_expands_past_its_raw_size_is_refused_without_expanding_it(capped, name):
+    error = _refused(capped, name)
+    assert error.endswith("shard.00000.mds.zstd: refused: it decompresses to more bytes, its index says 52,376"), \
+        error
+    if name == "score-bomb":
+        assert not (capped[name][2].parent / "scored" / "index.json").exists()
+
+
+@pytest.mark.parametrize("name, kind", [
+    ("inspect-dev-zero", "a symbolic link"), ("score-fifo", "a FIFO"), ("remote-fifo", "a FIFO"),
+])
+def test_a_shard_that_is_a_link_to_a_device_or_a_fifo_is_refused_unread(capped, name, kind):
+    folder = capped[name][2]
+    assert _refused(capped, name) == (
+        f"error: {folder}/part-00000-000000/shard.00000.mds.zstd: refused: {kind}: vocagno reads regular files only"
+        + (", and follows no link (copy the file itself there)" if "link" in kind else ""))
