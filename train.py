@@ -30,7 +30,9 @@ from composer import Evaluator, Trainer  # noqa: E402
 from composer.callbacks import CheckpointSaver  # noqa: E402
 from composer.models import HuggingFaceModel  # noqa: E402
 from composer.optim import CosineAnnealingWithWarmupScheduler, DecoupledAdamW  # noqa: E402
-from composer.utils import collect_env, dist, format_name_with_dist, get_device, reproducibility  # noqa: E402
+from composer.utils import (  # noqa: E402
+    collect_env, dist, format_name_with_dist, get_device, partial_format, reproducibility,
+)
 from omegaconf import DictConfig  # noqa: E402
 from omegaconf import OmegaConf as om  # noqa: E402
 
@@ -38,7 +40,7 @@ from vocagno.allocator import keep_freed_memory  # noqa: E402
 from vocagno.config import build_causal_lm, load_config  # noqa: E402
 from vocagno.data import clean_leaked_shared_memory, teacher_guided_loader  # noqa: E402
 from vocagno.fsdp import wrap_per_decoder_layer  # noqa: E402
-from vocagno.checkpoint import BadCheckpoint, repair  # noqa: E402
+from vocagno.checkpoint import BadCheckpoint, check_load_path, repair  # noqa: E402
 from vocagno.loggers import JSONLinesLogger, RunRecipe, SampleLog  # noqa: E402
 from vocagno.metrics import BitsPerByte  # noqa: E402
 from vocagno.tokenization import load_tokenizer  # noqa: E402
@@ -277,11 +279,27 @@ def promptly_linked(trainer: Trainer) -> None:
             callback._symlink_upload_wait_before_next_try_in_seconds = LATEST_LINK_POLL_SECONDS  # no public setting
 
 
+def check_loaded_checkpoint(cfg: DictConfig) -> None:
+    """The checkpoint ``callbacks.load_checkpoint.load_path`` names, checked by vocagno's readers before anything else
+    runs (Composer's loader unpickles it unchecked: ``torch.load(weights_only=False)``), as autoresume's latest is
+    (``repair``): by each node's first rank, which is the one that downloads it for Composer. Its name formatted as
+    Composer formats it (``{run_name}``, rank 0's ``{rank}``); a refusal ends the run with one line."""
+    load_path = (_plain(cfg, "callbacks").get("load_checkpoint") or {}).get("load_path")
+    if load_path is None or dist.get_local_rank() != 0:
+        return
+    location = partial_format(str(load_path), run_name=cfg.run_name, rank=0, local_rank=0, node_rank=0)
+    try:
+        check_load_path(location)
+    except BadCheckpoint as error:  # it names the checkpoint and why
+        sys.exit(f"error: callbacks.load_checkpoint.load_path: {error}")
+
+
 def main(cfg: DictConfig) -> Trainer:
     if not torch.cuda.is_available():  # the steps' logits and gradients reused, not faulted in again each step
         keep_freed_memory()
     dist.initialize_dist(get_device(None), timeout=cfg.get("dist_timeout", 600))
     _signal_files_per_node()
+    check_loaded_checkpoint(cfg)
     collect_env.get_cpu_model = _cpu_model_from_proc  # the same function however often main runs
     clean_leaked_shared_memory(dataset_locals(cfg))  # what a killed run left on them would refuse Streaming
     reproducibility.seed_all(cfg.seed)

@@ -22,10 +22,12 @@ from typing import Any, Callable
 import torch
 from omegaconf import OmegaConf as om
 
-from vocagno.untrusted import UntrustedFile, inside, load_torch, plain_name, read_dcp_metadata
+from vocagno.untrusted import (
+    UntrustedFile, check_config, from_pretrained, inside, load_torch, plain_name, read_dcp_metadata,
+)
 
-__all__ = ["BadCheckpoint", "IncompleteCheckpoint", "check_objects", "fetch", "is_checkpoint", "load_checkpoint",
-           "load_model", "read_state", "recipe_config", "repair", "tokenizer_from_state"]
+__all__ = ["BadCheckpoint", "IncompleteCheckpoint", "check_load_path", "check_objects", "fetch", "is_checkpoint",
+           "load_checkpoint", "load_model", "read_state", "recipe_config", "repair", "tokenizer_from_state"]
 
 LATEST = "latest-rank0.pt"  # Composer's latest_filename for rank 0, the rank that saves a sharded run's symlink
 METADATA = ".metadata"  # torch.distributed.checkpoint's index of a sharded checkpoint, written after every shard
@@ -220,6 +222,29 @@ def check_objects(path: Path) -> None:
         _untrusted(load_torch, str(path), str(path), True)
 
 
+def check_load_path(location: str) -> None:
+    """Check the checkpoint a run is told to load (``callbacks.load_checkpoint.load_path``) as autoresume's latest is
+    checked, before Composer loads it with its own unchecked unpickling: a local whole file or sharded folder by
+    ``check_objects``, one in an object store by downloading what Composer would load of it (a whole file; of a
+    sharded one ``.metadata`` and the shards holding pickled objects) and checking that. ``location`` is formatted
+    as Composer formats it (``{run_name}``, rank 0's ``{rank}``) by the caller. Anything else is refused:
+    ``BadCheckpoint``."""
+    if "://" in location:
+        store, key = _store(location)
+        scheme, _, rest = location.partition("://")
+        with tempfile.TemporaryDirectory(prefix="vocagno-load-path-") as tmp:
+            _check_remote_objects(store, f"{scheme}://{rest.split('/', 1)[0]}", key, Path(tmp))
+        return
+    path = Path(location)
+    if path.is_dir() and not (path / METADATA).exists():
+        raise BadCheckpoint(f"{location}: not a checkpoint Composer's load_path loads: a whole .pt file or a sharded "
+                            f"checkpoint's folder (with {METADATA})")
+    try:
+        check_objects(fetch(location, os.devnull))
+    except OSError as error:
+        raise BadCheckpoint(_reason(error, path)) from error
+
+
 def _pickled_objects(metadata) -> set[str]:
     """The flattened names of what a sharded checkpoint holds as pickled objects rather than tensors."""
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
@@ -311,6 +336,8 @@ def recipe_config(state: dict[str, Any], name: str):
 # How Composer's HuggingFaceModel saves each tokenizer file into a checkpoint, by extension: what each holds. A .py
 # (a tokenizer's own code) is refused: vocagno never runs code from a checkpoint (trust_remote_code is off).
 _TOKENIZER_FILES = {".json": (dict, list), ".txt": list, ".jinja": str, ".model": bytes}
+# The files a tokenizer_config.json may name, which transformers then opens wherever they are.
+_TOKENIZER_FILE_KEYS = ("tokenizer_file", "vocab_file", "merges_file")
 
 
 def tokenizer_from_state(files: Any, name: str):
@@ -323,6 +350,9 @@ def tokenizer_from_state(files: Any, name: str):
         raise BadCheckpoint(f"{name}: the checkpoint holds no tokenizer (train.py saves one with the model)")
     if not isinstance(files, dict):
         raise BadCheckpoint(f"{name}: refused: its tokenizer is not a mapping of file names to files")
+    config = (files.get("tokenizer_config.json", files.get("tokenizer_config")) or {})
+    config = config.get("content") if isinstance(config, dict) else None
+    config = config if isinstance(config, dict) else {}
     with tempfile.TemporaryDirectory(prefix="vocagno-tokenizer-") as unpacked:
         for key, saved in files.items():
             extension = saved.get("file_extension") if isinstance(saved, dict) else None
@@ -341,24 +371,44 @@ def tokenizer_from_state(files: Any, name: str):
                 path.write_text(content, encoding="utf-8")
             else:
                 path.write_bytes(content)
+        # transformers opens a file its tokenizer_config.json names (tokenizer_file, vocab_file, merges_file) before
+        # the folder's own, an absolute path or one relative to the working folder alike: only a file of the
+        # checkpoint's own is allowed, and given to transformers by its path in the unpacked folder.
+        named = {}
+        for key in _TOKENIZER_FILE_KEYS:
+            value = config.get(key)
+            if value is not None:
+                path = Path(unpacked) / _untrusted(plain_name, value, f"{name}: its tokenizer_config", key)
+                if not path.is_file():
+                    raise BadCheckpoint(f"{name}: refused: its tokenizer_config names {key} {value!r}, a file the "
+                                        "checkpoint does not hold")
+                named[key] = str(path)
         try:
-            tokenizer = AutoTokenizer.from_pretrained(unpacked, trust_remote_code=False)
+            tokenizer = from_pretrained(AutoTokenizer, unpacked, trust_remote_code=False, **named)
+        except UntrustedFile as error:
+            raise BadCheckpoint(str(error).replace(unpacked, f"{name}: its tokenizer")) from error
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise BadCheckpoint(f"{name}: its tokenizer can't be loaded: {type(error).__name__}: "
                                 f"{_first_line(error)}") from error
-    config = files.get("tokenizer_config.json", files.get("tokenizer_config")) or {}
-    tokenizer.name_or_path = (config.get("content") or {}).get("name_or_path", "")  # not the temporary folder
+    tokenizer.name_or_path = str(config.get("name_or_path") or "")  # not the temporary folder
     return tokenizer
 
 
-# Config fields that name code or a place to load more from: a checkpoint's config is data, built here by its
-# model_type alone (Composer's reader falls back to from_pretrained(_name_or_path, **fields), trust_remote_code too).
-_CODE_FIELDS = ("auto_map", "trust_remote_code", "_name_or_path", "name_or_path")
+# Fields of a saved config that are only where it came from: dropped (Composer's reader falls back to
+# from_pretrained(_name_or_path, **fields), trust_remote_code too). A field that names code is refused
+# (vocagno.untrusted.check_config): a checkpoint's config is data, built here by its model_type alone.
+_SOURCE_FIELDS = ("_name_or_path", "name_or_path")
+# Config numbers a model's constructor loops over, each making modules with weights of their own: a checkpoint holds
+# at least one tensor for each, so none may exceed the number of its saved tensors (checked before anything is built:
+# a config of a billion layers would loop for ever, even on the meta device).
+_LOOP_FIELDS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "num_decoder_layers", "num_encoder_layers",
+                "num_local_experts", "num_experts", "n_routed_experts", "n_shared_experts")
 
 
 def _config(saved: dict, name: str):
     """The model config a checkpoint's ``integrations.huggingface.model.config`` holds, of an architecture
-    transformers ships, without fields that name code or another place to load from."""
+    transformers ships, refused where it names code (``check_config``), without the fields that only say where it
+    came from."""
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -367,7 +417,8 @@ def _config(saved: dict, name: str):
         model_type = content.get("model_type") if isinstance(content, dict) else None
         raise BadCheckpoint(f"{name}: refused: its model config is not one of an architecture transformers ships "
                             f"(model_type {model_type!r})")
-    fields = {key: value for key, value in content.items() if key not in _CODE_FIELDS}
+    fields = {key: value for key, value in content.items() if key not in _SOURCE_FIELDS}
+    _untrusted(check_config, fields, f"{name}: its model config")
     if "id2label" in fields and isinstance(fields["id2label"], dict):  # JSON made its keys strings
         fields["id2label"] = {int(key): label for key, label in fields["id2label"].items()}
     try:
@@ -377,11 +428,56 @@ def _config(saved: dict, name: str):
                             f"{_first_line(error)}") from error
 
 
+def _weights(state: dict[str, Any], name: str) -> dict[str, torch.Tensor]:
+    """The model's saved tensors by name (FSDP's wrapper prefix taken off), refused where any is not a tensor."""
+    model = state["model"]
+    if not isinstance(model, dict):
+        raise BadCheckpoint(f"{name}: refused: its state.model is not a mapping of names to tensors")
+    weights = {}
+    for key, value in model.items():
+        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+            raise BadCheckpoint(f"{name}: refused: its state.model holds {key!r}, which is not a named tensor")
+        weights[key.removeprefix("model.")] = value
+    return weights
+
+
+def _check_fits(config, weights: dict[str, torch.Tensor], name: str) -> None:
+    """Refuse a config that does not describe the saved ``weights``, before any memory is spent on it: each loop-like
+    number bounded by the number of saved tensors, then the model built on the meta device (no storage) and every
+    parameter's and persistent buffer's name and shape compared with the weights'."""
+    from transformers import AutoModelForCausalLM
+
+    for field in _LOOP_FIELDS:
+        value = getattr(config, field, None)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0
+                                  or value > len(weights)):
+            raise BadCheckpoint(f"{name}: refused: its model config says {field}={value!r}, and the checkpoint holds "
+                                f"{len(weights)} tensors: its config does not describe its weights")
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    except Exception as error:  # a crafted config fails in any of the architecture's own checks
+        raise BadCheckpoint(f"{name}: its model config can't be built: {type(error).__name__}: "
+                            f"{_first_line(error)}") from error
+    expected = {key: tuple(value.shape) for key, value in model.state_dict().items()}
+    saved = {key: tuple(value.shape) for key, value in weights.items()}
+    if expected != saved:
+        missing = sorted(set(expected) - set(saved))
+        unexpected = sorted(set(saved) - set(expected))
+        shapes = sorted(key for key in set(expected) & set(saved) if expected[key] != saved[key])
+        what = [f"{len(missing)} missing (first {missing[0]!r})" if missing else "",
+                f"{len(unexpected)} unexpected (first {unexpected[0]!r})" if unexpected else "",
+                f"{len(shapes)} of another shape (first {shapes[0]!r}: {list(saved[shapes[0]])} saved, "
+                f"{list(expected[shapes[0]])} in the config's model)" if shapes else ""]
+        raise BadCheckpoint(f"{name}: refused: its weights don't fit the model its config describes: tensors "
+                            f"{', '.join(w for w in what if w)}")
+
+
 def model_from_state(state: dict[str, Any], name: str, dtype: str | None = None):
     """The Hugging Face model and tokenizer a checkpoint's state holds, in ``dtype`` (else the weights' own, float32
     where they mix), built as ``from_pretrained(..., torch_dtype=dtype)`` builds it: constructed in the dtype, then
     given the weights, so buffers the architecture computes itself (RoPE's ``inv_freq``, float32 on purpose) are
-    not cast with them."""
+    not cast with them. The config is checked against the weights (``_check_fits``) before the model is built."""
     from transformers import AutoModelForCausalLM
 
     saved = (state.get("integrations") or {}).get("huggingface")
@@ -390,7 +486,8 @@ def model_from_state(state: dict[str, Any], name: str, dtype: str | None = None)
                             "state.integrations.huggingface")
     config = _config(saved, name)
     tokenizer = tokenizer_from_state(saved.get("tokenizer"), name)
-    weights = {key.removeprefix("model."): value for key, value in state["model"].items()}  # FSDP's wrapper prefix
+    weights = _weights(state, name)
+    _check_fits(config, weights, name)
     if dtype is None:
         dtypes = {tensor.dtype for tensor in weights.values() if tensor.is_floating_point()}
         torch_dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32

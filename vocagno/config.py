@@ -163,9 +163,10 @@ def build_causal_lm(section: DictConfig, vocab_size: int, seed: int | None = Non
     trust = section.get("trust_remote_code", False)
     if section.get("name_or_path"):
         from vocagno.tokenization import resolve_shipped
+        from vocagno.untrusted import from_pretrained
 
-        return AutoModelForCausalLM.from_pretrained(resolve_shipped(section.name_or_path), torch_dtype=dtype,
-                                                    trust_remote_code=trust)
+        return from_pretrained(AutoModelForCausalLM, resolve_shipped(section.name_or_path), trust_remote_code=trust,
+                               torch_dtype=dtype)
     if section.get("config") is None:
         raise ValueError("a model section needs name_or_path (pretrained) or config (random init)")
     fields = om.to_container(section.config)

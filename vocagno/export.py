@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,8 @@ from omegaconf import OmegaConf as om
 
 from vocagno.algorithm import VocAgnoLM
 from vocagno.checkpoint import DTYPES, BadCheckpoint, fetch, load_model, recipe, recipe_config
+from vocagno.untrusted import UntrustedFile, read_json
+from vocagno.writing import make_readable, publish, remove, staging, write_atomically
 
 __all__ = ["export", "main", "model_card"]
 
@@ -42,25 +42,24 @@ def export(checkpoint: str, out: str, dtype: str | None = None, overwrite: bool 
     model, tokenizer, state = load_model(checkpoint, "cpu", dtype)
     _fill_generation_config(model, tokenizer)
 
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    partial = out_path.parent / f".{out_path.name}.partial-{os.getpid()}"
-    shutil.rmtree(partial, ignore_errors=True)
+    # Built in a fresh private folder of this run's own (never one found at a fixed name: a link planted there would
+    # be written and chmod-ed through), made readable, and renamed into place: OUT is whole or absent.
+    built = staging(out_path)
     try:
-        model.save_pretrained(partial, safe_serialization=True)
-        tokenizer.save_pretrained(partial)
-        model.generation_config.save_pretrained(partial)
+        model.save_pretrained(built, safe_serialization=True)
+        tokenizer.save_pretrained(built)
+        model.generation_config.save_pretrained(built)
         card = model_card(checkpoint, out_path.name, state, model, results, eval_dir)
-        (partial / "README.md").write_text(card, encoding="utf-8")
-        umask = os.umask(0)
-        os.umask(umask)
-        for written in partial.iterdir():  # safetensors writes its file private (0600): published files are not
-            written.chmod(0o666 & ~umask)
+        write_atomically(built / "README.md", card)
+        make_readable(built)  # safetensors writes its file private (0600): published files are not
         _check_out(sources, out_path, overwrite)  # again: OUT may have appeared while the model loaded
-        if out_path.exists():
-            shutil.rmtree(out_path) if out_path.is_dir() and not out_path.is_symlink() else out_path.unlink()
-        partial.rename(out_path)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
+        try:
+            publish(built, out_path, replace=overwrite)
+        except FileExistsError as error:
+            raise BadCheckpoint(f"{out_path} exists: give another OUT, or --overwrite to replace it") from error
+    except BaseException:
+        remove(built)
+        raise
     return out_path
 
 
@@ -88,7 +87,13 @@ def _eval_results(folder: str) -> dict[str, Any]:
     path = Path(folder) / "results.json"
     if not path.is_file():
         raise BadCheckpoint(f"--eval {folder}: no results.json there (python -m vocagno.eval --output writes one)")
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        results = read_json(path)
+    except UntrustedFile as error:
+        raise BadCheckpoint(f"--eval {error}") from error
+    if not isinstance(results, dict):
+        raise BadCheckpoint(f"--eval {path}: not vocagno.eval's results (a mapping of benchmarks to scores)")
+    return results
 
 
 def model_card(checkpoint: str, folder: str, state: dict[str, Any], model, results: dict[str, Any] | None = None,

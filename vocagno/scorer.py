@@ -18,6 +18,7 @@ from vocagno.fsdp import decoder_layer_classes
 from vocagno.loss import teacher_token_loss
 from vocagno.shards import describe_tokenizer
 from vocagno.tokenization import resolve_shipped
+from vocagno.untrusted import from_pretrained
 
 __all__ = ["TeacherScorer", "load_teacher", "weights_fingerprint", "check_teacher_options", "shard_teacher",
            "check_teacher_reads"]
@@ -50,9 +51,8 @@ def load_teacher(name_or_path: str, dtype: str = "bfloat16", trust_remote_code: 
     """A pretrained causal LM by Hugging Face name, local folder or shipped name (tiny-math-teacher), in ``dtype``."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(
-        resolve_shipped(name_or_path), torch_dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
-    )
+    return from_pretrained(AutoModelForCausalLM, resolve_shipped(name_or_path), trust_remote_code=trust_remote_code,
+                           torch_dtype=getattr(torch, dtype))
 
 
 def weights_fingerprint(model: nn.Module) -> str:

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from vocagno.untrusted import from_pretrained
+
 __all__ = [
     "SHIPPED_TOKENIZERS", "SHIPPED_MODELS", "ASSETS", "load_tokenizer", "as_tokenizer", "shipped_tokenizer_dir",
     "shipped_model_dir", "resolve_shipped", "encode_with_offsets",
@@ -111,7 +113,7 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerFast:
     """
     path = resolve_shipped(name_or_path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True)
+        tokenizer = from_pretrained(AutoTokenizer, path, use_fast=True)  # trust_remote_code off; a folder checked
     except OSError as error:  # neither a folder nor a shipped name, and the hub has no such repo or is out of reach
         if Path(path).is_dir():
             raise

@@ -28,6 +28,7 @@ from vocagno.eval.benchmarks import (
     BENCHMARKS, MAX_NEW_TOKENS, SHIPPED_DATA, STOP_SEQUENCES, TITLES, BenchmarkUnavailable, Example, load_benchmark,
 )
 from vocagno.eval.grading import is_equivalent
+from vocagno.untrusted import UntrustedFile, from_pretrained
 
 
 def load_model(name_or_path: str, device: str):
@@ -38,8 +39,10 @@ def load_model(name_or_path: str, device: str):
     if is_checkpoint(name_or_path):
         model, tokenizer, _ = load_checkpoint_model(name_or_path, device)
         return model, tokenizer
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, torch_dtype="auto")
+    # trust_remote_code off, said explicitly: left unset, transformers asks on the terminal and runs a folder's code
+    # on "y". A local folder is checked first (its files regular, no links, its configs naming no code).
+    tokenizer = from_pretrained(AutoTokenizer, name_or_path)
+    model = from_pretrained(AutoModelForCausalLM, name_or_path, torch_dtype="auto")
     return model.to(device).eval(), tokenizer
 
 
@@ -135,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.model:
         try:
             model, tokenizer = load_model(args.model, args.device)
-        except BadCheckpoint as error:  # it names the file and what is wrong with it
+        except (BadCheckpoint, UntrustedFile) as error:  # it names the file and what is wrong with it
             print(f"error: --model {error}", file=sys.stderr)
             return 2
     if args.bpb:

@@ -1,0 +1,226 @@
+"""A checkpoint, a model folder or a tokenizer someone else wrote, played as the attacker through the real entry
+points (``train.py``'s ``load_path``, ``vocagno.export``, ``vocagno.eval --model``): what each would have run, read,
+allocated or written through, refused in one line before it happens."""
+
+import copy
+import io
+import json
+import os
+import resource
+import stat
+import sys
+import time
+from pathlib import Path
+
+import forked
+import pytest
+import torch
+from test_untrusted import gadgets, whole_with
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from vocagno.eval.__main__ import main as eval_main
+from vocagno.export import main as export_main
+from vocagno.tokenization import load_tokenizer
+from vocagno.untrusted import UntrustedFile
+
+REPO = Path(__file__).resolve().parent.parent
+VOCAB = 32001  # llama2's 32,000 tokens and one a tokenizer from elsewhere may add
+
+
+@pytest.fixture(scope="module")
+def state(tmp_path_factory) -> dict:
+    """A checkpoint's state as Composer's HuggingFaceModel saves one: a tiny Llama (8 wide, one layer) and llama2's
+    tokenizer files, each as ``{file_extension, content}``."""
+    folder = tmp_path_factory.mktemp("tokenizer")
+    load_tokenizer("llama2").save_pretrained(folder)
+    files = {}
+    for path in sorted(folder.iterdir()):
+        if path.suffix == ".json":
+            files[path.name] = {"file_extension": ".json", "content": json.loads(path.read_text())}
+        elif path.suffix == ".model":
+            files[path.name] = {"file_extension": ".model", "content": path.read_bytes()}
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64))
+    return {"state": {"model": {f"model.{key}": value for key, value in model.state_dict().items()},
+                      "integrations": {"huggingface": {"model": {"config": {"content": model.config.to_dict()}},
+                                                       "tokenizer": files}}}}
+
+
+def saved(state: dict, path: Path, config: dict | None = None, tokenizer_config: dict | None = None) -> Path:
+    """``state`` saved whole at ``path``, its model config and tokenizer_config.json updated by what is given."""
+    state = copy.deepcopy(state)
+    huggingface = state["state"]["integrations"]["huggingface"]
+    huggingface["model"]["config"]["content"].update(config or {})
+    huggingface["tokenizer"]["tokenizer_config.json"]["content"].update(tokenizer_config or {})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state, path)
+    return path
+
+
+def snapshot(root: Path) -> dict:
+    return {str(p.relative_to(root)): (os.readlink(p) if p.is_symlink() else p.read_bytes() if p.is_file() else "",
+                                       os.lstat(p).st_mode) for p in sorted(root.rglob("*"))}
+
+
+def one_error_line(capsys, *needles: str) -> str:
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    assert all(needle in err[0] for needle in needles), (needles, err[0])
+    return err[0]
+
+
+# ---- 1. train.py's load_path: Composer would load it with torch.load(weights_only=False) ----
+
+def test_a_gadget_given_as_load_path_to_train_py_runs_nothing(tmp_path):
+    marker = tmp_path / "ran"
+    (tmp_path / "shared").mkdir()
+    checkpoint = whole_with(gadgets(marker)["os.system"], tmp_path / "shared" / "ep0-ba1-rank0.pt")
+    command = [sys.executable, str(REPO / "train.py"), str(REPO / "yamls" / "tiny.yaml"),
+               f"variables.data={tmp_path}/shards/train", "eval_loader=null", "selection_report=null",
+               "loggers.console=null", "progress_bar=false", "max_duration=1ba",
+               f"callbacks.load_checkpoint.load_path={checkpoint}"]
+    result = forked.run(command, cwd=REPO, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert not marker.exists(), "the checkpoint's pickle ran"
+    # one line, the last (torch may warn before it about the pickle's protocol), and no traceback
+    err = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode != 0 and len(err) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.rstrip().endswith(err[0])
+    assert err[0].startswith("error: callbacks.load_checkpoint.load_path: ") and checkpoint.name in err[0], err
+    assert "refused to load" in err[0]
+    assert not (tmp_path / "shards").exists(), "the run went on before checking what it loads"
+
+
+# ---- 2. a config claiming far more than its weights hold: refused before anything is allocated ----
+
+@pytest.fixture
+def little_address_space():
+    """The process may map at most 3 GiB more than it has now while the test runs: a model of a crafted config
+    (200 layers of 4096: 13 GB in float32) fails to allocate rather than filling the machine."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/statm") as f:
+        mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + (3 << 30), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+@pytest.mark.parametrize("config, reason", [
+    ({"num_hidden_layers": 200, "hidden_size": 4096}, "num_hidden_layers=200"),
+    ({"hidden_size": 16384}, "don't fit the model its config describes"),  # one layer: 9 GB in float32
+])
+def test_a_config_far_larger_than_its_weights_is_refused_before_it_is_built(config, reason, state, tmp_path, capsys,
+                                                                            little_address_space):
+    checkpoint = saved(state, tmp_path / "run" / "ep0-ba1-rank0.pt", config)
+    text = tmp_path / "text.txt"
+    text.write_text("Natalia sold clips to 48 of her friends in April.")
+    for read in (lambda: export_main([str(checkpoint), str(tmp_path / "out")]),
+                 lambda: eval_main(["--model", str(checkpoint), "--bpb", str(text), "--device", "cpu"])):
+        started = time.monotonic()
+        assert read() == 2
+        assert time.monotonic() - started < 10
+        one_error_line(capsys, checkpoint.name, reason)
+    assert not (tmp_path / "out").exists()
+
+
+# ---- 3. config fields that make transformers fetch or run code ----
+
+@pytest.mark.parametrize("field", [
+    {"auto_map": {"AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"}},
+    {"trust_remote_code": True},
+    {"attn_implementation": "kernels-community/flash-attn"},
+    {"quantization_config": {"quant_method": "bitsandbytes", "load_in_8bit": True}},
+    {"tokenizer_class": "evil_tokenizer.EvilTokenizer"},
+], ids=lambda field: next(iter(field)))
+def test_a_checkpoint_config_naming_code_is_refused(field, state, tmp_path, capsys):
+    checkpoint = saved(state, tmp_path / "run" / "ep0-ba1-rank0.pt", field)
+    before = snapshot(tmp_path)
+    assert export_main([str(checkpoint), str(tmp_path / "out")]) == 2
+    one_error_line(capsys, checkpoint.name, "names code to load", next(iter(field)))
+    assert snapshot(tmp_path) == before
+
+
+# ---- 4. a tokenizer_config.json naming a file outside the checkpoint ----
+
+@pytest.mark.parametrize("key", ["tokenizer_file", "vocab_file"])
+def test_a_checkpoint_tokenizer_naming_a_file_outside_it_is_refused_and_nothing_of_it_published(key, state, tmp_path,
+                                                                                                capsys, monkeypatch):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    content = copy.deepcopy(state["state"]["integrations"]["huggingface"]["tokenizer"]["tokenizer.json"]["content"])
+    content["added_tokens"].append({"id": 32000, "content": "OUTSIDE_SECRET", "single_word": False, "lstrip": False,
+                                    "rstrip": False, "normalized": False, "special": True})
+    target = outside / "tokenizer.json"
+    target.write_text(json.dumps(content))
+    checkpoint = saved(state, tmp_path / "run" / "ep0-ba1-rank0.pt", tokenizer_config={key: str(target)})
+    assert export_main([str(checkpoint), str(tmp_path / "out")]) == 2
+    one_error_line(capsys, checkpoint.name, key, "not a plain file name")
+    assert not (tmp_path / "out").exists()
+    # A plain name of a file the checkpoint holds is its own file, whatever the working folder holds of that name.
+    checkpoint = saved(state, tmp_path / "run2" / "ep0-ba1-rank0.pt", tokenizer_config={"tokenizer_file":
+                                                                                          "tokenizer.json"})
+    monkeypatch.chdir(outside)
+    assert export_main([str(checkpoint), str(tmp_path / "out")]) == 0
+    assert "OUTSIDE_SECRET" not in (tmp_path / "out" / "tokenizer.json").read_text()
+
+
+# ---- 5. export's staging folder and OUT: nothing written, chmod-ed or deleted through a planted link ----
+
+def test_export_writes_chmods_and_deletes_nothing_through_a_planted_link(state, tmp_path, capsys):
+    checkpoint = saved(state, tmp_path / "run" / "ep0-ba1-rank0.pt")
+    secret = tmp_path / "home" / ".ssh"
+    secret.mkdir(parents=True)
+    (secret / "id_rsa").write_text("PRIVATE KEY")
+    (secret / "id_rsa").chmod(0o600)
+    secret.chmod(0o700)
+    before = snapshot(secret)
+    out = tmp_path / "models" / "x"
+    out.parent.mkdir()
+    # a link at a staging name a writer could predict (export's own, at 1ae17a8)
+    (out.parent / f".{out.name}.partial-{os.getpid()}").symlink_to(secret)
+    assert export_main([str(checkpoint), str(out)]) == 0
+    assert snapshot(secret) == before and stat.S_IMODE((secret / "id_rsa").stat().st_mode) == 0o600
+    assert not out.is_symlink() and {"config.json", "model.safetensors", "tokenizer.json"} <= {
+        p.name for p in out.iterdir()}
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE((out / "model.safetensors").stat().st_mode) == 0o666 & ~umask
+    assert sorted(p.name for p in out.parent.iterdir()) == sorted([out.name, f".{out.name}.partial-{os.getpid()}"])
+
+    # --overwrite of an OUT that is a link removes the link, never what it names
+    linked = tmp_path / "models" / "linked"
+    linked.symlink_to(secret)
+    assert export_main([str(checkpoint), str(linked), "--overwrite"]) == 0
+    assert not linked.is_symlink() and (linked / "config.json").is_file()
+    assert snapshot(secret) == before
+    capsys.readouterr()
+
+
+# ---- 6. a model folder whose config names its own code: never run, never asked about ----
+
+def test_eval_of_a_model_folder_naming_its_own_code_runs_nothing_and_asks_nothing(tmp_path, capsys, monkeypatch):
+    marker = tmp_path / "ran"
+    folder = tmp_path / "model"
+    LlamaForCausalLM(LlamaConfig(vocab_size=32000, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1)).save_pretrained(folder)
+    load_tokenizer("llama2").save_pretrained(folder)
+    (folder / "evil.py").write_text(f"import os\nos.system('touch {marker}')\n"
+                                    "from transformers import LlamaConfig, LlamaForCausalLM\n"
+                                    "class EvilConfig(LlamaConfig):\n    pass\n"
+                                    "class EvilForCausalLM(LlamaForCausalLM):\n    pass\n")
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilForCausalLM"}
+    (folder / "config.json").write_text(json.dumps(config))
+    text = tmp_path / "text.txt"
+    text.write_text("Natalia sold clips to 48 of her friends in April.")
+    answer = io.StringIO("y\n")  # what a user at the terminal might type to transformers' question
+    monkeypatch.setattr(sys, "stdin", answer)
+    assert eval_main(["--model", str(folder), "--bpb", str(text), "--device", "cpu"]) == 2
+    one_error_line(capsys, "config.json", "names code to load", "auto_map")
+    assert not marker.exists() and answer.tell() == 0, "the folder's code ran, or transformers asked"
+    # the tokenizer a shards' vocagno.json names is loaded the same way
+    with pytest.raises(UntrustedFile, match="config.json: refused: its config names code to load"):
+        load_tokenizer(str(folder))
+    assert not marker.exists() and answer.tell() == 0
