@@ -128,9 +128,9 @@ def test_decompression_stops_one_byte_past_what_the_index_says(compression, comp
     assert decompress(compression, compress(data), len(data), "s") == data
     bomb = compress(b"\0" * (64 << 20))  # 64 MiB of zeros: a few KiB compressed
     assert len(bomb) < 200_000
-    with pytest.raises(UntrustedFile, match="s: refused: it decompresses to more bytes, its index says 10,000"):
+    with pytest.raises(UntrustedFile, match=r"s: refused: it decompresses to more bytes than its index says \(10,000\)"):
         decompress(compression, bomb, len(data), "s")
-    with pytest.raises(UntrustedFile, match="decompresses to 9999 bytes, its index says 10,000"):
+    with pytest.raises(UntrustedFile, match="decompresses to 9,999 bytes, its index says 10,000"):
         decompress(compression, compress(data[:-1]), len(data), "s")
     with pytest.raises(UntrustedFile, match=f"s: refused: not {compression.split(':')[0]} data"):
         decompress(compression, b"not compressed at all", len(data), "s")
@@ -192,17 +192,3 @@ def test_a_log_is_appended_to_its_own_file_and_never_through_a_link(tmp_path):
         append(tmp_path / "planted.jsonl", "three\n")
     assert victim.read_text() == "mine"
 
-
-def test_a_report_of_runs_whose_results_are_a_device_or_a_list_says_so_in_one_line(tmp_path, capsys):
-    from vocagno.report import main as report_main
-
-    (tmp_path / "cpt").mkdir()
-    (tmp_path / "cpt" / "results.json").symlink_to("/dev/zero")
-    (tmp_path / "qwen").mkdir()
-    (tmp_path / "qwen" / "results.json").write_text("[1, 2]")
-    for run in ("cpt", "qwen"):
-        with pytest.raises(SystemExit) as exit:
-            report_main([str(tmp_path / run)])
-        assert exit.value.code == 2
-        message = capsys.readouterr().err.strip().splitlines()[-1]
-        assert f"{tmp_path / run / 'results.json'}: refused: " in message

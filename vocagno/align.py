@@ -19,6 +19,7 @@ import numpy as np
 
 from vocagno.alignment import align, alignment_quality, chunk_overlap, vocab_overlap
 from vocagno.tokenization import encode_with_offsets, load_tokenizer
+from vocagno.untrusted import UntrustedFile, read_bytes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,7 +37,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="numbers of chunks whose chunk-level IoU/IoS to print (the paper's Figures 3 and 6)")
     args = parser.parse_args(argv)
 
-    text = args.text if args.text is not None else args.file.read_text(encoding="utf-8")
+    try:
+        text = args.text if args.text is not None else \
+            read_bytes(args.file, cap_name="document_bytes").decode("utf-8")
+    except (OSError, UnicodeDecodeError, UntrustedFile) as error:
+        parser.error(f"--file {args.file}: {error.strerror if isinstance(error, OSError) else error}")
     student, teacher = load_tokenizer(args.student), load_tokenizer(args.teacher)
     add_special = not args.no_special_tokens
     s_ids, s_offsets = encode_with_offsets(student, text, add_special_tokens=add_special)

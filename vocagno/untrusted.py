@@ -28,6 +28,7 @@ import errno
 import gzip
 import io
 import json
+import lzma
 import os
 import pickle
 import pickletools
@@ -315,9 +316,11 @@ def _read_up_to(reader, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def decompress(compression: str, data: bytes, size: int, source: str) -> bytes:
-    """``data`` decompressed, which must give exactly ``size`` bytes (what the index says): decompression stops
-    one byte past it, so a small file that would expand to gigabytes is refused after ``size + 1`` bytes."""
+def decompress(compression: str, data: bytes, size: int, source: str, exact: bool = True) -> bytes:
+    """``data`` decompressed, which must give exactly ``size`` bytes (what the index says), or at most ``size`` where
+    not ``exact``: decompression stops one byte past it, so a small file that would expand to gigabytes is refused
+    after ``size + 1`` bytes. ``compression``: Streaming's names (``zstd``, ``gz``, ``bz2``, ``:LEVEL`` after), or
+    ``xz``."""
     algorithm = compression.split(":")[0]
     try:
         if algorithm == "zstd":
@@ -330,6 +333,8 @@ def decompress(compression: str, data: bytes, size: int, source: str) -> bytes:
                 out = _read_up_to(reader, size + 1)
         elif algorithm == "bz2":
             out = bz2.BZ2Decompressor().decompress(data, max_length=size + 1)
+        elif algorithm == "xz":
+            out = lzma.LZMADecompressor().decompress(data, max_length=size + 1)
         else:
             raise UntrustedFile(f"{source}: refused: compression {compression!r} is not one vocagno reads "
                                 f"({', '.join(COMPRESSIONS)})")
@@ -337,9 +342,11 @@ def decompress(compression: str, data: bytes, size: int, source: str) -> bytes:
         raise
     except Exception as error:  # gzip's OSError, bz2's and zlib's, zstandard.ZstdError: all mean "not such data"
         raise UntrustedFile(f"{source}: refused: not {algorithm} data ({type(error).__name__}: {error})") from None
-    if len(out) != size:
-        raise UntrustedFile(f"{source}: refused: it decompresses to {'more' if len(out) > size else len(out)} "
-                            f"bytes, its index says {size:,}")
+    if len(out) > size:
+        raise UntrustedFile(f"{source}: refused: it decompresses to more bytes than "
+                            + (f"its index says ({size:,})" if exact else f"the {size:,} allowed"))
+    if exact and len(out) != size:
+        raise UntrustedFile(f"{source}: refused: it decompresses to {len(out):,} bytes, its index says {size:,}")
     return out
 
 

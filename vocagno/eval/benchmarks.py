@@ -22,12 +22,13 @@ from __future__ import annotations
 import ast
 import functools
 import json
-import lzma
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from vocagno.eval.grading import extract_answer, extract_choice, last_boxed, normalize_answer
+from vocagno.untrusted import UntrustedFile, cap, decompress, read_bytes
 
 __all__ = [
     "BENCHMARKS", "TITLES", "Example", "load_benchmark", "read_test_split", "STOP_SEQUENCES", "BenchmarkUnavailable",
@@ -116,14 +117,21 @@ def read_test_split(data_dir: Path, name: str) -> list[dict]:
     """``DATA_DIR/NAME/test.jsonl``, or its xz-compressed ``test.jsonl.xz`` (as shipped in ``vocagno/assets``)."""
     path = data_dir / name / "test.jsonl"
     packed = path.with_suffix(".jsonl.xz")
-    if path.exists():
-        opened = open(path, encoding="utf-8")
-    elif packed.exists():
-        opened = lzma.open(packed, "rt", encoding="utf-8")
+    if os.path.lexists(path):
+        data = read_bytes(path, cap_name="json_bytes")
+    elif os.path.lexists(packed):
+        data = decompress("xz", read_bytes(packed, cap_name="json_bytes"), cap("json_bytes"), str(packed),
+                          exact=False)
     else:
         raise BenchmarkUnavailable(f"{path} does not exist")
-    with opened as f:
-        return [json.loads(line) for line in f if line.strip()]
+    rows = []
+    for number, line in enumerate(data.splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:  # UnicodeDecodeError too
+                raise UntrustedFile(f"{path}: refused: line {number} is not JSON in UTF-8") from None
+    return rows
 
 
 def _number(value) -> str:

@@ -1,0 +1,61 @@
+"""Small entry points fed files an attacker wrote: a benchmark data folder (vocagno.eval), a text to align
+(vocagno.align), run folders (vocagno.report). Each refuses in one line naming the file, before reading more than the
+file's size or its cap."""
+
+import lzma
+
+import pytest
+
+from vocagno.align import main as align_main
+from vocagno.eval.benchmarks import read_test_split
+from vocagno.untrusted import UntrustedFile
+
+
+def test_a_report_of_runs_whose_results_are_a_device_or_a_list_says_so_in_one_line(tmp_path, capsys):
+    from vocagno.report import main as report_main
+
+    (tmp_path / "cpt").mkdir()
+    (tmp_path / "cpt" / "results.json").symlink_to("/dev/zero")
+    (tmp_path / "qwen").mkdir()
+    (tmp_path / "qwen" / "results.json").write_text("[1, 2]")
+    for run in ("cpt", "qwen"):
+        with pytest.raises(SystemExit) as exit:
+            report_main([str(tmp_path / run)])
+        assert exit.value.code == 2
+        message = capsys.readouterr().err.strip().splitlines()[-1]
+        assert f"{tmp_path / run / 'results.json'}: refused: " in message
+
+
+
+def test_align_refuses_a_device_a_fifo_or_a_file_over_the_document_cap_in_one_line(tmp_path, capsys, monkeypatch):
+    import os
+
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "big.txt").write_text("x" * 2000)
+    monkeypatch.setenv("VOCAGNO_MAX_DOCUMENT_BYTES", "1000")
+    for path, why in (("/dev/zero", "a character device"), (tmp_path / "fifo", "a FIFO"),
+                      (tmp_path / "big.txt", "2,000 bytes, more than the 1,000 allowed")):
+        with pytest.raises(SystemExit) as exit:
+            align_main(["--student", "llama2", "--teacher", "mistral", "--file", str(path)])
+        assert exit.value.code == 2
+        message = capsys.readouterr().err.strip().splitlines()[-1]
+        assert f"--file {path}: {path}: refused: {why}" in message, message
+
+
+def test_a_benchmark_data_folder_with_a_bomb_a_link_or_broken_json_is_refused_by_name(tmp_path, monkeypatch):
+    (tmp_path / "gsm8k").mkdir()
+    packed = tmp_path / "gsm8k" / "test.jsonl.xz"
+    packed.write_bytes(lzma.compress(b'{"question": "1+1", "answer": "2"}\n' * 100))
+    assert len(read_test_split(tmp_path, "gsm8k")) == 100
+    packed.write_bytes(lzma.compress(b" " * (64 << 20)))  # a few KiB that expand to 64 MiB
+    monkeypatch.setenv("VOCAGNO_MAX_JSON_BYTES", str(1 << 20))
+    with pytest.raises(UntrustedFile, match=r"test.jsonl.xz: refused: it decompresses to more bytes than the "
+                                            r"1,048,576 allowed"):
+        read_test_split(tmp_path, "gsm8k")
+    (tmp_path / "gsm8k" / "test.jsonl").symlink_to("/etc/hostname")
+    with pytest.raises(UntrustedFile, match="test.jsonl: refused: a symbolic link"):
+        read_test_split(tmp_path, "gsm8k")
+    (tmp_path / "gsm8k" / "test.jsonl").unlink()
+    (tmp_path / "gsm8k" / "test.jsonl").write_bytes(b'{"question": "1"}\n\xff\n')
+    with pytest.raises(UntrustedFile, match="test.jsonl: refused: line 2 is not JSON in UTF-8"):
+        read_test_split(tmp_path, "gsm8k")
