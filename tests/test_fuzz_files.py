@@ -25,8 +25,10 @@ OUTSIDE = "/tmp/vocagno-fuzz-outside"
 
 ATTACKS = st.one_of(
     st.sampled_from([0, -1, 10**9, 2**31, 2**32 - 1, 2**40, -(2**63), True, False, None, 1.5, [], {}]),
+    st.integers(min_value=1, max_value=200_000),  # near the real counts and sizes: passes the checks, is wrong
     st.sampled_from(["../outside/x", OUTSIDE, "a/../../x", "index.json", "..", "", "x\\y", "/dev/zero",
-                     "/proc/self/environ", "pkl", "json", "br", "zstd", "mds", "xxh3_64", "md5"]),
+                     "/proc/self/environ", "pkl", "json", "br", "zstd", "gz", "bz2",
+                     "mds", "xxh3_64", "md5", "part-00000-000000/shard.00000.mds"]),
     st.integers(min_value=-(2**63), max_value=2**64),
     st.text(max_size=8),
     st.lists(st.integers(min_value=-5, max_value=2**40), max_size=3),
@@ -38,7 +40,7 @@ SHARD = [("samples",), ("compression",), ("format",), ("version",), ("column_enc
          *((key, field) for key in FILE for field in ("basename", "bytes", "hashes")),
          *((key, "hashes", "xxh3_64") for key in FILE), *((key,) for key in FILE)]
 # The places of a vocagno index.json (one shard, as CONVERT writes the corpus below) an attacker would change.
-INDEX_PLACES = [(), ("version",), ("shards",), ("shards", 0), *(("shards", 0, *at) for at in SHARD)]
+INDEX_PLACES = [("version",), *(("shards", 0, *at) for at in SHARD)]
 # The out-root's state files the converter reads when it resumes (before its merge), and their places.
 STATE_PLACES = {
     "conversion.json": [(), ("seq_len",), ("inputs",), ("inputs", 0), ("compression",), ("docs_per_part",),
@@ -144,7 +146,7 @@ STATE_CHANGES = st.sampled_from(sorted(STATE_PLACES)).flatmap(lambda name: st.tu
     st.just(name), st.lists(st.tuples(st.sampled_from(STATE_PLACES[name]), ATTACKS), min_size=1, max_size=3)))
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(change=STATE_CHANGES)
 @example(change=(f"{PART}/index.json", [(("shards", 0, "samples"), 10**9)]))
 @example(change=(f"{PART}/index.json", [(("shards", 0, "samples"), -1)]))
