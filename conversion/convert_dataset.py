@@ -30,7 +30,6 @@ import json
 import multiprocessing
 import os
 import re
-import shutil
 import sys
 import threading
 import time
@@ -48,16 +47,16 @@ from streaming import MDSWriter  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from vocagno.output import (  # noqa: E402
-    PART_STATS, OwnedLock, Output, all_jobs_done, check_or_write_settings, job_marker, merge_once, publish_dataset,
-    unfinished_parts,
+    PART_STATS, OwnedLock, Output, all_jobs_done, check_or_write_settings, job_marker, merge_once, part_index,
+    publish_dataset, unfinished_parts,
 )
 from conversion.sources import Record, Source, TextOf, parse_jsonl_line, sources_of  # noqa: E402
 from vocagno.shards import (  # noqa: E402
     COLUMNS, SHARD_HASH, Encoder, Packer, ShardMetadata, TokenizerInfo, tokenizer_info,
 )
 from vocagno.tokenization import load_tokenizer  # noqa: E402
-from vocagno.untrusted import UntrustedFile, plain_name  # noqa: E402
-from vocagno.writing import write_atomically  # noqa: E402
+from vocagno.untrusted import UntrustedFile, plain_name, read_json  # noqa: E402
+from vocagno.writing import make_readable, publish, remove, staging, write_atomically  # noqa: E402
 
 DEFAULT_INPUT = "open-web-math/open-web-math"
 CONFIG_FILE = "conversion.json"
@@ -68,6 +67,7 @@ ENCODE_BATCH = 64  # documents read and cleaned at a time
 ENCODE_CHARS = 1 << 21  # characters encoded and packed at a time (``piece_groups``): bounds a worker's memory
 SHARD_BYTES = 1 << 26  # an MDS shard's size limit: a bigger part is written as several shards
 NOT_COUNTS = ("seconds", "sources")  # part.json entries that don't add up over parts
+NAMED = 20  # documents over the cap named in a summary (a job's marker names them all)
 
 
 # ------------------------------------------------------------------------------------------------------- converting
@@ -184,16 +184,17 @@ def convert_part(
     records: list[Record | bytes], part_dir: str, config: dict, tokenizers: tuple[TokenizerInfo, TokenizerInfo],
     sources: dict[str, dict],
 ) -> dict:
-    """Convert one part's records (raw JSON lines are parsed here) into an MDS folder, written beside it and renamed
-    into place when complete. ``sources``: the fingerprints of the files the records come from, kept in part.json."""
+    """Convert one part's records (raw JSON lines are parsed here) into an MDS folder, built in a fresh private
+    folder beside it (``vocagno.writing.staging``: never a name something else may already stand at, so a link
+    planted there is not written through) and renamed into place when complete. ``sources``: the fingerprints of the
+    files the records come from, kept in part.json."""
     final = Path(part_dir)
-    staging = final.with_name(f".tmp-{final.name}")
-    shutil.rmtree(staging, ignore_errors=True)
+    built = staging(final)
     stats: Counter = Counter()
     packer = Packer(config["seq_len"], *tokenizers)
     text_of = TextOf(config["text_field"], config["text_template"])
     begin = time.perf_counter()
-    with MDSWriter(out=str(staging), columns=COLUMNS, compression=config["compression"], hashes=[SHARD_HASH],
+    with MDSWriter(out=str(built), columns=COLUMNS, compression=config["compression"], hashes=[SHARD_HASH],
                    size_limit=SHARD_BYTES) as out:
         for batch_begin in range(0, len(records), ENCODE_BATCH):
             batch = records[batch_begin : batch_begin + ENCODE_BATCH]
@@ -213,10 +214,9 @@ def convert_part(
     stats[TAIL] = packer.tail_tokens
     stats[FOLDED] = packer.folded_characters
     stats["seconds"] = round(time.perf_counter() - begin, 3)
-    (staging / PART_STATS).write_text(json.dumps({**stats, "sources": sources}, indent=1))
-    if final.exists():  # a complete part from an earlier run that we were asked to redo
-        shutil.rmtree(final)
-    os.rename(staging, final)
+    write_atomically(built / PART_STATS, json.dumps({**stats, "sources": sources}, indent=1))
+    make_readable(built)
+    publish(built, final, replace=True)  # replaces a complete part of an earlier run that we were asked to redo
     return dict(stats)
 
 
@@ -344,9 +344,12 @@ def convert(args: argparse.Namespace, output: Output) -> dict[str, str]:
     try:
         check_or_write_settings(output, CONFIG_FILE, {**config.__dict__, "student": student.__dict__,
                                                       "teacher": teacher.__dict__}, "vocagno conversion", "--out-root")
-        for stale in output.local.glob(".tmp-part-*"):  # this job's unfinished parts of an interrupted run
-            if _part_source(stale.name.removeprefix(".tmp-")) % args.num_jobs == args.job_index:
-                shutil.rmtree(stale)
+        for stale in [*output.local.glob(".part-*.staging-*"), *output.local.glob(".tmp-part-*")]:
+            # This job's unfinished parts of an interrupted run (.tmp-part-*: of an earlier version), removed as they
+            # stand: a link is unlinked, never followed.
+            name = stale.name.removeprefix(".tmp-").removeprefix(".").split(".")[0]
+            if _part_source(name) % args.num_jobs == args.job_index:
+                remove(stale)
         mine = [(i, s) for i, s in enumerate(sources) if i % args.num_jobs == args.job_index]
         print(f"{len(sources)} source file(s); this job (#{args.job_index} of {args.num_jobs}) converts {len(mine)}")
         global _encoder
@@ -355,13 +358,19 @@ def convert(args: argparse.Namespace, output: Output) -> dict[str, str]:
         done_parts = _convert_parts(args, output, mine, config.__dict__, (student, teacher))
         unreadable = {s.name: s.error for _, s in mine if s.error}
         write_atomically(output.local / f"{marker}.json",
-                         json.dumps({"parts": sorted(done_parts), "unreadable": unreadable}, indent=1))
+                         json.dumps({"parts": sorted(done_parts), "unreadable": unreadable,
+                                     "over_cap": _over_cap(mine)}, indent=1))
         output.publish(f"{marker}.json")
     finally:
         lock.release()
     for name, error in unreadable.items():
         print(f"error: could not read {name}: {error}", file=sys.stderr)
     return unreadable
+
+
+def _over_cap(sources: list[tuple[int, Source]]) -> list[str]:
+    """The documents of ``sources`` skipped as over the document cap, by file and place (once they are read)."""
+    return [where for _, source in sources for where in source.over_cap]
 
 
 def _convert_parts(args, output: Output, mine: list[tuple[int, Source]], config: dict, tokenizers) -> list[str]:
@@ -391,7 +400,7 @@ def _convert_parts(args, output: Output, mine: list[tuple[int, Source]], config:
             sources = fingerprint(spanned)
             done_there = output.pull(f"{name}/{PART_STATS}")
             if done_there or (output.local / name / PART_STATS).exists():
-                stats = json.loads((output.local / name / PART_STATS).read_text())
+                stats = _part_stats(output, name)
                 _check_same_sources(output, name, stats.get("sources", {}), sources)
                 if not done_there:  # finished here, but its upload broke off: upload it again
                     output.publish_part(name)
@@ -418,8 +427,33 @@ def _convert_parts(args, output: Output, mine: list[tuple[int, Source]], config:
             _collect(pending, finished, concurrent.futures.ALL_COMPLETED)
     progress.close()
     if args.num_jobs > 1:
-        print_summary(f"job {args.job_index} of {args.num_jobs}", totals, output, sorted(done_parts))
+        print_summary(f"job {args.job_index} of {args.num_jobs}", totals, output, sorted(done_parts),
+                      over_cap=_over_cap(mine))
     return done_parts
+
+
+def _part_stats(output: Output, part: str) -> dict:
+    """A finished part's ``part.json``, as its local copy holds it (a file from elsewhere: no link, within the
+    ``json_bytes`` cap), refused unless it is a JSON object of counts and the sources it was made from."""
+    stats = read_json(f"{part}/{PART_STATS}", folder=output.local)
+    if not (isinstance(stats, dict) and isinstance(stats.get("sources", {}), dict)
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in stats.items()
+                    if k != "sources")):
+        raise UntrustedFile(f"{output.local / part / PART_STATS}: refused: not a part's counts and sources")
+    return stats
+
+
+def _job(output: Output, marker: str) -> dict:
+    """A finished job's marker (its parts, the files it could not read, its documents over the cap), refused unless
+    it holds those as a converting job writes them."""
+    where = f"{output}/{marker}"
+    job = read_json(marker, folder=output.local)
+    if not (isinstance(job, dict) and isinstance(job.get("parts"), list)
+            and isinstance(job.get("unreadable", {}), dict) and isinstance(job.get("over_cap", []), list)
+            and all(isinstance(v, str) for v in [*job.get("unreadable", {}).values(), *job.get("over_cap", [])])):
+        raise UntrustedFile(f"{where}: refused: not a job's record of its parts")
+    job["parts"] = [plain_name(p, where, "part name") for p in job["parts"]]
+    return job
 
 
 def _check_same_sources(output: Output, part: str, made_from: dict, now: dict) -> None:
@@ -460,7 +494,10 @@ def _merge(output: Output, args: argparse.Namespace) -> int:
     root = output.local
     if not output.fetch(CONFIG_FILE):
         raise SystemExit(f"error: cannot merge {output}: no conversion was started there")
-    config = json.loads((root / CONFIG_FILE).read_text())
+    config = read_json(CONFIG_FILE, folder=root)
+    if not (isinstance(config, dict) and isinstance(config.get("seq_len"), int)
+            and all(isinstance(config.get(side), dict) for side in ("student", "teacher"))):
+        raise UntrustedFile(f"{output}/{CONFIG_FILE}: refused: not the settings a vocagno conversion records")
     markers = {i: f"{job_marker(i, args.num_jobs)}.json" for i in range(args.num_jobs)}
     done = [i for i, marker in markers.items() if output.pull(marker)]
     unfinished = [i for i in markers if i not in done]
@@ -469,20 +506,20 @@ def _merge(output: Output, args: argparse.Namespace) -> int:
             f"error: cannot merge {output}: job(s) {unfinished} of {args.num_jobs} have not finished; run them (the "
             "same command with their --job-index), or add --allow-partial to publish what the others made"
         )
-    jobs = {markers[i]: json.loads((root / markers[i]).read_text()) for i in done}
-    parts = sorted({plain_name(p, f"{output}/{marker}", "part name") for marker, job in jobs.items()
-                    for p in job["parts"]})
+    jobs = {markers[i]: _job(output, markers[i]) for i in done}
+    parts = sorted({p for job in jobs.values() for p in job["parts"]})
     unreadable = {name: error for job in jobs.values() for name, error in job.get("unreadable", {}).items()}
+    over_cap = [where for job in jobs.values() for where in job.get("over_cap", [])]
     missing = unfinished_parts(output, parts)
     if missing:
         raise SystemExit(f"error: cannot merge {output}: parts not finished there: {missing}")
     totals = Counter()
     for part in parts:
-        _add_part_stats(totals, json.loads((root / part / PART_STATS).read_text()))
+        _add_part_stats(totals, _part_stats(output, part))
     totals["unreadable files"] = len(unreadable)
     too_little = _too_little(totals, args.min_converted, config["seq_len"])
     if too_little:
-        print_summary("dataset (not published)", totals, output, parts, unreadable=unreadable)
+        print_summary("dataset (not published)", totals, output, parts, unreadable=unreadable, over_cap=over_cap)
         raise SystemExit(f"error: nothing published to {output}: {too_little}")
     metadata = ShardMetadata(
         student=TokenizerInfo(**config["student"]),
@@ -492,7 +529,7 @@ def _merge(output: Output, args: argparse.Namespace) -> int:
         partial={"jobs_done": done, "num_jobs": args.num_jobs} if unfinished else None,
     )
     publish_dataset(output, parts, metadata)
-    print_summary("dataset", totals, output, parts, merged=True, unreadable=unreadable)
+    print_summary("dataset", totals, output, parts, merged=True, unreadable=unreadable, over_cap=over_cap)
     if unfinished:
         print(f"PARTIAL: jobs {unfinished} of {args.num_jobs} had not finished (--allow-partial; vocagno.json says so)")
     return 1 if unreadable else 0
@@ -514,10 +551,12 @@ def _too_little(totals: Counter, min_converted: float, seq_len: int) -> str | No
 
 
 def print_summary(title: str, totals: Counter, output: Output, parts: list[str], merged: bool = False,
-                  unreadable: dict[str, str] | None = None) -> None:
+                  unreadable: dict[str, str] | None = None, over_cap: list[str] | None = None) -> None:
+    """The counts of ``totals``, the files that could not be read and the documents skipped as over the document
+    cap (by file and line: the first ``NAMED``, then how many more)."""
     shard_bytes = 0
     for part in parts:
-        for shard in json.loads((output.local / part / "index.json").read_text())["shards"]:
+        for shard in part_index(output.local, part, output)["shards"]:
             shard_bytes += (shard.get("zip_data") or shard["raw_data"])["bytes"]
     tokens = totals["student tokens"]
     lines = [
@@ -526,6 +565,10 @@ def print_summary(title: str, totals: Counter, output: Output, parts: list[str],
         f"documents converted:   {totals['documents converted']:,}",
     ]
     lines += [f"  {k}: {v:,}" for k, v in sorted(totals.items()) if k.split(":")[0] in ("skipped", "repaired", "kept")]
+    over_cap = over_cap or []
+    lines += [f"    skipped, over the document cap: {where}" for where in over_cap[:NAMED]]
+    if len(over_cap) > NAMED:
+        lines.append(f"    ... and {len(over_cap) - NAMED:,} more (all named in the job-*.json files on the out-root)")
     lines += [
         f"samples:               {totals['samples']:,}",
         f"student tokens:        {tokens:,}",

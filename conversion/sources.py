@@ -7,21 +7,31 @@ field (``--text-field``) or a template of fields (``--text-template "{title}\\n\
 Nothing read aborts a conversion: a bad record is a ``Record`` with a ``problem`` (counted by reason), and a file
 that can't be read at all (a corrupt .parquet or .gz) ends in one such record and is named in
 ``Source.error``, for the summary and a non-zero exit.
+
+A corpus is files from elsewhere (``vocagno.untrusted``): every file is opened by ``open_regular`` (a regular file,
+never through a link at its own name, never more bytes than its size said), so a link in a corpus folder to
+``/proc/self/environ`` or a FIFO is never read: it is listed as a path that can't be read, with why. What is read is
+bounded whatever the file holds: a document (a .jsonl line, a .txt file, a record's text) of more than
+``cap("document_bytes")`` bytes is skipped without being held whole (a line is read up to the cap, the rest of it
+discarded block by block), counted, and named by file and line (``Source.over_cap``, the summary); a .json file is
+read whole only up to ``cap("json_bytes")`` (a larger JSON array is refused, one of JSON lines read line by line).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import gzip
 import hashlib
 import io
 import json
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from vocagno.untrusted import plain_name
+from vocagno.untrusted import UntrustedFile, cap, open_regular, plain_name
 
 __all__ = ["Record", "Source", "TextOf", "LOCAL_SUFFIXES", "sources_of", "hub_sources", "parse_jsonl_line"]
 
@@ -39,6 +49,16 @@ class Record:
 
     text: str | None
     problem: str | None = None  # why text is None (skipped), or what was repaired while reading
+    where: str | None = None  # where in its file a document over the cap is ("line 7"), for the summary to name it
+
+
+def over_cap() -> str:
+    """The reason a document over the ``document_bytes`` cap is skipped, as the summary counts it."""
+    return f"over the document cap of {cap('document_bytes'):,} bytes (VOCAGNO_MAX_DOCUMENT_BYTES)"
+
+
+def _over_cap(where: str | None = None) -> Record:
+    return Record(None, over_cap(), where)
 
 
 class Source:
@@ -49,11 +69,15 @@ class Source:
         self._read = read
         self._fingerprint = fingerprint
         self.error: str | None = None  # why the file could not be read (to its end), once it was read
+        self.over_cap: list[str] = []  # its documents skipped as over the cap, by name and place, once it was read
 
     def records(self) -> Iterator[Record | bytes]:
-        self.error = None
+        self.error, self.over_cap = None, []
         try:
-            yield from self._read()
+            for record in self._read():
+                if isinstance(record, Record) and record.where is not None:
+                    self.over_cap.append(f"{self.name} {record.where}")
+                yield record
         except Exception as error:  # the file's own problem (corrupt, truncated, unsupported): name it, go on
             self.error = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             yield Record(None, "unreadable file (named in the summary)")
@@ -66,11 +90,11 @@ class Source:
 def file_fingerprint(path: Path) -> dict:
     """Size and content hash (compared), and modification time (recorded) of a file."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         for block in iter(lambda: f.read(1 << 24), b""):
             digest.update(block)
-    stat = path.stat()
-    return {"bytes": stat.st_size, "mtime": stat.st_mtime, "sha256": digest.hexdigest()}
+        size = f.raw.size
+    return {"bytes": size, "mtime": os.stat(path, follow_symlinks=False).st_mtime, "sha256": digest.hexdigest()}
 
 
 class TextOf:
@@ -122,7 +146,19 @@ class TextOf:
             elif not isinstance(value, str):
                 return Record(None, f"{what} {name!r} is {type(value).__name__}, not a string")
             pieces.append(value)
-        return Record("".join(pieces))
+        text = "".join(pieces)
+        limit = cap("document_bytes")
+        if len(text) > limit or (4 * len(text) > limit and len(text.encode("utf-8", "surrogatepass")) > limit):
+            return _over_cap()
+        return Record(text)
+
+
+def _numbered(records: Iterator[Record], what: str) -> Iterator[Record]:
+    """``records`` with a document over the cap named by its place (``record 3``), counting from 1."""
+    for number, record in enumerate(records, 1):
+        if record.text is None and record.problem == over_cap():
+            record.where = f"{what} {number}"
+        yield record
 
 
 def _decode(raw: bytes) -> Record:
@@ -132,24 +168,55 @@ def _decode(raw: bytes) -> Record:
         return Record(raw.decode("utf-8", errors="replace"), "invalid UTF-8 replaced by U+FFFD")
 
 
-def _open(path: Path):
-    """The file's bytes, decompressed as they are read when it is gzip- or zstd-compressed, whatever its name says."""
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic.startswith(_GZIP_MAGIC):
-        return gzip.open(path, "rb")
-    if magic == _ZSTD_MAGIC:
-        import zstandard
+@contextlib.contextmanager
+def _open(path: Path) -> Iterator[io.BufferedIOBase]:
+    """The file's bytes (``open_regular``: a regular file, not a link, no more than its size said), decompressed as
+    they are read when it is gzip- or zstd-compressed, whatever its name says."""
+    with open_regular(path) as raw:
+        magic = raw.peek(4)[:4]
+        if magic.startswith(_GZIP_MAGIC):
+            with gzip.GzipFile(fileobj=raw, mode="rb") as f:
+                yield f
+        elif magic == _ZSTD_MAGIC:
+            import zstandard
 
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
-    return open(path, "rb")
+            with zstandard.ZstdDecompressor().stream_reader(raw, closefd=False) as reader:
+                yield io.BufferedReader(reader)
+        else:
+            yield raw
 
 
-def _read_jsonl(path: Path) -> Iterator[bytes]:
-    """The raw lines: workers parse them (``parse_jsonl_line``), so the reading process stays light."""
+_BLOCK = 1 << 20  # what is read at a time of a line over the cap, to discard it
+
+
+def _lines(f, limit: int) -> Iterator[tuple[int, bytes | None]]:
+    """(number from 1, line) for each line of ``f``; None for a line of more than ``limit`` bytes (its newline not
+    counted), which is never held whole: read up to the cap, the rest discarded a block at a time."""
+    number = 0
+    while True:
+        line = f.readline(limit + 1)
+        if not line:
+            return
+        number += 1
+        if len(line) <= limit or line.endswith(b"\n"):
+            yield number, line
+            continue
+        while True:  # over the cap: skip to the next newline
+            rest = f.readline(_BLOCK)
+            if not rest or rest.endswith(b"\n"):
+                break
+        yield number, None
+
+
+def _read_jsonl(path: Path) -> Iterator[bytes | Record]:
+    """The raw lines: workers parse them (``parse_jsonl_line``), so the reading process stays light. A line over the
+    ``document_bytes`` cap is a skipped record that names it."""
     with _open(path) as f:
-        for number, raw in enumerate(f):
-            if number == 0 and raw.startswith(_BOM):  # a UTF-8 byte order mark is no part of the first document
+        for number, raw in _lines(f, cap("document_bytes")):
+            if raw is None:
+                yield _over_cap(f"line {number:,}")
+                continue
+            if number == 1 and raw.startswith(_BOM):  # a UTF-8 byte order mark is no part of the first document
                 raw = raw[len(_BOM):]
             if raw.strip():  # a blank line is no document
                 yield raw
@@ -168,54 +235,89 @@ def parse_jsonl_line(raw: bytes, text_of: TextOf) -> Record:
     return record
 
 
-def _read_bytes(path: Path) -> bytes:
+def _read_bytes(path: Path, limit: int) -> bytes | None:
+    """The file's content (decompressed, without a BOM), or None when it holds more than ``limit`` bytes (no more
+    than ``limit + 1`` of them are read)."""
     with _open(path) as f:
-        data = f.read()
-    return data[len(_BOM):] if data.startswith(_BOM) else data
+        data = f.read(limit + len(_BOM) + 1)
+    data = data[len(_BOM):] if data.startswith(_BOM) else data
+    return None if len(data) > limit else data
 
 
 def _read_json(path: Path, text_of: TextOf) -> Iterator[Record | bytes]:
+    """A JSON array of records, read whole within the ``json_bytes`` cap; a larger array is refused (the file is
+    named as one that can't be read). JSON lines under a .json name are read as a .jsonl file is, of any length."""
+    limit = cap("json_bytes")
+    data = _read_bytes(path, limit)
+    if data is None:
+        with _open(path) as f:
+            array = f.read(4096).removeprefix(_BOM).lstrip().startswith(b"[")
+        if not array:  # JSON lines under a .json name
+            yield from _read_jsonl(path)
+            return
+        raise UntrustedFile(f"{path}: refused: a JSON array of more than {limit:,} bytes, more than the "
+                            "json_bytes cap allows a file read whole (raise VOCAGNO_MAX_JSON_BYTES if it is right, "
+                            "or write it as JSON lines)")
     try:
-        rows = json.loads(_decode(_read_bytes(path)).text)
+        rows = json.loads(_decode(data).text)
     except json.JSONDecodeError:
         yield from _read_jsonl(path)  # JSON lines under a .json name
         return
     if not isinstance(rows, list):
         yield Record(None, "a .json file that is not a list of objects")
         return
-    for row in rows:
-        yield text_of(row)
+    yield from _numbered(map(text_of, rows), "record")
+
+
+def _mapped(path: Path):
+    """A .parquet or .arrow file (formats read by seeking) as a pyarrow buffer: a read-only memory map of the file
+    ``open_regular`` opened and checked, of the size it said (pages are read as pyarrow reaches them)."""
+    import mmap
+
+    import pyarrow as pa
+
+    with open_regular(path) as f:
+        if f.raw.size == 0:
+            return pa.py_buffer(b"")
+        # The descriptor open_regular checked (its raw file object is the one it read through).
+        return pa.py_buffer(mmap.mmap(f.raw._file.fileno(), f.raw.size, access=mmap.ACCESS_READ))
 
 
 def _read_parquet(path: Path, text_of: TextOf) -> Iterator[Record]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    parquet = pq.ParquetFile(path)
+    parquet = pq.ParquetFile(pa.BufferReader(_mapped(path)))
     columns = [c for c in text_of.columns if c in parquet.schema_arrow.names]  # a missing one: counted per record
-    for batch in parquet.iter_batches(columns=columns, batch_size=1024):  # no columns: a {} per row
-        yield from map(text_of, batch.to_pylist())
+    batches = parquet.iter_batches(columns=columns, batch_size=1024)  # no columns: a {} per row
+    yield from _numbered((text_of(row) for batch in batches for row in batch.to_pylist()), "row")
 
 
 def _read_arrow(path: Path, text_of: TextOf) -> Iterator[Record]:
     """An Arrow IPC file: ``datasets``' ``save_to_disk`` and cache write the stream format, others the file format."""
     import pyarrow as pa
 
-    with pa.memory_map(str(path)) as source:
-        try:
-            reader = pa.ipc.open_stream(source)
-        except pa.ArrowInvalid:
-            reader = pa.ipc.open_file(source)
-            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
-        else:
-            batches = iter(reader)
+    data = _mapped(path)
+    try:
+        reader = pa.ipc.open_stream(pa.BufferReader(data))
+    except pa.ArrowInvalid:
+        reader = pa.ipc.open_file(pa.BufferReader(data))
+        batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+    else:
+        batches = iter(reader)
+
+    def rows():
         for batch in batches:
             columns = [c for c in text_of.columns if c in batch.schema.names]
-            rows = batch.select(columns).to_pylist() if columns else [{}] * batch.num_rows
-            yield from map(text_of, rows)
+            yield from batch.select(columns).to_pylist() if columns else [{}] * batch.num_rows
+
+    yield from _numbered(map(text_of, rows()), "row")
 
 
 def _read_txt(path: Path) -> Iterator[Record]:
-    yield _decode(_read_bytes(path))
+    """The file as one document; one over the ``document_bytes`` cap is skipped after reading no more than it."""
+    data = _read_bytes(path, cap("document_bytes"))
+    yield _over_cap("(the whole file, one document)") if data is None else _decode(data)
 
 
 def _format(path: Path) -> str | None:
@@ -228,7 +330,7 @@ def _format(path: Path) -> str | None:
 
 
 def local_sources(inputs: list[str], text_of: TextOf, split: str = "train") -> list[Source]:
-    files: list[Path] = []
+    files: list[tuple[Path, Path]] = []  # (the name it is known by, the path it is read from)
     for item in inputs:
         path = Path(item)
         if path.is_dir() and (path / "dataset_dict.json").is_file():  # save_to_disk of a DatasetDict: the split's
@@ -248,20 +350,37 @@ def local_sources(inputs: list[str], text_of: TextOf, split: str = "train") -> l
                     print(f"{path}: ignored {count} {what}: {', '.join(names[:10])}" + (", ..." if count > 10 else ""))
             if len(ignored) == len(found):
                 raise SystemExit(f"error: {path} holds no {', '.join(LOCAL_SUFFIXES)} files (or .gz/.zst of them)")
-            files += [p for p in found if _format(p) is not None]
-        elif path.is_file():
+            files += [(p, p) for p in found if _format(p) is not None]
+        elif path.exists():  # a file named on the command line: a link to one is followed (it is the user's)
+            kind = _kind(os.stat(path).st_mode)
+            if kind is not None:
+                raise SystemExit(f"error: input {path}: refused: {kind}: only regular files are read")
             if _format(path) is None:
                 raise SystemExit(f"error: {path}: unsupported file type (use {', '.join(LOCAL_SUFFIXES)}, or .gz/.zst)")
-            files.append(path)
+            files.append((path, Path(os.path.realpath(path))))
         else:
             raise SystemExit(f"error: input {item} does not exist")
-    return [Source(str(p), lambda p=p: _read(p, text_of), lambda p=p: file_fingerprint(p)) for p in files]
+    return [Source(str(p), lambda r=r: _read(r, text_of), lambda r=r: file_fingerprint(r)) for p, r in files]
+
+
+def _kind(mode: int) -> str | None:
+    """What a file that is not a regular one is (None for a regular file)."""
+    if stat.S_ISREG(mode):
+        return None
+    for test, kind in ((stat.S_ISLNK, "a link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISDIR, "a folder")):
+        if test(mode):
+            return kind
+    return "not a regular file"
 
 
 def _files_under(folder: Path) -> tuple[list[Path], list[str]]:
-    """The files under ``folder`` at any depth, sorted, through links to folders too (wherever they point: whoever
-    linked a folder in wants it read), and what can't be read, by name and why: a link to nothing, a link back to a
-    folder already read (a loop, or a second link to one), a folder that can't be listed, a FIFO or a socket."""
+    """The regular files under ``folder`` at any depth, sorted, through links to folders too (wherever they point:
+    whoever linked a folder in wants it read), and what can't be read, by name and why: a link to nothing, a link to
+    a file (a file is read only as itself: a link to ``/proc/self/environ`` would publish the converter's
+    environment), a link back to a folder already read (a loop, or a second link to one), a folder that can't be
+    listed, a FIFO, a socket or a device."""
     files, unreadable = [], []
     seen = {folder.resolve()}
 
@@ -282,11 +401,18 @@ def _files_under(folder: Path) -> tuple[list[Path], list[str]]:
             seen.add(real)
         for name in names:
             path = top / name
-            if path.is_file():
+            try:
+                kind = _kind(os.lstat(path).st_mode)
+            except OSError as error:  # gone since it was listed
+                kind = error.strerror
+            if kind is None:
                 files.append(path)
+                continue
+            if kind == "a link":
+                kind = "a link to a file: only regular files are read" if path.exists() else "a link to nothing"
             else:
-                why = "a link to nothing" if path.is_symlink() and not path.exists() else "not a file"
-                unreadable.append(f"{path.relative_to(folder)} ({why})")
+                kind += ": only regular files are read"
+            unreadable.append(f"{path.relative_to(folder)} ({kind})")
     return sorted(files), sorted(unreadable)
 
 
@@ -382,7 +508,7 @@ def hub_sources(name: str, split: str, text_of: TextOf, subset: str | None = Non
         raise ValueError(f"no configuration {subset!r}; --subset one of: {', '.join(_configurations(name))}") from None
 
     def reader(index: int):
-        return lambda: map(text_of, dataset.shard(num_shards=dataset.n_shards, index=index))
+        return lambda: _numbered(map(text_of, dataset.shard(num_shards=dataset.n_shards, index=index)), "record")
 
     label = f"{name}{f' ({subset})' if subset else ''}[{split}]"
     return [

@@ -10,6 +10,11 @@ Guarantees:
   reads as complete only when it is.
 - One process converts a job, and one job merges, at a time: their locks name their owner (host, pid), and a lock
   whose owner is gone is taken over.
+- The out-root's files may have been written by someone else (a shared folder or bucket): its settings, locks, job
+  markers and parts' ``part.json`` are read by ``vocagno.untrusted`` (regular files only, within the ``json_bytes``
+  cap: a link to ``/dev/zero`` or a FIFO there is refused in one line naming it), a part's ``index.json`` is checked
+  by ``check_index`` (``part_index``) before its names and numbers are used, and a shard is read within the
+  ``shard_bytes`` cap.
 """
 
 from __future__ import annotations
@@ -26,13 +31,13 @@ from typing import Callable, TypeVar
 from streaming.base.hashing import get_hash
 
 from vocagno.shards import METADATA_FILE, SHARD_HASH
-from vocagno.untrusted import inside
+from vocagno.untrusted import UntrustedFile, check_index, inside, read_bytes, read_json
 from vocagno.writing import write_atomically
 
 T = TypeVar("T")
 
 __all__ = ["Output", "PART_STATS", "OwnedLock", "job_marker", "all_jobs_done", "check_or_write_settings",
-           "unfinished_parts", "merge_once", "publish_dataset", "merged_index", "verify_shards"]
+           "unfinished_parts", "merge_once", "publish_dataset", "merged_index", "verify_shards", "part_index"]
 
 PART_STATS = "part.json"
 MERGE_LOCK = "merge.lock"
@@ -107,11 +112,12 @@ class Output:
     def read_from_out_root(self, relative: str) -> bytes | None:
         """The bytes of ``relative`` as the out-root holds them, or None when it is missing."""
         if self.remote is None:
-            path = self.local / relative
-            return path.read_bytes() if path.exists() else None
+            if not os.path.lexists(self.local / relative):
+                return None
+            return read_bytes(relative, folder=self.local, cap_name="shard_bytes")
         with tempfile.TemporaryDirectory(dir=self.local) as scratch:
             copy = Path(scratch) / "file"
-            return copy.read_bytes() if self._download(relative, copy) else None
+            return read_bytes(copy, cap_name="shard_bytes") if self._download(relative, copy) else None
 
     def publish(self, *relatives: str) -> None:
         """Upload local files, in this order, when the output is remote."""
@@ -139,7 +145,9 @@ def check_or_write_settings(output: Output, name: str, wanted: dict, what: str, 
     """A job resumed on an out-root must run as the first did: refuse other settings than those ``name`` recorded
     there (naming the keys that differ), and a dataset that no such job made; record them on a fresh out-root."""
     if output.fetch(name):
-        earlier = json.loads((output.local / name).read_text())
+        earlier = read_json(output.local / name)
+        if not isinstance(earlier, dict):
+            raise UntrustedFile(f"{output.local / name}: refused: not the settings a {what} records (a JSON object)")
         changed = sorted(k for k in set(wanted) | set(earlier) if wanted.get(k) != earlier.get(k))
         if changed:
             raise SystemExit(f"error: {output} holds a {what} made with other settings ({', '.join(changed)} differ); "
@@ -185,7 +193,7 @@ def verify_shards(output: Output, parts: list[str]) -> list[str]:
     """What is wrong with the shards the parts' indexes list, as the out-root holds them (empty: nothing)."""
     problems = []
     for part in parts:
-        for shard in json.loads((output.local / part / "index.json").read_text())["shards"]:
+        for shard in part_index(output.local, part, output)["shards"]:
             info = shard.get("zip_data") or shard["raw_data"]
             relative = _shard_path(output, part, info["basename"])
             data = output.read_from_out_root(relative)
@@ -203,12 +211,23 @@ def merged_index(root: Path, parts: list[str]) -> dict:
     built here so that it can be written atomically."""
     shards = []
     for part in parts:
-        for shard in json.loads((root / part / "index.json").read_text())["shards"]:
+        for shard in part_index(root, part)["shards"]:
             for key in ("raw_data", "zip_data", "raw_meta", "zip_meta"):
                 if shard.get(key):
                     shard[key]["basename"] = _shard_path(root, part, shard[key]["basename"])
             shards.append(shard)
     return {"version": 2, "shards": shards}
+
+
+def part_index(root: Path, part: str, where: Output | Path | None = None) -> dict:
+    """The ``index.json`` of the part ``part`` in the local folder ``root`` (of the out-root ``where``), read as a file
+    from elsewhere (no link, within the ``json_bytes`` cap) and checked by ``check_index`` (every name inside the
+    part, every number one its shards' bytes can hold) before its names and numbers are used."""
+    source = f"{root if where is None else where}/{part}/index.json"
+    index = read_json(f"{part}/index.json", folder=root)
+    if isinstance(index, dict) and index.get("version") == 2 and index.get("shards") == []:
+        return index  # a part whose documents made no sample (check_index refuses an empty dataset)
+    return check_index(index, source)
 
 
 def _shard_path(where: Output | Path, part: str, basename: object) -> str:
@@ -246,18 +265,32 @@ class OwnedLock:
         self.path.unlink(missing_ok=True)
 
     def _holder(self) -> dict | None:
+        """The lock's owner as its file says, or None where the file holds none (its writer was killed between
+        creating the lock and writing its owner). A lock that is no regular file (a link, a FIFO, a device) is
+        refused (``UntrustedFile``): it was not made by a lock's owner, and reading it could hang or never end."""
         try:
-            return json.loads(self.path.read_text())
-        except (OSError, ValueError):  # killed between creating the lock and writing its owner
+            data = read_bytes(self.path, cap_name="json_bytes")
+        except FileNotFoundError:  # released since: no owner
             return None
+        try:
+            held = json.loads(data)
+        except ValueError:
+            return None
+        return held if isinstance(held, dict) else None
 
     def _gone(self, held: dict) -> bool:
+        try:
+            pid, since = int(held.get("pid")), float(held.get("since", 0))
+        except (TypeError, ValueError, OverflowError):  # no owner it can name: as a lock whose owner never wrote
+            return True
+        if pid < 1:  # 0 or -1 would ask about a group of processes, or all of them
+            return True
         if held.get("host") == socket.gethostname():
             try:
-                os.kill(int(held["pid"]), 0)
-            except ProcessLookupError:
+                os.kill(pid, 0)
+            except (ProcessLookupError, OverflowError, ValueError):  # gone, or a pid no process can have
                 return True
             except PermissionError:  # alive, another user's
                 return False
             return False
-        return time.time() - float(held.get("since", 0)) > self.stale_after
+        return time.time() - since > self.stale_after

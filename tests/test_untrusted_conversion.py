@@ -1,0 +1,190 @@
+"""The converter (conversion/convert_dataset.py) against files an attacker wrote: a corpus folder holding a link to
+/proc/self/environ or a FIFO, an out-root whose state files are a link to /dev/zero, a FIFO or an index with numbers
+no shard holds, a link planted at a part's staging name, and documents and files that would take memory without
+bound (a 1 GiB line, a gzip bomb). Each runs the converter's main() in this process, bounded in time (an alarm) and,
+where an old reader would read without end, in memory (RLIMIT_AS), so a regression fails here instead of hanging or
+exhausting the machine."""
+
+import contextlib
+import gzip
+import json
+import os
+import resource
+import signal
+import tracemalloc
+
+import pytest
+from test_conversion import converts, small_corpus
+
+from conversion.sources import TextOf, sources_of
+from vocagno.shards import ShardMetadata
+
+
+@contextlib.contextmanager
+def bounded(seconds=60, memory=1 << 30):
+    """A conversion that must end within ``seconds`` and allocate less than ``memory`` more address space: a reader
+    that blocks on a FIFO or reads /dev/zero fails the test instead of hanging it or exhausting the machine."""
+    def hung(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    with open("/proc/self/statm") as f:
+        ceiling = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE") + memory
+    limits = resource.getrlimit(resource.RLIMIT_AS)
+    previous = signal.signal(signal.SIGALRM, hung)
+    resource.setrlimit(resource.RLIMIT_AS, (ceiling, limits[1]))
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        resource.setrlimit(resource.RLIMIT_AS, limits)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def every_byte(folder):
+    return b"".join(p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file() and not p.is_symlink())
+
+
+# ---- the corpus ----
+
+def test_a_link_to_proc_self_environ_and_a_fifo_in_a_corpus_folder_are_named_and_never_read(tmp_path, capsys):
+    """A corpus folder is someone else's: a .txt link to /proc/self/environ would publish the converter's environment
+    in the shards (a .txt file is one document), a FIFO would block the reader for ever. Both are listed as paths
+    that can't be read, with why, and the rest converts."""
+    with open("/proc/self/environ", "rb") as f:  # what this process's environment is, as the link would read it
+        values = [v.partition(b"=")[2] for v in f.read().split(b"\0")]
+    secrets = [v for v in values if len(v) >= 16]
+    assert secrets
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    small_corpus(docs / "good.jsonl")
+    (docs / "env.txt").symlink_to("/proc/self/environ")
+    os.mkfifo(docs / "pipe.jsonl")
+    root = tmp_path / "shards"
+    with bounded():
+        assert converts(root, "--compression", "none", inputs=[docs]) == 0
+    out = capsys.readouterr().out
+    assert (f"{docs}: ignored 2 path(s) that can't be read: env.txt (a link to a file: only regular files are read), "
+            "pipe.jsonl (a FIFO: only regular files are read)") in out
+    assert ShardMetadata.read(root).totals["documents read"] == 40
+    shards = every_byte(root)
+    assert not [s for s in secrets if s in shards]
+
+
+def test_a_fifo_or_a_device_named_as_the_input_is_refused_in_one_line(tmp_path):
+    os.mkfifo(tmp_path / "pipe.jsonl")
+    for path, kind in ((tmp_path / "pipe.jsonl", "a FIFO"), ("/dev/zero", "a character device")):
+        with bounded():
+            message = converts(tmp_path / "shards", inputs=[path])
+        assert message == f"error: input {path}: refused: {kind}: only regular files are read"
+        assert list((tmp_path / "shards").iterdir()) == []  # the out-root, made empty when the job started
+
+
+# ---- the out-root's state files ----
+
+def test_a_settings_file_linked_to_dev_zero_or_a_fifo_lock_is_refused_in_one_line(tmp_path):
+    """The settings a resumed job compares (conversion.json) and a job's lock are read back from the out-root: a link
+    to /dev/zero there would be read until memory runs out, a FIFO would block for ever. Each is refused in one line
+    naming it, at once, and nothing is written there."""
+    corpus = small_corpus(tmp_path / "docs.jsonl")
+    zero, fifo = tmp_path / "zero", tmp_path / "fifo"
+    zero.mkdir()
+    (zero / "conversion.json").symlink_to("/dev/zero")
+    fifo.mkdir()
+    os.mkfifo(fifo / "job-0000-of-0001.lock")
+    for root, name, kind in ((zero, "conversion.json", "a symbolic link"), (fifo, "job-0000-of-0001.lock", "a FIFO")):
+        with bounded(seconds=30):
+            message = converts(root, inputs=[corpus])
+        assert message.startswith(f"error: {root / name}: refused: {kind}") and "\n" not in message, message
+        assert [p.name for p in root.iterdir()] == [name]
+
+
+@pytest.mark.parametrize("samples", [10**9, -1])
+def test_a_parts_index_with_samples_no_shard_holds_is_refused_before_the_merge_uses_it(tmp_path, samples):
+    """A part's index.json on the out-root says how many samples its shards hold: a billion (Streaming would
+    allocate for each) or a negative count is refused in one line naming the file, and nothing is published."""
+    corpus = small_corpus(tmp_path / "docs.jsonl")
+    root = tmp_path / "shards"
+    assert converts(root, inputs=[corpus]) == 0
+    (root / "index.json").unlink()
+    (root / "vocagno.json").unlink()
+    index_file = next(root.glob("part-*/index.json"))
+    index = json.loads(index_file.read_text())
+    index["shards"][0]["samples"] = samples
+    index_file.write_text(json.dumps(index))
+    with bounded(seconds=30):
+        message = converts(root, "--merge-only", inputs=[corpus])
+    assert message.startswith(f"error: {index_file}: refused: shard 0 says it holds {samples!r} samples"), message
+    assert not (root / "index.json").exists() and not (root / "vocagno.json").exists()
+
+
+def test_a_link_planted_at_a_parts_staging_name_is_not_written_through(tmp_path, monkeypatch):
+    """A part is built under a fresh private name of the converter's own: a link someone planted at the name the next
+    part used to be built under (.tmp-part-...), while the job runs, leads nowhere the converter writes."""
+    from vocagno.output import Output
+
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    root = tmp_path / "shards"
+    planted = root / ".tmp-part-00000-000001"
+    upload = Output.publish_part
+
+    def plants(self, name):  # once the first part is published, before the second is built
+        upload(self, name)
+        if not os.path.lexists(planted):
+            planted.symlink_to(victim)
+
+    monkeypatch.setattr(Output, "publish_part", plants)
+    assert converts(root, "--docs-per-part", "20", inputs=[small_corpus(tmp_path / "docs.jsonl")]) == 0
+    assert list(victim.iterdir()) == [] and planted.is_symlink()
+    for part in ("part-00000-000000", "part-00000-000001"):
+        assert (root / part).is_dir() and not (root / part).is_symlink() and (root / part / "part.json").is_file()
+    assert ShardMetadata.read(root).totals["documents converted"] == 40
+
+
+# ---- memory: documents and files over their caps ----
+
+def test_documents_over_the_cap_are_skipped_counted_and_named_and_a_large_json_array_is_refused(tmp_path,
+                                                                                                monkeypatch, capsys):
+    """A .jsonl line, a .txt file and a gzip bomb's one line over VOCAGNO_MAX_DOCUMENT_BYTES are skipped without
+    being held whole, counted, and named by file and line in the summary; a JSON array over VOCAGNO_MAX_JSON_BYTES
+    (read whole) is refused, named as a file that can't be read; everything else converts."""
+    monkeypatch.setenv("VOCAGNO_MAX_DOCUMENT_BYTES", "4000")
+    monkeypatch.setenv("VOCAGNO_MAX_JSON_BYTES", str(64 << 10))
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    small_corpus(docs / "a.jsonl", extra=["x " * 3000])  # line 41: 6,000 characters of text
+    (docs / "b.txt").write_text("y " * 3000)
+    (docs / "c.jsonl.gz").write_bytes(gzip.compress(b'{"text": "fine"}\n' + b"0" * (4 << 20) + b"\n", 9))
+    (docs / "d.json").write_text(json.dumps([{"text": "z " * 1000}] * 40))  # 80 KB
+    root = tmp_path / "shards"
+    with bounded():
+        assert converts(root, inputs=[docs]) == 1
+    out = capsys.readouterr().out
+    reason = "over the document cap of 4,000 bytes (VOCAGNO_MAX_DOCUMENT_BYTES)"
+    for where in (f"{docs / 'a.jsonl'} line 41", f"{docs / 'b.txt'} (the whole file, one document)",
+                  f"{docs / 'c.jsonl.gz'} line 2"):
+        assert f"skipped, over the document cap: {where}\n" in out, where
+    assert f"UNREADABLE: {docs / 'd.json'}: UntrustedFile: {docs / 'd.json'}: refused: a JSON array of more" in out
+    totals = ShardMetadata.read(root).totals
+    assert totals[f"skipped: {reason}"] == 3
+    assert totals["documents converted"] == 41  # a.jsonl's 40, c.jsonl.gz's first line
+
+
+def test_a_gzip_bomb_of_one_line_is_read_in_bounded_memory(tmp_path, monkeypatch):
+    """A 40 KB .gz that expands to one 32 MiB line: with a 1 MiB cap, reading it holds about the cap, not the line
+    (peak of Python's allocations while the file is read, tracemalloc)."""
+    monkeypatch.setenv("VOCAGNO_MAX_DOCUMENT_BYTES", str(1 << 20))
+    path = tmp_path / "bomb.jsonl.gz"
+    path.write_bytes(gzip.compress(b'{"text": "' + b"0" * (32 << 20) + b'"}\n{"text": "after"}\n', 9))
+    assert path.stat().st_size < 100_000
+    (source,) = sources_of([str(path)], "train", TextOf())
+    tracemalloc.start()
+    try:
+        records = list(source.records())
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, f"{peak:,} bytes at the peak"
+    assert [getattr(r, "where", r) for r in records] == ["line 1", b'{"text": "after"}\n']
+    assert source.over_cap == [f"{path} line 1"]
