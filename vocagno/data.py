@@ -433,6 +433,11 @@ class CheckedStream(Stream):
       ``untrusted.decompress`` into exactly the raw size the index says (a small file that would expand to gigabytes
       is refused past it) and written through ``writing.write_atomically``."""
 
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._sizes: dict[str, int] = {}  # every file the checked index names -> its bytes
+        self._raw_bytes: dict[str, int] = {}  # a compressed file -> the bytes it decompresses to
+
     def get_shards(self, world, allow_unsafe_types: bool) -> list:
         from streaming.base.constant import TICK
         from streaming.base.format import reader_from_json
@@ -451,8 +456,7 @@ class CheckedStream(Stream):
                                        f"{filename} took too long to download or failed to download: see the local "
                                        "leader's error")
         index = read_index(folder)
-        self._sizes = {}
-        self._raw_bytes = {}  # a compressed file's basename -> the bytes it decompresses to
+        self._sizes, self._raw_bytes = {}, {}
         shards = []
         for info in index["shards"]:
             self._sizes[info["raw_data"]["basename"]] = info["raw_data"]["bytes"]
@@ -547,8 +551,10 @@ class TeacherGuidedDataset(StreamingDataset):
     that differs; samples carry their stream's index (``stream_names``). ``student_tokenizer`` / ``teacher_tokenizer``
     (a tokenizer, a name or path, or a ``TokenizerInfo``): when given, shards made by other tokenizers are refused
     with both names in the message. Other keyword arguments go to ``StreamingDataset`` (``shuffle``, ``batch_size``,
-    ``num_canonical_nodes``, ...). Each shard is checked against the hash its index records when it is read
-    (``validate_hash``): a corrupt shard is an error naming it.
+    ``num_canonical_nodes``, ...). Every stream is a ``CheckedStream``: its ``index.json`` is checked before
+    Streaming sees it, its shard files must be regular files of the sizes it says, and a shard downloaded or
+    decompressed is checked against the hash its index records (``validate_hash``): a corrupt or crafted shard is an
+    error naming it (``UntrustedFile``, or Streaming's checksum failure).
     """
 
     def __init__(
