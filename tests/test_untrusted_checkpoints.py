@@ -15,9 +15,10 @@ from pathlib import Path
 import forked
 import pytest
 import torch
-from test_untrusted import gadgets, whole_with
+from test_untrusted import RunsACommand, dcp_save, gadgets, store, whole_with  # noqa: F401 (store: a fixture)
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from vocagno.checkpoint import BadCheckpoint
 from vocagno.eval.__main__ import main as eval_main
 from vocagno.export import main as export_main
 from vocagno.tokenization import load_tokenizer
@@ -91,6 +92,31 @@ def test_a_gadget_given_as_load_path_to_train_py_runs_nothing(tmp_path):
     assert not (tmp_path / "shards").exists(), "the run went on before checking what it loads"
 
 
+def test_a_load_path_in_a_store_or_on_disk_is_checked_as_autoresumes_latest(store, tmp_path):
+    """What train.py calls for a load_path: a store's whole file downloaded and checked, of a sharded checkpoint the
+    shards holding its pickled objects; locally, anything but a whole file or a sharded folder refused."""
+    from vocagno.checkpoint import check_load_path
+
+    marker = tmp_path / "ran"
+    torch.save({"state": {"timestamp": RunsACommand(marker)}}, tmp_path / "evil.pt")
+    store.upload_file(str(tmp_path / "evil.pt"), "runs", f"{tmp_path.name}/ep0-ba1-rank0.pt")
+    sharded = dcp_save({"state": {"model": {"w": torch.ones(2)}, "timestamp": RunsACommand(marker)}},
+                       tmp_path / "ep0-ba2")
+    for path in sharded.iterdir():
+        store.upload_file(str(path), "runs", f"{tmp_path.name}/ep0-ba2/{path.name}")
+    for location in (f"s3://runs/{tmp_path.name}/ep0-ba1-rank0.pt", f"s3://runs/{tmp_path.name}/ep0-ba2",
+                     str(tmp_path / "evil.pt"), str(sharded)):
+        with pytest.raises(BadCheckpoint, match="refused to load: it holds objects that are not tensors"):
+            check_load_path(location)
+    with pytest.raises(BadCheckpoint, match="not a checkpoint Composer's load_path loads"):
+        check_load_path(str(tmp_path))
+    torch.save({"state": {"model": {"w": torch.ones(2)}}}, tmp_path / "good.pt")
+    store.upload_file(str(tmp_path / "good.pt"), "runs", f"{tmp_path.name}/good.pt")
+    check_load_path(f"s3://runs/{tmp_path.name}/good.pt")
+    check_load_path(str(tmp_path / "good.pt"))
+    assert not marker.exists()
+
+
 # ---- 2. a config claiming far more than its weights hold: refused before anything is allocated ----
 
 @pytest.fixture
@@ -158,6 +184,8 @@ def test_a_checkpoint_tokenizer_naming_a_file_outside_it_is_refused_and_nothing_
     assert export_main([str(checkpoint), str(tmp_path / "out")]) == 2
     one_error_line(capsys, checkpoint.name, key, "not a plain file name")
     assert not (tmp_path / "out").exists()
+    if key != "tokenizer_file":
+        return
     # A plain name of a file the checkpoint holds is its own file, whatever the working folder holds of that name.
     checkpoint = saved(state, tmp_path / "run2" / "ep0-ba1-rank0.pt", tokenizer_config={"tokenizer_file":
                                                                                           "tokenizer.json"})
