@@ -405,10 +405,20 @@ _LOOP_FIELDS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "num_d
                 "num_local_experts", "num_experts", "n_routed_experts", "n_shared_experts")
 
 
-def _config(saved: dict, name: str):
+def _check_loops(fields, tensors: int, name: str) -> None:
+    """Refuse a loop-like number (``_LOOP_FIELDS``) of ``fields`` (a config, or its saved content) that is no whole
+    number from 0 to the ``tensors`` the checkpoint holds: a config's own constructor may loop over it already."""
+    for field in _LOOP_FIELDS:
+        value = fields.get(field) if isinstance(fields, dict) else getattr(fields, field, None)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= tensors):
+            raise BadCheckpoint(f"{name}: refused: its model config says {field}={value!r}, and the checkpoint holds "
+                                f"{tensors} tensors: its config does not describe its weights")
+
+
+def _config(saved: dict, name: str, tensors: int):
     """The model config a checkpoint's ``integrations.huggingface.model.config`` holds, of an architecture
-    transformers ships, refused where it names code (``check_config``), without the fields that only say where it
-    came from."""
+    transformers ships, refused where it names code (``check_config``) or loops over more than the checkpoint's
+    ``tensors`` (``_check_loops``), without the fields that only say where it came from."""
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -419,6 +429,7 @@ def _config(saved: dict, name: str):
                             f"(model_type {model_type!r})")
     fields = {key: value for key, value in content.items() if key not in _SOURCE_FIELDS}
     _untrusted(check_config, fields, f"{name}: its model config")
+    _check_loops(fields, tensors, name)
     if "id2label" in fields and isinstance(fields["id2label"], dict):  # JSON made its keys strings
         fields["id2label"] = {int(key): label for key, label in fields["id2label"].items()}
     try:
@@ -447,12 +458,7 @@ def _check_fits(config, weights: dict[str, torch.Tensor], name: str) -> None:
     parameter's and persistent buffer's name and shape compared with the weights'."""
     from transformers import AutoModelForCausalLM
 
-    for field in _LOOP_FIELDS:
-        value = getattr(config, field, None)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0
-                                  or value > len(weights)):
-            raise BadCheckpoint(f"{name}: refused: its model config says {field}={value!r}, and the checkpoint holds "
-                                f"{len(weights)} tensors: its config does not describe its weights")
+    _check_loops(config, len(weights), name)  # again: a config may compute one from others
     try:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
@@ -484,9 +490,9 @@ def model_from_state(state: dict[str, Any], name: str, dtype: str | None = None)
     if not saved or "model" not in state:
         raise BadCheckpoint(f"{name}: not a checkpoint of a Hugging Face model (train.py's): it has no "
                             "state.integrations.huggingface")
-    config = _config(saved, name)
-    tokenizer = tokenizer_from_state(saved.get("tokenizer"), name)
     weights = _weights(state, name)
+    config = _config(saved, name, len(weights))
+    tokenizer = tokenizer_from_state(saved.get("tokenizer"), name)
     _check_fits(config, weights, name)
     if dtype is None:
         dtypes = {tensor.dtype for tensor in weights.values() if tensor.is_floating_point()}

@@ -174,4 +174,4 @@ def build_causal_lm(section: DictConfig, vocab_size: int, seed: int | None = Non
     with torch.random.fork_rng(devices=[]):
         if seed is not None:
             torch.manual_seed(seed)
-        return AutoModelForCausalLM.from_config(config, torch_dtype=dtype)
+        return AutoModelForCausalLM.from_config(config, torch_dtype=dtype, trust_remote_code=trust is True)
