@@ -17,8 +17,13 @@ written atomically). Until then the root has no ``index.json`` and never reads a
 ``--merge-only`` repeats that final step, and refuses while a job has not finished unless ``--allow-partial``.
 
 Every document that is not converted is counted by reason in the summary, and repairs (invalid UTF-8, lone
-surrogates, documents split for length) are counted too. The run exits non-zero when it made no sample, when fewer
-than ``--min-converted`` of the documents read were converted, or when a file could not be read.
+surrogates, documents split for length) are counted too; documents over the document cap are named by file and line
+as well. The run exits non-zero when it made no sample, when fewer than ``--min-converted`` of the documents read
+were converted, or when a file could not be read.
+
+The corpus and the out-root's own files (settings, locks, job markers, parts' ``part.json`` and ``index.json``) may be
+someone else's: they are read through ``vocagno.untrusted`` (``conversion/sources.py``, ``vocagno/output.py``), and a
+part is built in a fresh private folder (``vocagno.writing.staging``) published by rename.
 """
 
 from __future__ import annotations

@@ -354,7 +354,7 @@ def local_sources(inputs: list[str], text_of: TextOf, split: str = "train") -> l
         elif path.exists():  # a file named on the command line: a link to one is followed (it is the user's)
             kind = _kind(os.stat(path).st_mode)
             if kind is not None:
-                raise SystemExit(f"error: input {path}: refused: {kind}: only regular files are read")
+                raise UntrustedFile(f"{path}: refused: {kind}: only regular files are read (the input named)")
             if _format(path) is None:
                 raise SystemExit(f"error: {path}: unsupported file type (use {', '.join(LOCAL_SUFFIXES)}, or .gz/.zst)")
             files.append((path, Path(os.path.realpath(path))))

@@ -76,7 +76,7 @@ def test_a_fifo_or_a_device_named_as_the_input_is_refused_in_one_line(tmp_path):
     for path, kind in ((tmp_path / "pipe.jsonl", "a FIFO"), ("/dev/zero", "a character device")):
         with bounded():
             message = converts(tmp_path / "shards", inputs=[path])
-        assert message == f"error: input {path}: refused: {kind}: only regular files are read"
+        assert message == f"error: {path}: refused: {kind}: only regular files are read (the input named)"
         assert list((tmp_path / "shards").iterdir()) == []  # the out-root, made empty when the job started
 
 
