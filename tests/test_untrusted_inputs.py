@@ -59,3 +59,26 @@ def test_a_benchmark_data_folder_with_a_bomb_a_link_or_broken_json_is_refused_by
     (tmp_path / "gsm8k" / "test.jsonl").write_bytes(b'{"question": "1"}\n\xff\n')
     with pytest.raises(UntrustedFile, match="test.jsonl: refused: line 2 is not JSON in UTF-8"):
         read_test_split(tmp_path, "gsm8k")
+
+
+@pytest.mark.parametrize("change, why", [
+    (lambda m: [m], "no format_version 2"),
+    (lambda m: {**m, "student": {**m["student"], "separator_id": 10**12}}, "its student tokenizer's size or ids"),
+    (lambda m: {**m, "teacher": {**m["teacher"], "evil": 1}}, "its teacher is not a tokenizer's description"),
+    (lambda m: {**m, "teacher": {**m["teacher"], "vocab_size": "32000"}}, "its teacher is not a tokenizer's"),
+    (lambda m: {**m, "seq_len": -5}, "seq_len -5"),
+    (lambda m: {**m, "scored_by": ["x"]}, "its scored_by is not a mapping"),
+])
+def test_a_shard_folders_vocagno_json_of_other_shapes_is_refused_in_one_line(change, why, tmp_path):
+    import json
+
+    from vocagno.shards import ShardMetadata, TokenizerInfo
+
+    info = TokenizerInfo("llama2", "a255706a2929068e", 32000, "</s>", 2, "<s>", 1)
+    ShardMetadata(student=info, teacher=info, seq_len=64).write(tmp_path)
+    assert ShardMetadata.read(tmp_path).seq_len == 64
+    metadata = json.loads((tmp_path / "vocagno.json").read_text())
+    (tmp_path / "vocagno.json").write_text(json.dumps(change(metadata)))
+    with pytest.raises(UntrustedFile, match=f"vocagno.json: refused: {why}") as refused:
+        ShardMetadata.read(tmp_path)
+    assert "\n" not in str(refused.value)

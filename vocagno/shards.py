@@ -225,16 +225,18 @@ class ShardMetadata:
         from vocagno.untrusted import read_json  # a regular file within its cap: shards come from elsewhere
 
         raw = read_json(path)
-        if raw.get("format_version") != FORMAT_VERSION:
+        if isinstance(raw, dict) and raw.get("format_version") not in (FORMAT_VERSION, None) \
+                and isinstance(raw.get("format_version"), int):
             raise ValueError(
                 f"{path}: format version {raw.get('format_version')}, this vocagno reads {FORMAT_VERSION}: convert the "
                 "corpus again (conversion/convert_dataset.py) into a new --out-root"
             )
+        _check_metadata(raw, path)
         return cls(
             student=TokenizerInfo(**raw["student"]),
             teacher=TokenizerInfo(**raw["teacher"]),
             seq_len=raw["seq_len"],
-            totals=raw.get("totals", {}),
+            totals=raw.get("totals") or {},
             partial=raw.get("partial"),
             scored_by=raw.get("scored_by"),
             also_scored_by=_checked_names(raw.get("also_scored_by"), path),
@@ -249,6 +251,44 @@ class ShardMetadata:
                     f"{made_by.vocab_size} tokens), but this run's {role} tokenizer is {wanted.name!r} (vocabulary "
                     f"{wanted.fingerprint}, {wanted.vocab_size} tokens): convert the corpus again with the run's tokenizers"
                 )
+
+
+_MOST_TOKENS = 1 << 24  # no tokenizer has more: ids and sizes beyond are no vocabulary's
+_TOKENIZER_FIELDS = {"name": str, "fingerprint": str, "vocab_size": int, "separator": str, "separator_id": int,
+                     "bos": (str, type(None)), "bos_id": (int, type(None))}
+_TOKENIZER_REQUIRED = {"name", "fingerprint", "vocab_size", "separator", "separator_id"}
+
+
+def _check_metadata(raw: Any, path: Path) -> None:
+    """``vocagno.json`` as read from elsewhere: the fields ``ShardMetadata`` is made of, of their types, ids within
+    their vocabulary, a sample length of at least 2 tokens; refused (``UntrustedFile``) in one line otherwise."""
+    from vocagno.untrusted import UntrustedFile
+
+    def refuse(why: str) -> UntrustedFile:
+        return UntrustedFile(f"{path}: refused: {why}: not the vocagno.json a conversion writes")
+
+    if not isinstance(raw, dict) or raw.get("format_version") != FORMAT_VERSION:
+        raise refuse(f"no format_version {FORMAT_VERSION}")
+    for role in ("student", "teacher"):
+        info = raw.get(role)
+        if not (isinstance(info, dict) and _TOKENIZER_REQUIRED <= set(info) <= set(_TOKENIZER_FIELDS)
+                and all(isinstance(value, _TOKENIZER_FIELDS[key]) and not isinstance(value, bool)
+                        for key, value in info.items())):
+            raise refuse(f"its {role} is not a tokenizer's description ({', '.join(_TOKENIZER_FIELDS)})")
+        size = info["vocab_size"]
+        if not 0 < size <= _MOST_TOKENS or not all(
+                ident is None or 0 <= ident < size for ident in (info["separator_id"], info.get("bos_id"))):
+            raise refuse(f"its {role} tokenizer's size or ids are out of range ({size}, {info['separator_id']}, "
+                         f"{info.get('bos_id')})")
+    seq_len = raw.get("seq_len")
+    if not isinstance(seq_len, int) or isinstance(seq_len, bool) or not 2 <= seq_len <= _MOST_TOKENS:
+        raise refuse(f"seq_len {seq_len!r}")
+    for key in ("totals", "partial", "scored_by"):
+        if raw.get(key) is not None and not isinstance(raw[key], dict):
+            raise refuse(f"its {key} is not a mapping")
+    scored_by = raw.get("scored_by")
+    if scored_by is not None and not isinstance(scored_by.get("name"), str):
+        raise refuse("its scored_by names no teacher")
 
 
 def _checked_names(scored: Any, path: Path) -> dict | None:
