@@ -475,12 +475,13 @@ def test_the_merged_index_refuses_a_shard_name_that_leaves_its_part(tmp_path):
 
 @pytest.mark.parametrize("model_type, reason", [
     ("evil", "refused: its model config is not one of an architecture transformers ships (model_type 'evil')"),
-    ("llama", "the checkpoint holds no tokenizer"),  # read as a llama config: auto_map and the rest dropped
+    ("llama", "names code to load (auto_map, trust_remote_code)"),  # one list of the fields that load code
 ])
 def test_a_model_config_naming_code_or_a_place_to_load_from_runs_nothing(model_type, reason, heldout, tmp_path,
                                                                           capsys):
     """Composer's config reader falls back to ``from_pretrained(_name_or_path, **fields)`` for an unknown
-    model_type, trust_remote_code included: vocagno builds the config from the fields alone."""
+    model_type, trust_remote_code included: vocagno refuses an unknown model_type, and a known one whose config names
+    code (vocagno.untrusted.check_config)."""
     marker = tmp_path.parent / f"{tmp_path.name}-ran"
     repo = tmp_path / "repo"
     repo.mkdir()
