@@ -272,9 +272,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--input", nargs="+", default=[DEFAULT_INPUT],
         help="a Hugging Face dataset name (streamed), or .jsonl/.json/.parquet/.arrow/.txt files (any case, gzip or "
-             "zstd or not) or folders of them (links to folders followed, wherever they point; a datasets "
-             "save_to_disk folder among them), local or in an object store Streaming reaches (s3://bucket/corpus/, "
-             "gs://bucket/corpus/*.jsonl.zst, ...)",
+             "zstd or not) or folders of them (links to folders followed, wherever they point; links to files, FIFOs "
+             "and devices in them listed, never read; a datasets save_to_disk folder among them), local or in an "
+             "object store Streaming reaches (s3://bucket/corpus/, gs://bucket/corpus/*.jsonl.zst, ...)",
     )
     parser.add_argument("--split", default="train", help="the Hugging Face dataset's split (or a saved DatasetDict's)")
     parser.add_argument("--subset", default=None,
@@ -441,7 +441,10 @@ def _part_stats(output: Output, part: str) -> dict:
     """A finished part's ``part.json``, as its local copy holds it (a file from elsewhere: no link, within the
     ``json_bytes`` cap), refused unless it is a JSON object of counts and the sources it was made from."""
     stats = read_json(f"{part}/{PART_STATS}", folder=output.local)
-    if not (isinstance(stats, dict) and isinstance(stats.get("sources", {}), dict)
+    if not (isinstance(stats, dict) and isinstance(stats.get("documents read"), int)
+            and isinstance(stats.get("sources", {}), dict)
+            and all(isinstance(made_from, dict) and isinstance(made_from.get("bytes", 0), int)
+                    for made_from in stats.get("sources", {}).values())
             and all(isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in stats.items()
                     if k != "sources")):
         raise UntrustedFile(f"{output.local / part / PART_STATS}: refused: not a part's counts and sources")

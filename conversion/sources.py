@@ -404,7 +404,8 @@ def _files_under(folder: Path) -> tuple[list[Path], list[str]]:
             try:
                 kind = _kind(os.lstat(path).st_mode)
             except OSError as error:  # gone since it was listed
-                kind = error.strerror
+                unreadable.append(f"{path.relative_to(folder)} (can't be read: {error.strerror})")
+                continue
             if kind is None:
                 files.append(path)
                 continue
