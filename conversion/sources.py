@@ -280,7 +280,7 @@ def _mapped(path: Path):
         if f.raw.size == 0:
             return pa.py_buffer(b"")
         # The descriptor open_regular checked (its raw file object is the one it read through).
-        return pa.py_buffer(mmap.mmap(f.raw._file.fileno(), f.raw.size, access=mmap.ACCESS_READ))
+        return pa.py_buffer(mmap.mmap(f.fileno(), f.raw.size, access=mmap.ACCESS_READ))
 
 
 def _read_parquet(path: Path, text_of: TextOf) -> Iterator[Record]:
@@ -376,13 +376,14 @@ def _kind(mode: int) -> str | None:
 
 
 def _files_under(folder: Path) -> tuple[list[Path], list[str]]:
-    """The regular files under ``folder`` at any depth, sorted, through links to folders too (wherever they point:
-    whoever linked a folder in wants it read), and what can't be read, by name and why: a link to nothing, a link to
-    a file (a file is read only as itself: a link to ``/proc/self/environ`` would publish the converter's
-    environment), a link back to a folder already read (a loop, or a second link to one), a folder that can't be
-    listed, a FIFO, a socket or a device."""
+    """The regular files under ``folder`` at any depth, sorted, through links to folders inside it too, and what
+    can't be read, by name and why: a link to nothing, a link to a file (a file is read only as itself: a link to
+    ``/proc/self/environ`` would publish the converter's environment), a link to a folder outside ``folder`` (no
+    link leads out of the folder given: a folder elsewhere is an input of its own), a link back to a folder already
+    read (a loop, or a second link to one), a folder that can't be listed, a FIFO, a socket or a device."""
     files, unreadable = [], []
-    seen = {folder.resolve()}
+    given = folder.resolve()
+    seen = {given}
 
     def cannot_list(error: OSError) -> None:
         unreadable.append(f"{Path(error.filename).relative_to(folder)} (can't be listed: {error.strerror})")
@@ -392,6 +393,11 @@ def _files_under(folder: Path) -> tuple[list[Path], list[str]]:
         folders.sort()  # which of two links to one folder reads it: always the same
         for name in list(folders):
             real = (top / name).resolve()
+            if real != given and given not in real.parents:
+                folders.remove(name)
+                unreadable.append(f"{(top / name).relative_to(folder)} (a link to a folder outside {folder}: give "
+                                  "it as an input of its own)")
+                continue
             if real in seen:
                 folders.remove(name)
                 here = top.resolve()

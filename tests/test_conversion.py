@@ -650,20 +650,24 @@ def test_bom_case_compression_and_ignored_files(tmp_path, capsys):
     assert read_samples(root, tmp_path)[0]["text"].startswith(docs[0][:40])  # no BOM, the first document whole
 
 
-def test_folders_linked_into_the_input_are_read_and_links_that_loop_or_point_nowhere_are_named(tmp_path, capsys):
+def test_folders_linked_inside_the_input_are_read_and_links_out_of_it_that_loop_or_point_nowhere_are_named(
+        tmp_path, capsys):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    small_corpus(elsewhere / "b.jsonl")
+    small_corpus(elsewhere / "c.jsonl")
     folder = tmp_path / "docs"
-    folder.mkdir()
+    (folder / "real").mkdir(parents=True)
     small_corpus(folder / "a.jsonl")
-    (folder / "linked").symlink_to(elsewhere)  # a folder outside the input, linked in: read
-    (folder / "linked" / "again").symlink_to(elsewhere)  # a loop
+    small_corpus(folder / "real" / "b.jsonl")
+    (folder / "the-b-folder").symlink_to(folder / "real")  # inside the input: read (once)
+    (folder / "real" / "again").symlink_to(folder)  # a loop
+    (folder / "linked").symlink_to(elsewhere)  # a folder outside the input: named, not read
     (folder / "gone.jsonl").symlink_to(tmp_path / "deleted.jsonl")
     root = tmp_path / "shards"
     assert converts(root, inputs=[folder]) == 0
-    assert (f"{folder}: ignored 2 path(s) that can't be read: gone.jsonl (a link to nothing), linked/again (a loop: "
-            "a link to a folder it is in)") in capsys.readouterr().out
+    assert (f"{folder}: ignored 4 path(s) that can't be read: gone.jsonl (a link to nothing), linked (a link to a "
+            f"folder outside {folder}: give it as an input of its own), real/again (a loop: a link to a folder it is "
+            "in), the-b-folder (a link to a folder already read)") in capsys.readouterr().out
     assert ShardMetadata.read(root).totals["documents read"] == 80
 
 

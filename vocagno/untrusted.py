@@ -132,6 +132,9 @@ class _Sized(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    def fileno(self) -> int:  # for a reader that maps the file (pyarrow): ``size`` is what it may map
+        return self._file.fileno()
+
     def readinto(self, buffer) -> int:
         if self._left == 0:
             if self._file.read(1):
