@@ -1,12 +1,10 @@
-"""A call run in a process of its own with a ceiling on its memory and its time, for tests that feed a reader files an
-attacker wrote: what it allocated past the ceiling fails there (``MemoryError``), not in the pytest worker, and a call
-that hangs is killed. The process is forked from ``forked``'s server, not from the pytest worker (whose threads'
+"""Calls run in a process of their own with a ceiling on memory and time, for tests that feed a reader files an
+attacker wrote: what a call allocates past the ceiling fails there (``MemoryError``), not in the pytest worker, and a
+call that hangs is killed. The process is forked from ``forked``'s server, not from the pytest worker (whose threads'
 locks a fork would inherit)."""
 
-import json
 import os
 import resource
-import tempfile
 import traceback
 
 from forked import context as _context
@@ -14,43 +12,89 @@ from forked import context as _context
 MEMORY = 1 << 30  # the ceiling above the process's address space at its start: the caps' allocations fit far below
 
 
-def run_bounded(target, *args, memory: int = MEMORY, timeout: float = 120.0) -> str:
-    """``target(*args)`` (a function of this module) in a bounded process: ``"ok"``, ``"refused: MESSAGE"`` for an
-    ``UntrustedFile`` or a ``SystemExit`` with a message, ``"memory"``, ``"hung"``, or ``"error TYPE: MESSAGE"``."""
-    with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        process = _context.Process(target=_bounded, args=(target, args, memory, out.name))
-        process.start()
-        process.join(timeout)
-        if process.is_alive():
-            process.kill()
-            process.join()
+class Worker:
+    """A bounded process that runs calls one after another (modules imported and tokenizers loaded once, not once a
+    call): ``run(target, *args)`` gives ``"ok"``, ``"refused: MESSAGE"`` for an ``UntrustedFile`` or a ``SystemExit``
+    with a message, ``"memory"``, ``"hung"`` (killed, and a new process started), ``"died (CODE)"`` or
+    ``"error TYPE: MESSAGE"``. Each call may allocate ``memory`` bytes above what the process holds when it starts."""
+
+    def __init__(self, memory: int = MEMORY):
+        self.memory = memory
+        self._start()
+
+    def _start(self) -> None:
+        self._connection, child = _context.Pipe()
+        self._process = _context.Process(target=_serve, args=(child, self.memory))
+        self._process.start()
+        child.close()
+
+    def run(self, target, *args, timeout: float = 120.0) -> str:
+        self._connection.send((target, args))
+        if not self._connection.poll(timeout):
+            self._restart()
             return "hung"
-        with open(out.name, encoding="utf-8") as f:
-            text = f.read()
-        return json.loads(text) if text else f"died ({process.exitcode})"
+        try:
+            return self._connection.recv()
+        except EOFError:
+            code = self._process.exitcode
+            self._restart()
+            return f"died ({code})"
+
+    def _restart(self) -> None:
+        self._process.kill()
+        self._process.join()
+        self._start()
+
+    def close(self) -> None:
+        self._connection.send(None)
+        self._process.join(30)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
 
 
-def _bounded(target, args, memory, out) -> None:
+def run_bounded(target, *args, memory: int = MEMORY, timeout: float = 120.0) -> str:
+    """``target(*args)`` (a function of this module) in a bounded process of its own (``Worker.run``'s outcomes)."""
+    worker = Worker(memory)
+    try:
+        return worker.run(target, *args, timeout=timeout)
+    finally:
+        worker.close()
+
+
+def _serve(connection, memory) -> None:
+    while True:
+        try:
+            call = connection.recv()
+        except EOFError:
+            return
+        if call is None:
+            return
+        target, args = call
+        connection.send(_outcome(target, args, memory))
+
+
+def _outcome(target, args, memory) -> str:
     from vocagno.untrusted import UntrustedFile
 
     with open("/proc/self/statm") as f:
         pages = int(f.read().split()[0])
-    ceiling = pages * os.sysconf("SC_PAGE_SIZE") + memory
-    resource.setrlimit(resource.RLIMIT_AS, (ceiling, ceiling))
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (pages * os.sysconf("SC_PAGE_SIZE") + memory, hard))
     try:
         target(*args)
-        outcome = "ok"
+        return "ok"
     except UntrustedFile as error:
-        outcome = f"refused: {error}"
+        return f"refused: {error}"
     except SystemExit as error:
-        outcome = f"refused: {error.code}" if isinstance(error.code, str) else f"exit {error.code}"
+        return f"refused: {error.code}" if isinstance(error.code, str) else f"exit {error.code}"
     except MemoryError:
-        outcome = "memory"
+        return "memory"
     except BaseException as error:  # what the test asserts about
         lines = traceback.format_exception_only(type(error), error)
-        outcome = "memory" if "alloc" in str(error).lower() else f"error {''.join(lines).strip()}"
-    with open(out, "w", encoding="utf-8") as f:
-        json.dump(outcome, f)
+        return "memory" if "alloc" in str(error).lower() else f"error {''.join(lines).strip()}"
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
 
 
 def read_shards(folder, remote=None) -> None:
@@ -85,3 +129,14 @@ def convert(arguments) -> None:
     code = convert_dataset.main(arguments)
     if code:
         raise SystemExit(code)
+
+
+def load_checkpoint_model(path) -> None:
+    """The model and tokenizer of a checkpoint, as export and ``vocagno.eval --model`` load them."""
+    from vocagno.checkpoint import BadCheckpoint, load_model
+    from vocagno.untrusted import UntrustedFile
+
+    try:
+        load_model(str(path))
+    except BadCheckpoint as error:
+        raise UntrustedFile(str(error)) from None

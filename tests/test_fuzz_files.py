@@ -1,9 +1,9 @@
 """Bounded fuzzing of files from elsewhere: a real ``index.json`` and an out-root's real state files, each mutated by
 hypothesis (a value anywhere in them replaced by what an attacker would write: huge, negative or non-integer numbers,
 names that leave the folder, devices, other encodings) and fed to the real readers in a process with a memory and
-time ceiling (tests/bounded.py). Whatever the mutation, no reader writes outside its folders, allocates past its
-ceiling or hangs; what it refuses, it refuses in one line. (Pickles and configs in checkpoints:
-tests/test_untrusted_checkpoints.py.)"""
+time ceiling (tests/bounded.py); and so are a real checkpoint's embedded model and tokenizer configs. Whatever the
+mutation, no reader writes outside its folders, runs code, allocates past its ceiling or hangs; what it refuses, it
+refuses in one line. (Pickles in checkpoints: tests/test_untrusted.py.)"""
 
 import copy
 import json
@@ -13,9 +13,12 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from bounded import convert, inspect_shards, read_shards, run_bounded
+import torch
+from bounded import Worker, convert, inspect_shards, load_checkpoint_model, read_shards
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+
+from test_untrusted_checkpoints import state  # noqa: F401 (a fixture)
 
 from vocagno.tokenization import ASSETS
 
@@ -76,12 +79,20 @@ def files_under(folder: Path) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory):
+def worker():
+    """One bounded process for the file's calls: its imports and tokenizers loaded once."""
+    bounded = Worker()
+    yield bounded
+    bounded.close()
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory, worker):
     lines = SAMPLE.read_text(encoding="utf-8").splitlines()[:24]
     corpus = tmp_path_factory.mktemp("corpus") / "docs.jsonl"
     corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
     root = tmp_path_factory.mktemp("fuzz") / "shards"
-    assert run_bounded(convert, ["--input", str(corpus), *CONVERT, "--out-root", str(root)]) == "ok"
+    assert worker.run(convert, ["--input", str(corpus), *CONVERT, "--out-root", str(root)]) == "ok"
     return root
 
 
@@ -114,15 +125,15 @@ INDEX_CHANGES = st.lists(st.tuples(st.sampled_from(INDEX_PLACES), ATTACKS), min_
 @example(changes=[(("shards", 0, "raw_data", "bytes"), 4 << 30)])
 @example(changes=[(("shards", 0, "zip_data", "hashes"), {"md5": "0"}), (("shards", 0, "raw_data", "hashes"), {})])
 @example(changes=[(("shards", 0, "column_encodings", 4), "pkl")])
-def test_a_mutated_index_is_read_or_refused_and_never_written_outside_or_past_memory(shards, changes):
+def test_a_mutated_index_is_read_or_refused_and_never_written_outside_or_past_memory(worker, shards, changes):
     """The training reader, with the shards as its local folder and as its remote."""
     index = json.loads((shards / "index.json").read_text())
     base = fresh_copy(shards, "fuzz-index-")
     try:
         (base / "shards" / "index.json").write_text(json.dumps(apply(index, changes)))
         before = files_under(base)
-        outcome_is_harmless(run_bounded(read_shards, base / "shards"), base, before)
-        outcome_is_harmless(run_bounded(read_shards, base / "cache", str(base / "shards")), base, before)
+        outcome_is_harmless(worker.run(read_shards, base / "shards"), base, before)
+        outcome_is_harmless(worker.run(read_shards, base / "cache", str(base / "shards")), base, before)
     finally:
         shutil.rmtree(base)
 
@@ -131,13 +142,13 @@ def test_a_mutated_index_is_read_or_refused_and_never_written_outside_or_past_me
 @given(changes=INDEX_CHANGES)
 @example(changes=[(("shards", 0, "samples"), 10**9)])
 @example(changes=[(("shards", 0, "raw_data", "basename"), "../outside/x")])
-def test_inspect_reads_or_refuses_a_mutated_index_in_one_line(shards, changes):
+def test_inspect_reads_or_refuses_a_mutated_index_in_one_line(worker, shards, changes):
     index = json.loads((shards / "index.json").read_text())
     base = fresh_copy(shards, "fuzz-inspect-")
     try:
         (base / "shards" / "index.json").write_text(json.dumps(apply(index, changes)))
         before = files_under(base)
-        outcome_is_harmless(run_bounded(inspect_shards, base / "shards"), base, before)
+        outcome_is_harmless(worker.run(inspect_shards, base / "shards"), base, before)
     finally:
         shutil.rmtree(base)
 
@@ -152,7 +163,7 @@ STATE_CHANGES = st.sampled_from(sorted(STATE_PLACES)).flatmap(lambda name: st.tu
 @example(change=(f"{PART}/index.json", [(("shards", 0, "samples"), -1)]))
 @example(change=(f"{PART}/index.json", [(("shards", 0, "raw_data", "basename"), "../../outside/x")]))
 @example(change=("job-0000-of-0001.json", [(("parts", 0), "../outside")]))
-def test_a_mutated_out_root_state_file_is_resumed_or_refused_in_one_line(shards, change):
+def test_a_mutated_out_root_state_file_is_resumed_or_refused_in_one_line(worker, shards, change):
     """The converter run again on an out-root, its parts converted but not yet merged, whose state file someone
     rewrote: it merges (the file read as valid) or stops in one line; it never writes outside the out-root or
     allocates past its ceiling, and what it publishes reads as harmlessly."""
@@ -166,9 +177,64 @@ def test_a_mutated_out_root_state_file_is_resumed_or_refused_in_one_line(shards,
         (root / name).write_text(json.dumps(apply(state, changes)))
         corpus = json.loads((shards / "conversion.json").read_text())["inputs"][0]  # as the first run named it
         before = files_under(base)
-        outcome = run_bounded(convert, ["--input", str(corpus), *CONVERT, "--out-root", str(root)])
+        outcome = worker.run(convert, ["--input", str(corpus), *CONVERT, "--out-root", str(root)])
         outcome_is_harmless(outcome, base, before)
         if outcome == "ok":  # what it published is read as harmlessly
-            outcome_is_harmless(run_bounded(read_shards, root), base, before)
+            outcome_is_harmless(worker.run(read_shards, root), base, before)
     finally:
         shutil.rmtree(base)
+
+
+# A checkpoint's embedded configs: the model's (a tiny Llama) and its tokenizer's, as Composer saves them.
+MODEL_CONFIG_PLACES = [("vocab_size",), ("hidden_size",), ("intermediate_size",), ("num_hidden_layers",),
+                       ("num_attention_heads",), ("num_key_value_heads",), ("head_dim",), ("max_position_embeddings",),
+                       ("rope_scaling",), ("rope_theta",), ("model_type",), ("architectures",), ("tokenizer_class",),
+                       ("auto_map",), ("attn_implementation",), ("torch_dtype",), ("tie_word_embeddings",),
+                       ("id2label",), ("pad_token_id",), ("quantization_config",)]
+TOKENIZER_CONFIG_PLACES = [("tokenizer_class",), ("tokenizer_file",), ("vocab_file",), ("model_max_length",),
+                           ("added_tokens_decoder",), ("auto_map",), ("chat_template",), ("name_or_path",),
+                           ("bos_token",), ("legacy",)]
+CHECKPOINT_ATTACKS = st.one_of(ATTACKS, st.sampled_from([
+    {"AutoConfig": "evil.EvilConfig"}, "kernels-community/flash-attn", "evil.Tokenizer", "../tokenizer.json",
+    f"{OUTSIDE}/tokenizer.json", {"type": "dynamic", "factor": 2**40}, 10**6]))
+CHECKPOINT_CHANGES = st.one_of(
+    st.lists(st.tuples(st.sampled_from(MODEL_CONFIG_PLACES).map(lambda at: ("model", *at)), CHECKPOINT_ATTACKS),
+             min_size=1, max_size=2),
+    st.lists(st.tuples(st.sampled_from(TOKENIZER_CONFIG_PLACES).map(lambda at: ("tokenizer", *at)),
+                       CHECKPOINT_ATTACKS), min_size=1, max_size=2))
+
+
+@pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")  # the state's repr, shown on failure
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(changes=CHECKPOINT_CHANGES)
+@example(changes=[(("model", "num_hidden_layers"), 200), (("model", "hidden_size"), 4096)])
+@example(changes=[(("model", "vocab_size"), 10**9)])
+@example(changes=[(("model", "attn_implementation"), "kernels-community/flash-attn")])
+@example(changes=[(("tokenizer", "tokenizer_file"), f"{OUTSIDE}/tokenizer.json")])
+def test_a_checkpoints_mutated_configs_load_or_are_refused_and_nothing_runs_or_is_read_outside(worker, state,
+                                                                                               changes):
+    """The model loaded from a checkpoint whose model config or tokenizer_config.json someone rewrote (export's and
+    vocagno.eval --model's reader): loaded, or refused in one line, within the ceiling, no code run."""
+    saved = copy.deepcopy(state)
+    huggingface = saved["state"]["integrations"]["huggingface"]
+    configs = {"model": huggingface["model"]["config"]["content"],
+               "tokenizer": huggingface["tokenizer"]["tokenizer_config.json"]["content"]}
+    for (which, *at), value in changes:
+        configs[which] = apply(configs[which], [(tuple(at), value)])
+    huggingface["model"]["config"]["content"] = configs["model"]
+    huggingface["tokenizer"]["tokenizer_config.json"]["content"] = configs["tokenizer"]
+    base = Path(tempfile.mkdtemp(prefix="fuzz-checkpoint-"))
+    try:
+        (base / "outside").mkdir()
+        os.makedirs(OUTSIDE)  # a tokenizer an attacker left outside, which nothing may read
+        Path(OUTSIDE, "tokenizer.json").write_text("{}")
+        (base / "shards").mkdir()
+        torch.save(saved, base / "shards" / "ep0-ba1-rank0.pt")
+        before = files_under(base)
+        outcome = worker.run(load_checkpoint_model, base / "shards" / "ep0-ba1-rank0.pt")
+        shutil.rmtree(OUTSIDE)
+        outcome_is_harmless(outcome, base, before)
+        assert outcome == "ok" or outcome.startswith("refused"), outcome
+    finally:
+        shutil.rmtree(base)
+        shutil.rmtree(OUTSIDE, ignore_errors=True)

@@ -387,7 +387,7 @@ def tokenizer_from_state(files: Any, name: str):
             tokenizer = from_pretrained(AutoTokenizer, unpacked, trust_remote_code=False, **named)
         except UntrustedFile as error:
             raise BadCheckpoint(str(error).replace(unpacked, f"{name}: its tokenizer")) from error
-        except (OSError, ValueError, KeyError, TypeError) as error:
+        except Exception as error:  # a crafted tokenizer_config fails anywhere in transformers' parsing of it
             raise BadCheckpoint(f"{name}: its tokenizer can't be loaded: {type(error).__name__}: "
                                 f"{_first_line(error)}") from error
     tokenizer.name_or_path = str(config.get("name_or_path") or "")  # not the temporary folder
@@ -434,7 +434,7 @@ def _config(saved: dict, name: str, tensors: int):
         fields["id2label"] = {int(key): label for key, label in fields["id2label"].items()}
     try:
         return AutoConfig.for_model(**fields)
-    except (ValueError, TypeError, KeyError) as error:
+    except Exception as error:  # a crafted config fails anywhere in transformers' parsing of its fields
         raise BadCheckpoint(f"{name}: its model config can't be read: {type(error).__name__}: "
                             f"{_first_line(error)}") from error
 
