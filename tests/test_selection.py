@@ -242,9 +242,13 @@ def test_two_ranks_share_the_scoring_and_rank_0_alone_reports_and_writes_files(h
 
 def test_the_topk_row_selects_as_the_yaml_says_its_alignment_and_selection_included(heldout, tmp_path):
     """--config's algorithms.vocagno: chunk alignment (4 chunks, the chunk's mean) makes the topk row the chunk_4
-    row; selection: random makes it the random row (the rows and scores, in --work, are made once)."""
+    row; selection: random makes it the random row (the rows and scores, in --work, are made once). A link planted
+    in --work at the name the rows were once staged at is not written through."""
     base = ["--shards", str(heldout), "--config", str(REPO / "yamls" / "tiny.yaml"), "--canaries", "0.5",
             "--samples", "16", "--work", str(tmp_path / "work")]
+    (tmp_path / "work").mkdir()
+    (tmp_path / "victim").mkdir()
+    (tmp_path / "work" / ".tmp-rows").symlink_to(tmp_path / "victim")
     for overrides, same_as in ((["algorithms.vocagno.alignment=chunk", "algorithms.vocagno.num_chunks=4",
                                  "algorithms.vocagno.aggregation=mean"], "chunk_4"),
                                (["algorithms.vocagno.selection=random"], "random")):
@@ -253,6 +257,7 @@ def test_the_topk_row_selects_as_the_yaml_says_its_alignment_and_selection_inclu
         assert report["variants"]["topk"] == report["variants"][same_as], same_as
         assert report["variants"]["topk"] != report["variants"]["chunk_1"]
     assert report["settings"]["selection"] == "random" and report["settings"]["alignment"] == "token"
+    assert not any((tmp_path / "victim").iterdir())
 
 
 def test_the_json_report_is_strict_json_a_mean_over_no_tokens_is_null():

@@ -82,3 +82,4 @@ def test_a_shard_folders_vocagno_json_of_other_shapes_is_refused_in_one_line(cha
     with pytest.raises(UntrustedFile, match=f"vocagno.json: refused: {why}") as refused:
         ShardMetadata.read(tmp_path)
     assert "\n" not in str(refused.value)
+

@@ -60,7 +60,7 @@ from vocagno.shards import (
     describe_tokenizer, loss_column,
 )
 from vocagno.untrusted import UntrustedFile, decompress, inside, read_bytes
-from vocagno.writing import remove, write_atomically
+from vocagno.writing import make_readable, publish, remove, staging, write_atomically
 
 __all__ = ["Teacher", "score", "main"]
 
@@ -202,9 +202,10 @@ def score(shards: str, output: Output, teacher: Teacher, device: str, batch_toke
         raise SystemExit(f"error: another scoring pass is running rank {rank} of {world} into {output}")
     try:
         mine = [i for i in range(len(index["shards"])) if i % world == rank]
-        for i in mine:  # what a kill left unfinished
-            for stale in (f".tmp-{_part(i)}", f".scratch-{_part(i)}"):
-                remove(output.local / stale)
+        for i in mine:  # what a kill left unfinished (earlier versions' names too)
+            for stale in [*output.local.glob(f".{_part(i)}.staging-*"), output.local / f".tmp-{_part(i)}",
+                          output.local / f".scratch-{_part(i)}"]:
+                remove(stale)
         scorer = teacher.scorer.to(device)
         progress = tqdm(total=sum(index["shards"][i]["samples"] for i in mine), unit="sample", desc="scoring",
                         dynamic_ncols=True, mininterval=1.0, disable=rank != 0)
@@ -318,9 +319,7 @@ def _score_part(shards_root: Path, info: dict, final: Path, scorer: TeacherScore
     from streaming import MDSWriter
 
     begin = time.perf_counter()
-    staging = final.with_name(f".tmp-{final.name}")
-    remove(staging)  # nothing planted there is written through
-    staging.mkdir()  # ours from now on: a link planted later makes mkdir fail, not the writer write through it
+    built = staging(final)  # a fresh private folder: nothing planted at a known name is written through
     samples = read_shard(shards_root, info)
     if column is None:
         rows = [np.asarray(sample["teacher_ids"], dtype=np.int64) for sample in samples]
@@ -341,7 +340,7 @@ def _score_part(shards_root: Path, info: dict, final: Path, scorer: TeacherScore
     kept = dict(zip(info["column_names"], info["column_encodings"]))  # earlier passes' columns too (checked)
     columns = {**kept, **(SCORED_COLUMNS if column is None else {loss_column(column): "ndarray",
                                                                  align_column(column): "ndarray"})}
-    with MDSWriter(out=str(staging), columns=columns, compression=info.get("compression"), hashes=[SHARD_HASH],
+    with MDSWriter(out=str(built), columns=columns, compression=info.get("compression"), hashes=[SHARD_HASH],
                    size_limit=None) as writer:
         for i, (sample, loss) in enumerate(zip(samples, losses)):
             scored = {"teacher_loss": loss} if column is None else {loss_column(column): loss,
@@ -349,8 +348,9 @@ def _score_part(shards_root: Path, info: dict, final: Path, scorer: TeacherScore
             writer.write({**{name: sample[name] for name in kept}, **scored})
     stats = {"samples": len(samples), "teacher tokens": int(sum(map(len, rows))),
              "seconds": round(time.perf_counter() - begin, 3)}
-    write_atomically(staging / PART_STATS, json.dumps(stats))
-    os.rename(staging, final)
+    write_atomically(built / PART_STATS, json.dumps(stats))
+    make_readable(built)
+    publish(built, final, replace=True)  # a part no run finished (its part.json) is scored again
     return stats["teacher tokens"]
 
 

@@ -82,7 +82,7 @@ from vocagno.loss import (check_options, excess_loss, next_token_cross_entropy, 
 from vocagno.shards import (COLUMNS, METADATA_FILE, SHARD_HASH, TEACHER_NAME, ShardMetadata, align_column,
                             check_teacher_name, describe_tokenizer, loss_column)
 from vocagno.untrusted import UntrustedFile
-from vocagno.writing import write_atomically
+from vocagno.writing import make_readable, publish, remove, staging, write_atomically
 
 __all__ = ["Settings", "Report", "measure", "main"]
 
@@ -453,16 +453,16 @@ def write_rows(canaries: Canaries, metadata: ShardMetadata, folder: Path) -> Non
 
     from streaming import MDSWriter
 
-    staging = folder.with_name(f".tmp-{folder.name}")
-    shutil.rmtree(staging, ignore_errors=True)
+    built = staging(folder)  # a fresh private folder: nothing planted at a known name is written through
     # Small shards: the scoring pass gives each rank whole shards.
-    with MDSWriter(out=str(staging), columns=COLUMNS, hashes=[SHARD_HASH], size_limit=1 << 17) as writer:
+    with MDSWriter(out=str(built), columns=COLUMNS, hashes=[SHARD_HASH], size_limit=1 << 17) as writer:
         for sample in canaries.samples:
             writer.write(sample)
     # Rows made anew: none of the source's losses, of its reading teacher or of any other.
     replace(metadata, totals={"samples": len(canaries.samples)}, partial=None, scored_by=None,
-            also_scored_by=None).write(staging)
-    os.rename(staging, folder)
+            also_scored_by=None).write(built)
+    make_readable(built)
+    publish(built, folder)
 
 
 def read_scored(folder: Path) -> list[dict]:
@@ -600,7 +600,7 @@ def run(shards: str | dict[str, str], teacher, settings: Settings, *, student: t
         return report
     finally:
         if temporary:
-            shutil.rmtree(folder, ignore_errors=True)
+            remove(folder)
 
 
 def _same_sources(metadata: dict[str, ShardMetadata]) -> ShardMetadata:
