@@ -83,3 +83,22 @@ def test_a_shard_folders_vocagno_json_of_other_shapes_is_refused_in_one_line(cha
         ShardMetadata.read(tmp_path)
     assert "\n" not in str(refused.value)
 
+
+
+def test_eval_refuses_a_bpb_file_without_text_or_a_data_folder_file_it_cant_trust_in_one_line(tmp_path, capsys):
+    from vocagno.eval.__main__ import main as eval_main
+
+    (tmp_path / "held.jsonl").write_text('{"text": "2 + 2 = 4"}\n{"content": "no text field"}\n')
+    with pytest.raises(SystemExit) as exit:
+        eval_main(["--gold", "--bpb", str(tmp_path / "held.jsonl")])
+    assert exit.value.code == 2
+    assert f"--bpb {tmp_path / 'held.jsonl'}: refused: line 2 has no string field 'text'" in \
+        capsys.readouterr().err.strip().splitlines()[-1]
+    (tmp_path / "data" / "gsm8k").mkdir(parents=True)
+    (tmp_path / "data" / "gsm8k" / "test.jsonl").symlink_to("/dev/zero")
+    assert eval_main(["--gold", "--benchmarks", "gsm8k", "--data-dir", str(tmp_path / "data"),
+                      "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --data-dir {tmp_path / 'data' / 'gsm8k' / 'test.jsonl'}: refused: a symbolic link: vocagno "
+                   "reads regular files only, and follows no link (copy the file itself there)"]
+    assert not (tmp_path / "out" / "results.json").exists()

@@ -28,7 +28,8 @@ from vocagno.eval.benchmarks import (
     BENCHMARKS, MAX_NEW_TOKENS, SHIPPED_DATA, STOP_SEQUENCES, TITLES, BenchmarkUnavailable, Example, load_benchmark,
 )
 from vocagno.eval.grading import is_equivalent
-from vocagno.untrusted import UntrustedFile, from_pretrained
+from vocagno.untrusted import UntrustedFile, from_pretrained, read_bytes
+from vocagno.writing import write_atomically
 
 
 def load_model(name_or_path: str, device: str):
@@ -130,7 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.bpb:
         if not Path(args.bpb).is_file():
             parser.error(f"--bpb {args.bpb} is not a file")
-        texts = [t for t in _read_texts(Path(args.bpb)) if t]
+        try:
+            texts = [t for t in _read_texts(Path(args.bpb)) if t]
+        except UntrustedFile as error:
+            parser.error(f"--bpb {error}")
         if not texts:
             parser.error(f"--bpb {args.bpb} holds no text")
 
@@ -153,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         try:
             examples = load_benchmark(name, args.data_dir)
+        except UntrustedFile as error:  # a data folder's file that is refused: no score is made of it
+            print(f"error: --data-dir {error}", file=sys.stderr)
+            return 2
         except BenchmarkUnavailable as error:
             results[name] = f"unavailable: {error}"
             print(f"{TITLES[name]}: NOT EVALUATED, {results[name]}", file=sys.stderr)
@@ -165,14 +172,13 @@ def main(argv: list[str] | None = None) -> int:
             outputs = generate(model, tokenizer, [e.prompt for e in examples], args.batch_size, args.max_new_tokens,
                                desc=TITLES[name])
         rows = grade(examples, outputs)
-        with open(out / f"{name}.jsonl", "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+        write_atomically(out / f"{name}.jsonl", "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
         correct = sum(r["correct"] for r in rows)
         results[name] = 100.0 * correct / len(rows)
         print(f"{TITLES[name]}: {results[name]:.2f}% ({correct}/{len(rows)})")
     markdown = table(results)
-    (out / "results.md").write_text(markdown + "\n", encoding="utf-8")
-    (out / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
+    write_atomically(out / "results.md", markdown + "\n")
+    write_atomically(out / "results.json", json.dumps(results, indent=1))
     print("\n" + markdown)
     missing = [n for n, v in results.items() if not isinstance(v, float)]
     if missing:
@@ -184,10 +190,24 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _read_texts(path: Path) -> list[str]:
-    if path.suffix == ".jsonl":
-        with open(path, encoding="utf-8") as f:
-            return [json.loads(line)["text"] for line in f if line.strip()]
-    return [path.read_text(encoding="utf-8")]
+    """The texts of a ``.jsonl`` (each line's ``text``) or a text file, read within the ``json_bytes`` cap; a line
+    that is no JSON object with a string ``text``, or bytes that are no UTF-8, are refused (``UntrustedFile``)."""
+    data = read_bytes(path, cap_name="json_bytes")
+    try:
+        if path.suffix != ".jsonl":
+            return [data.decode("utf-8")]
+        texts = []
+        for number, line in enumerate(data.splitlines(), 1):
+            if line.strip():
+                row = json.loads(line)
+                if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                    raise UntrustedFile(f"{path}: refused: line {number} has no string field 'text'")
+                texts.append(row["text"])
+        return texts
+    except ValueError as error:  # UnicodeDecodeError and json's errors
+        if isinstance(error, UntrustedFile):
+            raise
+        raise UntrustedFile(f"{path}: refused: not UTF-8 JSON lines ({str(error).splitlines()[0][:100]})") from None
 
 
 if __name__ == "__main__":
