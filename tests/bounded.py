@@ -3,13 +3,42 @@ attacker wrote: what a call allocates past the ceiling fails there (``MemoryErro
 call that hangs is killed. The process is forked from ``forked``'s server, not from the pytest worker (whose threads'
 locks a fork would inherit)."""
 
+import contextlib
 import os
 import resource
+import signal
 import traceback
 
 from forked import context as _context
 
 MEMORY = 1 << 30  # the ceiling above the process's address space at its start: the caps' allocations fit far below
+
+
+class Hung(BaseException):
+    """A call still running past its time (no ``except Exception`` or ``except OSError`` of the code under
+    test takes it for its own error and goes on)."""
+
+
+@contextlib.contextmanager
+def within(seconds=60, memory=1 << 30):
+    """A call in this process that must end within ``seconds`` and allocate less than ``memory`` more address space:
+    a reader that blocks on a FIFO or reads /dev/zero fails the test instead of hanging it or exhausting the machine
+    (cheaper than a ``Worker`` where the call is short and its imports are the test's own)."""
+    def hung(signum, frame):
+        raise Hung(f"still running after {seconds} s")
+
+    with open("/proc/self/statm") as f:
+        ceiling = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE") + memory
+    limits = resource.getrlimit(resource.RLIMIT_AS)
+    previous = signal.signal(signal.SIGALRM, hung)
+    resource.setrlimit(resource.RLIMIT_AS, (ceiling, limits[1]))
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        resource.setrlimit(resource.RLIMIT_AS, limits)
+        signal.signal(signal.SIGALRM, previous)
 
 
 class Worker:

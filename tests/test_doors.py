@@ -192,3 +192,11 @@ def test_a_log_is_appended_to_its_own_file_and_never_through_a_link(tmp_path):
         append(tmp_path / "planted.jsonl", "three\n")
     assert victim.read_text() == "mine"
 
+
+
+def test_a_regular_file_seeks_within_the_size_it_said(tmp_path):
+    (tmp_path / "f").write_bytes(b"0123456789")
+    with open_regular(tmp_path / "f") as f:
+        assert f.seek(0, os.SEEK_END) == 10 and f.read() == b""
+        f.seek(4)
+        assert f.read(3) == b"456" and f.tell() == 7 and f.read() == b"789"

@@ -252,3 +252,27 @@ def test_eval_of_a_model_folder_naming_its_own_code_runs_nothing_and_asks_nothin
     with pytest.raises(UntrustedFile, match="config.json: refused: its config names code to load"):
         load_tokenizer(str(folder))
     assert not marker.exists() and answer.tell() == 0
+
+
+@pytest.mark.parametrize("planted", ["whole .pt", ".metadata", "a shard"])
+def test_a_checkpoint_that_is_a_fifo_or_holds_one_is_refused_without_waiting_on_it(planted, tmp_path, capsys):
+    """Opening a FIFO waits for a writer that never comes, reading a device never ends: export names the file in one
+    line instead (within seconds, no memory to speak of)."""
+    from bounded import within
+
+    if planted == "whole .pt":
+        checkpoint = tmp_path / "ep0-ba1-rank0.pt"
+        os.mkfifo(checkpoint)
+        name = checkpoint
+    else:
+        checkpoint = tmp_path / "ep0-ba1"
+        checkpoint.mkdir()
+        (checkpoint / "__0_0.distcp").write_bytes(b"")
+        (checkpoint / ".metadata").write_bytes(b"")
+        name = checkpoint / (".metadata" if planted == ".metadata" else "__0_0.distcp")
+        name.unlink()
+        os.mkfifo(name)
+    with within(seconds=20, memory=1 << 30):
+        assert export_main([str(checkpoint), str(tmp_path / "model")]) != 0
+    one_error_line(capsys, f"{name}: refused: a FIFO")
+    assert not (tmp_path / "model").exists()

@@ -5,45 +5,17 @@ bound (a 1 GiB line, a gzip bomb). Each runs the converter's main() in this proc
 where an old reader would read without end, in memory (RLIMIT_AS), so a regression fails here instead of hanging or
 exhausting the machine."""
 
-import contextlib
 import gzip
 import json
 import os
-import resource
-import signal
 import tracemalloc
 
 import pytest
+from bounded import within
 from test_conversion import converts, small_corpus
 
 from conversion.sources import TextOf, sources_of
 from vocagno.shards import ShardMetadata
-
-
-class Hung(BaseException):
-    """A conversion still running past its time (no ``except Exception`` or ``except OSError`` of the code under
-    test takes it for its own error and goes on)."""
-
-
-@contextlib.contextmanager
-def bounded(seconds=60, memory=1 << 30):
-    """A conversion that must end within ``seconds`` and allocate less than ``memory`` more address space: a reader
-    that blocks on a FIFO or reads /dev/zero fails the test instead of hanging it or exhausting the machine."""
-    def hung(signum, frame):
-        raise Hung(f"still running after {seconds} s")
-
-    with open("/proc/self/statm") as f:
-        ceiling = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE") + memory
-    limits = resource.getrlimit(resource.RLIMIT_AS)
-    previous = signal.signal(signal.SIGALRM, hung)
-    resource.setrlimit(resource.RLIMIT_AS, (ceiling, limits[1]))
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        resource.setrlimit(resource.RLIMIT_AS, limits)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def every_byte(folder):
@@ -66,7 +38,7 @@ def test_a_link_to_proc_self_environ_and_a_fifo_in_a_corpus_folder_are_named_and
     (docs / "env.txt").symlink_to("/proc/self/environ")
     os.mkfifo(docs / "pipe.jsonl")
     root = tmp_path / "shards"
-    with bounded():
+    with within():
         assert converts(root, "--compression", "none", inputs=[docs]) == 0
     out = capsys.readouterr().out
     assert (f"{docs}: ignored 2 path(s) that can't be read: env.txt (a link to a file: only regular files are read), "
@@ -79,7 +51,7 @@ def test_a_link_to_proc_self_environ_and_a_fifo_in_a_corpus_folder_are_named_and
 def test_a_fifo_or_a_device_named_as_the_input_is_refused_in_one_line(tmp_path):
     os.mkfifo(tmp_path / "pipe.jsonl")
     for path, kind in ((tmp_path / "pipe.jsonl", "a FIFO"), ("/dev/zero", "a character device")):
-        with bounded():
+        with within():
             message = converts(tmp_path / "shards", inputs=[path])
         assert message == f"error: {path}: refused: {kind}: only regular files are read (the input named)"
         assert list((tmp_path / "shards").iterdir()) == []  # the out-root, made empty when the job started
@@ -98,7 +70,7 @@ def test_a_settings_file_linked_to_dev_zero_or_a_fifo_lock_is_refused_in_one_lin
     fifo.mkdir()
     os.mkfifo(fifo / "job-0000-of-0001.lock")
     for root, name, kind in ((zero, "conversion.json", "a symbolic link"), (fifo, "job-0000-of-0001.lock", "a FIFO")):
-        with bounded(seconds=30):
+        with within(seconds=30):
             message = converts(root, inputs=[corpus])
         assert message.startswith(f"error: {root / name}: refused: {kind}") and "\n" not in message, message
         assert [p.name for p in root.iterdir()] == [name]
@@ -117,7 +89,7 @@ def test_a_parts_index_with_samples_no_shard_holds_is_refused_before_the_merge_u
     index = json.loads(index_file.read_text())
     index["shards"][0]["samples"] = samples
     index_file.write_text(json.dumps(index))
-    with bounded(seconds=30):
+    with within(seconds=30):
         message = converts(root, "--merge-only", inputs=[corpus])
     assert message.startswith(f"error: {index_file}: refused: shard 0 says it holds {samples!r} samples"), message
     assert not (root / "index.json").exists() and not (root / "vocagno.json").exists()
@@ -163,7 +135,7 @@ def test_documents_over_the_cap_are_skipped_counted_and_named_and_a_large_json_a
     (docs / "c.jsonl.gz").write_bytes(gzip.compress(b'{"text": "fine"}\n' + b"0" * (4 << 20) + b"\n", 9))
     (docs / "d.json").write_text(json.dumps([{"text": "z " * 1000}] * 40))  # 80 KB
     root = tmp_path / "shards"
-    with bounded():
+    with within():
         assert converts(root, inputs=[docs]) == 1
     out = capsys.readouterr().out
     reason = "over the document cap of 4,000 bytes (VOCAGNO_MAX_DOCUMENT_BYTES)"

@@ -23,7 +23,8 @@ import torch
 from omegaconf import OmegaConf as om
 
 from vocagno.untrusted import (
-    UntrustedFile, check_config, from_pretrained, inside, load_torch, plain_name, read_dcp_metadata,
+    UntrustedFile, check_config, check_folder, from_pretrained, inside, load_torch, open_regular, plain_name,
+    read_bytes, read_dcp_metadata,
 )
 
 __all__ = ["BadCheckpoint", "IncompleteCheckpoint", "check_load_path", "check_objects", "fetch", "is_checkpoint",
@@ -95,10 +96,11 @@ def fetch(location: str, into: str) -> Path:
             raise BadCheckpoint(f"{location}: not a checkpoint: a folder without {METADATA} (a sharded checkpoint) or "
                                 f"{LATEST} (a save folder)")
     if path.is_dir():
+        _untrusted(check_folder, path)  # torch's reader opens its files itself: regular files only, no link
         _check_saved(path)
         return path
     try:
-        cut_short = _zip_cut_short(path)
+        cut_short = _untrusted(_zip_cut_short, path)
     except OSError as error:
         raise BadCheckpoint(f"{location}: can't be read: {error.strerror or error}") from error
     if cut_short:
@@ -127,8 +129,9 @@ def _only_shards(names) -> bool:
 
 def _zip_cut_short(path: Path) -> bool:
     """Whether a file is positively a ``torch.save`` cut short: empty, or a zip begun (its first local header) whose
-    end-of-central-directory record, written last, is missing. An ``OSError`` proves nothing and is raised."""
-    with open(path, "rb") as f:
+    end-of-central-directory record, written last, is missing. An ``OSError`` proves nothing and is raised; a link, a
+    device or a FIFO is refused (``UntrustedFile``)."""
+    with open_regular(path) as f:
         head = f.read(4)
         if not head:
             return True
@@ -180,7 +183,7 @@ def _fetch_remote(uri: str, into: Path, follow_latest: bool = True) -> Path:
     link = next((name for name in (f"{key}.symlink", f"{key}/{LATEST}.symlink") if name in names), None)
     if link and follow_latest:  # Composer's latest, a text file naming the checkpoint's key
         store.download_object(link, str(into / "latest.symlink"))
-        target = (into / "latest.symlink").read_text(errors="replace").strip()
+        target = read_bytes(into / "latest.symlink", cap_name="json_bytes").decode(errors="replace").strip()
         # One hop: a latest names a checkpoint, never another latest (nor itself).
         return _fetch_remote(f"{scheme}://{rest.split('/', 1)[0]}/{target}", into, follow_latest=False)
     if f"{key}/{METADATA}" in names:  # a sharded checkpoint: its index, then every shard it names
@@ -653,7 +656,7 @@ def _repair_remote(uri: str) -> None:
         old = None
         if link in names:
             store.download_object(link, f"{tmp}/old")
-            old = Path(f"{tmp}/old").read_text(errors="replace").strip()
+            old = read_bytes(f"{tmp}/old", cap_name="json_bytes").decode(errors="replace").strip()
         newest = f"{prefix}/{max(complete)[1]}" if complete else old
         if newest is None:
             return

@@ -62,7 +62,6 @@ import math
 import os
 import pickle
 import random
-import shutil
 import sys
 import tempfile
 import time

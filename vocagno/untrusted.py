@@ -32,7 +32,6 @@ import lzma
 import os
 import pickle
 import pickletools
-import shutil
 import stat
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -43,7 +42,7 @@ from torch.torch_version import TorchVersion
 
 __all__ = ["CAPS", "CHECKPOINT_GLOBALS", "CODE_FIELDS", "UntrustedFile", "cap", "check_config", "check_folder",
            "check_index", "decompress", "from_pretrained", "inside", "load_torch", "open_regular", "plain_name",
-           "read_bytes", "read_dcp_metadata", "read_json", "remove"]
+           "read_bytes", "read_dcp_metadata", "read_json"]
 
 
 class UntrustedFile(ValueError):
@@ -134,6 +133,19 @@ class _Sized(io.RawIOBase):
 
     def fileno(self) -> int:  # for a reader that maps the file (pyarrow): ``size`` is what it may map
         return self._file.fileno()
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_END:  # the end is where fstat said, not where the file may have grown to
+            offset, whence = self.size + offset, io.SEEK_SET
+        position = self._file.seek(offset, whence)
+        self._left = max(self.size - position, 0)
+        return position
+
+    def tell(self) -> int:
+        return self._file.tell()
 
     def readinto(self, buffer) -> int:
         if self._left == 0:
@@ -432,10 +444,14 @@ def read_dcp_metadata(path: Path, max_bytes: int = 1 << 30):
     torch.distributed.checkpoint writes there; every shard name it gives is checked by ``inside``."""
     from torch.distributed.checkpoint.metadata import Metadata
 
-    size = path.stat().st_size
-    if size > max_bytes:
-        raise UntrustedFile(f"{path}: refused: {size:,} bytes, more than a checkpoint's metadata ever needs")
-    with open(path, "rb") as f:
+    try:
+        f = open_regular(path, max_bytes)
+    except UntrustedFile as error:
+        if "more than the" not in str(error):
+            raise
+        raise UntrustedFile(f"{path}: refused: {os.stat(path).st_size:,} bytes, more than a checkpoint's metadata "
+                            "ever needs") from None
+    with f:
         try:
             metadata = _DCPMetadataUnpickler(f).load()
         except Exception as error:  # a truncated or crafted pickle raises anything; all mean "not DCP's metadata"
