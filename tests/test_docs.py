@@ -465,3 +465,11 @@ def test_links_between_pages_resolve():
             if not linked.exists() or (anchor and linked.suffix == ".md" and anchor not in anchors(linked)):
                 broken.append(f"{page.relative_to(REPO)}: {target}")
     assert not broken, f"links that lead nowhere: {broken}"
+
+
+def test_the_caps_page_lists_every_cap_with_its_default():
+    from vocagno.untrusted import CAPS
+
+    page = (REPO / "docs" / "files-from-elsewhere.md").read_text(encoding="utf-8")
+    rows = dict(re.findall(r"^\| `([A-Z_]+)` \| (\d+)", page, flags=re.M))
+    assert rows == {name.upper(): str(default) for name, (default, _) in CAPS.items()}
