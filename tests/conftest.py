@@ -31,6 +31,8 @@ FILE_SECONDS = {
     "test_teacher_side.py": 18, "test_untrusted.py": 17, "test_eval.py": 16, "test_alignment_real.py": 16,
     "test_cli.py": 15, "test_allocator.py": 10, "test_latex_teacher.py": 8, "test_launch.py": 8,
     "test_tokenization.py": 7, "test_report.py": 5, "test_helpers.py": 4, "test_alignment.py": 3,
+    "test_fuzz_files.py": 30, "test_untrusted_checkpoints.py": 28, "test_untrusted_shards.py": 18,
+    "test_untrusted_conversion.py": 14, "test_untrusted_inputs.py": 3, "test_doors.py": 3,
 }
 
 
