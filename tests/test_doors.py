@@ -200,3 +200,18 @@ def test_a_regular_file_seeks_within_the_size_it_said(tmp_path):
         assert f.seek(0, os.SEEK_END) == 10 and f.read() == b""
         f.seek(4)
         assert f.read(3) == b"456" and f.tell() == 7 and f.read() == b"789"
+
+
+def test_a_link_planted_in_the_tokenizer_cache_is_replaced_by_the_shipped_tokenizer(tmp_path, monkeypatch):
+    from vocagno import tokenization
+
+    monkeypatch.setenv("VOCAGNO_CACHE", str(tmp_path / "cache"))
+    folder = tokenization.shipped_tokenizer_dir("llama2")
+    remove(folder)
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    (planted / "tokenizer.json").write_text("{}")
+    folder.symlink_to(planted)
+    assert tokenization.shipped_tokenizer_dir("llama2") == folder
+    assert not folder.is_symlink() and (planted / "tokenizer.json").read_text() == "{}"
+    assert len(tokenization.load_tokenizer("llama2")) == 32000

@@ -13,7 +13,6 @@ import io
 import json
 import os
 import re
-import shutil
 import tempfile
 import zipfile
 from pathlib import Path
@@ -26,6 +25,7 @@ from vocagno.untrusted import (
     UntrustedFile, check_config, check_folder, from_pretrained, inside, load_torch, open_regular, plain_name,
     read_bytes, read_dcp_metadata,
 )
+from vocagno.writing import remove
 
 __all__ = ["BadCheckpoint", "IncompleteCheckpoint", "check_load_path", "check_objects", "fetch", "is_checkpoint",
            "load_checkpoint", "load_model", "read_state", "recipe_config", "repair", "tokenizer_from_state"]
@@ -555,7 +555,7 @@ def repair(folder: str) -> None:
             _check_saved(path)
         except IncompleteCheckpoint as incomplete:
             print(f"removing {path}: an incomplete checkpoint (its save was interrupted): {incomplete}", flush=True)
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
+            remove(path)
             continue
         except (BadCheckpoint, OSError) as error:
             raise BadCheckpoint(f"{_reason(error, path)}: autoresume can't tell that this checkpoint's save was cut "

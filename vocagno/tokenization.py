@@ -10,7 +10,6 @@ import json
 import lzma
 import os
 import shutil
-import tempfile
 from collections import OrderedDict
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import numpy as np
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from vocagno.untrusted import from_pretrained
+from vocagno.writing import publish, remove, staging
 
 __all__ = [
     "SHIPPED_TOKENIZERS", "SHIPPED_MODELS", "ASSETS", "load_tokenizer", "as_tokenizer", "shipped_tokenizer_dir",
@@ -78,18 +78,18 @@ def _unpacked_once(kind: str, name: str, digest: str, fill) -> Path:
     """``$VOCAGNO_CACHE/KIND/NAME-DIGEST``, filled by ``fill(folder)`` in a staging folder renamed into place."""
     cache = Path(os.environ.get("VOCAGNO_CACHE", Path.home() / ".cache" / "vocagno"))
     target = cache / kind / f"{name}-{digest}"
-    if target.is_dir():
+    if target.is_dir() and not target.is_symlink():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{name}-"))
+    built = staging(target)
     try:
-        fill(staging)
-        os.rename(staging, target)
+        fill(built)
+        publish(built, target, replace=target.is_symlink())  # a link planted there is replaced, not followed
     except OSError:
         if not target.is_dir():  # not just another process that won the race
             raise
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if built.exists():
+            remove(built)
     return target
 
 
