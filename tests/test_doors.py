@@ -215,3 +215,19 @@ def test_a_link_planted_in_the_tokenizer_cache_is_replaced_by_the_shipped_tokeni
     assert tokenization.shipped_tokenizer_dir("llama2") == folder
     assert not folder.is_symlink() and (planted / "tokenizer.json").read_text() == "{}"
     assert len(tokenization.load_tokenizer("llama2")) == 32000
+
+
+def test_an_mds_shard_passes_with_the_count_it_holds_and_no_other(tmp_path):
+    import numpy as np
+    from streaming import MDSWriter
+
+    from vocagno.untrusted import check_mds
+
+    with MDSWriter(out=str(tmp_path), columns={"ids": "ndarray"}) as writer:
+        for n in range(5):
+            writer.write({"ids": np.arange(n, dtype=np.uint16)})
+    data = (tmp_path / "shard.00000.mds").read_bytes()
+    assert list(np.diff(check_mds(data, 5, len(data), "s"))) == sorted(np.diff(check_mds(data, 5, len(data), "s")))
+    for samples, size in ((6, len(data)), (4, len(data)), (5, len(data) + 1)):
+        with pytest.raises(UntrustedFile, match=f"s: refused: not an MDS shard of the {samples} samples"):
+            check_mds(data, samples, size, "s")

@@ -5,6 +5,7 @@ time ceiling (tests/bounded.py); and so are a real checkpoint's embedded model a
 mutation, no reader writes outside its folders, runs code, allocates past its ceiling or hangs; what it refuses, it
 refuses in one line. (Pickles in checkpoints: tests/test_untrusted.py.)"""
 
+import contextlib
 import copy
 import json
 import os
@@ -93,6 +94,10 @@ def shards(tmp_path_factory, worker):
     corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
     root = tmp_path_factory.mktemp("fuzz") / "shards"
     assert worker.run(convert, ["--input", str(corpus), *CONVERT, "--out-root", str(root)]) == "ok"
+    with mutated_copy(root, "index.json", []) as (base, _):  # the readers read what is sound
+        assert worker.run(read_shards, base / "shards") == "ok"
+        assert worker.run(read_shards, base / "cache", str(base / "shards")) == "ok"
+        assert worker.run(inspect_shards, base / "shards") == "ok"
     return root
 
 
@@ -106,12 +111,21 @@ def outcome_is_harmless(outcome: str, base: Path, before: set[str]) -> None:
     assert not os.path.lexists(OUTSIDE), outcome
 
 
-def fresh_copy(shards: Path, prefix: str) -> Path:
-    """A copy of the shard folder in a fresh folder with an empty ``outside`` beside it."""
-    base = Path(tempfile.mkdtemp(prefix=prefix))
-    shutil.copytree(shards, base / "shards")
-    (base / "outside").mkdir()
-    return base
+@contextlib.contextmanager
+def mutated_copy(shards: Path, name: str, changes, remove=()):
+    """A copy of the shard folder, in a fresh folder with an empty ``outside`` beside it, its file ``name`` given
+    ``changes`` (and the files ``remove`` removed): that folder, and the files under it."""
+    base = Path(tempfile.mkdtemp(prefix="fuzz-"))
+    try:
+        shutil.copytree(shards, base / "shards")
+        (base / "outside").mkdir()
+        for gone in remove:
+            (base / "shards" / gone).unlink()
+        path = base / "shards" / name
+        path.write_text(json.dumps(apply(json.loads(path.read_text()), changes)))
+        yield base, files_under(base)
+    finally:
+        shutil.rmtree(base)
 
 
 INDEX_CHANGES = st.lists(st.tuples(st.sampled_from(INDEX_PLACES), ATTACKS), min_size=1, max_size=3)
@@ -127,15 +141,9 @@ INDEX_CHANGES = st.lists(st.tuples(st.sampled_from(INDEX_PLACES), ATTACKS), min_
 @example(changes=[(("shards", 0, "column_encodings", 4), "pkl")])
 def test_a_mutated_index_is_read_or_refused_and_never_written_outside_or_past_memory(worker, shards, changes):
     """The training reader, with the shards as its local folder and as its remote."""
-    index = json.loads((shards / "index.json").read_text())
-    base = fresh_copy(shards, "fuzz-index-")
-    try:
-        (base / "shards" / "index.json").write_text(json.dumps(apply(index, changes)))
-        before = files_under(base)
+    with mutated_copy(shards, "index.json", changes) as (base, before):
         outcome_is_harmless(worker.run(read_shards, base / "shards"), base, before)
         outcome_is_harmless(worker.run(read_shards, base / "cache", str(base / "shards")), base, before)
-    finally:
-        shutil.rmtree(base)
 
 
 @settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
@@ -143,14 +151,8 @@ def test_a_mutated_index_is_read_or_refused_and_never_written_outside_or_past_me
 @example(changes=[(("shards", 0, "samples"), 10**9)])
 @example(changes=[(("shards", 0, "raw_data", "basename"), "../outside/x")])
 def test_inspect_reads_or_refuses_a_mutated_index_in_one_line(worker, shards, changes):
-    index = json.loads((shards / "index.json").read_text())
-    base = fresh_copy(shards, "fuzz-inspect-")
-    try:
-        (base / "shards" / "index.json").write_text(json.dumps(apply(index, changes)))
-        before = files_under(base)
+    with mutated_copy(shards, "index.json", changes) as (base, before):
         outcome_is_harmless(worker.run(inspect_shards, base / "shards"), base, before)
-    finally:
-        shutil.rmtree(base)
 
 
 STATE_CHANGES = st.sampled_from(sorted(STATE_PLACES)).flatmap(lambda name: st.tuples(
@@ -168,21 +170,13 @@ def test_a_mutated_out_root_state_file_is_resumed_or_refused_in_one_line(worker,
     rewrote: it merges (the file read as valid) or stops in one line; it never writes outside the out-root or
     allocates past its ceiling, and what it publishes reads as harmlessly."""
     name, changes = change
-    base = fresh_copy(shards, "fuzz-state-")
-    try:
+    corpus = json.loads((shards / "conversion.json").read_text())["inputs"][0]  # as the first run named it
+    with mutated_copy(shards, name, changes, remove=("index.json", "vocagno.json")) as (base, before):
         root = base / "shards"
-        (root / "index.json").unlink()
-        (root / "vocagno.json").unlink()
-        state = json.loads((root / name).read_text())
-        (root / name).write_text(json.dumps(apply(state, changes)))
-        corpus = json.loads((shards / "conversion.json").read_text())["inputs"][0]  # as the first run named it
-        before = files_under(base)
         outcome = worker.run(convert, ["--input", str(corpus), *CONVERT, "--out-root", str(root)])
         outcome_is_harmless(outcome, base, before)
         if outcome == "ok":  # what it published is read as harmlessly
             outcome_is_harmless(worker.run(read_shards, root), base, before)
-    finally:
-        shutil.rmtree(base)
 
 
 # A checkpoint's embedded configs: the model's (a tiny Llama) and its tokenizer's, as Composer saves them.

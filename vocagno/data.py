@@ -44,7 +44,9 @@ from vocagno.alignment import align
 from vocagno.shards import (
     METADATA_FILE, SHARD_HASH, ShardMetadata, align_column, check_columns, describe_tokenizer, loss_column,
 )
-from vocagno.untrusted import UntrustedFile, check_index, decompress, open_regular, read_bytes, read_json
+from vocagno.untrusted import (
+    UntrustedFile, check_index, check_mds, decompress, mds_header_bytes, open_regular, read_bytes, read_json,
+)
 from vocagno.writing import own_temporary, write_atomically
 
 __all__ = ["TeacherGuidedDataset", "TeacherGuidedCollator", "teacher_guided_loader", "read_metadata", "token_bytes",
@@ -456,13 +458,14 @@ class CheckedStream(Stream):
                                        f"{filename} took too long to download or failed to download: see the local "
                                        "leader's error")
         index = read_index(folder)
-        self._sizes, self._raw_bytes = {}, {}
+        self._sizes, self._samples, self._raw_of = {}, {}, {}  # by basename; a compressed file's raw file
         shards = []
         for info in index["shards"]:
-            self._sizes[info["raw_data"]["basename"]] = info["raw_data"]["bytes"]
+            raw = info["raw_data"]["basename"]
+            self._sizes[raw], self._samples[raw] = info["raw_data"]["bytes"], info["samples"]
             if info.get("zip_data") is not None:
                 self._sizes[info["zip_data"]["basename"]] = info["zip_data"]["bytes"]
-                self._raw_bytes[info["zip_data"]["basename"]] = info["raw_data"]["bytes"]
+                self._raw_of[info["zip_data"]["basename"]] = raw
             shard = reader_from_json(self.local, self.split, info)
             shard.validate(allow_unsafe_types)
             shards.append(shard)
@@ -498,13 +501,16 @@ class CheckedStream(Stream):
 
     def _check_file(self, folder: str, basename: str) -> None:
         """The shard file ``basename`` of ``folder``: a regular file (reached through no link) of the size the
-        index says."""
+        index says; an MDS shard's header, the samples the index says (``untrusted.check_mds``)."""
         expected = self._sizes[basename]
         with open_regular(basename, expected, folder, "shard_bytes") as f:
             size = f.raw.size  # what fstat gave when it was opened
-        if size != expected:
-            raise UntrustedFile(f"{os.path.join(folder, basename)}: refused: {size:,} bytes, its index says "
-                                f"{expected:,}")
+            if size != expected:
+                raise UntrustedFile(f"{os.path.join(folder, basename)}: refused: {size:,} bytes, its index says "
+                                    f"{expected:,}")
+            if basename in self._samples:
+                samples = self._samples[basename]
+                check_mds(f.read(mds_header_bytes(samples)), samples, size, os.path.join(folder, basename))
 
     def set_up_local(self, shards: list, cache_usage_per_shard) -> None:
         folder = os.path.join(self.local, self.split)
@@ -535,8 +541,10 @@ class CheckedStream(Stream):
                                     f"({', '.join(sorted(zip_info.hashes)) or 'none'})")
             if get_hash(self.validate_hash, data) != zip_info.hashes[self.validate_hash]:
                 raise ValueError(f"Checksum failure: {zip_filename}")
-        raw = decompress(compression, data, self._raw_bytes[zip_info.basename], zip_filename)
+        basename = self._raw_of[zip_info.basename]
+        raw = decompress(compression, data, self._sizes[basename], zip_filename)
         del data
+        check_mds(raw, self._samples[basename], len(raw), zip_filename)
         write_atomically(raw_filename, raw)
         if not self.safe_keep_zip:
             os.remove(zip_filename)

@@ -59,7 +59,7 @@ from vocagno.shards import (
     METADATA_FILE, SCORED_COLUMNS, SHARD_HASH, ShardMetadata, align_column, check_columns, check_teacher_name, compact,
     describe_tokenizer, loss_column,
 )
-from vocagno.untrusted import UntrustedFile, decompress, inside, read_bytes
+from vocagno.untrusted import UntrustedFile, check_mds, decompress, inside, read_bytes
 from vocagno.writing import make_readable, publish, remove, staging, write_atomically
 
 __all__ = ["Teacher", "score", "main"]
@@ -268,12 +268,8 @@ def read_shard(shards_root: Path, info: dict, scratch: Path | None = None) -> li
         raise SystemExit(f"error: {path} does not match its {SHARD_HASH} hash")
     if info.get("zip_data"):
         data = decompress(info["compression"], data, info["raw_data"]["bytes"], str(path))
-    # MDS: the sample count (uint32), samples + 1 offsets (uint32) into the file, the samples between them.
     samples = info["samples"]
-    count = int(np.frombuffer(data, np.uint32, 1)[0])
-    offsets = np.frombuffer(data, np.uint32, samples + 1, 4).astype(np.int64)
-    if count != samples or offsets[0] < 4 * (samples + 2) or (np.diff(offsets) < 0).any() or offsets[-1] > len(data):
-        raise UntrustedFile(f"{path}: refused: not an MDS shard of the {samples:,} samples its index says")
+    offsets = check_mds(data, samples, len(data), str(path))
     reader = reader_from_json(str(shards_root), None, info)
     return [reader.decode_sample(data[offsets[i]:offsets[i + 1]]) for i in range(samples)]
 

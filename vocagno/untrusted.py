@@ -41,8 +41,8 @@ import torch
 from torch.torch_version import TorchVersion
 
 __all__ = ["CAPS", "CHECKPOINT_GLOBALS", "CODE_FIELDS", "UntrustedFile", "cap", "check_config", "check_folder",
-           "check_index", "decompress", "from_pretrained", "inside", "load_torch", "open_regular", "plain_name",
-           "read_bytes", "read_dcp_metadata", "read_json"]
+           "check_index", "check_mds", "decompress", "from_pretrained", "inside", "load_torch", "open_regular", "plain_name",
+           "mds_header_bytes", "read_bytes", "read_dcp_metadata", "read_json"]
 
 
 class UntrustedFile(ValueError):
@@ -318,6 +318,26 @@ def check_index(index: object, source: str, hash_name: str = "xxh3_64") -> dict:
         raise refuse(f"{total:,} samples, more than the {cap('samples'):,} allowed (raise VOCAGNO_MAX_SAMPLES if it "
                      "is right)")
     return index
+
+
+def mds_header_bytes(samples: int) -> int:
+    """The bytes an MDS shard of ``samples`` samples starts with: the count (uint32), then ``samples + 1`` offsets."""
+    return 4 * (samples + 2)
+
+
+def check_mds(head: bytes, samples: int, size: int, source: str) -> np.ndarray:
+    """The sample offsets of an MDS shard of ``size`` bytes that starts with ``head`` (at least
+    ``mds_header_bytes(samples)`` bytes), refused (``UntrustedFile``) unless it holds the ``samples`` samples its index
+    says, each between the header and the end: a reader that believed a larger count would take sample bytes for
+    offsets, and read (and allocate) up to 4 GiB for one sample."""
+    need = mds_header_bytes(samples)
+    if len(head) >= need:
+        count = int(np.frombuffer(head, np.uint32, 1)[0])
+        offsets = np.frombuffer(head, np.uint32, samples + 1, 4).astype(np.int64)
+        # the first sample starts past the header and the writer's config (MDSWriter's), the last ends the file
+        if count == samples and offsets[0] >= need and (np.diff(offsets) >= 0).all() and offsets[-1] == size:
+            return offsets
+    raise UntrustedFile(f"{source}: refused: not an MDS shard of the {samples:,} samples its index says")
 
 
 def _read_up_to(reader, n: int) -> bytes:
