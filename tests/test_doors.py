@@ -231,3 +231,24 @@ def test_an_mds_shard_passes_with_the_count_it_holds_and_no_other(tmp_path):
     for samples, size in ((6, len(data)), (4, len(data)), (5, len(data) + 1)):
         with pytest.raises(UntrustedFile, match=f"s: refused: not an MDS shard of the {samples} samples"):
             check_mds(data, samples, size, "s")
+
+
+def test_a_write_inside_a_folder_goes_through_no_link_below_it(tmp_path):
+    from vocagno.writing import move_inside, write_inside
+
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    (folder / "out").symlink_to(victim)
+    write_inside(folder, "part/a/shard.mds", b"x")
+    assert (folder / "part" / "a" / "shard.mds").read_bytes() == b"x"
+    (tmp_path / "mine").write_bytes(b"y")
+    move_inside(tmp_path / "mine", folder, "part/b/shard.mds")
+    assert (folder / "part" / "b" / "shard.mds").read_bytes() == b"y"
+    (tmp_path / "mine").write_bytes(b"z")
+    for write in (lambda: write_inside(folder, "out/authorized_keys", b"key"),
+                  lambda: move_inside(tmp_path / "mine", folder, "out/authorized_keys")):
+        with pytest.raises(NotADirectoryError, match="out is not a folder of its own"):
+            write()
+    assert not any(victim.iterdir())

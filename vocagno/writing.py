@@ -18,7 +18,8 @@ import tempfile
 import uuid
 from pathlib import Path
 
-__all__ = ["append", "make_readable", "own_temporary", "publish", "remove", "save_figure", "staging", "write_atomically"]
+__all__ = ["append", "make_readable", "move_inside", "own_temporary", "publish", "remove", "save_figure", "staging",
+           "write_atomically", "write_inside"]
 
 
 def own_temporary(path: str | Path) -> Path:
@@ -43,6 +44,66 @@ def write_atomically(path: str | Path, content: str | bytes) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _folder(folder: str | Path, parts: tuple[str, ...]) -> int:
+    """A descriptor of ``folder / parts...``, each part made where missing and opened without following a link (a
+    link planted at any part below ``folder`` is refused: ``NotADirectoryError``). ``parts`` are plain names (the
+    caller checked them: ``vocagno.untrusted.inside``)."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts:
+            try:
+                os.mkdir(part, 0o777, dir_fd=fd)
+            except FileExistsError:
+                pass
+            try:
+                inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as error:
+                raise NotADirectoryError(f"{Path(folder, *parts)}: {part} is not a folder of its own (a link?): "
+                                         "nothing is written through it") from error
+            os.close(fd)
+            fd = inner
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def write_inside(folder: str | Path, relative: str, content: bytes | str) -> None:
+    """``write_atomically`` of ``folder / relative``, its folders below ``folder`` made or entered without following
+    a link: a folder others can write (a shard cache, an out-root) can't lead the write out of ``folder``."""
+    *parents, name = Path(relative).parts
+    data = content.encode("utf-8") if isinstance(content, str) else content
+    fd = _folder(folder, tuple(parents))
+    tmp = own_temporary(name).name
+    try:
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=fd)
+        try:
+            with os.fdopen(out, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=fd)
+            except FileNotFoundError:
+                pass
+            raise
+    finally:
+        os.close(fd)
+
+
+def move_inside(source: str | Path, folder: str | Path, relative: str) -> None:
+    """Rename the file ``source`` (one of this process's own, on the same file system) to ``folder / relative``, its
+    folders below ``folder`` made or entered without following a link."""
+    *parents, name = Path(relative).parts
+    fd = _folder(folder, tuple(parents))
+    try:
+        os.replace(source, name, dst_dir_fd=fd)
+    finally:
+        os.close(fd)
 
 
 def append(path: str | Path, text: str) -> None:
