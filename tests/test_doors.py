@@ -59,7 +59,7 @@ def test_a_file_over_its_cap_is_refused_before_it_is_read_and_the_cap_can_be_rai
     monkeypatch.setenv("VOCAGNO_MAX_JSON_BYTES", "1_000_000")
     assert len(read_json(path)["x"]) == 2000
     monkeypatch.setenv("VOCAGNO_MAX_JSON_BYTES", "lots")
-    with pytest.raises(ValueError, match="VOCAGNO_MAX_JSON_BYTES='lots': a positive whole number of bytes"):
+    with pytest.raises(UntrustedFile, match="VOCAGNO_MAX_JSON_BYTES=.lots.: a positive whole number of bytes"):
         cap("json_bytes")
 
 

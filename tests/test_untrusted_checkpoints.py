@@ -276,3 +276,80 @@ def test_a_checkpoint_that_is_a_fifo_or_holds_one_is_refused_without_waiting_on_
         assert export_main([str(checkpoint), str(tmp_path / "model")]) != 0
     one_error_line(capsys, f"{name}: refused: a FIFO")
     assert not (tmp_path / "model").exists()
+
+
+def _model_folder(tmp_path: Path) -> Path:
+    """A copy of the shipped tiny teacher's folder (config, safetensors weights, tokenizer)."""
+    import shutil
+
+    from vocagno.tokenization import shipped_model_dir
+
+    folder = tmp_path / "shared" / "model"
+    shutil.copytree(shipped_model_dir("tiny-math-teacher"), folder)
+    return folder
+
+
+def test_a_model_folders_config_looping_past_its_weights_is_refused_before_it_is_built(tmp_path, capsys):
+    from bounded import within
+
+    folder = _model_folder(tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    (tmp_path / "t.txt").write_text("1 + 1 = 2\n")
+    assert eval_main(["--model", str(folder), "--bpb", str(tmp_path / "t.txt"), "--device", "cpu"]) == 0
+    capsys.readouterr()
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 10_000_000}))
+    with within(seconds=20, memory=1 << 30):
+        assert eval_main(["--model", str(folder), "--bpb", str(tmp_path / "t.txt"), "--device", "cpu"]) == 2
+    one_error_line(capsys, f"{folder / 'config.json'}: refused: its model config says num_hidden_layers=10000000")
+
+
+def test_a_model_folders_weight_index_naming_a_file_outside_it_is_refused(tmp_path, capsys):
+    from safetensors import safe_open
+
+    folder = _model_folder(tmp_path)
+    private = tmp_path / "private"
+    private.mkdir()
+    (folder / "model.safetensors").rename(private / "weights.safetensors")
+    with safe_open(str(private / "weights.safetensors"), "pt") as f:
+        names = list(f.keys())
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {name: "../../private/weights.safetensors" for name in names}}))
+    (tmp_path / "t.txt").write_text("1 + 1 = 2\n")
+    assert eval_main(["--model", str(folder), "--bpb", str(tmp_path / "t.txt"), "--device", "cpu"]) == 2
+    one_error_line(capsys, f"{folder / 'model.safetensors.index.json'}: refused: ",
+                   "'../../private/weights.safetensors' is not a relative path inside its folder")
+
+
+def test_composers_latest_link_is_followed_to_the_checkpoint_beside_it_and_no_further(state, tmp_path, capsys):
+    save = tmp_path / "save"
+    saved(state, save / "ep0-ba1-rank0.pt")
+    (save / "latest-rank0.pt").symlink_to("ep0-ba1-rank0.pt")
+    assert export_main([str(save / "latest-rank0.pt"), str(tmp_path / "model")]) == 0
+    (tmp_path / "elsewhere.pt").write_bytes((save / "ep0-ba1-rank0.pt").read_bytes())
+    (save / "latest-rank0.pt").unlink()
+    (save / "latest-rank0.pt").symlink_to(tmp_path / "elsewhere.pt")
+    capsys.readouterr()
+    assert export_main([str(save / "latest-rank0.pt"), str(tmp_path / "model2")]) != 0
+    one_error_line(capsys, "latest-rank0.pt: refused: its link target")
+
+
+def test_a_sharded_checkpoint_whose_metadata_claims_more_than_its_shards_hold_is_refused_unallocated(state, tmp_path,
+                                                                                                      capsys):
+    """torch.distributed.checkpoint's loader makes an empty tensor of every size ``.metadata`` claims before it reads
+    a byte: a claim of 10**12 floats is refused first."""
+    import pickle
+
+    from bounded import within
+    from test_untrusted import dcp_save
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from vocagno.untrusted import read_dcp_metadata
+
+    folder = dcp_save(copy.deepcopy(state), tmp_path / "ep0-ba1")
+    metadata = read_dcp_metadata(folder / ".metadata")
+    item = next(item for item in metadata.state_dict_metadata.values() if isinstance(item, TensorStorageMetadata))
+    item.size = torch.Size([10**6, 10**6])
+    (folder / ".metadata").write_bytes(pickle.dumps(metadata))
+    with within(seconds=30, memory=2 << 30):
+        assert export_main([str(folder), str(tmp_path / "model")]) != 0
+    one_error_line(capsys, "ep0-ba1/.metadata: refused: its tensors claim more bytes than its shards hold")

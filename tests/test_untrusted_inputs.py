@@ -102,3 +102,22 @@ def test_eval_refuses_a_bpb_file_without_text_or_a_data_folder_file_it_cant_trus
     assert err == [f"error: --data-dir {tmp_path / 'data' / 'gsm8k' / 'test.jsonl'}: refused: a symbolic link: vocagno "
                    "reads regular files only, and follows no link (copy the file itself there)"]
     assert not (tmp_path / "out" / "results.json").exists()
+
+
+def test_a_linked_benchmark_folder_leads_nowhere_and_a_cap_set_wrong_is_one_line(tmp_path, capsys, monkeypatch):
+    from vocagno.eval.__main__ import main as eval_main
+
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "test.jsonl").write_text('{"question": "secret", "answer": "1"}\n')
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "gsm8k").symlink_to(tmp_path / "outside")
+    assert eval_main(["--gold", "--benchmarks", "gsm8k", "--data-dir", str(tmp_path / "data"),
+                      "--output", str(tmp_path / "out")]) == 2
+    assert "follows no link" in capsys.readouterr().err
+    monkeypatch.setenv("VOCAGNO_MAX_DOCUMENT_BYTES", "1k")
+    (tmp_path / "t.txt").write_text("x")
+    with pytest.raises(SystemExit) as exit:
+        align_main(["--student", "llama2", "--teacher", "mistral", "--file", str(tmp_path / "t.txt")])
+    assert exit.value.code == 2
+    assert "VOCAGNO_MAX_DOCUMENT_BYTES='1k': a positive whole number of bytes" in \
+        capsys.readouterr().err.strip().splitlines()[-1]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import re
 import tempfile
@@ -22,7 +23,7 @@ import torch
 from omegaconf import OmegaConf as om
 
 from vocagno.untrusted import (
-    UntrustedFile, check_config, check_folder, from_pretrained, inside, load_torch, open_regular, plain_name,
+    UntrustedFile, check_config, check_folder, check_loops, from_pretrained, inside, load_torch, open_regular, plain_name,
     read_bytes, read_dcp_metadata,
 )
 from vocagno.writing import remove
@@ -87,6 +88,8 @@ def fetch(location: str, into: str) -> Path:
     if "://" in location:
         return _fetch_remote(location, Path(into))
     path = Path(location)
+    if path.is_symlink() and re.fullmatch(r"latest-rank\d+\.pt", path.name):  # Composer's link beside its target
+        return fetch(str(_latest_target(path)), into)
     if not path.exists():
         raise BadCheckpoint(f"{location}: no such file or folder")
     if path.is_dir() and not (path / METADATA).exists():
@@ -255,6 +258,24 @@ def _pickled_objects(metadata) -> set[str]:
     return {fqn for fqn, item in metadata.state_dict_metadata.items() if isinstance(item, BytesStorageMetadata)}
 
 
+def _check_tensor_bytes(metadata, folder: Path) -> None:
+    """Refuse a sharded checkpoint whose ``.metadata`` claims more tensor bytes than its shards hold: the loader makes
+    an empty tensor of every size it claims before it reads a byte."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    held = sum(os.lstat(shard).st_size for shard in folder.glob("*.distcp"))
+    claimed = 0
+    for fqn, item in metadata.state_dict_metadata.items():
+        if isinstance(item, TensorStorageMetadata):
+            size = tuple(item.size)
+            if not all(isinstance(n, int) and n >= 0 for n in size):
+                raise BadCheckpoint(f"{folder / METADATA}: refused: tensor {fqn!r} has the size {size}")
+            claimed += math.prod(size) * torch.empty(0, dtype=item.properties.dtype).element_size()
+            if claimed > held:
+                raise BadCheckpoint(f"{folder / METADATA}: refused: its tensors claim more bytes than its shards "
+                                    f"hold ({held:,}; at {fqn!r}, {claimed:,})")
+
+
 def _read_sharded(folder: Path, parts: tuple[str, ...] | set[str]) -> dict[str, Any]:
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.api import CheckpointException
@@ -275,6 +296,8 @@ def _read_sharded(folder: Path, parts: tuple[str, ...] | set[str]) -> dict[str, 
     class SafeReader(FileSystemReader):
         def read_metadata(self):
             metadata = _untrusted(read_dcp_metadata, folder / METADATA)
+            if not isinstance(parts, set):  # tensors are read, not only the pickled objects (of shards fetched alone)
+                _check_tensor_bytes(metadata, folder)
             if getattr(metadata, "storage_meta", None) is None:
                 metadata.storage_meta = StorageMeta()
             metadata.storage_meta.load_id = self.load_id
@@ -401,21 +424,11 @@ def tokenizer_from_state(files: Any, name: str):
 # from_pretrained(_name_or_path, **fields), trust_remote_code too). A field that names code is refused
 # (vocagno.untrusted.check_config): a checkpoint's config is data, built here by its model_type alone.
 _SOURCE_FIELDS = ("_name_or_path", "name_or_path")
-# Config numbers a model's constructor loops over, each making modules with weights of their own: a checkpoint holds
-# at least one tensor for each, so none may exceed the number of its saved tensors (checked before anything is built:
-# a config of a billion layers would loop for ever, even on the meta device).
-_LOOP_FIELDS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "num_decoder_layers", "num_encoder_layers",
-                "num_local_experts", "num_experts", "n_routed_experts", "n_shared_experts")
 
 
 def _check_loops(fields, tensors: int, name: str) -> None:
-    """Refuse a loop-like number (``_LOOP_FIELDS``) of ``fields`` (a config, or its saved content) that is no whole
-    number from 0 to the ``tensors`` the checkpoint holds: a config's own constructor may loop over it already."""
-    for field in _LOOP_FIELDS:
-        value = fields.get(field) if isinstance(fields, dict) else getattr(fields, field, None)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= tensors):
-            raise BadCheckpoint(f"{name}: refused: its model config says {field}={value!r}, and the checkpoint holds "
-                                f"{tensors} tensors: its config does not describe its weights")
+    """``untrusted.check_loops`` against the checkpoint's ``tensors``, as a ``BadCheckpoint``."""
+    _untrusted(check_loops, fields, tensors, name)
 
 
 def _config(saved: dict, name: str, tensors: int):

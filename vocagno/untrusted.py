@@ -41,7 +41,7 @@ import torch
 from torch.torch_version import TorchVersion
 
 __all__ = ["CAPS", "CHECKPOINT_GLOBALS", "CODE_FIELDS", "UntrustedFile", "cap", "check_config", "check_folder",
-           "check_index", "check_mds", "decompress", "from_pretrained", "inside", "load_torch", "open_regular", "plain_name",
+           "check_index", "check_loops", "check_mds", "decompress", "from_pretrained", "inside", "load_torch", "open_regular", "plain_name",
            "mds_header_bytes", "read_bytes", "read_dcp_metadata", "read_json"]
 
 
@@ -87,6 +87,10 @@ CAPS = {
 }
 
 
+class BadCap(UntrustedFile):
+    """A cap set in the environment that is no positive whole number: refused where the file it bounds is read."""
+
+
 def cap(name: str) -> int:
     """The cap ``name`` of ``CAPS``: its default, or ``VOCAGNO_MAX_<NAME>`` where the environment sets it."""
     default, _ = CAPS[name]
@@ -99,7 +103,7 @@ def cap(name: str) -> int:
     except ValueError:
         number = -1
     if number < 1:
-        raise ValueError(f"{variable}={value!r}: a positive whole number of "
+        raise BadCap(f"{variable}={value!r}: a positive whole number of "
                          f"{'bytes' if name.endswith('bytes') else name} (unset, {default:,})")
     return number
 
@@ -414,21 +418,78 @@ def check_config(content: object, source: str) -> dict:
     return content
 
 
+# Config numbers a model's constructor loops over, each making modules with weights of their own: the weights hold at
+# least one tensor for each, so none may exceed the number of saved tensors (checked before anything is built: a config
+# of a billion layers loops for ever, even on the meta device).
+LOOP_FIELDS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "num_decoder_layers", "num_encoder_layers",
+               "num_local_experts", "num_experts", "n_routed_experts", "n_shared_experts")
+
+
+def check_loops(fields: Any, tensors: int, source: str) -> None:
+    """Refuse a loop-like number (``LOOP_FIELDS``) of ``fields`` (a config, or its saved content) that is no whole
+    number from 0 to the ``tensors`` its weights hold: a config's own constructor may loop over it already."""
+    for field in LOOP_FIELDS:
+        value = fields.get(field) if isinstance(fields, dict) else getattr(fields, field, None)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= tensors):
+            raise UntrustedFile(f"{source}: refused: its model config says {field}={value!r}, and its weights hold "
+                                f"{tensors} tensors: its config does not describe its weights")
+
+
+def _saved_tensors(folder: Path, files: list[Path]) -> int | None:
+    """How many tensors a model folder's weights hold, from its weight index (every file it names checked to be one of
+    the folder's own) or its safetensors headers; None where it holds neither (pickled ``.bin`` weights only)."""
+    indexes = [f for f in files if f.name.endswith(".index.json") and len(f.parts) == 1]
+    if indexes:
+        names: set[str] = set()
+        for index in indexes:
+            content = read_json(index, folder)
+            weight_map = content.get("weight_map") if isinstance(content, dict) else None
+            if not isinstance(weight_map, dict):
+                raise UntrustedFile(f"{folder / index}: refused: no weight_map of tensor names to files")
+            for file in set(weight_map.values()):
+                if inside("", file, str(folder / index), "weight file") not in files:
+                    raise UntrustedFile(f"{folder / index}: refused: it names {file!r}, which is not a file of "
+                                        f"{folder}")
+            names |= set(weight_map)
+        return len(names)
+    headers = [f for f in files if f.suffix == ".safetensors"]
+    if not headers:
+        return None
+    count = 0
+    for file in headers:
+        with open_regular(file, folder=folder) as f:
+            size = int.from_bytes(f.read(8), "little")
+            if size > cap("json_bytes"):
+                raise _over_cap(folder / file, size, "json_bytes")
+            try:
+                header = json.loads(f.read(size))
+            except ValueError:
+                raise UntrustedFile(f"{folder / file}: refused: not safetensors (its header is not JSON)") from None
+        if not isinstance(header, dict):
+            raise UntrustedFile(f"{folder / file}: refused: not safetensors (its header is not a mapping)")
+        count += len([name for name in header if name != "__metadata__"])
+    return count
+
+
 def from_pretrained(loader: Any, name_or_path: str, trust_remote_code: bool = False, **kwargs: Any) -> Any:
     """``loader.from_pretrained(name_or_path, ...)`` with ``trust_remote_code`` passed explicitly (off unless the
     user's own yaml turned it on). A local folder is checked first, unless trusted: its files regular and inside it
-    (``check_folder``), its ``config.json`` and ``tokenizer_config.json`` without code (``check_config``)."""
+    (``check_folder``), its ``config.json`` and ``tokenizer_config.json`` without code (``check_config``), the files
+    its weight index names its own, its config's loops bounded by the tensors its weights hold (``check_loops``)."""
     if trust_remote_code is not True:
         trust_remote_code = False
         folder = Path(name_or_path)
         if folder.is_dir():
-            check_folder(folder)
+            files = check_folder(folder)
+            tensors = _saved_tensors(folder, files)
             for name in ("config.json", "tokenizer_config.json"):
                 if (folder / name).exists():
                     config = check_config(read_json(name, folder), str(folder / name))
                     for key in ("tokenizer_file", "vocab_file", "merges_file"):  # transformers loads these first
                         if config.get(key) is not None:
                             inside(folder, config[key], str(folder / name), key)
+                    if name == "config.json" and tensors is not None:
+                        check_loops(config, tensors, str(folder / name))
     return loader.from_pretrained(name_or_path, trust_remote_code=trust_remote_code, **kwargs)
 
 

@@ -117,11 +117,11 @@ def read_test_split(data_dir: Path, name: str) -> list[dict]:
     """``DATA_DIR/NAME/test.jsonl``, or its xz-compressed ``test.jsonl.xz`` (as shipped in ``vocagno/assets``)."""
     path = data_dir / name / "test.jsonl"
     packed = path.with_suffix(".jsonl.xz")
-    if os.path.lexists(path):
-        data = read_bytes(path, cap_name="json_bytes")
+    if os.path.lexists(path):  # within DATA_DIR: a linked benchmark folder leads nowhere else
+        data = read_bytes(f"{name}/{path.name}", folder=data_dir, cap_name="json_bytes")
     elif os.path.lexists(packed):
-        data = decompress("xz", read_bytes(packed, cap_name="json_bytes"), cap("json_bytes"), str(packed),
-                          exact=False)
+        data = decompress("xz", read_bytes(f"{name}/{packed.name}", folder=data_dir, cap_name="json_bytes"),
+                          cap("json_bytes"), str(packed), exact=False)
     else:
         raise BenchmarkUnavailable(f"{path} does not exist")
     rows = []
