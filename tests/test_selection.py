@@ -31,7 +31,7 @@ def convert(texts: list[str], out: Path, seq_len: int = 128) -> Path:
 
 def rows_of(folder: Path) -> list[dict]:
     index = json.loads((folder / "index.json").read_text())
-    return [row for i, info in enumerate(index["shards"]) for row in read_shard(folder, info, folder / f".x{i}")]
+    return [row for info in index["shards"] for row in read_shard(folder, info)]
 
 
 @pytest.fixture(scope="module")

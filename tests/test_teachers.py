@@ -286,7 +286,7 @@ def test_a_pickled_column_in_shards_is_refused_before_anything_is_unpickled(shar
 
     source = shards / "shards"
     info = json.loads((source / "index.json").read_text())["shards"][0]
-    samples = read_shard(source, info, tmp_path / "scratch")[:10]
+    samples = read_shard(source, info)[:10]
     witness = tmp_path / "unpickled"
 
     class Payload:

@@ -245,12 +245,12 @@ def _digest(value: dict) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def read_shard(shards_root: Path, info: dict, scratch: Path | None = None) -> list[dict]:
+def read_shard(shards_root: Path, info: dict) -> list[dict]:
     """The samples of one input shard of ``shards_root``, in order; ``info`` is its entry of the index as
     ``vocagno.data.read_index`` checked it. The shard is read through the one way in (a regular file, reached through
     no link, of the size the index says), checked against its hash, decompressed into exactly the raw size the index
-    says (``untrusted.decompress``), and decoded in memory: the input folder is only read, and nothing is written
-    (``scratch`` is not used). A shard that is not what its index says is refused (``UntrustedFile``)."""
+    says (``untrusted.decompress``), and decoded in memory: the input folder is only read, and nothing is written. A
+    shard that is not what its index says is refused (``UntrustedFile``)."""
     from streaming.base.format import reader_from_json
     from streaming.base.hashing import get_hash
 
