@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import textwrap
@@ -220,6 +221,55 @@ def _fifo(info, folder):
     os.mkfifo(zipped)
 
 
+def _mds(samples: list[bytes]) -> bytes:
+    """An MDS shard of ``samples``: its count, its offsets, then the samples."""
+    begin = 4 + 4 * (len(samples) + 1)
+    offsets = [begin + sum(map(len, samples[:i])) for i in range(len(samples) + 1)]
+    return struct.pack(f"<{len(offsets) + 1}I", len(samples), *offsets) + b"".join(samples)
+
+
+def _linked(info, folder, zip_name: str) -> Path:
+    """The index names its shard ``out/authorized_keys`` (its compressed file ``zip_name``), a sound MDS header, then
+    whatever the author likes; ``victim``, beside ``folder``, the folder a link at ``out`` leads to."""
+    raw = _mds([b"\nssh-ed25519 AAAA attacker\n"])
+    zipped = zstandard.ZstdCompressor().compress(raw)
+    (folder / zip_name).parent.mkdir(exist_ok=True)
+    (folder / zip_name).write_bytes(zipped)
+    info.update(samples=1, raw_data={"basename": "out/authorized_keys", "bytes": len(raw),
+                                     "hashes": {"xxh3_64": get_hash("xxh3_64", raw)}},
+                zip_data={"basename": zip_name, "bytes": len(zipped),
+                          "hashes": {"xxh3_64": get_hash("xxh3_64", zipped)}})
+    victim = folder.parent / "victim"
+    victim.mkdir()
+    return victim
+
+
+def _through_link(info, folder):
+    """A shard folder whose ``out`` is a link: the shard decompressed there is written where it leads."""
+    (folder / "out").symlink_to(_linked(info, folder, "x.zstd"))
+
+
+def _cache_through_link(info, folder):
+    """A remote's shards, to be downloaded into a local cache (someone else's too) whose ``out`` is a link: the
+    download and the decompressed shard are written where it leads."""
+    local = folder.parent / "local"
+    local.mkdir()
+    (local / "out").symlink_to(_linked(info, folder, "out/x.zstd"))
+
+
+def _crafted_sample(info, folder):
+    """Sample 0's bytes all 0xff, its shard's header, sizes and hashes as the index says: the decoder meets a
+    length past the sample's end."""
+    zipped = folder / info["zip_data"]["basename"]
+    raw = bytearray(zstandard.ZstdDecompressor().decompress(zipped.read_bytes()))
+    begin, end = struct.unpack_from("<II", raw, 4)
+    raw[begin:end] = b"\xff" * (end - begin)
+    data = zstandard.ZstdCompressor().compress(bytes(raw))
+    zipped.write_bytes(data)
+    info["raw_data"]["hashes"] = {"xxh3_64": get_hash("xxh3_64", bytes(raw))}
+    info["zip_data"].update(bytes=len(data), hashes={"xxh3_64": get_hash("xxh3_64", data)})
+
+
 def _scoring(folder: Path, out: Path) -> list[str]:
     return ["--shards", str(folder), "--teacher", "tiny-math-teacher", "--out", str(out), "--dtype", "float32",
             "--device", "cpu"]
@@ -237,6 +287,9 @@ def capped(shards, tmp_path_factory):
         "score-fifo": ("score", _fifo, "score"),
         "remote-bomb": ("dataset", _bomb, "remote"),
         "remote-fifo": ("dataset", _fifo, "remote"),
+        "inspect-through-link": ("inspect", _through_link, "shards"),
+        "remote-through-link": ("dataset", _cache_through_link, "remote"),
+        "inspect-crafted-sample": ("inspect", _crafted_sample, "shards"),
     }
     cases, folders = [], {}
     for name, (entry, change, reader) in plan.items():
@@ -285,6 +338,23 @@ def test_a_shard_that_is_a_link_to_a_device_or_a_fifo_is_refused_unread(capped, 
     assert _refused(capped, name) == (
         f"error: {folder}/part-00000-000000/shard.00000.mds.zstd: refused: {kind}: vocagno reads regular files only"
         + (", and follows no link (copy the file itself there)" if "link" in kind else ""))
+
+
+@pytest.mark.parametrize("name", ["inspect-through-link", "remote-through-link"])
+def test_a_shard_named_through_a_linked_folder_is_refused_and_nothing_is_written_where_the_link_leads(capped, name):
+    folder = capped[name][2]
+    local = folder if name.startswith("inspect") else folder.parent / "local"
+    assert _refused(capped, name) == (
+        f"error: {local}/out/authorized_keys: refused: a path through a link: vocagno reads regular files only, and "
+        "follows no link (copy the file itself there)")
+    assert not list((folder.parent / "victim").iterdir())
+
+
+def test_a_sample_whose_bytes_do_not_decode_is_refused_naming_its_shard_and_sample(capped):
+    folder = capped["inspect-crafted-sample"][2]
+    assert _refused(capped, "inspect-crafted-sample") == (
+        f"error: {folder}/part-00000-000000/shard.00000.mds: refused: its sample 0 does not decode as its columns say "
+        "(IndexError: index out of range)")
 
 
 def test_an_object_store_index_is_checked_before_it_is_placed_and_a_sound_one_reads(shards, s3, tmp_path,

@@ -21,11 +21,13 @@ a resumed run see the batches an uninterrupted one would.
 from __future__ import annotations
 
 import atexit
+import errno
 import fcntl
 import itertools
 import json
 import os
 import re
+import shutil
 import stat
 import tempfile
 import threading
@@ -38,6 +40,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 from streaming import Stream, StreamingDataset
+from streaming.base.format.mds.reader import MDSReader
 from torch.utils.data import DataLoader
 
 from vocagno.alignment import align
@@ -47,7 +50,7 @@ from vocagno.shards import (
 from vocagno.untrusted import (
     UntrustedFile, check_index, check_mds, decompress, mds_header_bytes, open_regular, read_bytes, read_json,
 )
-from vocagno.writing import own_temporary, write_atomically
+from vocagno.writing import move_inside, own_temporary, remove, write_atomically, write_inside
 
 __all__ = ["TeacherGuidedDataset", "TeacherGuidedCollator", "teacher_guided_loader", "read_metadata", "token_bytes",
            "clean_leaked_shared_memory", "CheckedStream", "read_index"]
@@ -433,16 +436,21 @@ class CheckedStream(Stream):
       on this machine before it is copied, each download once it is in.
     - A compressed shard is read within its size, checked against its hash, then decompressed by
       ``untrusted.decompress`` into exactly the raw size the index says (a small file that would expand to gigabytes
-      is refused past it) and written through ``writing.write_atomically``."""
+      is refused past it).
+    - Every file put into ``local`` goes in below ``local/split`` through no link (``writing.write_inside``,
+      ``move_inside``): a download lands in a private folder of its own, is checked there (size, MDS header, the
+      hash of an uncompressed shard), then is moved into place; a compressed file is removed through no link either.
+      A folder of ``local`` that is a link (a shared cache someone else wrote) can't lead a write or a removal out.
+    - A sample whose bytes don't decode as its shard's columns say is refused naming the shard file and the sample
+      (``_CheckedMDSReader``), whatever the decoder meets in crafted bytes."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._sizes: dict[str, int] = {}  # every file the checked index names -> its bytes
-        self._raw_bytes: dict[str, int] = {}  # a compressed file -> the bytes it decompresses to
+        self._hashes: dict[str, dict] = {}  # every file the checked index names -> its hashes
 
     def get_shards(self, world, allow_unsafe_types: bool) -> list:
         from streaming.base.constant import TICK
-        from streaming.base.format import reader_from_json
         from streaming.base.util import wait_for_file_to_exist
 
         folder = os.path.join(self.local, self.split)
@@ -458,15 +466,17 @@ class CheckedStream(Stream):
                                        f"{filename} took too long to download or failed to download: see the local "
                                        "leader's error")
         index = read_index(folder)
-        self._sizes, self._samples, self._raw_of = {}, {}, {}  # by basename; a compressed file's raw file
+        self._sizes, self._hashes, self._samples, self._raw_of = {}, {}, {}, {}  # by basename; a zip's raw file
         shards = []
         for info in index["shards"]:
             raw = info["raw_data"]["basename"]
             self._sizes[raw], self._samples[raw] = info["raw_data"]["bytes"], info["samples"]
+            self._hashes[raw] = info["raw_data"]["hashes"]
             if info.get("zip_data") is not None:
                 self._sizes[info["zip_data"]["basename"]] = info["zip_data"]["bytes"]
+                self._hashes[info["zip_data"]["basename"]] = info["zip_data"]["hashes"]
                 self._raw_of[info["zip_data"]["basename"]] = raw
-            shard = reader_from_json(self.local, self.split, info)
+            shard = _CheckedMDSReader.from_json(self.local, self.split, info)  # check_index: MDS only
             shard.validate(allow_unsafe_types)
             shards.append(shard)
         return shards
@@ -499,55 +509,164 @@ class CheckedStream(Stream):
             if os.path.lexists(own):
                 os.remove(own)
 
-    def _check_file(self, folder: str, basename: str) -> None:
-        """The shard file ``basename`` of ``folder``: a regular file (reached through no link) of the size the
-        index says; an MDS shard's header, the samples the index says (``untrusted.check_mds``)."""
+    def _check_file(self, folder: str, basename: str, path: str | None = None) -> None:
+        """The shard file ``basename`` of the index, at ``path`` (else ``basename``) inside ``folder``: a regular file
+        (reached through no link) of the size the index says; an MDS shard's header, the samples the index says
+        (``untrusted.check_mds``)."""
         expected = self._sizes[basename]
-        with open_regular(basename, expected, folder, "shard_bytes") as f:
+        where = os.path.join(folder, path or basename)
+        with open_regular(path or basename, expected, folder, "shard_bytes") as f:
             size = f.raw.size  # what fstat gave when it was opened
             if size != expected:
-                raise UntrustedFile(f"{os.path.join(folder, basename)}: refused: {size:,} bytes, its index says "
-                                    f"{expected:,}")
+                raise UntrustedFile(f"{where}: refused: {size:,} bytes, its index says {expected:,}")
             if basename in self._samples:
                 samples = self._samples[basename]
-                check_mds(f.read(mds_header_bytes(samples)), samples, size, os.path.join(folder, basename))
+                check_mds(f.read(mds_header_bytes(samples)), samples, size, where)
 
-    def set_up_local(self, shards: list, cache_usage_per_shard) -> None:
-        folder = os.path.join(self.local, self.split)
-        for basename in self._sizes:  # before Streaming counts them as present and reads them
-            if os.path.lexists(os.path.join(folder, basename)):
-                self._check_file(folder, basename)
-        super().set_up_local(shards, cache_usage_per_shard)
-
-    def _download_file(self, from_basename: str, to_basename: str | None = None) -> str:
-        if from_basename not in self._sizes or to_basename is not None:
-            return super()._download_file(from_basename, to_basename)
-        on_machine = _local_path(self.remote)
-        if on_machine is not None:  # copied whole by Streaming: a link to /dev/zero would fill the disk
-            self._check_file(os.path.join(on_machine, self.split), from_basename)
-        local = super()._download_file(from_basename)
-        self._check_file(os.path.join(self.local, self.split), from_basename)
-        return local
-
-    def _decompress_shard_part(self, zip_info, zip_filename: str, raw_filename: str, compression: str | None) -> None:
+    def _check_hash(self, data: bytes, basename: str, where: str) -> None:
+        """Streaming's check of a shard file against the hash its index gives (``validate_hash``), on ``data``."""
         from streaming.base.hashing import get_hash
 
+        if not self.validate_hash:
+            return
+        hashes = self._hashes[basename]
+        if self.validate_hash not in hashes:
+            raise UntrustedFile(f"{where}: refused: its index gives no {self.validate_hash} hash "
+                                f"({', '.join(sorted(hashes)) or 'none'})")
+        if get_hash(self.validate_hash, data) != hashes[self.validate_hash]:
+            raise ValueError(f"Checksum failure: {where}")
+
+    def _present(self, basename: str) -> bool:
+        """Whether the shard file ``basename`` is in ``local``: a regular file reached through no link. Anything else
+        standing at its name, or a link on the way to it, is refused (``UntrustedFile``), not read or written
+        through (Streaming's own test follows links)."""
+        try:
+            open_regular(basename, None, os.path.join(self.local, self.split), "shard_bytes").close()
+        except FileNotFoundError:
+            return False
+        return True
+
+    def _place(self, basename: str, write) -> None:
+        """``write(folder)`` (``writing.write_inside`` or ``move_inside``) of the shard file ``basename`` into
+        ``local/split``; a link on its way there is refused in one line naming it."""
+        folder = os.path.join(self.local, self.split)
+        try:
+            write(folder)
+        except NotADirectoryError:
+            raise UntrustedFile(f"{os.path.join(folder, basename)}: refused: a folder on its way is a link or not a "
+                                "folder: vocagno writes no shard through a link (its index.json names it)") from None
+
+    def _remove(self, basename: str) -> None:
+        """Remove the shard file ``basename`` of ``local/split``, its folders opened without following a link: where
+        one is a link (or gone), nothing is removed, so no file the link leads to is."""
+        *parents, name = basename.split("/")
+        fd = os.open(os.path.join(self.local, self.split), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for part in parents:
+                inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                os.close(fd)
+                fd = inner
+            os.unlink(name, dir_fd=fd)
+        except (FileNotFoundError, NotADirectoryError):  # removed by another rank, or a link (O_NOFOLLOW: ENOTDIR)
+            pass
+        except OSError as error:
+            if error.errno != errno.ELOOP:
+                raise
+        finally:
+            os.close(fd)
+
+    def _prepare_shard_part(self, raw_info, zip_info=None, compression: str | None = None) -> int:
+        """Streaming's, with every test, write and removal in ``local`` through no link: the raw file when it is
+        present; else the compressed file (downloaded when missing) decompressed; else the raw file downloaded."""
+        if self._present(raw_info.basename):
+            if zip_info and not self.safe_keep_zip and self._present(zip_info.basename):
+                self._remove(zip_info.basename)
+                return -zip_info.bytes
+            return 0
+        if zip_info is None:
+            self._download_file(raw_info.basename)  # its hash checked before it is placed
+            return raw_info.bytes
+        delta = raw_info.bytes
+        if not self._present(zip_info.basename):
+            self._download_file(zip_info.basename)
+            delta += zip_info.bytes
+        folder = os.path.join(self.local, self.split)
+        self._decompress_shard_part(zip_info, os.path.join(folder, zip_info.basename),
+                                    os.path.join(folder, raw_info.basename), compression)
+        return delta - (0 if self.safe_keep_zip else zip_info.bytes)
+
+    def _download_file(self, from_basename: str, to_basename: str | None = None) -> str:
+        """The shard file ``from_basename`` from the remote into ``local/split``: copied (a remote on this machine,
+        read as ``open_regular`` allows) or downloaded (Streaming's downloader, its retries and timeout) into a new
+        private folder inside ``local/split``, checked there (``_check_file``; an uncompressed shard's hash), then
+        moved into place through no link."""
+        from streaming.base.util import retry
+
+        if from_basename not in self._sizes or to_basename is not None:
+            raise ValueError(f"{from_basename}: not a shard file of {self.local}'s checked index.json")
+        folder = os.path.join(self.local, self.split)
+        os.makedirs(folder, exist_ok=True)
+        private = tempfile.mkdtemp(dir=folder, prefix=".download-")
+        landed = os.path.join(private, "file")
+        try:
+            on_machine = _local_path(self.remote)
+            if on_machine is not None:  # a link to /dev/zero, a FIFO, a file larger than its index says: refused
+                source = os.path.join(on_machine, self.split)
+                self._check_file(source, from_basename)
+                with (open_regular(from_basename, self._sizes[from_basename], source, "shard_bytes") as f,
+                      open(landed, "xb") as out):
+                    shutil.copyfileobj(f, out)
+            else:
+                remote = None if self.remote is None else os.path.join(self.remote, self.split, from_basename)
+                retry(clean_up_fn=self._downloader.clean_up, num_attempts=self.download_retry)(
+                    lambda: self._downloader.download(remote, landed, self.download_timeout))()
+            where = os.path.join(folder, from_basename)
+            try:
+                self._check_file(private, from_basename, "file")
+            except UntrustedFile as error:  # named as the file it downloads
+                raise UntrustedFile(str(error).replace(landed, where)) from None
+            if from_basename not in self._raw_of:  # a compressed file's hash is checked when it is decompressed
+                self._check_hash(read_bytes("file", self._sizes[from_basename], private, "shard_bytes"),
+                                 from_basename, where)
+            self._place(from_basename, lambda into: move_inside(landed, into, from_basename))
+        finally:
+            remove(private)
+        return os.path.join(folder, from_basename)
+
+    def _decompress_shard_part(self, zip_info, zip_filename: str, raw_filename: str, compression: str | None) -> None:
         data = read_bytes(zip_info.basename, zip_info.bytes, os.path.join(self.local, self.split), "shard_bytes")
         if len(data) != zip_info.bytes:
             raise UntrustedFile(f"{zip_filename}: refused: {len(data):,} bytes, its index says {zip_info.bytes:,}")
-        if self.validate_hash:
-            if self.validate_hash not in zip_info.hashes:
-                raise UntrustedFile(f"{zip_filename}: refused: its index gives no {self.validate_hash} hash "
-                                    f"({', '.join(sorted(zip_info.hashes)) or 'none'})")
-            if get_hash(self.validate_hash, data) != zip_info.hashes[self.validate_hash]:
-                raise ValueError(f"Checksum failure: {zip_filename}")
+        self._check_hash(data, zip_info.basename, zip_filename)
         basename = self._raw_of[zip_info.basename]
         raw = decompress(compression, data, self._sizes[basename], zip_filename)
         del data
         check_mds(raw, self._samples[basename], len(raw), zip_filename)
-        write_atomically(raw_filename, raw)
+        self._place(basename, lambda into: write_inside(into, basename, raw))
         if not self.safe_keep_zip:
-            os.remove(zip_filename)
+            self._remove(zip_info.basename)
+
+
+def _decoding_error(error: Exception) -> str:
+    text = str(error).splitlines()[0][:120] if str(error) else ""
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+class _CheckedMDSReader(MDSReader):
+    """Streaming's MDS shard reader, whose samples that don't decode as the shard's columns say are refused
+    (``UntrustedFile``) naming the shard file and the sample: crafted bytes within a sound header make Streaming's
+    decoder raise whatever it meets (IndexError, KeyError, ValueError, ...). Reading the file is Streaming's, its
+    errors as they are (a missing file is how Streaming knows to download it)."""
+
+    def get_item(self, idx: int) -> dict[str, Any]:
+        data = self.get_sample_data(idx)
+        try:
+            with np.errstate(all="ignore"):  # crafted sizes overflow; what comes of them is refused below
+                return self.decode_sample(data)
+        except (LookupError, ValueError, TypeError, ArithmeticError) as error:  # IndexError, KeyError, ...
+            where = os.path.join(self.dirname, self.split or "", self.raw_data.basename)
+            raise UntrustedFile(f"{where}: refused: its sample {idx} does not decode as its columns say "
+                                f"({_decoding_error(error)})") from None
 
 
 class TeacherGuidedDataset(StreamingDataset):
@@ -648,15 +767,27 @@ class TeacherGuidedDataset(StreamingDataset):
                 epoch.non_blocking_exit()
 
     def get_item(self, idx: int, retry: int = 7) -> dict[str, Any]:
-        sample = super().get_item(idx, retry)
-        # Decoded arrays view the shard's memory: copy before handing them to torch.
-        out = {name: torch.from_numpy(np.array(sample[name], dtype=np.int64)) for name in ARRAY_COLUMNS}
-        out["text"] = sample["text"]
-        if "teacher_loss" in sample:  # scored shards (python -m vocagno.score)
-            out["teacher_loss"] = torch.from_numpy(np.array(sample["teacher_loss"], dtype=np.float32))
-        for name in self.metadata.also_scored_by or ():  # other teachers' (vocagno.teachers)
-            for column in (loss_column(name), align_column(name)):
-                out[column] = np.array(sample[column])
+        sample = super().get_item(idx, retry)  # a sample that doesn't decode is refused there (_CheckedMDSReader)
+        try:
+            # Decoded arrays view the shard's memory: copy before handing them to torch.
+            out = {name: torch.from_numpy(np.array(sample[name], dtype=np.int64)) for name in ARRAY_COLUMNS}
+            out["text"] = sample["text"]
+            if "teacher_loss" in sample:  # scored shards (python -m vocagno.score)
+                out["teacher_loss"] = torch.from_numpy(np.array(sample["teacher_loss"], dtype=np.float32))
+            for name in self.metadata.also_scored_by or ():  # other teachers' (vocagno.teachers)
+                for column in (loss_column(name), align_column(name)):
+                    out[column] = np.array(sample[column])
+            for side in ("student", "teacher"):  # what the collator and the alignment index by
+                ids, offsets = out[f"{side}_ids"], out[f"{side}_offsets"].numpy()
+                if not (ids.ndim == 1 and offsets.shape == (len(ids), 2) and (offsets >= 0).all()
+                        and (offsets <= len(out["text"])).all() and (offsets[:, 0] <= offsets[:, 1]).all()):
+                    raise ValueError(f"its {side} offsets are not one [start, end) of its text per {side} token")
+        except (KeyError, TypeError, ValueError) as error:  # crafted bytes decoded to arrays of another kind
+            shard_id, index_in_shard = self.spanner[idx]
+            shard = self.shards[shard_id]
+            where = os.path.join(shard.dirname, shard.split or "", shard.raw_data.basename)
+            raise UntrustedFile(f"{where}: refused: its sample {index_in_shard} does not hold vocagno's columns "
+                                f"({_decoding_error(error)})") from None
         if len(self.stream_names) > 1:
             out["stream"] = torch.tensor(int(self.stream_per_shard[self.spanner[idx][0]]))
         return out
