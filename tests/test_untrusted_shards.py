@@ -373,3 +373,30 @@ def test_an_object_store_index_is_checked_before_it_is_placed_and_a_sound_one_re
     with pytest.raises(UntrustedFile, match=r"s3://runs/shards-bad/index.json: refused: its shard name '\.\./x"):
         TeacherGuidedDataset(local=str(tmp_path / "local-bad"), remote="s3://runs/shards-bad", batch_size=1)
     assert sorted(p.name for p in (tmp_path / "local-bad").iterdir()) == ["vocagno.json"]  # no index, no temporary
+
+
+def test_a_sample_whose_offsets_are_out_of_order_is_refused_in_one_line(tmp_path):
+    """Offsets that decode, lie within their text and hold start <= end, but not in text order (which the alignment
+    needs): the dataset names the shard and the sample instead of the alignment's traceback."""
+    import numpy as np
+    from streaming import MDSWriter
+
+    from vocagno.data import TeacherGuidedDataset
+    from vocagno.shards import COLUMNS, ShardMetadata, TokenizerInfo
+    from vocagno.untrusted import UntrustedFile
+
+    folder = tmp_path / "shards"
+    with MDSWriter(out=str(folder), columns=COLUMNS, hashes=["xxh3_64"]) as writer:
+        for student in ([[0, 2], [2, 4]], [[2, 4], [0, 2]]):
+            writer.write({"text": "abcd", "student_ids": np.array([5, 6], np.uint16),
+                          "student_offsets": np.array(student, np.uint16), "teacher_ids": np.array([7], np.uint16),
+                          "teacher_offsets": np.array([[0, 4]], np.uint16)})
+    info = TokenizerInfo("llama2", "a255706a2929068e", 32000, "</s>", 2)
+    ShardMetadata(student=info, teacher=info, seq_len=2).write(folder)
+    dataset = TeacherGuidedDataset(local=str(folder), batch_size=1)
+    assert dataset[0]["student_offsets"].tolist() == [[0, 2], [2, 4]]
+    with pytest.raises(UntrustedFile, match=r"shard.00000.mds: refused: its sample 1 does not hold vocagno's columns "
+                                            r"\(.*its student offsets: offsets are not sorted") as refused:
+        dataset[1]
+    assert "\n" not in str(refused.value)
+    del dataset

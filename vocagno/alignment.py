@@ -28,6 +28,7 @@ __all__ = [
     "align_reference",
     "alignment_quality",
     "check_alignment",
+    "check_offsets",
     "chunk_align",
     "chunk_overlap",
     "uncovered_characters",
@@ -65,6 +66,12 @@ def _columns(offsets, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
     if (((sorted_ends != ends) | (sorted_starts != starts)) & ~empty).any():
         raise ValueError(f"{name}: offsets are not sorted: non-empty spans must come in text order")
     return starts, ends, sorted_starts, sorted_ends
+
+
+def check_offsets(offsets, name: str = "offsets") -> None:
+    """Raise ``ValueError`` unless ``offsets`` are what ``align`` takes: ``(n, 2)`` integers, each span
+    ``start <= end``, none negative, the non-empty ones in text order."""
+    _columns(offsets, name)
 
 
 def align(student_offsets, teacher_offsets) -> tuple[np.ndarray, np.ndarray]:

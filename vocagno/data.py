@@ -43,7 +43,7 @@ from streaming import Stream, StreamingDataset
 from streaming.base.format.mds.reader import MDSReader
 from torch.utils.data import DataLoader
 
-from vocagno.alignment import align
+from vocagno.alignment import align, check_offsets
 from vocagno.shards import (
     METADATA_FILE, SHARD_HASH, ShardMetadata, align_column, check_columns, describe_tokenizer, loss_column,
 )
@@ -779,8 +779,8 @@ class TeacherGuidedDataset(StreamingDataset):
                     out[column] = np.array(sample[column])
             for side in ("student", "teacher"):  # what the collator and the alignment index by
                 ids, offsets = out[f"{side}_ids"], out[f"{side}_offsets"].numpy()
-                if not (ids.ndim == 1 and offsets.shape == (len(ids), 2) and (offsets >= 0).all()
-                        and (offsets <= len(out["text"])).all() and (offsets[:, 0] <= offsets[:, 1]).all()):
+                check_offsets(offsets, f"its {side} offsets")  # the order align needs, too
+                if not (ids.ndim == 1 and offsets.shape == (len(ids), 2) and (offsets <= len(out["text"])).all()):
                     raise ValueError(f"its {side} offsets are not one [start, end) of its text per {side} token")
         except (KeyError, TypeError, ValueError) as error:  # crafted bytes decoded to arrays of another kind
             shard_id, index_in_shard = self.spanner[idx]
