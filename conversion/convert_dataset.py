@@ -73,6 +73,9 @@ ENCODE_CHARS = 1 << 21  # characters encoded and packed at a time (``piece_group
 SHARD_BYTES = 1 << 26  # an MDS shard's size limit: a bigger part is written as several shards
 NOT_COUNTS = ("seconds", "sources")  # part.json entries that don't add up over parts
 NAMED = 20  # documents over the cap named in a summary (a job's marker names them all)
+# A part's unfinished folder: built under a staging name (``.part-SSSSS-BBBBBB.staging-XXXX``), or an earlier
+# version's ``.tmp-part-SSSSS-BBBBBB``; SSSSS is the source file the part starts in (what says which job's it is).
+STALE_PART = re.compile(r"\.(?:part-(?P<source>\d{5,})-\d{6,}\.staging-.+|tmp-part-(?P<old>\d{5,})-\d{6,}(?:\..*)?)")
 
 
 # ------------------------------------------------------------------------------------------------------- converting
@@ -252,12 +255,12 @@ def parts_of(sources: list[tuple[int, Source]], docs_per_part: int) -> Iterator[
 # ----------------------------------------------------------------------------------------------------------- driver
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    output = Output(args.out_root, args.local_root)
     try:
+        output = Output(args.out_root, args.local_root)
         unreadable = {} if args.merge_only else convert(args, output)
         if args.merge_only or all_jobs_done(output, args.num_jobs):
             return merge(output, args)
-    except UntrustedFile as error:  # an input, or a file on the out-root, that names a path outside its folder
+    except UntrustedFile as error:  # an input, a file on the out-root, or a working folder that is not one's own
         raise SystemExit(f"error: {error}") from None
     print(f"job {args.job_index} of {args.num_jobs} done; the last job to finish merges the parts")
     return 1 if unreadable else 0
@@ -272,9 +275,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--input", nargs="+", default=[DEFAULT_INPUT],
         help="a Hugging Face dataset name (streamed), or .jsonl/.json/.parquet/.arrow/.txt files (any case, gzip or "
-             "zstd or not) or folders of them (links to folders followed, wherever they point; links to files, FIFOs "
-             "and devices in them listed, never read; a datasets save_to_disk folder among them), local or in an "
-             "object store Streaming reaches (s3://bucket/corpus/, gs://bucket/corpus/*.jsonl.zst, ...)",
+             "zstd or not) or folders of them (links to folders inside the folder given followed; links to folders "
+             "outside it, links to files, FIFOs and devices in them listed, never read; a datasets save_to_disk "
+             "folder among them), local or in an object store Streaming reaches (s3://bucket/corpus/, "
+             "gs://bucket/corpus/*.jsonl.zst, ...)",
     )
     parser.add_argument("--split", default="train", help="the Hugging Face dataset's split (or a saved DatasetDict's)")
     parser.add_argument("--subset", default=None,
@@ -292,7 +296,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out-root", required=True,
                         help="the output: a local folder or a remote Streaming supports (s3://bucket/path, gs://, ...)")
     parser.add_argument("--local-root", default=None,
-                        help="with a remote --out-root: the local working folder (unset: one under the temp dir)")
+                        help="with a remote --out-root: the local working folder (unset: a private one under the temp "
+                             "dir, vocagno-convert-UID); with a local --out-root: a working folder, whose files are "
+                             "copied there (a folder shared with other machines)")
     parser.add_argument("--compression", default="zstd", help="MDS shard compression ('none' for none)")
     parser.add_argument("--workers", type=int, default=1, help="processes converting parts in parallel")
     parser.add_argument("--num-jobs", type=int, default=1, help="independent jobs the source files are split among")
@@ -320,11 +326,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _part_source(name: str) -> int:
-    """The index of the source file a part starts in (``part-SSSSS-BBBBBB``)."""
-    return int(name.split("-")[1])
-
-
 def convert(args: argparse.Namespace, output: Output) -> dict[str, str]:
     """Convert this job's parts that are not done on the out-root; return the files that could not be read."""
     student_tok, teacher_tok = load_tokenizer(args.student_tokenizer), load_tokenizer(args.teacher_tokenizer)
@@ -349,11 +350,11 @@ def convert(args: argparse.Namespace, output: Output) -> dict[str, str]:
     try:
         check_or_write_settings(output, CONFIG_FILE, {**config.__dict__, "student": student.__dict__,
                                                       "teacher": teacher.__dict__}, "vocagno conversion", "--out-root")
-        for stale in [*output.local.glob(".part-*.staging-*"), *output.local.glob(".tmp-part-*")]:
+        for stale in output.local.iterdir():
             # This job's unfinished parts of an interrupted run (.tmp-part-*: of an earlier version), removed as they
-            # stand: a link is unlinked, never followed.
-            name = stale.name.removeprefix(".tmp-").removeprefix(".").split(".")[0]
-            if _part_source(name) % args.num_jobs == args.job_index:
+            # stand: a link is unlinked, never followed. Any other name is not one of a part's, and is left alone.
+            found = STALE_PART.fullmatch(stale.name)
+            if found and int(found["source"] or found["old"]) % args.num_jobs == args.job_index:
                 remove(stale)
         mine = [(i, s) for i, s in enumerate(sources) if i % args.num_jobs == args.job_index]
         print(f"{len(sources)} source file(s); this job (#{args.job_index} of {args.num_jobs}) converts {len(mine)}")
@@ -474,11 +475,14 @@ def _check_same_sources(output: Output, part: str, made_from: dict, now: dict) -
             f"error: the input changed: {part} in {output} was made from {sorted(made_from)}, but the same part is "
             f"now {sorted(now)} (files added, removed or reordered); convert into a new --out-root"
         )
+    def size(fingerprint: dict) -> str:  # a file that could not be read, or a hub shard, has no size
+        return f"{fingerprint['bytes']:,} bytes" if isinstance(fingerprint.get("bytes"), int) else "no size"
+
     for name, earlier in made_from.items():
         if not same(earlier, now[name]):
             raise SystemExit(
-                f"error: {name} changed since {part} in {output} was made from it ({earlier.get('bytes'):,} bytes "
-                f"then, {now[name].get('bytes'):,} now, or other content): restore it, or convert into a new --out-root"
+                f"error: {name} changed since {part} in {output} was made from it ({size(earlier)} then, "
+                f"{size(now[name])} now, or other content): restore it, or convert into a new --out-root"
             )
 
 

@@ -1,8 +1,8 @@
 """Reading a corpus: files (.jsonl, .json, .parquet, .arrow, .txt, any of them gzip- or zstd-compressed, and
-folders of them at any depth, links to folders followed wherever they point, a ``datasets`` ``save_to_disk`` folder
-among them), local or in an object store (``s3://``, ...), or a Hugging Face dataset (a configuration, data files),
-as ``Source`` objects that yield ``Record``s, with a fingerprint of each file for resumption. A record's text is one
-field (``--text-field``) or a template of fields (``--text-template "{title}\\n\\n{body}"``): ``TextOf``.
+folders of them at any depth, links to folders inside the folder given followed, a ``datasets`` ``save_to_disk``
+folder among them), local or in an object store (``s3://``, ...), or a Hugging Face dataset (a configuration, data
+files), as ``Source`` objects that yield ``Record``s, with a fingerprint of each file for resumption. A record's text
+is one field (``--text-field``) or a template of fields (``--text-template "{title}\\n\\n{body}"``): ``TextOf``.
 
 Nothing read aborts a conversion: a bad record is a ``Record`` with a ``problem`` (counted by reason), and a file
 that can't be read at all (a corrupt .parquet or .gz) ends in one such record and is named in
@@ -10,11 +10,15 @@ that can't be read at all (a corrupt .parquet or .gz) ends in one such record an
 
 A corpus is files from elsewhere (``vocagno.untrusted``): every file is opened by ``open_regular`` (a regular file,
 never through a link at its own name, never more bytes than its size said), so a link in a corpus folder to
-``/proc/self/environ`` or a FIFO is never read: it is listed as a path that can't be read, with why. What is read is
-bounded whatever the file holds: a document (a .jsonl line, a .txt file, a record's text) of more than
-``cap("document_bytes")`` bytes is skipped without being held whole (a line is read up to the cap, the rest of it
-discarded block by block), counted, and named by file and line (``Source.over_cap``, the summary); a .json file is
-read whole only up to ``cap("json_bytes")`` (a larger JSON array is refused, one of JSON lines read line by line).
+``/proc/self/environ`` or a FIFO is never read: it is listed as a path that can't be read, with why. A link to a
+folder outside the folder given is listed the same way, not read. A file in a folder is opened below the folder
+given, one folder at a time and through no link (``CorpusFile``): a link to a folder inside is resolved when the
+folder is listed, so a subfolder swapped for a link later leads nowhere, and the file is named as one that can't be
+read. What is read is bounded whatever the file holds: a document (a .jsonl line, a .txt file, a record's text) of
+more than ``cap("document_bytes")`` bytes is skipped without being held whole (a line is read up to the cap, the
+rest of it discarded block by block; a .parquet or .arrow value is measured by pyarrow before it becomes a Python
+string), counted, and named by file and line (``Source.over_cap``, the summary); a .json file is read whole only up
+to ``cap("json_bytes")`` (a larger JSON array is refused, one of JSON lines read line by line).
 """
 
 from __future__ import annotations
@@ -83,18 +87,46 @@ class Source:
             yield Record(None, "unreadable file (named in the summary)")
 
     def fingerprint(self) -> dict:
-        """What the samples made from this source depend on: a changed file is refused when a conversion resumes."""
-        return self._fingerprint()
+        """What the samples made from this source depend on: a changed file is refused when a conversion resumes.
+        A file that can no longer be opened as it was listed (gone, or a folder on its way swapped for a link) is
+        named as a file that can't be read (``error``), and its fingerprint says so."""
+        try:
+            return self._fingerprint()
+        except (OSError, UntrustedFile) as error:
+            why = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            self.error = self.error or why
+            return {"unreadable": why}
 
 
-def file_fingerprint(path: Path) -> dict:
-    """Size and content hash (compared), and modification time (recorded) of a file."""
+@dataclass(frozen=True)
+class CorpusFile:
+    """A local file of the corpus: ``relative`` below ``folder`` (a folder given as an input, resolved when it was
+    listed), opened there one folder at a time and through no link, so a subfolder swapped for a link after the
+    listing does not lead out; or, with no ``folder``, the file at the path ``relative`` (a file named as an input,
+    or an object downloaded to a temporary folder)."""
+
+    relative: Path
+    folder: Path | None = None
+
+    @property
+    def name(self) -> str:
+        return self.relative.name
+
+    def __str__(self) -> str:
+        return str(self.relative if self.folder is None else self.folder / self.relative)
+
+    def open(self) -> io.BufferedReader:
+        return open_regular(self.relative, folder=self.folder)
+
+
+def file_fingerprint(path: CorpusFile) -> dict:
+    """Size and content hash (compared), and modification time (recorded) of a file, as opened to be read."""
     digest = hashlib.sha256()
-    with open_regular(path) as f:
+    with path.open() as f:
         for block in iter(lambda: f.read(1 << 24), b""):
             digest.update(block)
-        size = f.raw.size
-    return {"bytes": size, "mtime": os.stat(path, follow_symlinks=False).st_mtime, "sha256": digest.hexdigest()}
+        size, mtime = f.raw.size, os.fstat(f.fileno()).st_mtime
+    return {"bytes": size, "mtime": mtime, "sha256": digest.hexdigest()}
 
 
 class TextOf:
@@ -169,10 +201,10 @@ def _decode(raw: bytes) -> Record:
 
 
 @contextlib.contextmanager
-def _open(path: Path) -> Iterator[io.BufferedIOBase]:
+def _open(path: CorpusFile) -> Iterator[io.BufferedIOBase]:
     """The file's bytes (``open_regular``: a regular file, not a link, no more than its size said), decompressed as
     they are read when it is gzip- or zstd-compressed, whatever its name says."""
-    with open_regular(path) as raw:
+    with path.open() as raw:
         magic = raw.peek(4)[:4]
         if magic.startswith(_GZIP_MAGIC):
             with gzip.GzipFile(fileobj=raw, mode="rb") as f:
@@ -208,7 +240,7 @@ def _lines(f, limit: int) -> Iterator[tuple[int, bytes | None]]:
         yield number, None
 
 
-def _read_jsonl(path: Path) -> Iterator[bytes | Record]:
+def _read_jsonl(path: CorpusFile) -> Iterator[bytes | Record]:
     """The raw lines: workers parse them (``parse_jsonl_line``), so the reading process stays light. A line over the
     ``document_bytes`` cap is a skipped record that names it."""
     with _open(path) as f:
@@ -235,7 +267,7 @@ def parse_jsonl_line(raw: bytes, text_of: TextOf) -> Record:
     return record
 
 
-def _read_bytes(path: Path, limit: int) -> bytes | None:
+def _read_bytes(path: CorpusFile, limit: int) -> bytes | None:
     """The file's content (decompressed, without a BOM), or None when it holds more than ``limit`` bytes (no more
     than ``limit + 1`` of them are read)."""
     with _open(path) as f:
@@ -244,7 +276,7 @@ def _read_bytes(path: Path, limit: int) -> bytes | None:
     return None if len(data) > limit else data
 
 
-def _read_json(path: Path, text_of: TextOf) -> Iterator[Record | bytes]:
+def _read_json(path: CorpusFile, text_of: TextOf) -> Iterator[Record | bytes]:
     """A JSON array of records, read whole within the ``json_bytes`` cap; a larger array is refused (the file is
     named as one that can't be read). JSON lines under a .json name are read as a .jsonl file is, of any length."""
     limit = cap("json_bytes")
@@ -269,31 +301,88 @@ def _read_json(path: Path, text_of: TextOf) -> Iterator[Record | bytes]:
     yield from _numbered(map(text_of, rows), "record")
 
 
-def _mapped(path: Path):
+def _mapped(path: CorpusFile):
     """A .parquet or .arrow file (formats read by seeking) as a pyarrow buffer: a read-only memory map of the file
     ``open_regular`` opened and checked, of the size it said (pages are read as pyarrow reaches them)."""
     import mmap
 
     import pyarrow as pa
 
-    with open_regular(path) as f:
+    with path.open() as f:
         if f.raw.size == 0:
             return pa.py_buffer(b"")
         # The descriptor open_regular checked (its raw file object is the one it read through).
         return pa.py_buffer(mmap.mmap(f.fileno(), f.raw.size, access=mmap.ACCESS_READ))
 
 
-def _read_parquet(path: Path, text_of: TextOf) -> Iterator[Record]:
+ARROW_BATCH_ROWS = 64  # rows pyarrow decodes at a time from a .parquet file
+PYTHON_BYTES = 1 << 24  # bytes of a batch's values made Python objects at a time (one value over it: alone)
+
+
+def _value_bytes(array):
+    """The bytes each value of the pyarrow ``array`` holds (a string's or a binary's length, what a list or a struct
+    holds, summed), measured by pyarrow on its offsets: no value is made a Python object, or copied."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n, kind = len(array), array.type
+    if pa.types.is_dictionary(kind):
+        sizes = _value_bytes(array.dictionary)
+        if not len(sizes):
+            return np.zeros(n, np.int64)
+        valid = array.indices.is_valid().to_numpy(zero_copy_only=False)
+        return np.where(valid, sizes[array.indices.fill_null(0).to_numpy(zero_copy_only=False)], 0)
+    if pa.types.is_struct(kind):
+        return sum((_value_bytes(child) for child in array.flatten()), np.zeros(n, np.int64))
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        parents = pc.list_parent_indices(array).to_numpy(zero_copy_only=False)
+        return np.bincount(parents, weights=_value_bytes(pc.list_flatten(array)), minlength=n).astype(np.int64)
+    try:
+        return pc.binary_length(array).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError):  # not a string or a binary
+        pass
+    try:
+        return np.full(n, max(kind.bit_width // 8, 1), np.int64)
+    except ValueError:  # neither of fixed width (a map, a union): measured a value at a time
+        return np.array([array.slice(i, 1).nbytes for i in range(n)], np.int64)
+
+
+def _batch_records(batch, text_of: TextOf) -> Iterator[Record]:
+    """The records of a pyarrow record batch's rows, from the columns the text is made of. A row whose values there
+    hold more than the ``document_bytes`` cap (as pyarrow measures them, ``_value_bytes``) is skipped as over the
+    cap without being made a Python object; the others are made Python objects ``PYTHON_BYTES`` at a time."""
+    columns = [c for c in text_of.columns if c in batch.schema.names]  # a missing one: counted per record
+    if not columns:
+        yield from (text_of({}) for _ in range(batch.num_rows))
+        return
+    batch = batch.select(columns)
+    sizes = sum(_value_bytes(batch.column(c)) for c in columns)
+    limit, begin = cap("document_bytes"), 0
+    while begin < batch.num_rows:
+        if sizes[begin] > limit:
+            yield _over_cap()
+            begin += 1
+            continue
+        end, held = begin + 1, int(sizes[begin])
+        while end < batch.num_rows and sizes[end] <= limit and held + sizes[end] <= PYTHON_BYTES:
+            held += int(sizes[end])
+            end += 1
+        yield from map(text_of, batch.slice(begin, end - begin).to_pylist())
+        begin = end
+
+
+def _read_parquet(path: CorpusFile, text_of: TextOf) -> Iterator[Record]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     parquet = pq.ParquetFile(pa.BufferReader(_mapped(path)))
-    columns = [c for c in text_of.columns if c in parquet.schema_arrow.names]  # a missing one: counted per record
-    batches = parquet.iter_batches(columns=columns, batch_size=1024)  # no columns: a {} per row
-    yield from _numbered((text_of(row) for batch in batches for row in batch.to_pylist()), "row")
+    columns = [c for c in text_of.columns if c in parquet.schema_arrow.names]
+    batches = parquet.iter_batches(columns=columns, batch_size=ARROW_BATCH_ROWS)
+    yield from _numbered((record for batch in batches for record in _batch_records(batch, text_of)), "row")
 
 
-def _read_arrow(path: Path, text_of: TextOf) -> Iterator[Record]:
+def _read_arrow(path: CorpusFile, text_of: TextOf) -> Iterator[Record]:
     """An Arrow IPC file: ``datasets``' ``save_to_disk`` and cache write the stream format, others the file format."""
     import pyarrow as pa
 
@@ -306,21 +395,16 @@ def _read_arrow(path: Path, text_of: TextOf) -> Iterator[Record]:
     else:
         batches = iter(reader)
 
-    def rows():
-        for batch in batches:
-            columns = [c for c in text_of.columns if c in batch.schema.names]
-            yield from batch.select(columns).to_pylist() if columns else [{}] * batch.num_rows
-
-    yield from _numbered(map(text_of, rows()), "row")
+    yield from _numbered((record for batch in batches for record in _batch_records(batch, text_of)), "row")
 
 
-def _read_txt(path: Path) -> Iterator[Record]:
+def _read_txt(path: CorpusFile) -> Iterator[Record]:
     """The file as one document; one over the ``document_bytes`` cap is skipped after reading no more than it."""
     data = _read_bytes(path, cap("document_bytes"))
     yield _over_cap("(the whole file, one document)") if data is None else _decode(data)
 
 
-def _format(path: Path) -> str | None:
+def _format(path: Path | CorpusFile) -> str | None:
     """The reader a file name asks for (``.JSONL``, ``.jsonl.gz``, ``.jsonl.zst``: ``.jsonl``), or None."""
     name, compression = os.path.splitext(path.name.lower())
     if compression not in COMPRESSED_SUFFIXES:
@@ -330,7 +414,7 @@ def _format(path: Path) -> str | None:
 
 
 def local_sources(inputs: list[str], text_of: TextOf, split: str = "train") -> list[Source]:
-    files: list[tuple[Path, Path]] = []  # (the name it is known by, the path it is read from)
+    files: list[tuple[Path, CorpusFile]] = []  # (the name it is known by, where it is read from)
     for item in inputs:
         path = Path(item)
         if path.is_dir() and (path / "dataset_dict.json").is_file():  # save_to_disk of a DatasetDict: the split's
@@ -340,8 +424,9 @@ def local_sources(inputs: list[str], text_of: TextOf, split: str = "train") -> l
                                  f"{', '.join(splits)}")
             path = path / split
         if path.is_dir():
-            found, unreadable = _files_under(path)
-            found = [p for p in found if not (p.name in SAVE_TO_DISK_METADATA and any(path.glob("*.arrow")))]
+            given = path.resolve()
+            below, unreadable = _files_under(path)
+            found = [p for p in below if not (p.name in SAVE_TO_DISK_METADATA and any(path.glob("*.arrow")))]
             ignored = [p for p in found if _format(p) is None]
             for count, what, names in ((len(unreadable), "path(s) that can't be read", unreadable),
                                        (len(ignored), f"file(s) that are not {'/'.join(LOCAL_SUFFIXES)}[.gz/.zst]",
@@ -350,14 +435,14 @@ def local_sources(inputs: list[str], text_of: TextOf, split: str = "train") -> l
                     print(f"{path}: ignored {count} {what}: {', '.join(names[:10])}" + (", ..." if count > 10 else ""))
             if len(ignored) == len(found):
                 raise SystemExit(f"error: {path} holds no {', '.join(LOCAL_SUFFIXES)} files (or .gz/.zst of them)")
-            files += [(p, p) for p in found if _format(p) is not None]
+            files += [(p, CorpusFile(below[p], given)) for p in found if _format(p) is not None]
         elif path.exists():  # a file named on the command line: a link to one is followed (it is the user's)
             kind = _kind(os.stat(path).st_mode)
             if kind is not None:
                 raise UntrustedFile(f"{path}: refused: {kind}: only regular files are read (the input named)")
             if _format(path) is None:
                 raise SystemExit(f"error: {path}: unsupported file type (use {', '.join(LOCAL_SUFFIXES)}, or .gz/.zst)")
-            files.append((path, Path(os.path.realpath(path))))
+            files.append((path, CorpusFile(Path(os.path.realpath(path)))))
         else:
             raise SystemExit(f"error: input {item} does not exist")
     return [Source(str(p), lambda r=r: _read(r, text_of), lambda r=r: file_fingerprint(r)) for p, r in files]
@@ -375,13 +460,16 @@ def _kind(mode: int) -> str | None:
     return "not a regular file"
 
 
-def _files_under(folder: Path) -> tuple[list[Path], list[str]]:
-    """The regular files under ``folder`` at any depth, sorted, through links to folders inside it too, and what
-    can't be read, by name and why: a link to nothing, a link to a file (a file is read only as itself: a link to
-    ``/proc/self/environ`` would publish the converter's environment), a link to a folder outside ``folder`` (no
-    link leads out of the folder given: a folder elsewhere is an input of its own), a link back to a folder already
-    read (a loop, or a second link to one), a folder that can't be listed, a FIFO, a socket or a device."""
-    files, unreadable = [], []
+def _files_under(folder: Path) -> tuple[dict[Path, Path], list[str]]:
+    """The regular files under ``folder`` at any depth, through links to folders inside it too, sorted by the path
+    they are listed at, each with its real path relative to the resolved ``folder`` (every link on its way resolved
+    now, so that it is opened there through no link), and what can't be read, by name and why: a link to nothing, a
+    link to a file (a file is read only as itself: a link to ``/proc/self/environ`` would publish the converter's
+    environment), a link to a folder outside ``folder`` (no link leads out of the folder given: a folder elsewhere is
+    an input of its own), a link back to a folder already read (a loop, or a second link to one), a folder that can't
+    be listed, a FIFO, a socket or a device."""
+    files: dict[Path, Path] = {}
+    unreadable: list[str] = []
     given = folder.resolve()
     seen = {given}
 
@@ -390,6 +478,11 @@ def _files_under(folder: Path) -> tuple[list[Path], list[str]]:
 
     for top, folders, names in os.walk(folder, onerror=cannot_list, followlinks=True):
         top = Path(top)
+        here = top.resolve()
+        if here != given and given not in here.parents:  # swapped for a link to elsewhere while it was listed
+            folders.clear()
+            unreadable.append(f"{top.relative_to(folder)} (a link to a folder outside {folder})")
+            continue
         folders.sort()  # which of two links to one folder reads it: always the same
         for name in list(folders):
             real = (top / name).resolve()
@@ -400,7 +493,6 @@ def _files_under(folder: Path) -> tuple[list[Path], list[str]]:
                 continue
             if real in seen:
                 folders.remove(name)
-                here = top.resolve()
                 why = "a loop: a link to a folder it is in" if real == here or real in here.parents else \
                     "a link to a folder already read"
                 unreadable.append(f"{(top / name).relative_to(folder)} ({why})")
@@ -413,17 +505,17 @@ def _files_under(folder: Path) -> tuple[list[Path], list[str]]:
                 unreadable.append(f"{path.relative_to(folder)} (can't be read: {error.strerror})")
                 continue
             if kind is None:
-                files.append(path)
+                files[path] = (here / name).relative_to(given)
                 continue
             if kind == "a link":
                 kind = "a link to a file: only regular files are read" if path.exists() else "a link to nothing"
             else:
                 kind += ": only regular files are read"
             unreadable.append(f"{path.relative_to(folder)} ({kind})")
-    return sorted(files), sorted(unreadable)
+    return dict(sorted(files.items())), sorted(unreadable)
 
 
-def _read(path: Path, text_of: TextOf) -> Iterator[Record | bytes]:
+def _read(path: CorpusFile, text_of: TextOf) -> Iterator[Record | bytes]:
     """A local file's records, by the reader its name asks for."""
     readers = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet, ".arrow": _read_arrow,
                ".txt": _read_txt}
@@ -482,8 +574,8 @@ def _remote_source(url: str, text_of: TextOf) -> Source:
     content: dict = {}
     name = plain_name(url.rsplit("/", 1)[1], url, "object key's last part")  # the name it is downloaded under
 
-    def fetched(scratch: str) -> Path:
-        local = Path(scratch) / name
+    def fetched(scratch: str) -> CorpusFile:
+        local = CorpusFile(Path(scratch) / name)
         CloudDownloader.direct_download(url, str(local))
         content.update({k: v for k, v in file_fingerprint(local).items() if k != "mtime"})
         return local

@@ -165,3 +165,163 @@ def test_a_gzip_bomb_of_one_line_is_read_in_bounded_memory(tmp_path, monkeypatch
     assert peak < 8 << 20, f"{peak:,} bytes at the peak"
     assert [getattr(r, "where", r) for r in records] == ["line 1", b'{"text": "after"}\n']
     assert source.over_cap == [f"{path} line 1"]
+
+
+# ---- an out-root on this machine given with --local-root, and the working folder of a remote one ----
+
+def test_a_link_planted_on_an_out_root_folder_given_with_local_root_is_not_written_through(tmp_path):
+    """--out-root a folder of this machine with --local-root: a part is written there as into any folder others can
+    write, never through a link planted at a shard's name (a file of someone else's) or at a part's folder."""
+    corpus = small_corpus(tmp_path / "docs.jsonl")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "important.txt").write_text("the victim's file\n")
+    remote = tmp_path / "remote"
+    (remote / "part-00000-000000").mkdir(parents=True)
+    (remote / "part-00000-000000" / "shard.00000.mds").symlink_to(victim / "important.txt")
+    with within():
+        assert converts(remote, "--compression", "none", "--local-root", str(tmp_path / "work"), inputs=[corpus]) == 0
+    assert (victim / "important.txt").read_text() == "the victim's file\n"
+    shard = remote / "part-00000-000000" / "shard.00000.mds"
+    assert shard.is_file() and not shard.is_symlink()
+    assert ShardMetadata.read(remote).totals["documents converted"] == 40
+
+    other = tmp_path / "remote2"
+    other.mkdir()
+    (other / "part-00000-000000").symlink_to(victim)  # a part's folder: refused in one line, nothing read or written
+    with within():
+        message = converts(other, "--local-root", str(tmp_path / "work2"), inputs=[corpus])
+    assert message.startswith(f"error: {other / 'part-00000-000000'}/") and "a path through a link" in message
+    assert "\n" not in message
+    assert sorted(p.name for p in victim.iterdir()) == ["important.txt"]
+
+
+@pytest.mark.parametrize("kind", ["a symbolic link", "a FIFO"])
+def test_a_state_file_on_an_out_root_folder_given_with_local_root_is_read_as_a_file_from_elsewhere(tmp_path, kind):
+    """The same out-root's part.json, read back to see whether the part is done: a link to /dev/zero would be copied
+    without end (filling the disk), a FIFO would end in a traceback. Each is refused in one line naming it."""
+    remote = tmp_path / "remote"
+    (remote / "part-00000-000000").mkdir(parents=True)
+    planted = remote / "part-00000-000000" / "part.json"
+    planted.symlink_to("/dev/zero") if kind == "a symbolic link" else os.mkfifo(planted)
+    with within(seconds=30):
+        message = converts(remote, "--local-root", str(tmp_path / "work"),
+                           inputs=[small_corpus(tmp_path / "docs.jsonl")])
+    assert message.startswith(f"error: {planted}: refused: {kind}") and "\n" not in message, message
+    assert not list((tmp_path / "work").rglob("part.json"))
+
+
+def test_a_remote_out_roots_working_folder_planted_in_the_temporary_folder_is_refused(tmp_path, monkeypatch):
+    """An object-store out-root without --local-root works in the temporary folder, which every user of the machine
+    writes: a link planted there by another user (to a folder of the victim's) is refused in one line that says to
+    pass --local-root, and nothing is written through it. A folder of its own is made private (0700)."""
+    tmp, victim = tmp_path / "tmp", tmp_path / "victim"
+    tmp.mkdir()
+    victim.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(tmp))
+    for variable, value in (("AWS_ENDPOINT_URL", "http://127.0.0.1:9"), ("AWS_ACCESS_KEY_ID", "x"),
+                            ("AWS_SECRET_ACCESS_KEY", "x")):  # no store is reached
+        monkeypatch.setenv(variable, value)
+    top = tmp / f"vocagno-convert-{os.getuid()}"
+    top.symlink_to(victim)
+    (tmp / "vocagno-convert").symlink_to(victim)  # the shared name earlier versions used
+    with within(seconds=30):
+        message = converts("s3://bucket/shards", inputs=[small_corpus(tmp_path / "docs.jsonl")])
+    assert message.startswith(f"error: {top}: refused as the local working folder of s3://bucket/shards") \
+        and message.endswith("pass --local-root") and "\n" not in message, message
+    assert list(victim.iterdir()) == []
+    from vocagno.output import work_folder
+
+    top.unlink()
+    folder = work_folder("s3://bucket/shards")
+    assert folder == top / "s3_bucket_shards" and (top.stat().st_mode & 0o777, folder.stat().st_mode & 0o777) == (
+        0o700, 0o700)
+    top.chmod(0o755)
+    with pytest.raises(Exception, match="pass --local-root"):
+        work_folder("s3://bucket/shards")
+
+
+# ---- the corpus, while it is read ----
+
+def test_a_corpus_subfolder_swapped_for_a_link_after_the_listing_is_not_read(tmp_path, monkeypatch, capsys):
+    """A conversion reads its corpus for hours: a subfolder swapped for a link to a folder of the victim's after the
+    files were listed leads nowhere. Its file is named as one that can't be read, and the rest converts."""
+    from conversion import convert_dataset
+
+    corpus, victim = tmp_path / "corpus", tmp_path / "victim"
+    (corpus / "a").mkdir(parents=True)
+    (corpus / "b").mkdir()
+    victim.mkdir()
+    small_corpus(corpus / "a" / "first.jsonl")
+    (corpus / "b" / "notes.txt").write_text("an ordinary document of the corpus " * 20)
+    (victim / "notes.txt").write_text("SECRET-TOKEN-0123456789 the victim's private notes " * 20)
+    listed = convert_dataset.sources_of
+
+    def swaps(*args, **kwargs):
+        sources = listed(*args, **kwargs)
+        (corpus / "b" / "notes.txt").unlink()
+        (corpus / "b").rmdir()
+        (corpus / "b").symlink_to(victim)
+        return sources
+
+    monkeypatch.setattr(convert_dataset, "sources_of", swaps)
+    root = tmp_path / "shards"
+    with within():
+        assert converts(root, "--compression", "none", inputs=[corpus]) == 1
+    assert b"SECRET-TOKEN" not in every_byte(root)
+    assert f"UNREADABLE: {corpus / 'b' / 'notes.txt'}: UntrustedFile: " in capsys.readouterr().out
+    assert ShardMetadata.read(root).totals["documents converted"] == 40
+
+
+def test_a_parquet_document_over_the_cap_is_never_made_a_python_string(tmp_path, monkeypatch, capsys):
+    """A 2 KB .parquet file holding a 32 MiB document, with a 1 MiB cap: pyarrow measures the value, which is
+    skipped, counted and named by row without being made a Python string (peak of Python's allocations while the
+    file is read, tracemalloc); the rows beside it convert."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    monkeypatch.setenv("VOCAGNO_MAX_DOCUMENT_BYTES", str(1 << 20))
+    texts = [json.loads(line)["text"] for line in small_corpus(tmp_path / "docs.jsonl").read_text().splitlines()]
+    path = tmp_path / "corpus" / "big.parquet"
+    path.parent.mkdir()
+    pq.write_table(pa.table({"text": [*texts[:20], "a" * (32 << 20), *texts[20:]]}), path, compression="zstd")
+    assert path.stat().st_size < 100_000
+    (source,) = sources_of([str(path)], "train", TextOf())
+    tracemalloc.start()
+    try:
+        records = list(source.records())
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, f"{peak:,} bytes at the peak"
+    assert [r.where for r in records if r.text is None] == ["row 21"] and len(records) == 41
+    with within():
+        assert converts(tmp_path / "shards", inputs=[path.parent]) == 0
+    assert f"skipped, over the document cap: {path} row 21\n" in capsys.readouterr().out
+
+
+# ---- the out-root's locks and leftovers ----
+
+@pytest.mark.parametrize("since", [1e300, float("nan")])
+def test_a_planted_merge_lock_that_never_goes_stale_is_taken_over(tmp_path, since, capsys):
+    """A merge.lock on the out-root saying it was taken in the far future (or at NaN) would never go stale: every
+    job would convert its parts, skip the merge and exit 0 with nothing published. It is taken over, in one line."""
+    root = tmp_path / "shards"
+    root.mkdir()
+    (root / "merge.lock").write_text(json.dumps({"host": "elsewhere", "pid": 4242, "since": since}))
+    with within():
+        assert converts(root, inputs=[small_corpus(tmp_path / "docs.jsonl")]) == 0
+    assert (root / "index.json").is_file() and not (root / "merge.lock").exists()
+    assert f"taking over merge.lock from a lock that says it was taken at {since!r}" in capsys.readouterr().out
+
+
+def test_a_name_on_the_out_root_like_a_staging_folders_without_a_part_number_is_left_alone(tmp_path):
+    """Leftover staging folders of this job's parts are removed when it starts; a planted name that looks like one
+    but holds no part number (.part-x.staging-1) is no part's, and is neither removed nor a crash."""
+    root = tmp_path / "shards"
+    root.mkdir()
+    (root / ".part-x.staging-1").write_text("")
+    (root / ".part-00000-000007.staging-abc").mkdir()  # this job's, of an interrupted run
+    with within():
+        assert converts(root, inputs=[small_corpus(tmp_path / "docs.jsonl")]) == 0
+    assert (root / ".part-x.staging-1").is_file() and not (root / ".part-00000-000007.staging-abc").exists()

@@ -14,15 +14,20 @@ Guarantees:
   markers and parts' ``part.json`` are read by ``vocagno.untrusted`` (regular files only, within the ``json_bytes``
   cap: a link to ``/dev/zero`` or a FIFO there is refused in one line naming it), a part's ``index.json`` is checked
   by ``check_index`` (``part_index``) before its names and numbers are used, and a shard is read within the
-  ``shard_bytes`` cap.
+  ``shard_bytes`` cap. A remote that is a folder on this machine is written and read through no link below it
+  (``vocagno.writing.write_inside``, ``vocagno.untrusted.read_bytes``); a remote without ``--local-root`` works in a
+  private folder of the temporary folder (``work_folder``).
+- A lock that says it was taken at a time no lock was (not finite, or in the future) is stale.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import socket
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -32,15 +37,18 @@ from streaming.base.hashing import get_hash
 
 from vocagno.shards import METADATA_FILE, SHARD_HASH
 from vocagno.untrusted import UntrustedFile, check_index, inside, read_bytes, read_json
-from vocagno.writing import write_atomically
+from vocagno.writing import move_inside, write_atomically, write_inside
 
 T = TypeVar("T")
 
 __all__ = ["Output", "PART_STATS", "OwnedLock", "job_marker", "all_jobs_done", "check_or_write_settings",
-           "unfinished_parts", "merge_once", "publish_dataset", "merged_index", "verify_shards", "part_index"]
+           "unfinished_parts", "merge_once", "publish_dataset", "merged_index", "verify_shards", "part_index",
+           "work_folder"]
 
 PART_STATS = "part.json"
 MERGE_LOCK = "merge.lock"
+# How far another host's clock may run ahead of this one's: a lock taken later than now by more is stale.
+CLOCK_SKEW = 300.0
 
 
 def _is_missing(error: Exception) -> bool:
@@ -53,18 +61,24 @@ def _is_missing(error: Exception) -> bool:
 
 
 class Output:
-    """The out-root. ``local`` is where parts are written; for a remote, ``remote`` is where they are uploaded."""
+    """The out-root. ``local`` is where parts are written; for a remote, ``remote`` is where they are uploaded. A
+    remote without ``://`` is a folder on this machine (``--local-root`` given with a local ``--out-root``): it is
+    written and read here, through no link below it, not by Streaming's uploader and downloader (which copy through
+    links)."""
 
     def __init__(self, out_root: str, local_root: str | None):
         remote = "://" in out_root or local_root is not None
         self.remote = out_root if remote else None
+        self._on_machine = remote and "://" not in out_root
         if remote and local_root is None:
-            local_root = Path(tempfile.gettempdir()) / "vocagno-convert" / re.sub(r"[^\w.-]+", "_", out_root)
+            local_root = work_folder(out_root)
         self.local = Path(local_root if remote else out_root)
         self.local.mkdir(parents=True, exist_ok=True)
         self._uploader = None
         self._downloader = None  # made at the first download, kept: a client per file costs more than a small file
-        if remote:
+        if self._on_machine:
+            Path(self.remote).mkdir(parents=True, exist_ok=True)  # the folder the user named (a link there is theirs)
+        elif remote:
             from streaming.base.storage import CloudUploader
 
             self._uploader = CloudUploader.get((str(self.local), self.remote), keep_local=True, exist_ok=True)
@@ -72,26 +86,46 @@ class Output:
     def __str__(self) -> str:
         return self.remote or str(self.local)
 
-    def _download(self, relative: str, destination: Path) -> bool:
-        """Download from the remote, replacing ``destination``. Streaming's downloaders skip a file that exists
-        locally, so the download goes to a fresh scratch file first."""
+    def _read_on_machine(self, relative: str) -> bytes | None:
+        """The bytes of ``relative`` in the remote folder on this machine, or None when it is missing: a regular file
+        reached through no link, within the ``json_bytes`` cap for a ``.json`` file, else ``shard_bytes``."""
+        try:
+            return read_bytes(relative, folder=self.remote,
+                              cap_name="json_bytes" if relative.endswith(".json") else "shard_bytes")
+        except FileNotFoundError:
+            return None
+
+    def _download(self, relative: str) -> bool:
+        """Whether ``relative`` is on the remote; if so, its copy replaces ``local / relative`` (written through no
+        link below the local folder). Streaming's downloaders skip a file that exists locally, so an object is
+        downloaded to a fresh scratch file first; it is checked (its size against its cap) when it is read, once it
+        has landed."""
+        if self._on_machine:
+            data = self._read_on_machine(relative)
+            if data is None:
+                return False
+            _write_inside(self.local, relative, data)
+            return True
+        with tempfile.TemporaryDirectory(dir=self.local) as scratch:
+            copy = Path(scratch) / "file"
+            if not self._download_object(relative, copy):
+                return False
+            _write_inside(self.local, relative, copy)
+        return True
+
+    def _download_object(self, relative: str, copy: Path) -> bool:
+        """Download ``relative`` from the object store to ``copy`` (a fresh name): whether it was there."""
         from streaming.base.storage import CloudDownloader
 
         if self._downloader is None:
             self._downloader = CloudDownloader.get(self.remote)
-        with tempfile.TemporaryDirectory(dir=self.local) as scratch:
-            copy = Path(scratch) / "file"
-            try:
-                self._downloader.download(f"{self.remote.rstrip('/')}/{relative}", str(copy))
-            except Exception as error:
-                if _is_missing(error):
-                    return False
-                raise
-            if not copy.exists():
+        try:
+            self._downloader.download(f"{self.remote.rstrip('/')}/{relative}", str(copy))
+        except Exception as error:
+            if _is_missing(error):
                 return False
-            destination.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(copy, destination)
-        return True
+            raise
+        return copy.exists()
 
     def fetch(self, relative: str) -> bool:
         """Whether ``relative`` exists, fetched into the local folder first when the output is remote and the local
@@ -99,15 +133,14 @@ class Output:
         path = self.local / relative
         if path.exists() or self.remote is None:
             return path.exists()
-        return self._download(relative, path)
+        return self._download(relative)
 
     def pull(self, relative: str) -> bool:
         """Whether ``relative`` is on the out-root itself (for a remote, looked up there, not in the local copy), and
         if so, the out-root's copy in the local folder."""
-        path = self.local / relative
         if self.remote is None:
-            return path.exists()
-        return self._download(relative, path)
+            return (self.local / relative).exists()
+        return self._download(relative)
 
     def read_from_out_root(self, relative: str) -> bytes | None:
         """The bytes of ``relative`` as the out-root holds them, or None when it is missing."""
@@ -115,21 +148,64 @@ class Output:
             if not os.path.lexists(self.local / relative):
                 return None
             return read_bytes(relative, folder=self.local, cap_name="shard_bytes")
+        if self._on_machine:
+            return self._read_on_machine(relative)
         with tempfile.TemporaryDirectory(dir=self.local) as scratch:
             copy = Path(scratch) / "file"
-            return read_bytes(copy, cap_name="shard_bytes") if self._download(relative, copy) else None
+            return read_bytes(copy, cap_name="shard_bytes") if self._download_object(relative, copy) else None
 
     def publish(self, *relatives: str) -> None:
-        """Upload local files, in this order, when the output is remote."""
-        for relative in relatives if self._uploader else ():
-            if "://" not in self.remote:  # Streaming's local uploader does not make folders
-                (Path(self.remote) / relative).parent.mkdir(parents=True, exist_ok=True)
-            self._uploader.upload_file(relative)
+        """Upload local files, in this order, when the output is remote. To a folder on this machine, each is read
+        from the local folder as a file from elsewhere (a regular file, no link, within the ``shard_bytes`` cap) and
+        written into the remote folder by ``write_inside``: a link planted there, at the file or at a folder on the
+        way, is replaced or refused, never written through."""
+        for relative in relatives if self.remote is not None else ():
+            if self._on_machine:
+                data = read_bytes(relative, folder=self.local, cap_name="shard_bytes")
+                _write_inside(self.remote, relative, data)
+            else:
+                self._uploader.upload_file(relative)
 
     def publish_part(self, name: str) -> None:
         """Upload a finished part: its shards and index first, its ``part.json`` (what makes it done) last."""
         files = sorted(f.name for f in (self.local / name).iterdir() if f.name != PART_STATS)
         self.publish(*(f"{name}/{f}" for f in files), f"{name}/{PART_STATS}")
+
+
+def _relative(relative: str) -> str:
+    """``relative`` if it is a relative path of plain names (what ``write_inside`` and ``move_inside`` take)."""
+    return inside("", relative, relative, "path").as_posix()
+
+
+def _write_inside(folder: str | Path, relative: str, data: bytes | Path) -> None:
+    """``write_inside`` of ``data`` (or ``move_inside`` of the file ``data``), refused (``UntrustedFile``) where a
+    folder on the way is a link or no folder."""
+    try:
+        if isinstance(data, Path):
+            move_inside(data, folder, _relative(relative))
+        else:
+            write_inside(folder, _relative(relative), data)
+    except NotADirectoryError as error:
+        raise UntrustedFile(str(error)) from None
+
+
+def work_folder(out_root: str) -> Path:
+    """The local working folder of a remote ``out_root`` given no ``--local-root``: a folder of its own in
+    ``$TMPDIR/vocagno-convert-UID``. The temporary folder is every user's: the top folder is made private (``0700``)
+    and used only if it is a real folder (no link) of this user's own, open to no one else, and so is the out-root's
+    folder inside it; anything else there (planted by another user) is refused (``UntrustedFile``), not used."""
+    top = Path(tempfile.gettempdir()) / f"vocagno-convert-{os.getuid()}"
+    for folder in (top, top / re.sub(r"[^\w.-]+", "_", out_root)):
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            pass
+        info = os.lstat(folder)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+            raise UntrustedFile(f"{folder}: refused as the local working folder of {out_root}: it is not a private "
+                                "folder of this user's own (a link, another user's, or open to others); pass "
+                                "--local-root")
+    return folder
 
 
 def job_marker(job: int, num_jobs: int) -> str:
@@ -251,10 +327,11 @@ class OwnedLock:
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
             held = self._holder()
-            if held is not None and not self._gone(held):
+            stale = "a process that is gone" if held is None else self._stale(held)
+            if stale is None:
                 print(f"{self.what}: held by pid {held.get('pid')} on {held.get('host')} ({self.path})")
                 return False
-            print(f"{self.what}: taking over {self.path.name} from a process that is gone ({held})")
+            print(f"{self.what}: taking over {self.path.name} from {stale} ({_brief(held)})")
             write_atomically(self.path, owner)
             return True
         with os.fdopen(fd, "w") as f:
@@ -278,19 +355,32 @@ class OwnedLock:
             return None
         return held if isinstance(held, dict) else None
 
-    def _gone(self, held: dict) -> bool:
+    def _stale(self, held: dict) -> str | None:
+        """Why the lock ``held`` is stale (taken over), or None while its owner may be alive. A lock says when it was
+        taken: one that says a time no lock was taken at (not a number, not finite, or later than now by more than
+        clocks differ) was not written by a lock's owner, and would otherwise never go stale."""
         try:
             pid, since = int(held.get("pid")), float(held.get("since", 0))
         except (TypeError, ValueError, OverflowError):  # no owner it can name: as a lock whose owner never wrote
-            return True
+            return "a process that is gone"
+        if not math.isfinite(since) or since > time.time() + CLOCK_SKEW:
+            return f"a lock that says it was taken at {since!r}, not a time a lock was taken"
         if pid < 1:  # 0 or -1 would ask about a group of processes, or all of them
-            return True
+            return "a process that is gone"
         if held.get("host") == socket.gethostname():
             try:
                 os.kill(pid, 0)
             except (ProcessLookupError, OverflowError, ValueError):  # gone, or a pid no process can have
-                return True
+                return "a process that is gone"
             except PermissionError:  # alive, another user's
-                return False
-            return False
-        return time.time() - since > self.stale_after
+                return None
+            return None
+        if time.time() - since > self.stale_after:
+            return f"a process on another host that took it more than {self.stale_after:,.0f} s ago"
+        return None
+
+
+def _brief(held: object) -> str:
+    """A lock's content as a line of at most 200 characters (a planted lock may hold anything)."""
+    text = repr(held)
+    return text if len(text) <= 200 else text[:200] + "..."
