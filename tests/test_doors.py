@@ -252,3 +252,13 @@ def test_a_write_inside_a_folder_goes_through_no_link_below_it(tmp_path):
         with pytest.raises(NotADirectoryError, match="out is not a folder of its own"):
             write()
     assert not any(victim.iterdir())
+
+
+def test_a_folder_on_the_way_swapped_for_a_link_is_named_as_such(tmp_path):
+    (tmp_path / "folder" / "b").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "notes.txt").write_text("secret")
+    (tmp_path / "folder" / "b").rmdir()
+    (tmp_path / "folder" / "b").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(UntrustedFile, match="b/notes.txt: refused: a path through a link"):
+        read_bytes("b/notes.txt", folder=tmp_path / "folder")

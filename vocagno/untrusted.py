@@ -189,9 +189,9 @@ def open_regular(path: str | Path, max_bytes: int | None = None, folder: str | P
             fd = os.open(parts[-1], flags, dir_fd=opened[-1])
     except OSError as error:
         if error.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
-            mode = os.lstat(name).st_mode if os.path.lexists(name) else 0
-            raise UntrustedFile(f"{name}: refused: {_kind(mode) if mode else 'a path through a link'}: vocagno reads "
-                                "regular files only, and follows no link (copy the file itself there)") from None
+            kind = "a symbolic link" if os.path.islink(name) else "a path through a link"  # at its name, or on the way
+            raise UntrustedFile(f"{name}: refused: {kind}: vocagno reads regular files only, and follows no link "
+                                "(copy the file itself there)") from None
         raise
     finally:
         for descriptor in opened:
