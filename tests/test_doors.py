@@ -58,6 +58,8 @@ def test_a_file_over_its_cap_is_refused_before_it_is_read_and_the_cap_can_be_rai
         read_json(path)
     monkeypatch.setenv("VOCAGNO_MAX_JSON_BYTES", "1_000_000")
     assert len(read_json(path)["x"]) == 2000
+    with pytest.raises(UntrustedFile, match=r"big.json: refused: 2,\d{3} bytes, more than the 100 expected$"):
+        read_bytes(path, 100, cap_name="json_bytes")  # the size stated for it, named as such (not the cap)
     monkeypatch.setenv("VOCAGNO_MAX_JSON_BYTES", "lots")
     with pytest.raises(UntrustedFile, match="VOCAGNO_MAX_JSON_BYTES=.lots.: a positive whole number of bytes"):
         cap("json_bytes")

@@ -270,6 +270,35 @@ def _crafted_sample(info, folder):
     info["zip_data"].update(bytes=len(data), hashes={"xxh3_64": get_hash("xxh3_64", data)})
 
 
+def _raw(info, folder, edit=None) -> Path:
+    """The shard decompressed beside its compressed file, as a folder read before holds it (Streaming counts a raw
+    file there as present and reads it as it is); ``edit`` changes its bytes."""
+    raw = zstandard.ZstdDecompressor().decompress((folder / info["zip_data"]["basename"]).read_bytes())
+    target = folder / info["raw_data"]["basename"]
+    target.write_bytes(edit(bytearray(raw)) if edit else raw)
+    return target
+
+
+def _raw_link(info, folder):
+    """The raw shard in the folder is a link to a file elsewhere (here a sound shard: what it reads is another's)."""
+    target = _raw(info, folder)
+    elsewhere = folder.parent / "elsewhere.mds"
+    target.rename(elsewhere)
+    target.symlink_to(elsewhere)
+
+
+def _raw_longer(info, folder):
+    _raw(info, folder, lambda raw: bytes(raw) + b"appended")
+
+
+def _raw_header(info, folder):
+    """Sample 0 ends 4 GiB into a shard of the size its index says: a reader that believes it allocates 4 GiB."""
+    def edit(raw):
+        struct.pack_into("<I", raw, 8, 0xFFFFFFF0)
+        return bytes(raw)
+    _raw(info, folder, edit)
+
+
 def _scoring(folder: Path, out: Path) -> list[str]:
     return ["--shards", str(folder), "--teacher", "tiny-math-teacher", "--out", str(out), "--dtype", "float32",
             "--device", "cpu"]
@@ -290,6 +319,9 @@ def capped(shards, tmp_path_factory):
         "inspect-through-link": ("inspect", _through_link, "shards"),
         "remote-through-link": ("dataset", _cache_through_link, "remote"),
         "inspect-crafted-sample": ("inspect", _crafted_sample, "shards"),
+        "inspect-raw-link": ("inspect", _raw_link, "shards"),
+        "inspect-raw-longer": ("inspect", _raw_longer, "shards"),
+        "dataset-raw-header": ("dataset", _raw_header, "local"),
     }
     cases, folders = [], {}
     for name, (entry, change, reader) in plan.items():
@@ -297,7 +329,7 @@ def capped(shards, tmp_path_factory):
         folders[name] = folder
         args = {"shards": ["--shards", str(folder), "--max-samples", "2"],
                 "score": _scoring(folder, root / name / "scored"),
-                "remote": [str(root / name / "local"), str(folder)]}[reader]
+                "remote": [str(root / name / "local"), str(folder)], "local": [str(folder)]}[reader]
         cases.append((name, entry, args))
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "OMP_NUM_THREADS": "1"}
@@ -355,6 +387,17 @@ def test_a_sample_whose_bytes_do_not_decode_is_refused_naming_its_shard_and_samp
     assert _refused(capped, "inspect-crafted-sample") == (
         f"error: {folder}/part-00000-000000/shard.00000.mds: refused: its sample 0 does not decode as its columns say "
         "(IndexError: index out of range)")
+
+
+def test_shards_already_in_a_local_folder_are_checked_before_streaming_reads_them(capped):
+    shard = "part-00000-000000/shard.00000.mds"
+    assert _refused(capped, "inspect-raw-link") == (
+        f"error: {capped['inspect-raw-link'][2]}/{shard}: refused: a symbolic link: vocagno reads regular files only, "
+        "and follows no link (copy the file itself there)")
+    assert _refused(capped, "inspect-raw-longer") == (
+        f"error: {capped['inspect-raw-longer'][2]}/{shard}: refused: 52,384 bytes, its index says 52,376")
+    assert _refused(capped, "dataset-raw-header") == (
+        f"error: {capped['dataset-raw-header'][2]}/{shard}: refused: not an MDS shard of the 27 samples its index says")
 
 
 def test_an_object_store_index_is_checked_before_it_is_placed_and_a_sound_one_reads(shards, s3, tmp_path,

@@ -515,13 +515,22 @@ class CheckedStream(Stream):
         (``untrusted.check_mds``)."""
         expected = self._sizes[basename]
         where = os.path.join(folder, path or basename)
-        with open_regular(path or basename, expected, folder, "shard_bytes") as f:
+        with open_regular(path or basename, None, folder, "shard_bytes") as f:  # its size compared below
             size = f.raw.size  # what fstat gave when it was opened
             if size != expected:
                 raise UntrustedFile(f"{where}: refused: {size:,} bytes, its index says {expected:,}")
             if basename in self._samples:
                 samples = self._samples[basename]
                 check_mds(f.read(mds_header_bytes(samples)), samples, size, where)
+
+    def set_up_local(self, shards: list, cache_usage_per_shard) -> None:
+        """Streaming's, once every shard file the index names that stands in ``local`` is checked (``_check_file``):
+        Streaming counts a file there as present and reads it as it is, through a link, at any size or header."""
+        folder = os.path.join(self.local, self.split)
+        for basename in self._sizes:
+            if os.path.lexists(os.path.join(folder, basename)):
+                self._check_file(folder, basename)
+        super().set_up_local(shards, cache_usage_per_shard)
 
     def _check_hash(self, data: bytes, basename: str, where: str) -> None:
         """Streaming's check of a shard file against the hash its index gives (``validate_hash``), on ``data``."""

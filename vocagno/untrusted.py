@@ -170,7 +170,7 @@ class _Sized(io.RawIOBase):
 def open_regular(path: str | Path, max_bytes: int | None = None, folder: str | Path | None = None,
                  cap_name: str = "file_bytes"):
     """A binary file object of the regular file at ``path``, refused (``UntrustedFile``) where it is a link, a
-    device, a FIFO or a socket, or larger than ``max_bytes`` (else the cap ``cap_name``). ``folder``: ``path`` is a
+    device, a FIFO or a socket, or larger than ``max_bytes`` (the size stated for it, else the cap ``cap_name``). ``folder``: ``path`` is a
     relative path inside it, opened one part after the other without following a link (a linked subfolder leads out).
     It reads the bytes ``fstat`` counted when it was opened, and no more."""
     limit = cap(cap_name) if max_bytes is None else max_bytes
@@ -201,6 +201,8 @@ def open_regular(path: str | Path, max_bytes: int | None = None, folder: str | P
         os.close(fd)
         if not stat.S_ISREG(info.st_mode):
             raise UntrustedFile(f"{name}: refused: {_kind(info.st_mode)}: vocagno reads regular files only")
+        if max_bytes is not None and max_bytes < cap(cap_name):  # the size that was stated for it, not the cap
+            raise UntrustedFile(f"{name}: refused: {info.st_size:,} bytes, more than the {max_bytes:,} expected")
         raise _over_cap(name, info.st_size, cap_name)
     os.set_blocking(fd, True)
     return io.BufferedReader(_Sized(fd, info.st_size, name))
