@@ -130,7 +130,8 @@ def test_decompression_stops_one_byte_past_what_the_index_says(compression, comp
     assert decompress(compression, compress(data), len(data), "s") == data
     bomb = compress(b"\0" * (64 << 20))  # 64 MiB of zeros: a few KiB compressed
     assert len(bomb) < 200_000
-    with pytest.raises(UntrustedFile, match=r"s: refused: it decompresses to more bytes than its index says \(10,000\)"):
+    with pytest.raises(UntrustedFile,
+                       match=r"s: refused: it decompresses to more bytes than its index says \(10,000\)"):
         decompress(compression, bomb, len(data), "s")
     with pytest.raises(UntrustedFile, match="decompresses to 9,999 bytes, its index says 10,000"):
         decompress(compression, compress(data[:-1]), len(data), "s")
@@ -264,3 +265,26 @@ def test_a_folder_on_the_way_swapped_for_a_link_is_named_as_such(tmp_path):
     (tmp_path / "folder" / "b").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(UntrustedFile, match="b/notes.txt: refused: a path through a link"):
         read_bytes("b/notes.txt", folder=tmp_path / "folder")
+
+
+def test_a_weights_header_is_believed_only_where_the_files_bytes_hold_it(tmp_path):
+    import struct
+
+    import torch
+    from safetensors.torch import save_file
+
+    from vocagno.untrusted import saved_shapes
+
+    save_file({"a": torch.zeros(2, 3), "empty": torch.zeros(0)}, str(tmp_path / "model.safetensors"))
+    assert saved_shapes(tmp_path, [Path("model.safetensors")]) == {"a": (2, 3), "empty": (0,)}
+    header = {"a": {"dtype": "F32", "shape": [1 << 20, 4096], "data_offsets": [0, 24]}}  # 16 GiB claimed in 24 bytes
+    text = json.dumps(header).encode()
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + bytes(24))
+    with pytest.raises(UntrustedFile, match=r"model.safetensors: refused: its tensor 'a' is not one its bytes hold"):
+        saved_shapes(tmp_path, [Path("model.safetensors")])
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", 1 << 40) + text)
+    with pytest.raises(UntrustedFile, match=r"not safetensors \(its header says 1,099,511,627,776 bytes"):
+        saved_shapes(tmp_path, [Path("model.safetensors")])
+    (tmp_path / "notes.index.json").write_text(json.dumps({"weight_map": {"x": "model.safetensors"}}))
+    (tmp_path / "model.safetensors").unlink()
+    assert saved_shapes(tmp_path, [Path("notes.index.json")]) is None  # only the index transformers reads counts

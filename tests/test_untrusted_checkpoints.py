@@ -303,6 +303,89 @@ def test_a_model_folders_config_looping_past_its_weights_is_refused_before_it_is
     one_error_line(capsys, f"{folder / 'config.json'}: refused: its model config says num_hidden_layers=10000000")
 
 
+def _safetensors(path: Path, tensors: dict) -> None:
+    """``tensors`` (name -> tensor) saved at ``path``; empty tensors included (a valid safetensors file)."""
+    from safetensors.torch import save_file
+
+    save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, str(path))
+
+
+def _inflated(folder: Path, how: str) -> str:
+    """The model folder's tensors made to look many (``how``), and its config looping over 100,000 layers: what the
+    folder's tensors are counted as must come from weights that hold bytes."""
+    import torch
+    from safetensors.torch import load_file
+
+    names = list(load_file(str(folder / "model.safetensors")))
+    fake = {f"model.layers.{i}.mlp.up_proj.weight": torch.zeros(0) for i in range(100_000)}
+    if how == "stray index":  # an index of another name, its entries all pointing at the real weights
+        (folder / "notes.index.json").write_text(json.dumps(
+            {"weight_map": {**{name: "model.safetensors" for name in names},
+                            **{name: "model.safetensors" for name in fake}}}))
+    elif how == "empty tensors":  # 100,000 tensors of no element in a sound safetensors file
+        _safetensors(folder / "model.safetensors", {**load_file(str(folder / "model.safetensors")), **fake})
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 100_000}))
+    return "num_hidden_layers=100000"
+
+
+def _larger(folder: Path, how: str) -> str:
+    """A config of 200 layers of 4,096 (13 GB in float32) over weights of as many tensors, each one number:
+    transformers would fill in every weight the folder lacks."""
+    import torch
+
+    (folder / "model.safetensors").unlink()
+    _safetensors(folder / "model.safetensors",
+                 {f"model.layers.{i}.w{j}": torch.zeros(1) for i in range(200) for j in range(10)})
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 200, "hidden_size": 4096,
+                                                    "intermediate_size": 11008, "num_attention_heads": 32,
+                                                    "num_key_value_heads": 8}))
+    return "its weights hold 2,000 numbers"
+
+
+@pytest.mark.parametrize("craft, how", [(_inflated, "stray index"), (_inflated, "empty tensors"),
+                                        (_larger, "")])
+def test_a_model_folder_whose_config_describes_more_than_its_weights_hold_is_refused_unbuilt(craft, how, tmp_path,
+                                                                                             capsys):
+    from bounded import within
+
+    folder = _model_folder(tmp_path)
+    reason = craft(folder, how)
+    (tmp_path / "t.txt").write_text("1 + 1 = 2\n")
+    with within(seconds=30, memory=1 << 30):
+        assert eval_main(["--model", str(folder), "--bpb", str(tmp_path / "t.txt"), "--device", "cpu"]) == 2
+    one_error_line(capsys, f"{folder / 'config.json'}: refused: ", reason)
+
+
+def test_a_model_folder_of_pickled_weights_is_checked_by_their_shapes_and_loads_when_it_fits(tmp_path, capsys):
+    import torch
+    from safetensors.torch import load_file
+
+    folder = _model_folder(tmp_path)
+    torch.save(load_file(str(folder / "model.safetensors")), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    (tmp_path / "t.txt").write_text("1 + 1 = 2\n")
+    assert eval_main(["--model", str(folder), "--bpb", str(tmp_path / "t.txt"), "--device", "cpu"]) == 0
+    capsys.readouterr()
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "intermediate_size": 4096}))  # 16 times its MLPs
+    assert eval_main(["--model", str(folder), "--bpb", str(tmp_path / "t.txt"), "--device", "cpu"]) == 2
+    one_error_line(capsys, f"{folder / 'config.json'}: refused: its model config describes 7,902,048 parameters, "
+                           "and its weights hold 3,478,368 numbers")
+
+
+def test_a_config_looping_past_the_layers_cap_is_refused_and_the_cap_can_be_raised(tmp_path, capsys, monkeypatch):
+    folder = _model_folder(tmp_path)
+    (tmp_path / "t.txt").write_text("1 + 1 = 2\n")
+    monkeypatch.setenv("VOCAGNO_MAX_LAYERS", "3")
+    assert eval_main(["--model", str(folder), "--bpb", str(tmp_path / "t.txt"), "--device", "cpu"]) == 2
+    one_error_line(capsys, f"{folder / 'config.json'}: refused: its model config says num_hidden_layers=4, more than "
+                           "the 3 allowed (raise VOCAGNO_MAX_LAYERS if it is right)")
+    monkeypatch.setenv("VOCAGNO_MAX_LAYERS", "4")
+    assert eval_main(["--model", str(folder), "--bpb", str(tmp_path / "t.txt"), "--device", "cpu"]) == 0
+
+
 def test_a_model_folders_weight_index_naming_a_file_outside_it_is_refused(tmp_path, capsys):
     from safetensors import safe_open
 

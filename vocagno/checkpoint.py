@@ -23,8 +23,8 @@ import torch
 from omegaconf import OmegaConf as om
 
 from vocagno.untrusted import (
-    UntrustedFile, check_config, check_folder, check_loops, from_pretrained, inside, load_torch, open_regular, plain_name,
-    read_bytes, read_dcp_metadata,
+    UntrustedFile, check_config, check_folder, check_loops, from_pretrained, inside, load_torch, open_regular,
+    plain_name, read_bytes, read_dcp_metadata,
 )
 from vocagno.writing import remove
 

@@ -41,8 +41,9 @@ import torch
 from torch.torch_version import TorchVersion
 
 __all__ = ["CAPS", "CHECKPOINT_GLOBALS", "CODE_FIELDS", "UntrustedFile", "cap", "check_config", "check_folder",
-           "check_index", "check_loops", "check_mds", "decompress", "from_pretrained", "inside", "load_torch", "open_regular", "plain_name",
-           "mds_header_bytes", "read_bytes", "read_dcp_metadata", "read_json"]
+           "check_index", "check_loops", "check_mds", "check_model_fits", "decompress", "from_pretrained", "inside",
+           "load_torch", "mds_header_bytes", "open_regular", "plain_name", "read_bytes", "read_dcp_metadata",
+           "read_json", "saved_shapes"]
 
 
 class UntrustedFile(ValueError):
@@ -84,6 +85,7 @@ CAPS = {
     "samples": (200_000_000, "samples in one index.json (Streaming keeps a few int64 numbers per sample)"),
     "document_bytes": (64 << 20, "one document of a corpus (a .jsonl line, a .txt file, a record's text)"),
     "file_bytes": (64 << 30, "any other single file: a corpus file, a checkpoint, a model's weights"),
+    "layers": (1024, "layers, experts or blocks one model config makes transformers build (num_hidden_layers, ...)"),
 }
 
 
@@ -170,9 +172,9 @@ class _Sized(io.RawIOBase):
 def open_regular(path: str | Path, max_bytes: int | None = None, folder: str | Path | None = None,
                  cap_name: str = "file_bytes"):
     """A binary file object of the regular file at ``path``, refused (``UntrustedFile``) where it is a link, a
-    device, a FIFO or a socket, or larger than ``max_bytes`` (the size stated for it, else the cap ``cap_name``). ``folder``: ``path`` is a
-    relative path inside it, opened one part after the other without following a link (a linked subfolder leads out).
-    It reads the bytes ``fstat`` counted when it was opened, and no more."""
+    device, a FIFO or a socket, or larger than ``max_bytes`` (the size stated for it, else the cap ``cap_name``).
+    ``folder``: ``path`` is a relative path inside it, opened one part after the other without following a link (a
+    linked subfolder leads out). It reads the bytes ``fstat`` counted when it was opened, and no more."""
     limit = cap(cap_name) if max_bytes is None else max_bytes
     name = str(Path(folder) / path) if folder is not None else str(path)
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -429,69 +431,154 @@ LOOP_FIELDS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "num_de
 
 def check_loops(fields: Any, tensors: int, source: str) -> None:
     """Refuse a loop-like number (``LOOP_FIELDS``) of ``fields`` (a config, or its saved content) that is no whole
-    number from 0 to the ``tensors`` its weights hold: a config's own constructor may loop over it already."""
+    number from 0 to the ``tensors`` (each holding at least one number) its weights hold, or past the ``layers`` cap:
+    a config's own constructor may loop over it already."""
     for field in LOOP_FIELDS:
         value = fields.get(field) if isinstance(fields, dict) else getattr(fields, field, None)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= tensors):
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= tensors:
             raise UntrustedFile(f"{source}: refused: its model config says {field}={value!r}, and its weights hold "
                                 f"{tensors} tensors: its config does not describe its weights")
+        if value > cap("layers"):
+            raise UntrustedFile(f"{source}: refused: its model config says {field}={value}, more than the "
+                                f"{cap('layers'):,} allowed (raise VOCAGNO_MAX_LAYERS if it is right)")
 
 
-def _saved_tensors(folder: Path, files: list[Path]) -> int | None:
-    """How many tensors a model folder's weights hold, from its weight index (every file it names checked to be one of
-    the folder's own) or its safetensors headers; None where it holds neither (pickled ``.bin`` weights only)."""
-    indexes = [f for f in files if f.name.endswith(".index.json") and len(f.parts) == 1]
-    if indexes:
-        names: set[str] = set()
-        for index in indexes:
+# safetensors' dtypes -> bytes per number
+_SAFETENSORS_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
+                      "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
+
+
+def _safetensors_shapes(folder: Path, file: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape of a safetensors file's header, refused unless every tensor's bytes lie in the file and
+    are as many as its dtype and shape say: a count or a shape is believed only where bytes on disk hold it."""
+    source = folder / file
+    with open_regular(file, folder=folder) as f:
+        size = f.raw.size
+        length = int.from_bytes(f.read(8), "little")
+        if length > min(cap("json_bytes"), max(size - 8, 0)):
+            raise UntrustedFile(f"{source}: refused: not safetensors (its header says {length:,} bytes, in a file of "
+                                f"{size:,})")
+        try:
+            header = json.loads(f.read(length))
+        except (ValueError, RecursionError):
+            raise UntrustedFile(f"{source}: refused: not safetensors (its header is not JSON)") from None
+    if not isinstance(header, dict):
+        raise UntrustedFile(f"{source}: refused: not safetensors (its header is not a mapping)")
+    data = size - 8 - length
+    shapes = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        shape = info.get("shape") if isinstance(info, dict) else None
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        width = _SAFETENSORS_BYTES.get(info.get("dtype")) if isinstance(info, dict) else None
+        if (width is None or not isinstance(shape, list) or not all(_whole(n, 0, 1 << 62) for n in shape)
+                or not isinstance(offsets, list) or len(offsets) != 2 or not all(_whole(n, 0, data) for n in offsets)
+                or offsets[1] - offsets[0] != int(np.prod(shape, dtype=object)) * width):
+            raise UntrustedFile(f"{source}: refused: its tensor {name[:80]!r} is not one its bytes hold (dtype, shape "
+                                "and offsets inside the file)")
+        shapes[name] = tuple(shape)
+    return shapes
+
+
+def _bin_shapes(folder: Path, file: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape of a pickled ``.bin`` weights file: ``torch.load`` with ``weights_only`` onto the meta
+    device from a memory map (no tensor's bytes read)."""
+    try:
+        state = torch.load(str(folder / file), map_location="meta", mmap=True, weights_only=True)
+    except Exception as error:  # a crafted pickle or zip raises anything: all mean "not weights we can read"
+        raise UntrustedFile(f"{folder / file}: refused: not PyTorch weights ({type(error).__name__}: "
+                            f"{str(error).splitlines()[0][:120] if str(error) else ''})") from None
+    if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+        raise UntrustedFile(f"{folder / file}: refused: not a mapping of names to tensors")
+    return {str(name): tuple(tensor.shape) for name, tensor in state.items()}
+
+
+def saved_shapes(folder: Path, files: list[Path]) -> dict[str, tuple[int, ...]] | None:
+    """Tensor name -> shape of the weights transformers would load from a model folder (``files``, as
+    ``check_folder`` gave them): the files its weight index (``model.safetensors.index.json``, else
+    ``pytorch_model.bin.index.json``) names, each checked to be one of the folder's own, else ``model.safetensors``,
+    else ``pytorch_model.bin``; None where it holds none of them."""
+    present = set(files)
+    for index, single, read in (("model.safetensors.index.json", "model.safetensors", _safetensors_shapes),
+                                ("pytorch_model.bin.index.json", "pytorch_model.bin", _bin_shapes)):
+        if Path(index) in present:
             content = read_json(index, folder)
             weight_map = content.get("weight_map") if isinstance(content, dict) else None
-            if not isinstance(weight_map, dict):
+            if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
                 raise UntrustedFile(f"{folder / index}: refused: no weight_map of tensor names to files")
-            for file in set(weight_map.values()):
-                if inside("", file, str(folder / index), "weight file") not in files:
+            named = []
+            for file in sorted(set(weight_map.values())):
+                path = inside("", file, str(folder / index), "weight file")
+                if path not in present:
                     raise UntrustedFile(f"{folder / index}: refused: it names {file!r}, which is not a file of "
                                         f"{folder}")
-            names |= set(weight_map)
-        return len(names)
-    headers = [f for f in files if f.suffix == ".safetensors"]
-    if not headers:
-        return None
-    count = 0
-    for file in headers:
-        with open_regular(file, folder=folder) as f:
-            size = int.from_bytes(f.read(8), "little")
-            if size > cap("json_bytes"):
-                raise _over_cap(folder / file, size, "json_bytes")
-            try:
-                header = json.loads(f.read(size))
-            except ValueError:
-                raise UntrustedFile(f"{folder / file}: refused: not safetensors (its header is not JSON)") from None
-        if not isinstance(header, dict):
-            raise UntrustedFile(f"{folder / file}: refused: not safetensors (its header is not a mapping)")
-        count += len([name for name in header if name != "__metadata__"])
-    return count
+                named.append(path)
+        elif Path(single) in present:
+            named = [Path(single)]
+        else:
+            continue
+        shapes: dict[str, tuple[int, ...]] = {}
+        for file in named:
+            shapes.update(read(folder, file))
+        return shapes
+    return None
+
+
+def _numbers(shape: tuple[int, ...]) -> int:
+    return int(np.prod(shape, dtype=object))
+
+
+def check_model_fits(loader: Any, folder: Path, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Refuse a model folder whose ``config.json`` describes more than its weights (``shapes``) hold, before
+    transformers builds it (and fills in every weight it lacks): each loop-like number bounded (``check_loops``) by
+    the weights' tensors that hold a number, then the model built on the meta device (no storage) and its parameters
+    counted, allowed past the saved numbers by at most the largest saved tensor (a head it initializes itself)."""
+    from transformers import AutoConfig
+
+    source = str(folder / "config.json")
+    holding = [shape for shape in shapes.values() if _numbers(shape) > 0]
+    try:
+        config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
+    except Exception as error:  # a crafted config fails anywhere in transformers' parsing of its fields
+        raise UntrustedFile(f"{source}: refused: its model config can't be read ({type(error).__name__}: "
+                            f"{str(error).splitlines()[0][:120] if str(error) else ''})") from None
+    check_loops(config, len(holding), source)
+    try:
+        with torch.device("meta"):
+            model = loader.from_config(config, trust_remote_code=False)
+    except Exception as error:  # a crafted config fails in any of the architecture's own checks
+        raise UntrustedFile(f"{source}: refused: its model config can't be built ({type(error).__name__}: "
+                            f"{str(error).splitlines()[0][:120] if str(error) else ''})") from None
+    described = sum(parameter.numel() for parameter in model.parameters())
+    saved = sum(map(_numbers, holding))
+    largest = max(map(_numbers, holding), default=0)
+    if described > saved + largest:
+        raise UntrustedFile(f"{source}: refused: its model config describes {described:,} parameters, and its "
+                            f"weights hold {saved:,} numbers: its config does not describe its weights")
 
 
 def from_pretrained(loader: Any, name_or_path: str, trust_remote_code: bool = False, **kwargs: Any) -> Any:
     """``loader.from_pretrained(name_or_path, ...)`` with ``trust_remote_code`` passed explicitly (off unless the
     user's own yaml turned it on). A local folder is checked first, unless trusted: its files regular and inside it
     (``check_folder``), its ``config.json`` and ``tokenizer_config.json`` without code (``check_config``), the files
-    its weight index names its own, its config's loops bounded by the tensors its weights hold (``check_loops``)."""
+    its weight index names its own, and, for a model, its config no larger than its weights (``check_model_fits``)."""
     if trust_remote_code is not True:
         trust_remote_code = False
         folder = Path(name_or_path)
         if folder.is_dir():
             files = check_folder(folder)
-            tensors = _saved_tensors(folder, files)
             for name in ("config.json", "tokenizer_config.json"):
                 if (folder / name).exists():
                     config = check_config(read_json(name, folder), str(folder / name))
                     for key in ("tokenizer_file", "vocab_file", "merges_file"):  # transformers loads these first
                         if config.get(key) is not None:
                             inside(folder, config[key], str(folder / name), key)
-                    if name == "config.json" and tensors is not None:
-                        check_loops(config, tensors, str(folder / name))
+            shapes = saved_shapes(folder, files)
+            if hasattr(loader, "from_config") and shapes is not None and (folder / "config.json").exists():
+                check_model_fits(loader, folder, shapes)  # a model, not a tokenizer or a config
     return loader.from_pretrained(name_or_path, trust_remote_code=trust_remote_code, **kwargs)
 
 
