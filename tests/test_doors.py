@@ -288,3 +288,27 @@ def test_a_weights_header_is_believed_only_where_the_files_bytes_hold_it(tmp_pat
     (tmp_path / "notes.index.json").write_text(json.dumps({"weight_map": {"x": "model.safetensors"}}))
     (tmp_path / "model.safetensors").unlink()
     assert saved_shapes(tmp_path, [Path("notes.index.json")]) is None  # only the index transformers reads counts
+
+
+def test_a_private_folder_is_written_through_its_descriptor_whatever_its_name_comes_to_hold(tmp_path):
+    from vocagno.writing import PrivateFolder
+
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    with PrivateFolder(tmp_path, ".download-") as private:
+        assert oct(os.stat(private.name).st_mode & 0o777) == "0o700"
+        moved = tmp_path / "moved"
+        os.rename(private.name, moved)  # someone who can write tmp_path swaps it for a link
+        os.symlink(victim, private.name)
+        (private.path / "file").write_bytes(b"shard")
+        assert (moved / "file").read_bytes() == b"shard" and list(victim.iterdir()) == []
+    assert list(moved.iterdir()) == [] and os.path.islink(private.name)  # emptied through it; the link left as it is
+
+
+def test_a_file_where_a_path_needs_a_folder_is_a_missing_file_not_a_link(tmp_path):
+    (tmp_path / "a").write_text("x")
+    with pytest.raises(FileNotFoundError, match="a file stands where its path needs a folder"):
+        read_bytes("a/b", folder=tmp_path)
+    (tmp_path / "c").symlink_to(tmp_path)
+    with pytest.raises(UntrustedFile, match="c/a: refused: a path through a link"):
+        read_bytes("c/a", folder=tmp_path)

@@ -443,3 +443,36 @@ def test_a_sample_whose_offsets_are_out_of_order_is_refused_in_one_line(tmp_path
         dataset[1]
     assert "\n" not in str(refused.value)
     del dataset
+
+
+@pytest.mark.parametrize("remote", ["on this machine", "object store"])
+def test_a_download_folder_swapped_for_a_link_after_it_was_made_leads_no_write_out(shards, s3, tmp_path, monkeypatch,
+                                                                                  remote):
+    """Someone who can write the shared cache replaces the private folder a download lands in (right after vocagno
+    made it) by a link to a folder of theirs' choosing: nothing is written there."""
+    import tempfile
+
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    made = tempfile.mkdtemp
+
+    def swapped(*args, **kwargs):
+        folder = made(*args, **kwargs)
+        if os.path.basename(folder).startswith(".download-"):
+            os.rename(folder, folder + "-moved")
+            os.symlink(victim, folder)
+        return folder
+
+    source = str(crafted(shards, tmp_path / "remote"))
+    if remote == "object store":
+        env, client = s3
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        for path in Path(source).rglob("*"):
+            if path.is_file():
+                client.upload_file(str(path), "runs", f"swapped/{path.relative_to(source)}")
+        source = "s3://runs/swapped"
+    monkeypatch.setattr(tempfile, "mkdtemp", swapped)
+    with pytest.raises(UntrustedFile, match=r"refused: .*\.download-\w+: the private folder it made was replaced"):
+        TeacherGuidedDataset(local=str(tmp_path / "cache"), remote=source, batch_size=1)[0]
+    assert list(victim.iterdir()) == []

@@ -50,7 +50,7 @@ from vocagno.shards import (
 from vocagno.untrusted import (
     UntrustedFile, check_index, check_mds, decompress, mds_header_bytes, open_regular, read_bytes, read_json,
 )
-from vocagno.writing import move_inside, own_temporary, remove, write_atomically, write_inside
+from vocagno.writing import PrivateFolder, move_inside, own_temporary, write_atomically, write_inside
 
 __all__ = ["TeacherGuidedDataset", "TeacherGuidedCollator", "teacher_guided_loader", "read_metadata", "token_bytes",
            "clean_leaked_shared_memory", "CheckedStream", "read_index"]
@@ -615,15 +615,19 @@ class CheckedStream(Stream):
             raise ValueError(f"{from_basename}: not a shard file of {self.local}'s checked index.json")
         folder = os.path.join(self.local, self.split)
         os.makedirs(folder, exist_ok=True)
-        private = tempfile.mkdtemp(dir=folder, prefix=".download-")
-        landed = os.path.join(private, "file")
         try:
+            private = PrivateFolder(folder, ".download-")
+        except PermissionError as error:
+            raise UntrustedFile(f"{os.path.join(folder, from_basename)}: refused: {error}") from None
+        with private:
+            landed = str(private.path / "file")  # through its descriptor: the folder itself, whatever its name holds
             on_machine = _local_path(self.remote)
             if on_machine is not None:  # a link to /dev/zero, a FIFO, a file larger than its index says: refused
                 source = os.path.join(on_machine, self.split)
                 self._check_file(source, from_basename)
                 with (open_regular(from_basename, self._sizes[from_basename], source, "shard_bytes") as f,
-                      open(landed, "xb") as out):
+                      open(os.open("file", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                   0o600, dir_fd=private.fd), "wb") as out):
                     shutil.copyfileobj(f, out)
             else:
                 remote = None if self.remote is None else os.path.join(self.remote, self.split, from_basename)
@@ -631,15 +635,13 @@ class CheckedStream(Stream):
                     lambda: self._downloader.download(remote, landed, self.download_timeout))()
             where = os.path.join(folder, from_basename)
             try:
-                self._check_file(private, from_basename, "file")
+                self._check_file(str(private.path), from_basename, "file")
             except UntrustedFile as error:  # named as the file it downloads
                 raise UntrustedFile(str(error).replace(landed, where)) from None
             if from_basename not in self._raw_of:  # a compressed file's hash is checked when it is decompressed
-                self._check_hash(read_bytes("file", self._sizes[from_basename], private, "shard_bytes"),
+                self._check_hash(read_bytes("file", self._sizes[from_basename], str(private.path), "shard_bytes"),
                                  from_basename, where)
             self._place(from_basename, lambda into: move_inside(landed, into, from_basename))
-        finally:
-            remove(private)
         return os.path.join(folder, from_basename)
 
     def _decompress_shard_part(self, zip_info, zip_filename: str, raw_filename: str, compression: str | None) -> None:

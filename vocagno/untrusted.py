@@ -191,7 +191,13 @@ def open_regular(path: str | Path, max_bytes: int | None = None, folder: str | P
             fd = os.open(parts[-1], flags, dir_fd=opened[-1])
     except OSError as error:
         if error.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
-            kind = "a symbolic link" if os.path.islink(name) else "a path through a link"  # at its name, or on the way
+            if os.path.islink(name):
+                kind = "a symbolic link"
+            elif folder is not None and not any(os.path.islink(Path(folder).joinpath(*parts[:i]))
+                                                for i in range(1, len(parts))):
+                raise FileNotFoundError(errno.ENOENT, "a file stands where its path needs a folder", name) from None
+            else:
+                kind = "a path through a link"
             raise UntrustedFile(f"{name}: refused: {kind}: vocagno reads regular files only, and follows no link "
                                 "(copy the file itself there)") from None
         raise

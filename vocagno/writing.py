@@ -6,6 +6,8 @@ through a link someone planted where vocagno writes (a shared out-root, a bucket
 - A folder is built in a fresh private staging folder (``staging``: ``mkdtemp`` beside where it goes, ``0700``, a name
   no one else can have made) and renamed into place (``publish``); a staging name vocagno did not create this run is
   never reused.
+- A file that must land somewhere private before it is checked (a download) lands in a ``PrivateFolder``, written
+  through its descriptor, so a folder swapped for a link after it was made leads nothing out.
 - What stands in the way is removed by ``remove``: a link is unlinked, never followed.
 """
 
@@ -18,8 +20,8 @@ import tempfile
 import uuid
 from pathlib import Path
 
-__all__ = ["append", "make_readable", "move_inside", "own_temporary", "publish", "remove", "save_figure", "staging",
-           "write_atomically", "write_inside"]
+__all__ = ["PrivateFolder", "append", "make_readable", "move_inside", "own_temporary", "publish", "remove",
+           "save_figure", "staging", "write_atomically", "write_inside"]
 
 
 def own_temporary(path: str | Path) -> Path:
@@ -134,6 +136,50 @@ def staging(final: str | Path) -> Path:
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.staging-"))
+
+
+class PrivateFolder:
+    """A new folder of this process's own (``mkdtemp``: hidden, ``0700``) inside ``parent``, held open: ``path`` names
+    it through its descriptor (``/proc/self/fd/N``), so a writer given that path writes into this very folder even
+    where someone who can write ``parent`` renames it and plants a link at its name. Refused (``PermissionError``)
+    where what stands at the name once made is not a folder of this user's that only this user can enter. A
+    context manager: on exit, its files are removed through the descriptor and the folder by its name."""
+
+    def __init__(self, parent: str | Path, prefix: str):
+        self.name = Path(tempfile.mkdtemp(dir=parent, prefix=prefix))
+        try:
+            self.fd = os.open(self.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:  # ELOOP or ENOTDIR: a link at its name
+            self.fd = None
+        info = None if self.fd is None else os.fstat(self.fd)
+        if info is None or info.st_uid != os.geteuid() or stat.S_IMODE(info.st_mode) & 0o077:
+            self.close()
+            raise PermissionError(f"{self.name}: the private folder it made was replaced (by someone who can write "
+                                  f"{parent}): nothing is written through it")
+        self.path = Path(f"/proc/self/fd/{self.fd}")
+
+    def __enter__(self) -> PrivateFolder:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.fd is not None:
+            for entry in os.listdir(self.fd):
+                try:
+                    os.unlink(entry, dir_fd=self.fd)
+                except IsADirectoryError:
+                    shutil.rmtree(entry, dir_fd=self.fd)
+            own = os.fstat(self.fd)
+            os.close(self.fd)
+            self.fd = None
+            try:
+                now = os.lstat(self.name)
+            except FileNotFoundError:
+                return
+            if (now.st_dev, now.st_ino) == (own.st_dev, own.st_ino):  # still ours at its name
+                os.rmdir(self.name)
 
 
 def publish(built: str | Path, final: str | Path, replace: bool = False) -> None:
