@@ -416,6 +416,19 @@ def test_composers_latest_link_is_followed_to_the_checkpoint_beside_it_and_no_fu
     one_error_line(capsys, "latest-rank0.pt: refused: its link target")
 
 
+@pytest.mark.parametrize("links", [{"latest-rank0.pt": "latest-rank0.pt"},
+                                   {"latest-rank0.pt": "latest-rank1.pt", "latest-rank1.pt": "latest-rank0.pt"},
+                                   {"latest-rank0.pt": "other.pt", "other.pt": "ep0-ba1-rank0.pt"}])
+def test_a_latest_link_is_followed_one_hop_and_a_loop_of_them_is_refused_in_one_line(links, state, tmp_path, capsys):
+    save = tmp_path / "save"
+    saved(state, save / "ep0-ba1-rank0.pt")
+    for name, target in links.items():
+        (save / name).symlink_to(target)
+    assert export_main([str(save / "latest-rank0.pt"), str(tmp_path / "model")]) == 2
+    one_error_line(capsys, "latest-rank0.pt: refused: its link target ", "is itself a link")
+    assert not (tmp_path / "model").exists()
+
+
 def test_a_sharded_checkpoint_whose_metadata_claims_more_than_its_shards_hold_is_refused_unallocated(state, tmp_path,
                                                                                                       capsys):
     """torch.distributed.checkpoint's loader makes an empty tensor of every size ``.metadata`` claims before it reads

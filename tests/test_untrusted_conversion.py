@@ -234,7 +234,8 @@ def test_a_remote_out_roots_working_folder_planted_in_the_temporary_folder_is_re
 
     top.unlink()
     folder = work_folder("s3://bucket/shards")
-    assert folder == top / "s3_bucket_shards" and (top.stat().st_mode & 0o777, folder.stat().st_mode & 0o777) == (
+    assert work_folder("s3://bucket/x_y") != work_folder("s3://bucket/x/y")  # names alike, folders apart
+    assert folder == top / "s3_bucket_shards-136c0db6cba8" and (top.stat().st_mode & 0o777, folder.stat().st_mode & 0o777) == (
         0o700, 0o700)
     top.chmod(0o755)
     with pytest.raises(Exception, match="pass --local-root"):

@@ -119,7 +119,12 @@ def _latest_target(latest: Path) -> Path:
     must be a checkpoint's plain name in the same folder (Composer links it so)."""
     if not latest.is_symlink():
         return latest
-    return latest.parent / _untrusted(plain_name, os.readlink(latest), str(latest), "link target")
+    name = os.readlink(latest)
+    target = latest.parent / _untrusted(plain_name, name, str(latest), "link target")
+    if target.is_symlink():  # one hop: a latest names a checkpoint, never another link (a loop of them included)
+        raise BadCheckpoint(f"{latest}: refused: its link target {name!r} is itself a link: Composer's latest names "
+                            "a checkpoint beside it")
+    return target
 
 
 # What a sharded save writes into its folder: each rank's shards, then .metadata (through a .tmp file it renames).

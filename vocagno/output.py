@@ -22,6 +22,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -191,11 +192,13 @@ def _write_inside(folder: str | Path, relative: str, data: bytes | Path) -> None
 
 def work_folder(out_root: str) -> Path:
     """The local working folder of a remote ``out_root`` given no ``--local-root``: a folder of its own in
-    ``$TMPDIR/vocagno-convert-UID``. The temporary folder is every user's: the top folder is made private (``0700``)
+    ``$TMPDIR/vocagno-convert-UID`` (its name the out-root's, then a hash of it). The temporary folder is every user's: the top folder is made private (``0700``)
     and used only if it is a real folder (no link) of this user's own, open to no one else, and so is the out-root's
     folder inside it; anything else there (planted by another user) is refused (``UntrustedFile``), not used."""
     top = Path(tempfile.gettempdir()) / f"vocagno-convert-{os.getuid()}"
-    for folder in (top, top / re.sub(r"[^\w.-]+", "_", out_root)):
+    digest = hashlib.sha256(out_root.encode("utf-8", "surrogatepass")).hexdigest()[:12]  # s3://b/x_y vs s3://b/x/y
+    name = re.sub(r"[^\w.-]+", "_", out_root)[:100]
+    for folder in (top, top / f"{name}-{digest}"):
         try:
             os.mkdir(folder, 0o700)
         except FileExistsError:
