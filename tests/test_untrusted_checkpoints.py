@@ -358,6 +358,24 @@ def test_a_model_folder_whose_config_describes_more_than_its_weights_hold_is_ref
     one_error_line(capsys, f"{folder / 'config.json'}: refused: ", reason)
 
 
+@pytest.mark.parametrize("load", ["model", "tokenizer"])
+def test_a_model_folders_config_is_bounded_before_transformers_parses_it(load, tmp_path, capsys):
+    """Qwen2's config constructor makes a list of num_hidden_layers entries: 10**12 of them are refused first, for a
+    tokenizer load too (transformers reads config.json to find a tokenizer's class)."""
+    from bounded import within
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from vocagno.untrusted import from_pretrained
+
+    folder = _model_folder(tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "qwen2", "num_hidden_layers": 10**12}))
+    (folder / "tokenizer_config.json").write_text("{}")  # no tokenizer_class: transformers looks in config.json
+    with within(seconds=20, memory=1 << 30), pytest.raises(UntrustedFile, match=(
+            f"{folder / 'config.json'}: refused: its model config says num_hidden_layers=1000000000000")):
+        from_pretrained(AutoModelForCausalLM if load == "model" else AutoTokenizer, str(folder))
+
+
 def test_a_model_folder_of_pickled_weights_is_checked_by_their_shapes_and_loads_when_it_fits(tmp_path, capsys):
     import torch
     from safetensors.torch import load_file

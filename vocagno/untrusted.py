@@ -435,17 +435,20 @@ LOOP_FIELDS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "num_de
                "num_local_experts", "num_experts", "n_routed_experts", "n_shared_experts")
 
 
-def check_loops(fields: Any, tensors: int, source: str) -> None:
+def check_loops(fields: Any, tensors: int | None, source: str) -> None:
     """Refuse a loop-like number (``LOOP_FIELDS``) of ``fields`` (a config, or its saved content) that is no whole
-    number from 0 to the ``tensors`` (each holding at least one number) its weights hold, or past the ``layers`` cap:
-    a config's own constructor may loop over it already."""
+    number from 0 to the ``tensors`` (each holding at least one number) its weights hold (where they are known), or
+    past the ``layers`` cap: a config's own constructor may loop over it already."""
     for field in LOOP_FIELDS:
         value = fields.get(field) if isinstance(fields, dict) else getattr(fields, field, None)
         if value is None:
             continue
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= tensors:
+        whole = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        if tensors is not None and not (whole and value <= tensors):
             raise UntrustedFile(f"{source}: refused: its model config says {field}={value!r}, and its weights hold "
                                 f"{tensors} tensors: its config does not describe its weights")
+        if not whole:
+            raise UntrustedFile(f"{source}: refused: its model config says {field}={value!r}, which is no count")
         if value > cap("layers"):
             raise UntrustedFile(f"{source}: refused: its model config says {field}={value}, more than the "
                                 f"{cap('layers'):,} allowed (raise VOCAGNO_MAX_LAYERS if it is right)")
@@ -537,6 +540,11 @@ def _numbers(shape: tuple[int, ...]) -> int:
     return int(np.prod(shape, dtype=object))
 
 
+def _holding(shapes: dict[str, tuple[int, ...]]) -> int:
+    """How many of the tensors hold at least one number."""
+    return sum(_numbers(shape) > 0 for shape in shapes.values())
+
+
 def check_model_fits(loader: Any, folder: Path, shapes: dict[str, tuple[int, ...]]) -> None:
     """Refuse a model folder whose ``config.json`` describes more than its weights (``shapes``) hold, before
     transformers builds it (and fills in every weight it lacks): each loop-like number bounded (``check_loops``) by
@@ -546,6 +554,7 @@ def check_model_fits(loader: Any, folder: Path, shapes: dict[str, tuple[int, ...
 
     source = str(folder / "config.json")
     holding = [shape for shape in shapes.values() if _numbers(shape) > 0]
+    check_loops(read_json("config.json", folder), len(holding), source)  # before transformers parses it
     try:
         config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
     except Exception as error:  # a crafted config fails anywhere in transformers' parsing of its fields
@@ -576,13 +585,15 @@ def from_pretrained(loader: Any, name_or_path: str, trust_remote_code: bool = Fa
         folder = Path(name_or_path)
         if folder.is_dir():
             files = check_folder(folder)
+            shapes = saved_shapes(folder, files)
             for name in ("config.json", "tokenizer_config.json"):
                 if (folder / name).exists():
                     config = check_config(read_json(name, folder), str(folder / name))
                     for key in ("tokenizer_file", "vocab_file", "merges_file"):  # transformers loads these first
                         if config.get(key) is not None:
                             inside(folder, config[key], str(folder / name), key)
-            shapes = saved_shapes(folder, files)
+                    if name == "config.json":  # before transformers parses it (for a tokenizer too)
+                        check_loops(config, None if shapes is None else _holding(shapes), str(folder / name))
             if hasattr(loader, "from_config") and shapes is not None and (folder / "config.json").exists():
                 check_model_fits(loader, folder, shapes)  # a model, not a tokenizer or a config
     return loader.from_pretrained(name_or_path, trust_remote_code=trust_remote_code, **kwargs)
