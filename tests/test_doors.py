@@ -182,6 +182,23 @@ def test_staging_is_fresh_and_publish_replaces_only_when_told_and_removes_links_
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".model.staging")) == ["model", "victim"]
 
 
+def test_a_staging_folder_swapped_for_a_link_is_not_made_readable_through_it(tmp_path):
+    """Someone who can write the folder beside it renames the staging folder and plants a link to a folder of the
+    victim's at its name: make_readable refuses it, and no mode changes there (an id_rsa stays 0600)."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "id_rsa").write_text("key")
+    os.chmod(victim / "id_rsa", 0o600)
+    os.chmod(victim, 0o700)
+    built = staging(tmp_path / "model")
+    (built / "config.json").write_text("{}")
+    os.rename(built, tmp_path / "moved")
+    built.symlink_to(victim)
+    with pytest.raises(OSError):
+        make_readable(built, umask=0o022)
+    assert (oct(victim.stat().st_mode & 0o777), oct((victim / "id_rsa").stat().st_mode & 0o777)) == ("0o700", "0o600")
+
+
 def test_a_log_is_appended_to_its_own_file_and_never_through_a_link(tmp_path):
     from vocagno.writing import append
 

@@ -210,13 +210,25 @@ def remove(path: str | Path) -> None:
 
 def make_readable(folder: str | Path, umask: int | None = None) -> None:
     """Give the files and folders under ``folder`` (built by ``staging``, private) the modes a plain write gives them
-    under the umask; links are skipped, never followed."""
+    under the umask. Walked through descriptors from ``folder`` opened without following a link (a link at its name,
+    planted after it was made, is refused: ``OSError``), each file opened the same way before its mode is set, so no
+    link, at any depth, leads a change of mode out."""
     if umask is None:
         umask = os.umask(0)
         os.umask(umask)
-    for where, folders, files in os.walk(folder, followlinks=False):
-        for name, mode in [(f, 0o777) for f in folders] + [(f, 0o666) for f in files]:
-            path = os.path.join(where, name)
-            if not stat.S_ISLNK(os.lstat(path).st_mode):
-                os.chmod(path, mode & ~umask)
-    os.chmod(folder, 0o777 & ~umask)
+    top = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for _, _, files, where in os.fwalk(".", dir_fd=top, follow_symlinks=False):
+            for name in files:
+                try:
+                    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=where)
+                except OSError:  # a link (ELOOP), or gone
+                    continue
+                try:
+                    if stat.S_ISREG(os.fstat(fd).st_mode):
+                        os.fchmod(fd, 0o666 & ~umask)
+                finally:
+                    os.close(fd)
+            os.fchmod(where, 0o777 & ~umask)  # this folder (fwalk yields each folder's own descriptor)
+    finally:
+        os.close(top)
