@@ -166,7 +166,8 @@ def test_staging_is_fresh_and_publish_replaces_only_when_told_and_removes_links_
     final = tmp_path / "model"
     final.symlink_to(victim)
     built = staging(final)
-    assert built.parent == tmp_path and oct(built.stat().st_mode & 0o777) == "0o700" and not any(built.iterdir())
+    assert built.parent.parent == tmp_path and not any(built.iterdir())
+    assert {oct(f.stat().st_mode & 0o777) for f in (built, built.parent)} == {"0o700"}
     assert staging(final) != built
     (built / "config.json").write_text("{}")
     (built / "link").symlink_to(victim / "id_rsa")
@@ -197,6 +198,24 @@ def test_a_staging_folder_swapped_for_a_link_is_not_made_readable_through_it(tmp
     with pytest.raises(OSError):
         make_readable(built, umask=0o022)
     assert (oct(victim.stat().st_mode & 0o777), oct((victim / "id_rsa").stat().st_mode & 0o777)) == ("0o700", "0o600")
+
+
+def test_a_staging_folder_swapped_for_a_link_while_it_fills_leads_no_write_out(tmp_path):
+    """Its outer folder renamed and a link to the victim's folder planted at its name while a writer fills it by path:
+    the next write finds no folder (the inner name is in no folder the link can name), nothing lands in the victim's,
+    and removing the staging folder unlinks the link and leaves the victim's folder as it was."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    built = staging(tmp_path / "part")
+    (built / "shard.00000.mds").write_bytes(b"before")
+    [swapped] = tmp_path.glob(".part.staging-*")  # what the others see beside the part
+    os.rename(swapped, tmp_path / "moved")
+    swapped.symlink_to(victim)
+    with pytest.raises(FileNotFoundError):
+        (built / "index.json").write_text("{}")
+    assert list(victim.iterdir()) == []
+    remove(built)
+    assert not os.path.lexists(swapped) and victim.is_dir() and list(victim.iterdir()) == []
 
 
 def test_a_log_is_appended_to_its_own_file_and_never_through_a_link(tmp_path):

@@ -3,9 +3,9 @@ through a link someone planted where vocagno writes (a shared out-root, a bucket
 
 - A file is written under a fresh name of its own (``O_CREAT | O_EXCL``, which never follows a link) and renamed
   into place (``write_atomically``): readers see the old file or the whole new one.
-- A folder is built in a fresh private staging folder (``staging``: ``mkdtemp`` beside where it goes, ``0700``, a name
-  no one else can have made) and renamed into place (``publish``); a staging name vocagno did not create this run is
-  never reused.
+- A folder is built in a fresh private staging folder (``staging``: a random name inside a ``mkdtemp`` folder beside
+  where it goes, both ``0700``, names no one else can have made or can list) and renamed into place (``publish``); a
+  staging name vocagno did not create this run is never reused.
 - A file that must land somewhere private before it is checked (a download) lands in a ``PrivateFolder``, written
   through its descriptor, so a folder swapped for a link after it was made leads nothing out.
 - What stands in the way is removed by ``remove``: a link is unlinked, never followed.
@@ -131,11 +131,21 @@ def save_figure(figure, path: str | Path, **kwargs) -> None:
     write_atomically(path, buffer.getvalue())
 
 
+_OUTER: dict[Path, Path] = {}  # a staging folder -> the private folder it stands in
+
+
 def staging(final: str | Path) -> Path:
-    """A new empty folder of this process's own beside ``final`` (hidden, ``0700``), to build ``final`` in."""
+    """A new empty folder of this process's own to build ``final`` in: ``.NAME.staging-XXXX/YYYY`` beside ``final``,
+    both made by ``mkdtemp`` (``0700``). Writers fill it by path (``MDSWriter``, ``save_pretrained``): someone who can
+    write the folder beside ``final``, and who swaps ``.NAME.staging-XXXX`` for a link while it fills, can point the
+    link at no folder that holds ``YYYY`` (a random name they can't list), so no write follows it anywhere.
+    ``publish`` and ``remove`` take the outer folder away with it."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.staging-"))
+    outer = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.staging-"))
+    built = Path(tempfile.mkdtemp(dir=outer, prefix="built-"))
+    _OUTER[built] = outer
+    return built
 
 
 class PrivateFolder:
@@ -196,6 +206,8 @@ def publish(built: str | Path, final: str | Path, replace: bool = False) -> None
     os.rename(built, final)
     if aside is not None:
         remove(aside)
+    if built in _OUTER:
+        remove(_OUTER.pop(built))
 
 
 def remove(path: str | Path) -> None:
@@ -206,6 +218,8 @@ def remove(path: str | Path) -> None:
         path.unlink()
     elif path.is_dir():
         shutil.rmtree(path)
+    if path in _OUTER:  # a staging folder: the private folder it stands in too
+        remove(_OUTER.pop(path))
 
 
 def make_readable(folder: str | Path, umask: int | None = None) -> None:
