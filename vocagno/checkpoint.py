@@ -23,8 +23,8 @@ import torch
 from omegaconf import OmegaConf as om
 
 from vocagno.untrusted import (
-    UntrustedFile, check_config, check_folder, check_loops, from_pretrained, inside, load_torch, open_regular,
-    plain_name, read_bytes, read_dcp_metadata,
+    UntrustedFile, build_on_meta, check_config, check_folder, check_loops, from_pretrained, inside, load_torch,
+    open_regular, plain_name, read_bytes, read_dcp_metadata,
 )
 from vocagno.writing import remove
 
@@ -480,12 +480,7 @@ def _check_fits(config, weights: dict[str, torch.Tensor], name: str) -> None:
     from transformers import AutoModelForCausalLM
 
     _check_loops(config, len(weights), name)  # again: a config may compute one from others
-    try:
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
-    except Exception as error:  # a crafted config fails in any of the architecture's own checks
-        raise BadCheckpoint(f"{name}: its model config can't be built: {type(error).__name__}: "
-                            f"{_first_line(error)}") from error
+    model = _untrusted(build_on_meta, AutoModelForCausalLM, config, name)
     expected = {key: tuple(value.shape) for key, value in model.state_dict().items()}
     saved = {key: tuple(value.shape) for key, value in weights.items()}
     if expected != saved:

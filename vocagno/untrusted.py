@@ -40,10 +40,10 @@ import numpy as np
 import torch
 from torch.torch_version import TorchVersion
 
-__all__ = ["CAPS", "CHECKPOINT_GLOBALS", "CODE_FIELDS", "UntrustedFile", "cap", "check_config", "check_folder",
-           "check_index", "check_loops", "check_mds", "check_model_fits", "decompress", "from_pretrained", "inside",
-           "load_torch", "mds_header_bytes", "open_regular", "plain_name", "read_bytes", "read_dcp_metadata",
-           "read_json", "saved_shapes"]
+__all__ = ["CAPS", "CHECKPOINT_GLOBALS", "CODE_FIELDS", "UntrustedFile", "build_on_meta", "cap", "check_config",
+           "check_folder", "check_index", "check_loops", "check_mds", "check_model_fits", "decompress",
+           "from_pretrained", "inside", "load_torch", "mds_header_bytes", "open_regular", "plain_name", "read_bytes",
+           "read_dcp_metadata", "read_json", "saved_shapes"]
 
 
 class UntrustedFile(ValueError):
@@ -545,6 +545,17 @@ def _holding(shapes: dict[str, tuple[int, ...]]) -> int:
     return sum(_numbers(shape) > 0 for shape in shapes.values())
 
 
+def build_on_meta(loader: Any, config: Any, source: str) -> Any:
+    """``loader.from_config(config)`` on PyTorch's meta device (no storage: shapes only), after its loop-like numbers
+    were bounded (``check_loops``); a config that fails any of the architecture's own checks is refused in one line."""
+    try:
+        with torch.device("meta"):
+            return loader.from_config(config, trust_remote_code=False)
+    except Exception as error:  # a crafted config fails anywhere in the architecture's constructor
+        raise UntrustedFile(f"{source}: refused: its model config can't be built ({type(error).__name__}: "
+                            f"{str(error).splitlines()[0][:120] if str(error) else ''})") from None
+
+
 def check_model_fits(loader: Any, folder: Path, shapes: dict[str, tuple[int, ...]]) -> None:
     """Refuse a model folder whose ``config.json`` describes more than its weights (``shapes``) hold, before
     transformers builds it (and fills in every weight it lacks): each loop-like number bounded (``check_loops``) by
@@ -561,13 +572,7 @@ def check_model_fits(loader: Any, folder: Path, shapes: dict[str, tuple[int, ...
         raise UntrustedFile(f"{source}: refused: its model config can't be read ({type(error).__name__}: "
                             f"{str(error).splitlines()[0][:120] if str(error) else ''})") from None
     check_loops(config, len(holding), source)
-    try:
-        with torch.device("meta"):
-            model = loader.from_config(config, trust_remote_code=False)
-    except Exception as error:  # a crafted config fails in any of the architecture's own checks
-        raise UntrustedFile(f"{source}: refused: its model config can't be built ({type(error).__name__}: "
-                            f"{str(error).splitlines()[0][:120] if str(error) else ''})") from None
-    described = sum(parameter.numel() for parameter in model.parameters())
+    described = sum(parameter.numel() for parameter in build_on_meta(loader, config, source).parameters())
     saved = sum(map(_numbers, holding))
     largest = max(map(_numbers, holding), default=0)
     if described > saved + largest:
