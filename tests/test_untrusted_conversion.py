@@ -9,6 +9,7 @@ import gzip
 import json
 import os
 import tracemalloc
+from pathlib import Path
 
 import pytest
 from bounded import within
@@ -148,13 +149,9 @@ def test_documents_over_the_cap_are_skipped_counted_and_named_and_a_large_json_a
     assert totals["documents converted"] == 41  # a.jsonl's 40, c.jsonl.gz's first line
 
 
-def test_a_gzip_bomb_of_one_line_is_read_in_bounded_memory(tmp_path, monkeypatch):
-    """A 40 KB .gz that expands to one 32 MiB line: with a 1 MiB cap, reading it holds about the cap, not the line
-    (peak of Python's allocations while the file is read, tracemalloc)."""
-    monkeypatch.setenv("VOCAGNO_MAX_DOCUMENT_BYTES", str(1 << 20))
-    path = tmp_path / "bomb.jsonl.gz"
-    path.write_bytes(gzip.compress(b'{"text": "' + b"0" * (32 << 20) + b'"}\n{"text": "after"}\n', 9))
-    assert path.stat().st_size < 100_000
+def read_with_peak_under(path: Path, most: int):
+    """The converter's source of ``path`` and its records, read while Python's allocations peak below ``most`` bytes
+    (tracemalloc)."""
     (source,) = sources_of([str(path)], "train", TextOf())
     tracemalloc.start()
     try:
@@ -162,7 +159,18 @@ def test_a_gzip_bomb_of_one_line_is_read_in_bounded_memory(tmp_path, monkeypatch
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert peak < 8 << 20, f"{peak:,} bytes at the peak"
+    assert peak < most, f"{peak:,} bytes at the peak"
+    return source, records
+
+
+def test_a_gzip_bomb_of_one_line_is_read_in_bounded_memory(tmp_path, monkeypatch):
+    """A 40 KB .gz that expands to one 32 MiB line: with a 1 MiB cap, reading it holds about the cap, not the line
+    (peak of Python's allocations while the file is read, tracemalloc)."""
+    monkeypatch.setenv("VOCAGNO_MAX_DOCUMENT_BYTES", str(1 << 20))
+    path = tmp_path / "bomb.jsonl.gz"
+    path.write_bytes(gzip.compress(b'{"text": "' + b"0" * (32 << 20) + b'"}\n{"text": "after"}\n', 9))
+    assert path.stat().st_size < 100_000
+    source, records = read_with_peak_under(path, 8 << 20)
     assert [getattr(r, "where", r) for r in records] == ["line 1", b'{"text": "after"}\n']
     assert source.over_cap == [f"{path} line 1"]
 
@@ -287,14 +295,7 @@ def test_a_parquet_document_over_the_cap_is_never_made_a_python_string(tmp_path,
     path.parent.mkdir()
     pq.write_table(pa.table({"text": [*texts[:20], "a" * (32 << 20), *texts[20:]]}), path, compression="zstd")
     assert path.stat().st_size < 100_000
-    (source,) = sources_of([str(path)], "train", TextOf())
-    tracemalloc.start()
-    try:
-        records = list(source.records())
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert peak < 8 << 20, f"{peak:,} bytes at the peak"
+    source, records = read_with_peak_under(path, 8 << 20)
     assert [r.where for r in records if r.text is None] == ["row 21"] and len(records) == 41
     with within():
         assert converts(tmp_path / "shards", inputs=[path.parent]) == 0
