@@ -389,7 +389,7 @@ def test_a_model_folder_of_pickled_weights_is_checked_by_their_shapes_and_loads_
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "intermediate_size": 4096}))  # 16 times its MLPs
     assert eval_main(["--model", str(folder), "--bpb", str(tmp_path / "t.txt"), "--device", "cpu"]) == 2
-    one_error_line(capsys, f"{folder / 'config.json'}: refused: its model config describes 7,902,048 parameters, "
+    one_error_line(capsys, f"{folder / 'config.json'}: refused: its model config describes 7,902,060 numbers, "
                            "and its weights hold 3,478,368 numbers")
 
 
@@ -402,6 +402,108 @@ def test_a_config_looping_past_the_layers_cap_is_refused_and_the_cap_can_be_rais
                            "the 3 allowed (raise VOCAGNO_MAX_LAYERS if it is right)")
     monkeypatch.setenv("VOCAGNO_MAX_LAYERS", "4")
     assert eval_main(["--model", str(folder), "--bpb", str(tmp_path / "t.txt"), "--device", "cpu"]) == 0
+
+
+def _explicit_outside(folder: Path, tmp_path: Path) -> str:
+    """config.json's transformers_weights (which transformers loads first) names a file outside the folder (there, a
+    FIFO would hang the load, a link to /dev/zero exhaust memory)."""
+    (folder / "model.safetensors").rename(tmp_path / "weights.safetensors")
+    config = json.loads((folder / "config.json").read_text())
+    outside = str(tmp_path / "weights.safetensors")
+    (folder / "config.json").write_text(json.dumps({**config, "transformers_weights": outside}))
+    return "its transformers_weights"
+
+
+def _single_beside_index(folder: Path, tmp_path: Path) -> str:
+    """model.safetensors (which transformers loads first) holds one number; the index beside it names the real
+    weights: transformers would build the model from the one file and fill in the rest."""
+    import torch
+
+    (folder / "model.safetensors").rename(folder / "real.safetensors")
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "real.safetensors"), "pt") as f:
+        names = list(f.keys())
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {name: "real.safetensors" for name in names}}))
+    _safetensors(folder / "model.safetensors", {"unused": torch.zeros(1)})
+    return "its weights hold 1 tensors"
+
+
+def _nested_decoder_layers(folder: Path, tmp_path: Path) -> str:
+    """BART's decoder_layers (not num_hidden_layers), 1,000,000 of them."""
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "decoder_layers": 1_000_000,
+                                                    "text_config": {"num_hidden_layers": 10}}))
+    return "decoder_layers=1000000"
+
+
+def _causal_mask(folder: Path, tmp_path: Path) -> str:
+    """A GPT-2 of 100,000 positions whose weights hold all it has: its causal-mask buffer alone is 10 GB."""
+    import torch
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    config = GPT2Config(vocab_size=32000, n_positions=100_000, n_embd=8, n_layer=1, n_head=1)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    (folder / "model.safetensors").unlink()
+    _safetensors(folder / "model.safetensors", {name: torch.zeros(tuple(t.shape)) for name, t in
+                                                model.state_dict().items() if not name.endswith("attn.bias")})
+    (folder / "config.json").write_text(config.to_json_string())
+    return "numbers, and its weights hold"
+
+
+def _sparse_generation_config(folder: Path, tmp_path: Path) -> str:
+    with open(folder / "generation_config.json", "r+b") as f:
+        f.truncate(300 << 20)  # 300 MiB that take no disk
+    return "generation_config.json: refused: 314,572,800 bytes, more than the 268,435,456 allowed"
+
+
+@pytest.mark.parametrize("craft", [_explicit_outside, _single_beside_index, _nested_decoder_layers, _causal_mask,
+                                   _sparse_generation_config])
+def test_a_model_folder_is_checked_as_transformers_will_read_it(craft, tmp_path, capsys):
+    from bounded import within
+
+    folder = _model_folder(tmp_path)
+    reason = craft(folder, tmp_path)
+    (tmp_path / "t.txt").write_text("1 + 1 = 2\n")
+    with within(seconds=30, memory=2 << 30):
+        assert eval_main(["--model", str(folder), "--bpb", str(tmp_path / "t.txt"), "--device", "cpu"]) == 2
+    one_error_line(capsys, f"{folder}", "refused: ", reason)
+
+
+def test_a_model_folder_naming_its_own_weights_file_and_one_of_torchs_legacy_format_load(tmp_path, capsys):
+    import torch
+    from safetensors.torch import load_file
+
+    folder = _model_folder(tmp_path)
+    (tmp_path / "t.txt").write_text("1 + 1 = 2\n")
+    (folder / "model.safetensors").rename(folder / "weights.safetensors")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "transformers_weights": "weights.safetensors"}))
+    assert eval_main(["--model", str(folder), "--bpb", str(tmp_path / "t.txt"), "--device", "cpu"]) == 0
+    torch.save(load_file(str(folder / "weights.safetensors")), folder / "pytorch_model.bin",
+               _use_new_zipfile_serialization=False)
+    (folder / "weights.safetensors").unlink()
+    (folder / "config.json").write_text(json.dumps(config))
+    assert eval_main(["--model", str(folder), "--bpb", str(tmp_path / "t.txt"), "--device", "cpu"]) == 0
+
+
+def test_a_checkpoint_whose_zip_holds_a_compressed_record_is_refused_before_torch_unpacks_it(state, tmp_path,
+                                                                                             capsys):
+    """torch.save stores its records as they are; torch.load unpacks a deflated one whole (a few MB of it could be
+    gigabytes): refused first, in one line."""
+    import zipfile
+
+    checkpoint = saved(state, tmp_path / "run" / "ep0-ba1-rank0.pt")
+    crafted = tmp_path / "run" / "ep0-ba2-rank0.pt"
+    with zipfile.ZipFile(checkpoint) as source, zipfile.ZipFile(crafted, "w") as out:
+        for info in source.infolist():
+            out.writestr(info.filename, source.read(info),
+                         zipfile.ZIP_DEFLATED if info.filename.endswith("data.pkl") else zipfile.ZIP_STORED)
+    assert export_main([str(crafted), str(tmp_path / "out")]) == 2
+    one_error_line(capsys, "ep0-ba2-rank0.pt: refused: its record ", "data.pkl' is compressed")
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_model_folders_weight_index_naming_a_file_outside_it_is_refused(tmp_path, capsys):

@@ -128,13 +128,13 @@ def test_documents_over_the_cap_are_skipped_counted_and_named_and_a_large_json_a
     being held whole, counted, and named by file and line in the summary; a JSON array over VOCAGNO_MAX_JSON_BYTES
     (read whole) is refused, named as a file that can't be read; everything else converts."""
     monkeypatch.setenv("VOCAGNO_MAX_DOCUMENT_BYTES", "4000")
-    monkeypatch.setenv("VOCAGNO_MAX_JSON_BYTES", str(64 << 10))
+    monkeypatch.setenv("VOCAGNO_MAX_JSON_BYTES", str(8 << 20))  # above the tokenizers' tokenizer.json (5.4 MB)
     docs = tmp_path / "docs"
     docs.mkdir()
     small_corpus(docs / "a.jsonl", extra=["x " * 3000])  # line 41: 6,000 characters of text
     (docs / "b.txt").write_text("y " * 3000)
     (docs / "c.jsonl.gz").write_bytes(gzip.compress(b'{"text": "fine"}\n' + b"0" * (4 << 20) + b"\n", 9))
-    (docs / "d.json").write_text(json.dumps([{"text": "z " * 1000}] * 40))  # 80 KB
+    (docs / "d.json").write_text(json.dumps([{"text": "z " * 1000}] * 4500))  # 9 MB
     root = tmp_path / "shards"
     with within():
         assert converts(root, inputs=[docs]) == 1

@@ -32,6 +32,7 @@ import lzma
 import os
 import pickle
 import pickletools
+import re
 import stat
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -79,7 +80,8 @@ def inside(folder: str | Path, name: object, source: str, what: str = "name") ->
 
 # name -> (default, what it bounds). Raised for one job by VOCAGNO_MAX_<NAME> (an integer).
 CAPS = {
-    "json_bytes": (256 << 20, "a JSON file: index.json, vocagno.json, a part's or job's state, a model's config"),
+    "json_bytes": (256 << 20, "a JSON file: index.json, vocagno.json, a part's or job's state, a model's config; and "
+                              "every file of a model or tokenizer folder but its weights (tokenizer.json, ...)"),
     "shard_bytes": (1 << 30, "one shard, compressed or not (the converter writes at most 64 MiB)"),
     "shards": (1_000_000, "shards in one index.json"),
     "samples": (200_000_000, "samples in one index.json (Streaming keeps a few int64 numbers per sample)"),
@@ -431,24 +433,35 @@ def check_config(content: object, source: str) -> dict:
 # Config numbers a model's constructor loops over, each making modules with weights of their own: the weights hold at
 # least one tensor for each, so none may exceed the number of saved tensors (checked before anything is built: a config
 # of a billion layers loops for ever, even on the meta device).
+# The config fields transformers loops over to build one module (or more) each: bounded by the tensors the weights
+# hold. Any other whole-number field whose name ends in layer(s), expert(s) or block(s) (max_window_layers, a model
+# type's own counts) is bounded by the ``layers`` cap.
 LOOP_FIELDS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "num_decoder_layers", "num_encoder_layers",
-               "num_local_experts", "num_experts", "n_routed_experts", "n_shared_experts")
+               "decoder_layers", "encoder_layers", "num_local_experts", "num_experts", "n_routed_experts",
+               "n_shared_experts")
+LOOP_LIKE = re.compile(r"(layer|expert|block)s?$")
 
 
-def check_loops(fields: Any, tensors: int | None, source: str) -> None:
-    """Refuse a loop-like number (``LOOP_FIELDS``) of ``fields`` (a config, or its saved content) that is no whole
-    number from 0 to the ``tensors`` (each holding at least one number) its weights hold (where they are known), or
-    past the ``layers`` cap: a config's own constructor may loop over it already."""
-    for field in LOOP_FIELDS:
-        value = fields.get(field) if isinstance(fields, dict) else getattr(fields, field, None)
-        if value is None:
+def check_loops(fields: Any, tensors: int | None, source: str, depth: int = 0) -> None:
+    """Refuse a loop count (``LOOP_FIELDS``) of ``fields`` (a config, its saved content, and every config nested in
+    it: ``text_config``, ``decoder``, ...) that is no whole number from 0 to the ``tensors`` (each holding at least
+    one number) its weights hold (where they are known), and any loop-like number (``LOOP_LIKE``) past the ``layers``
+    cap: a config's own constructor may loop over it already."""
+    if not isinstance(fields, dict):
+        fields = fields.to_dict() if hasattr(fields, "to_dict") else vars(fields)
+    if depth > 8:
+        raise UntrustedFile(f"{source}: refused: its model config nests configs more than 8 deep")
+    for field, value in fields.items():
+        if isinstance(value, dict):
+            check_loops(value, tensors, source, depth + 1)
             continue
-        whole = isinstance(value, int) and not isinstance(value, bool) and value >= 0
-        if tensors is not None and not (whole and value <= tensors):
+        if not (isinstance(field, str) and LOOP_LIKE.search(field)) or not isinstance(value, int) or \
+                isinstance(value, bool):
+            continue  # not a count transformers loops over (a flag, a name, a list of layer indices)
+        if field in LOOP_FIELDS and (value < 0 or (tensors is not None and value > tensors)):
             raise UntrustedFile(f"{source}: refused: its model config says {field}={value!r}, and its weights hold "
-                                f"{tensors} tensors: its config does not describe its weights")
-        if not whole:
-            raise UntrustedFile(f"{source}: refused: its model config says {field}={value!r}, which is no count")
+                                f"{tensors if tensors is not None else 'no'} tensors: its config does not describe "
+                                "its weights")
         if value > cap("layers"):
             raise UntrustedFile(f"{source}: refused: its model config says {field}={value}, more than the "
                                 f"{cap('layers'):,} allowed (raise VOCAGNO_MAX_LAYERS if it is right)")
@@ -494,9 +507,13 @@ def _safetensors_shapes(folder: Path, file: Path) -> dict[str, tuple[int, ...]]:
 
 def _bin_shapes(folder: Path, file: Path) -> dict[str, tuple[int, ...]]:
     """Tensor name -> shape of a pickled ``.bin`` weights file: ``torch.load`` with ``weights_only`` onto the meta
-    device from a memory map (no tensor's bytes read)."""
-    try:
-        state = torch.load(str(folder / file), map_location="meta", mmap=True, weights_only=True)
+    device, from a memory map (no tensor's bytes read) where it is a zip (``check_torch_zip``)."""
+    import zipfile
+
+    path = folder / file
+    check_torch_zip(path, str(path))
+    try:  # torch's legacy (pre-zip) format can't be mapped: read whole, within the file cap
+        state = torch.load(str(path), map_location="meta", mmap=zipfile.is_zipfile(path), weights_only=True)
     except Exception as error:  # a crafted pickle or zip raises anything: all mean "not weights we can read"
         raise UntrustedFile(f"{folder / file}: refused: not PyTorch weights ({type(error).__name__}: "
                             f"{str(error).splitlines()[0][:120] if str(error) else ''})") from None
@@ -505,35 +522,49 @@ def _bin_shapes(folder: Path, file: Path) -> dict[str, tuple[int, ...]]:
     return {str(name): tuple(tensor.shape) for name, tensor in state.items()}
 
 
-def saved_shapes(folder: Path, files: list[Path]) -> dict[str, tuple[int, ...]] | None:
+def _index_files(folder: Path, index: Path, present: set[Path]) -> list[Path]:
+    """The weight files a weight index names, each checked to be one of the folder's own files."""
+    content = read_json(index, folder)
+    weight_map = content.get("weight_map") if isinstance(content, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+        raise UntrustedFile(f"{folder / index}: refused: no weight_map of tensor names to files")
+    named = []
+    for file in sorted(set(weight_map.values())):
+        path = inside("", file, str(folder / index), "weight file")
+        if path not in present:
+            raise UntrustedFile(f"{folder / index}: refused: it names {file!r}, which is not a file of {folder}")
+        named.append(path)
+    return named
+
+
+# What transformers loads from a model folder, in its order (modeling_utils._get_resolved_checkpoint_files, 4.5x).
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+
+
+def saved_shapes(folder: Path, files: list[Path], explicit: Any = None) -> dict[str, tuple[int, ...]] | None:
     """Tensor name -> shape of the weights transformers would load from a model folder (``files``, as
-    ``check_folder`` gave them): the files its weight index (``model.safetensors.index.json``, else
-    ``pytorch_model.bin.index.json``) names, each checked to be one of the folder's own, else ``model.safetensors``,
-    else ``pytorch_model.bin``; None where it holds none of them."""
+    ``check_folder`` gave them): the first of ``WEIGHT_FILES`` present, in transformers' order (an index: the files it
+    names, each one of the folder's own), or ``explicit``, the file a config's ``transformers_weights`` names, which
+    transformers loads first (a safetensors file or index of the folder's own); None where it holds none of them."""
     present = set(files)
-    for index, single, read in (("model.safetensors.index.json", "model.safetensors", _safetensors_shapes),
-                                ("pytorch_model.bin.index.json", "pytorch_model.bin", _bin_shapes)):
-        if Path(index) in present:
-            content = read_json(index, folder)
-            weight_map = content.get("weight_map") if isinstance(content, dict) else None
-            if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
-                raise UntrustedFile(f"{folder / index}: refused: no weight_map of tensor names to files")
-            named = []
-            for file in sorted(set(weight_map.values())):
-                path = inside("", file, str(folder / index), "weight file")
-                if path not in present:
-                    raise UntrustedFile(f"{folder / index}: refused: it names {file!r}, which is not a file of "
-                                        f"{folder}")
-                named.append(path)
-        elif Path(single) in present:
-            named = [Path(single)]
-        else:
-            continue
-        shapes: dict[str, tuple[int, ...]] = {}
-        for file in named:
-            shapes.update(read(folder, file))
-        return shapes
-    return None
+    if explicit is not None:
+        if not isinstance(explicit, str) or not explicit.endswith((".safetensors", ".safetensors.index.json")):
+            raise UntrustedFile(f"{folder / 'config.json'}: refused: its transformers_weights {explicit!r} is no "
+                                "safetensors file or index")
+        chosen = inside("", explicit, str(folder / "config.json"), "transformers_weights")
+        if chosen not in present:
+            raise UntrustedFile(f"{folder / 'config.json'}: refused: its transformers_weights {explicit!r} is not a "
+                                f"file of {folder}")
+    else:
+        chosen = next((Path(name) for name in WEIGHT_FILES if Path(name) in present), None)
+        if chosen is None:
+            return None
+    named = _index_files(folder, chosen, present) if chosen.name.endswith(".index.json") else [chosen]
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in named:
+        shapes.update((_safetensors_shapes if file.suffix == ".safetensors" else _bin_shapes)(folder, file))
+    return shapes
 
 
 def _numbers(shape: tuple[int, ...]) -> int:
@@ -572,11 +603,12 @@ def check_model_fits(loader: Any, folder: Path, shapes: dict[str, tuple[int, ...
         raise UntrustedFile(f"{source}: refused: its model config can't be read ({type(error).__name__}: "
                             f"{str(error).splitlines()[0][:120] if str(error) else ''})") from None
     check_loops(config, len(holding), source)
-    described = sum(parameter.numel() for parameter in build_on_meta(loader, config, source).parameters())
+    model = build_on_meta(loader, config, source)
+    described = sum(tensor.numel() for tensor in (*model.parameters(), *model.buffers()))  # a causal mask too
     saved = sum(map(_numbers, holding))
     largest = max(map(_numbers, holding), default=0)
     if described > saved + largest:
-        raise UntrustedFile(f"{source}: refused: its model config describes {described:,} parameters, and its "
+        raise UntrustedFile(f"{source}: refused: its model config describes {described:,} numbers, and its "
                             f"weights hold {saved:,} numbers: its config does not describe its weights")
 
 
@@ -590,7 +622,13 @@ def from_pretrained(loader: Any, name_or_path: str, trust_remote_code: bool = Fa
         folder = Path(name_or_path)
         if folder.is_dir():
             files = check_folder(folder)
-            shapes = saved_shapes(folder, files)
+            for file in files:  # what transformers reads whole (tokenizer.json, generation_config.json, ...)
+                size = (folder / file).stat().st_size
+                if file.suffix not in (".safetensors", ".bin", ".pt", ".pth") and size > cap("json_bytes"):
+                    raise _over_cap(folder / file, size, "json_bytes")
+            explicit = read_json("config.json", folder) if (folder / "config.json").exists() else None
+            shapes = saved_shapes(folder, files, explicit.get("transformers_weights") if isinstance(explicit, dict)
+                                  else None)
             for name in ("config.json", "tokenizer_config.json"):
                 if (folder / name).exists():
                     config = check_config(read_json(name, folder), str(folder / name))
@@ -671,6 +709,37 @@ CHECKPOINT_GLOBALS = [
 ]
 
 
+def check_torch_zip(source: Any, name: str) -> None:
+    """Refuse a ``torch.save`` zip (a path or a file object) holding a compressed record, or a record larger than the
+    file: torch.save stores its records as they are, and torch unpacks a record (its pickle) whole before it reads it,
+    so a few MB deflated could take gigabytes. A file that is no zip (torch's legacy format) is left to torch.load."""
+    import zipfile
+
+    opened = open_regular(source) if isinstance(source, (str, Path)) else None
+    f = opened or source
+    try:
+        start = f.tell()
+        size = f.seek(0, os.SEEK_END)
+        f.seek(start)
+        if not zipfile.is_zipfile(f):
+            return
+        f.seek(start)
+        try:
+            members = zipfile.ZipFile(f).infolist()
+        except (zipfile.BadZipFile, ValueError, OSError) as error:
+            raise UntrustedFile(f"{name}: refused: not a zip torch.save wrote ({error})") from None
+        for info in members:
+            if info.compress_type != zipfile.ZIP_STORED or info.file_size != info.compress_size or \
+                    info.file_size > size:
+                raise UntrustedFile(f"{name}: refused: its record {info.filename[:80]!r} is compressed or larger than "
+                                    "the file (torch.save stores its records as they are)")
+    finally:
+        if opened is not None:
+            opened.close()
+        else:
+            f.seek(start)
+
+
 def load_torch(source: Any, name: str, mmap: bool = False) -> Any:
     """What ``torch.save`` wrote to ``source`` (a path or a file object, named ``name``), refused
     (``UntrustedFile``) where it holds anything but tensors, containers and ``CHECKPOINT_GLOBALS``. ``mmap``: the
@@ -679,6 +748,7 @@ def load_torch(source: Any, name: str, mmap: bool = False) -> Any:
         plain = _plain_data(source)
         if plain is not _NOT_PLAIN:
             return plain
+    check_torch_zip(source, name)
     with torch.serialization.safe_globals(CHECKPOINT_GLOBALS):
         try:
             return torch.load(source, map_location="cpu", weights_only=True, mmap=mmap)
