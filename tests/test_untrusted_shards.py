@@ -359,7 +359,9 @@ def test_a_shard_that_expands_past_its_raw_size_is_refused_without_expanding_it(
     error = _refused(capped, name)
     assert re.search(r"shard.00000.mds.zstd: refused: it decompresses to more .*52,376", error), error
     if name == "score-bomb":
-        assert not (capped[name][2].parent / "scored" / "index.json").exists()
+        scored = capped[name][2].parent / "scored"
+        assert not (scored / "index.json").exists()
+        assert not list(scored.glob(".*staging*"))  # no staging folder left behind
 
 
 @pytest.mark.parametrize("name, kind", [
@@ -476,3 +478,37 @@ def test_a_download_folder_swapped_for_a_link_after_it_was_made_leads_no_write_o
     with pytest.raises(UntrustedFile, match=r"refused: .*\.download-\w+: the private folder it made was replaced"):
         TeacherGuidedDataset(local=str(tmp_path / "cache"), remote=source, batch_size=1)[0]
     assert list(victim.iterdir()) == []
+
+
+@pytest.mark.parametrize("swap", ["fifo", "header"])
+def test_a_local_shard_swapped_after_it_was_checked_is_refused_as_it_is_read(shards, tmp_path, swap):
+    """Streaming reads each sample by the shard's path, its offsets from the file again: a shard replaced after the
+    dataset checked it (a FIFO, or a header whose sample 0 ends 4 GiB in) is refused as it is read, not waited on or
+    allocated for."""
+    from bounded import within
+
+    folder = crafted(shards, tmp_path / "local")
+    index = json.loads((folder / "index.json").read_text())
+    target = _raw(index["shards"][0], folder)
+    dataset = TeacherGuidedDataset(local=str(folder), batch_size=1)
+    swapped = tmp_path / "swapped"
+    if swap == "fifo":
+        os.mkfifo(swapped)
+    else:
+        raw = bytearray(target.read_bytes())
+        struct.pack_into("<I", raw, 8, 0xFFFFFFF0)
+        swapped.write_bytes(bytes(raw))
+    os.rename(swapped, target)
+    message = "a FIFO" if swap == "fifo" else "its sample 0 lies outside the file (bytes 432 to 4,294,967,280 of 52,376)"
+    with within(seconds=20, memory=1 << 30), pytest.raises(UntrustedFile,
+                                                           match=re.escape(f"{target}: refused: {message}")):
+        dataset[0]
+
+
+def test_the_work_folder_of_a_long_non_ascii_out_root_is_a_name_the_file_system_takes(tmp_path, monkeypatch):
+    from vocagno.output import work_folder
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    folder = work_folder("s3://bucket/" + "データ" * 40)
+    assert folder.is_dir() and len(folder.name.encode()) <= 255

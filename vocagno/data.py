@@ -666,8 +666,27 @@ def _decoding_error(error: Exception) -> str:
 class _CheckedMDSReader(MDSReader):
     """Streaming's MDS shard reader, whose samples that don't decode as the shard's columns say are refused
     (``UntrustedFile``) naming the shard file and the sample: crafted bytes within a sound header make Streaming's
-    decoder raise whatever it meets (IndexError, KeyError, ValueError, ...). Reading the file is Streaming's, its
-    errors as they are (a missing file is how Streaming knows to download it)."""
+    decoder raise whatever it meets (IndexError, KeyError, ValueError, ...). A sample is read through the way in (a
+    missing file still raises ``FileNotFoundError``: how Streaming knows to download it)."""
+
+    def get_sample_data(self, idx: int) -> bytes:
+        """Streaming's, through ``untrusted.open_regular`` (no link, device or FIFO: a file swapped after the shard was
+        checked is checked again), its sample's offsets inside the file before a byte is read or allocated."""
+        folder = os.path.join(self.dirname, self.split or "")
+        where = os.path.join(folder, self.raw_data.basename)
+        with open_regular(self.raw_data.basename, None, folder, "shard_bytes") as f:
+            size = f.raw.size
+            f.seek((1 + idx) * 4)
+            pair = f.read(8)
+            begin, end = (int(x) for x in np.frombuffer(pair.ljust(8, b"\0"), np.uint32))
+            if len(pair) != 8 or not begin <= end <= size:
+                raise UntrustedFile(f"{where}: refused: its sample {idx} lies outside the file (bytes {begin:,} to "
+                                    f"{end:,} of {size:,})")
+            f.seek(begin)
+            data = f.read(end - begin)
+        if not data:
+            raise IndexError(f"Relative sample index {idx} is not present in the {self.raw_data.basename} file.")
+        return data
 
     def get_item(self, idx: int) -> dict[str, Any]:
         data = self.get_sample_data(idx)
