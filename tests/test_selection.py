@@ -286,3 +286,23 @@ def test_a_report_on_a_cpu_keeps_the_blocks_it_frees_for_the_next_batch(heldout,
     with pytest.raises(Reached):
         selection.main(["--shards", str(heldout), "--teacher", "tiny-math-teacher", "--dtype", "float32",
                         "--device", "cpu"])
+
+
+@pytest.mark.parametrize("planted", ["an empty folder", "a link"])
+def test_rows_a_work_folder_already_holds_unfinished_are_refused_in_one_line_and_nothing_is_left(planted, heldout,
+                                                                                                tmp_path, capsys):
+    work, victim = tmp_path / "work", tmp_path / "victim"
+    work.mkdir()
+    victim.mkdir()
+    if planted == "a link":
+        (work / "rows").symlink_to(victim)
+    else:
+        (work / "rows").mkdir()
+    assert selection.main(["--shards", str(heldout), "--teacher", "tiny-math-teacher", "--samples", "8",
+                           "--device", "cpu", "--work", str(work)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == (f"error: {work / 'rows'}: something stands there that no selection "
+                                            "finished (no index.json): remove it, or give another --work"), err
+    assert "Traceback" not in err
+    assert not [p.name for p in work.iterdir() if p.name.startswith(".")]  # no staging folder left
+    assert list(victim.iterdir()) == []

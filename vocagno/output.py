@@ -197,7 +197,7 @@ def work_folder(out_root: str) -> Path:
     folder inside it; anything else there (planted by another user) is refused (``UntrustedFile``), not used."""
     top = Path(tempfile.gettempdir()) / f"vocagno-convert-{os.getuid()}"
     digest = hashlib.sha256(out_root.encode("utf-8", "surrogatepass")).hexdigest()[:12]  # s3://b/x_y vs s3://b/x/y
-    name = re.sub(r"[^\w.-]+", "_", out_root)[:100]
+    name = re.sub(r"[^\w.-]+", "_", out_root, flags=re.ASCII)[:100]  # 100 bytes: a name may hold 255
     for folder in (top, top / f"{name}-{digest}"):
         try:
             os.mkdir(folder, 0o700)

@@ -315,7 +315,6 @@ def _score_part(shards_root: Path, info: dict, final: Path, scorer: TeacherScore
     from streaming import MDSWriter
 
     begin = time.perf_counter()
-    built = staging(final)  # a fresh private folder: nothing planted at a known name is written through
     samples = read_shard(shards_root, info)
     if column is None:
         rows = [np.asarray(sample["teacher_ids"], dtype=np.int64) for sample in samples]
@@ -336,17 +335,22 @@ def _score_part(shards_root: Path, info: dict, final: Path, scorer: TeacherScore
     kept = dict(zip(info["column_names"], info["column_encodings"]))  # earlier passes' columns too (checked)
     columns = {**kept, **(SCORED_COLUMNS if column is None else {loss_column(column): "ndarray",
                                                                  align_column(column): "ndarray"})}
-    with MDSWriter(out=str(built), columns=columns, compression=info.get("compression"), hashes=[SHARD_HASH],
-                   size_limit=None) as writer:
-        for i, (sample, loss) in enumerate(zip(samples, losses)):
-            scored = {"teacher_loss": loss} if column is None else {loss_column(column): loss,
-                                                                    align_column(column): compact(aligns[i])}
-            writer.write({**{name: sample[name] for name in kept}, **scored})
-    stats = {"samples": len(samples), "teacher tokens": int(sum(map(len, rows))),
-             "seconds": round(time.perf_counter() - begin, 3)}
-    write_atomically(built / PART_STATS, json.dumps(stats))
-    make_readable(built)
-    publish(built, final, replace=True)  # a part no run finished (its part.json) is scored again
+    built = staging(final)  # a fresh private folder: nothing planted at a known name is written through
+    try:
+        with MDSWriter(out=str(built), columns=columns, compression=info.get("compression"), hashes=[SHARD_HASH],
+                       size_limit=None) as writer:
+            for i, (sample, loss) in enumerate(zip(samples, losses)):
+                scored = {"teacher_loss": loss} if column is None else {loss_column(column): loss,
+                                                                        align_column(column): compact(aligns[i])}
+                writer.write({**{name: sample[name] for name in kept}, **scored})
+        stats = {"samples": len(samples), "teacher tokens": int(sum(map(len, rows))),
+                 "seconds": round(time.perf_counter() - begin, 3)}
+        write_atomically(built / PART_STATS, json.dumps(stats))
+        make_readable(built)
+        publish(built, final, replace=True)  # a part no run finished (its part.json) is scored again
+    finally:
+        if os.path.lexists(built):
+            remove(built)
     return stats["teacher tokens"]
 
 

@@ -452,16 +452,23 @@ def write_rows(canaries: Canaries, metadata: ShardMetadata, folder: Path) -> Non
 
     from streaming import MDSWriter
 
+    if os.path.lexists(folder):  # rows are written once, by a run that then finds their index.json
+        raise BadInput(f"{folder}: something stands there that no selection finished (no index.json): remove it, "
+                       "or give another --work")
     built = staging(folder)  # a fresh private folder: nothing planted at a known name is written through
-    # Small shards: the scoring pass gives each rank whole shards.
-    with MDSWriter(out=str(built), columns=COLUMNS, hashes=[SHARD_HASH], size_limit=1 << 17) as writer:
-        for sample in canaries.samples:
-            writer.write(sample)
-    # Rows made anew: none of the source's losses, of its reading teacher or of any other.
-    replace(metadata, totals={"samples": len(canaries.samples)}, partial=None, scored_by=None,
-            also_scored_by=None).write(built)
-    make_readable(built)
-    publish(built, folder)
+    try:
+        # Small shards: the scoring pass gives each rank whole shards.
+        with MDSWriter(out=str(built), columns=COLUMNS, hashes=[SHARD_HASH], size_limit=1 << 17) as writer:
+            for sample in canaries.samples:
+                writer.write(sample)
+        # Rows made anew: none of the source's losses, of its reading teacher or of any other.
+        replace(metadata, totals={"samples": len(canaries.samples)}, partial=None, scored_by=None,
+                also_scored_by=None).write(built)
+        make_readable(built)
+        publish(built, folder)
+    finally:
+        if os.path.lexists(built):
+            remove(built)
 
 
 def read_scored(folder: Path) -> list[dict]:
