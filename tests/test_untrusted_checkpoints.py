@@ -389,7 +389,7 @@ def test_a_model_folder_of_pickled_weights_is_checked_by_their_shapes_and_loads_
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "intermediate_size": 4096}))  # 16 times its MLPs
     assert eval_main(["--model", str(folder), "--bpb", str(tmp_path / "t.txt"), "--device", "cpu"]) == 2
-    one_error_line(capsys, f"{folder / 'config.json'}: refused: its model config describes 7,902,060 numbers, "
+    one_error_line(capsys, f"{folder / 'config.json'}: refused: its model config describes 7,902,048 parameters, "
                            "and its weights hold 3,478,368 numbers")
 
 
@@ -450,7 +450,7 @@ def _causal_mask(folder: Path, tmp_path: Path) -> str:
     _safetensors(folder / "model.safetensors", {name: torch.zeros(tuple(t.shape)) for name, t in
                                                 model.state_dict().items() if not name.endswith("attn.bias")})
     (folder / "config.json").write_text(config.to_json_string())
-    return "numbers, and its weights hold"
+    return "buffer numbers, and its weights hold"
 
 
 def _sparse_generation_config(folder: Path, tmp_path: Path) -> str:
@@ -569,3 +569,24 @@ def test_a_sharded_checkpoint_whose_metadata_claims_more_than_its_shards_hold_is
     with within(seconds=30, memory=2 << 30):
         assert export_main([str(folder), str(tmp_path / "model")]) != 0
     one_error_line(capsys, "ep0-ba1/.metadata: refused: its tensors claim more bytes than its shards hold")
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen2", "gpt2", "mixtral"])
+def test_a_model_folder_transformers_saved_loads_through_the_checks(architecture, tmp_path):
+    """Sound folders of architectures whose configs carry counts other than their layers (Qwen2's max_window_layers
+    past its 2 layers, Mixtral's experts) or buffers (GPT-2's causal mask) load, sharded and whole."""
+    from transformers import AutoModelForCausalLM, GPT2Config, MixtralConfig, Qwen2Config
+
+    from vocagno.untrusted import from_pretrained
+
+    small = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=64)
+    config = {"llama": LlamaConfig(**small, tie_word_embeddings=True), "qwen2": Qwen2Config(**small),
+              "gpt2": GPT2Config(vocab_size=128, n_positions=64, n_embd=32, n_layer=2, n_head=4),
+              "mixtral": MixtralConfig(**small, num_local_experts=4, num_experts_per_tok=2)}[architecture]
+    model = AutoModelForCausalLM.from_config(config)
+    for shard in ("50KB", "10GB"):
+        folder = tmp_path / shard
+        model.save_pretrained(folder, max_shard_size=shard)
+        loaded = from_pretrained(AutoModelForCausalLM, str(folder))
+        assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))

@@ -590,8 +590,9 @@ def build_on_meta(loader: Any, config: Any, source: str) -> Any:
 def check_model_fits(loader: Any, folder: Path, shapes: dict[str, tuple[int, ...]]) -> None:
     """Refuse a model folder whose ``config.json`` describes more than its weights (``shapes``) hold, before
     transformers builds it (and fills in every weight it lacks): each loop-like number bounded (``check_loops``) by
-    the weights' tensors that hold a number, then the model built on the meta device (no storage) and its parameters
-    counted, allowed past the saved numbers by at most the largest saved tensor (a head it initializes itself)."""
+    the weights' tensors that hold a number, then the model built on the meta device (no storage) and its parameters,
+    then its buffers, counted: each allowed past the saved numbers by at most the largest saved tensor (a head it
+    initializes itself)."""
     from transformers import AutoConfig
 
     source = str(folder / "config.json")
@@ -604,12 +605,15 @@ def check_model_fits(loader: Any, folder: Path, shapes: dict[str, tuple[int, ...
                             f"{str(error).splitlines()[0][:120] if str(error) else ''})") from None
     check_loops(config, len(holding), source)
     model = build_on_meta(loader, config, source)
-    described = sum(tensor.numel() for tensor in (*model.parameters(), *model.buffers()))  # a causal mask too
     saved = sum(map(_numbers, holding))
-    largest = max(map(_numbers, holding), default=0)
-    if described > saved + largest:
-        raise UntrustedFile(f"{source}: refused: its model config describes {described:,} numbers, and its "
-                            f"weights hold {saved:,} numbers: its config does not describe its weights")
+    allowed = saved + max(map(_numbers, holding), default=0)
+    # Parameters are loaded from the weights; buffers (a causal mask, RoPE's frequencies) are computed from the config:
+    # each may hold no more numbers than the weights, past the largest saved tensor.
+    for what, tensors in (("parameters", model.parameters()), ("buffer numbers", model.buffers())):
+        described = sum(tensor.numel() for tensor in tensors)
+        if described > allowed:
+            raise UntrustedFile(f"{source}: refused: its model config describes {described:,} {what}, and its "
+                                f"weights hold {saved:,} numbers: its config does not describe its weights")
 
 
 def from_pretrained(loader: Any, name_or_path: str, trust_remote_code: bool = False, **kwargs: Any) -> Any:
