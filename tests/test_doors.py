@@ -348,3 +348,36 @@ def test_a_file_where_a_path_needs_a_folder_is_a_missing_file_not_a_link(tmp_pat
     (tmp_path / "c").symlink_to(tmp_path)
     with pytest.raises(UntrustedFile, match="c/a: refused: a path through a link"):
         read_bytes("c/a", folder=tmp_path)
+
+
+def test_a_torch_zip_python_cant_read_or_holding_a_deflated_record_is_refused_before_torch_reads_it(tmp_path):
+    """torch's reader finds a zip's directory where Python's zipfile may not (a stray end-of-directory signature after
+    it, a zip64 locator naming two disks): such a zip is refused, as is a deflated record, whatever else reads it."""
+    import io
+    import struct
+    import zipfile
+
+    import torch
+
+    from vocagno.untrusted import check_torch_zip, load_torch
+
+    buffer = io.BytesIO()
+    torch.save({"w": torch.zeros(4), "step": 3}, buffer)
+    sound = buffer.getvalue()
+    assert load_torch(io.BytesIO(sound), "sound.pt")["step"] == 3
+    deflated = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(sound)) as source, zipfile.ZipFile(deflated, "w") as out:
+        for info in source.infolist():
+            out.writestr(info.filename, source.read(info),
+                         zipfile.ZIP_DEFLATED if info.filename.endswith("data.pkl") else zipfile.ZIP_STORED)
+    end = sound.rindex(b"PK\x05\x06")
+    for name, data, why in (
+            ("deflated.pt", deflated.getvalue(), "its record .*data.pkl' is compressed"),
+            ("trailing.pt", deflated.getvalue() + b"PK\x05\x06" + bytes(10), "a zip Python's zipfile can't read"),
+            ("disks.pt", sound[:end] + b"PK\x06\x07" + struct.pack("<IQI", 0, 0, 2) + sound[end:],
+             "a zip Python's zipfile can't read")):
+        with pytest.raises(UntrustedFile, match=f"{name}: refused: {why}"):
+            load_torch(io.BytesIO(data), name)
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(UntrustedFile, match=f"{name}: refused: {why}"):
+            check_torch_zip(tmp_path / name, name)

@@ -349,8 +349,7 @@ def _score_part(shards_root: Path, info: dict, final: Path, scorer: TeacherScore
         make_readable(built)
         publish(built, final, replace=True)  # a part no run finished (its part.json) is scored again
     finally:
-        if os.path.lexists(built):
-            remove(built)
+        remove(built)  # gone once published; its private outer folder goes either way
     return stats["teacher tokens"]
 
 

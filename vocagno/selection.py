@@ -467,8 +467,7 @@ def write_rows(canaries: Canaries, metadata: ShardMetadata, folder: Path) -> Non
         make_readable(built)
         publish(built, folder)
     finally:
-        if os.path.lexists(built):
-            remove(built)
+        remove(built)  # gone once published; its private outer folder goes either way
 
 
 def read_scored(folder: Path) -> list[dict]:

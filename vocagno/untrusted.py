@@ -81,7 +81,7 @@ def inside(folder: str | Path, name: object, source: str, what: str = "name") ->
 # name -> (default, what it bounds). Raised for one job by VOCAGNO_MAX_<NAME> (an integer).
 CAPS = {
     "json_bytes": (256 << 20, "a JSON file: index.json, vocagno.json, a part's or job's state, a model's config; and "
-                              "every file of a model or tokenizer folder but its weights (tokenizer.json, ...)"),
+                              "a model or tokenizer folder's .json, .txt and .model files (tokenizer.json, ...)"),
     "shard_bytes": (1 << 30, "one shard, compressed or not (the converter writes at most 64 MiB)"),
     "shards": (1_000_000, "shards in one index.json"),
     "samples": (200_000_000, "samples in one index.json (Streaming keeps a few int64 numbers per sample)"),
@@ -626,9 +626,9 @@ def from_pretrained(loader: Any, name_or_path: str, trust_remote_code: bool = Fa
         folder = Path(name_or_path)
         if folder.is_dir():
             files = check_folder(folder)
-            for file in files:  # what transformers reads whole (tokenizer.json, generation_config.json, ...)
+            for file in files:  # what transformers parses whole (tokenizer.json, generation_config.json, merges.txt)
                 size = (folder / file).stat().st_size
-                if file.suffix not in (".safetensors", ".bin", ".pt", ".pth") and size > cap("json_bytes"):
+                if file.suffix in (".json", ".txt", ".model", ".jinja") and size > cap("json_bytes"):
                     raise _over_cap(folder / file, size, "json_bytes")
             explicit = read_json("config.json", folder) if (folder / "config.json").exists() else None
             shapes = saved_shapes(folder, files, explicit.get("transformers_weights") if isinstance(explicit, dict)
@@ -721,17 +721,18 @@ def check_torch_zip(source: Any, name: str) -> None:
 
     opened = open_regular(source) if isinstance(source, (str, Path)) else None
     f = opened or source
+    start = f.tell()
     try:
-        start = f.tell()
         size = f.seek(0, os.SEEK_END)
         f.seek(start)
-        if not zipfile.is_zipfile(f):
+        if f.read(4) != b"PK\x03\x04":  # torch's own test of a zip: anything else is its legacy format
             return
         f.seek(start)
         try:
             members = zipfile.ZipFile(f).infolist()
-        except (zipfile.BadZipFile, ValueError, OSError) as error:
-            raise UntrustedFile(f"{name}: refused: not a zip torch.save wrote ({error})") from None
+        except Exception as error:  # zipfile raises BadZipFile, ValueError, NotImplementedError, ... on a crafted one
+            raise UntrustedFile(f"{name}: refused: a zip Python's zipfile can't read, where torch's reader might "
+                                f"({type(error).__name__}: {str(error)[:120]})") from None
         for info in members:
             if info.compress_type != zipfile.ZIP_STORED or info.file_size != info.compress_size or \
                     info.file_size > size:
