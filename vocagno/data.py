@@ -48,7 +48,7 @@ from vocagno.shards import (
     METADATA_FILE, SHARD_HASH, ShardMetadata, align_column, check_columns, describe_tokenizer, loss_column,
 )
 from vocagno.untrusted import (
-    UntrustedFile, check_index, check_mds, decompress, mds_header_bytes, open_regular, read_bytes, read_json,
+    UntrustedFile, check_index, check_mds, decompress, mds_header_bytes, open_regular, read_bytes, read_json, reason,
 )
 from vocagno.writing import PrivateFolder, move_inside, own_temporary, write_atomically, write_inside
 
@@ -658,11 +658,6 @@ class CheckedStream(Stream):
             self._remove(zip_info.basename)
 
 
-def _decoding_error(error: Exception) -> str:
-    text = str(error).splitlines()[0][:120] if str(error) else ""
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
-
-
 class _CheckedMDSReader(MDSReader):
     """Streaming's MDS shard reader, whose samples that don't decode as the shard's columns say are refused
     (``UntrustedFile``) naming the shard file and the sample: crafted bytes within a sound header make Streaming's
@@ -696,7 +691,7 @@ class _CheckedMDSReader(MDSReader):
         except (LookupError, ValueError, TypeError, ArithmeticError) as error:  # IndexError, KeyError, ...
             where = os.path.join(self.dirname, self.split or "", self.raw_data.basename)
             raise UntrustedFile(f"{where}: refused: its sample {idx} does not decode as its columns say "
-                                f"({_decoding_error(error)})") from None
+                                f"({reason(error)})") from None
 
 
 class TeacherGuidedDataset(StreamingDataset):
@@ -817,7 +812,7 @@ class TeacherGuidedDataset(StreamingDataset):
             shard = self.shards[shard_id]
             where = os.path.join(shard.dirname, shard.split or "", shard.raw_data.basename)
             raise UntrustedFile(f"{where}: refused: its sample {index_in_shard} does not hold vocagno's columns "
-                                f"({_decoding_error(error)})") from None
+                                f"({reason(error)})") from None
         if len(self.stream_names) > 1:
             out["stream"] = torch.tensor(int(self.stream_per_shard[self.spanner[idx][0]]))
         return out

@@ -192,9 +192,10 @@ def _write_inside(folder: str | Path, relative: str, data: bytes | Path) -> None
 
 def work_folder(out_root: str) -> Path:
     """The local working folder of a remote ``out_root`` given no ``--local-root``: a folder of its own in
-    ``$TMPDIR/vocagno-convert-UID`` (its name the out-root's, then a hash of it). The temporary folder is every user's: the top folder is made private (``0700``)
-    and used only if it is a real folder (no link) of this user's own, open to no one else, and so is the out-root's
-    folder inside it; anything else there (planted by another user) is refused (``UntrustedFile``), not used."""
+    ``$TMPDIR/vocagno-convert-UID`` (its name the out-root's, then a hash of it). The temporary folder is every user's:
+    the top folder is made private (``0700``) and used only if it is a real folder (no link) of this user's own, open
+    to no one else, and so is the out-root's folder inside it; anything else there (planted by another user) is
+    refused (``UntrustedFile``), not used."""
     top = Path(tempfile.gettempdir()) / f"vocagno-convert-{os.getuid()}"
     digest = hashlib.sha256(out_root.encode("utf-8", "surrogatepass")).hexdigest()[:12]  # s3://b/x_y vs s3://b/x/y
     name = re.sub(r"[^\w.-]+", "_", out_root, flags=re.ASCII)[:100]  # 100 bytes: a name may hold 255

@@ -44,7 +44,7 @@ from torch.torch_version import TorchVersion
 __all__ = ["CAPS", "CHECKPOINT_GLOBALS", "CODE_FIELDS", "UntrustedFile", "build_on_meta", "cap", "check_config",
            "check_folder", "check_index", "check_loops", "check_mds", "check_model_fits", "decompress",
            "from_pretrained", "inside", "load_torch", "mds_header_bytes", "open_regular", "plain_name", "read_bytes",
-           "read_dcp_metadata", "read_json", "saved_shapes"]
+           "read_dcp_metadata", "read_json", "reason", "saved_shapes"]
 
 
 class UntrustedFile(ValueError):
@@ -110,6 +110,13 @@ def cap(name: str) -> int:
         raise BadCap(f"{variable}={value!r}: a positive whole number of "
                          f"{'bytes' if name.endswith('bytes') else name} (unset, {default:,})")
     return number
+
+
+def reason(error: BaseException) -> str:
+    """What a one-line refusal quotes of an error that a crafted file made a library raise: its type and the first
+    line of its message (at most 120 characters), or its type alone."""
+    text = str(error).splitlines()[0][:120] if str(error).strip() else ""
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def _over_cap(source: object, size: int, name: str) -> UntrustedFile:
@@ -432,10 +439,8 @@ def check_config(content: object, source: str) -> dict:
 
 # Config numbers a model's constructor loops over, each making modules with weights of their own: the weights hold at
 # least one tensor for each, so none may exceed the number of saved tensors (checked before anything is built: a config
-# of a billion layers loops for ever, even on the meta device).
-# The config fields transformers loops over to build one module (or more) each: bounded by the tensors the weights
-# hold. Any other whole-number field whose name ends in layer(s), expert(s) or block(s) (max_window_layers, a model
-# type's own counts) is bounded by the ``layers`` cap.
+# of a billion layers loops for ever, even on the meta device). Any other whole-number field whose name ends in
+# layer(s), expert(s) or block(s) (max_window_layers, a model type's own counts) is bounded by the ``layers`` cap.
 LOOP_FIELDS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "num_decoder_layers", "num_encoder_layers",
                "decoder_layers", "encoder_layers", "num_local_experts", "num_experts", "n_routed_experts",
                "n_shared_experts")
@@ -508,15 +513,12 @@ def _safetensors_shapes(folder: Path, file: Path) -> dict[str, tuple[int, ...]]:
 def _bin_shapes(folder: Path, file: Path) -> dict[str, tuple[int, ...]]:
     """Tensor name -> shape of a pickled ``.bin`` weights file: ``torch.load`` with ``weights_only`` onto the meta
     device, from a memory map (no tensor's bytes read) where it is a zip (``check_torch_zip``)."""
-    import zipfile
-
     path = folder / file
-    check_torch_zip(path, str(path))
+    is_zip = check_torch_zip(path, str(path))
     try:  # torch's legacy (pre-zip) format can't be mapped: read whole, within the file cap
-        state = torch.load(str(path), map_location="meta", mmap=zipfile.is_zipfile(path), weights_only=True)
+        state = torch.load(str(path), map_location="meta", mmap=is_zip, weights_only=True)
     except Exception as error:  # a crafted pickle or zip raises anything: all mean "not weights we can read"
-        raise UntrustedFile(f"{folder / file}: refused: not PyTorch weights ({type(error).__name__}: "
-                            f"{str(error).splitlines()[0][:120] if str(error) else ''})") from None
+        raise UntrustedFile(f"{folder / file}: refused: not PyTorch weights ({reason(error)})") from None
     if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
         raise UntrustedFile(f"{folder / file}: refused: not a mapping of names to tensors")
     return {str(name): tuple(tensor.shape) for name, tensor in state.items()}
@@ -571,9 +573,9 @@ def _numbers(shape: tuple[int, ...]) -> int:
     return int(np.prod(shape, dtype=object))
 
 
-def _holding(shapes: dict[str, tuple[int, ...]]) -> int:
-    """How many of the tensors hold at least one number."""
-    return sum(_numbers(shape) > 0 for shape in shapes.values())
+def _holding(shapes: dict[str, tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """The shapes of the tensors that hold at least one number."""
+    return [shape for shape in shapes.values() if _numbers(shape) > 0]
 
 
 def build_on_meta(loader: Any, config: Any, source: str) -> Any:
@@ -583,26 +585,23 @@ def build_on_meta(loader: Any, config: Any, source: str) -> Any:
         with torch.device("meta"):
             return loader.from_config(config, trust_remote_code=False)
     except Exception as error:  # a crafted config fails anywhere in the architecture's constructor
-        raise UntrustedFile(f"{source}: refused: its model config can't be built ({type(error).__name__}: "
-                            f"{str(error).splitlines()[0][:120] if str(error) else ''})") from None
+        raise UntrustedFile(f"{source}: refused: its model config can't be built ({reason(error)})") from None
 
 
 def check_model_fits(loader: Any, folder: Path, shapes: dict[str, tuple[int, ...]]) -> None:
-    """Refuse a model folder whose ``config.json`` describes more than its weights (``shapes``) hold, before
-    transformers builds it (and fills in every weight it lacks): each loop-like number bounded (``check_loops``) by
-    the weights' tensors that hold a number, then the model built on the meta device (no storage) and its parameters,
-    then its buffers, counted: each allowed past the saved numbers by at most the largest saved tensor (a head it
-    initializes itself)."""
+    """Refuse a model folder whose ``config.json`` (its loops bounded as saved: ``from_pretrained``) describes more
+    than its weights (``shapes``) hold, before transformers builds it (and fills in every weight it lacks): each
+    loop-like number of the config transformers parses bounded (``check_loops``) by the weights' tensors that hold a
+    number, then the model built on the meta device (no storage) and its parameters, then its buffers, counted: each
+    allowed past the saved numbers by at most the largest saved tensor (a head it initializes itself)."""
     from transformers import AutoConfig
 
     source = str(folder / "config.json")
-    holding = [shape for shape in shapes.values() if _numbers(shape) > 0]
-    check_loops(read_json("config.json", folder), len(holding), source)  # before transformers parses it
+    holding = _holding(shapes)
     try:
         config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
     except Exception as error:  # a crafted config fails anywhere in transformers' parsing of its fields
-        raise UntrustedFile(f"{source}: refused: its model config can't be read ({type(error).__name__}: "
-                            f"{str(error).splitlines()[0][:120] if str(error) else ''})") from None
+        raise UntrustedFile(f"{source}: refused: its model config can't be read ({reason(error)})") from None
     check_loops(config, len(holding), source)
     model = build_on_meta(loader, config, source)
     saved = sum(map(_numbers, holding))
@@ -630,19 +629,18 @@ def from_pretrained(loader: Any, name_or_path: str, trust_remote_code: bool = Fa
                 size = (folder / file).stat().st_size
                 if file.suffix in (".json", ".txt", ".model", ".jinja") and size > cap("json_bytes"):
                     raise _over_cap(folder / file, size, "json_bytes")
-            explicit = read_json("config.json", folder) if (folder / "config.json").exists() else None
-            shapes = saved_shapes(folder, files, explicit.get("transformers_weights") if isinstance(explicit, dict)
-                                  else None)
-            for name in ("config.json", "tokenizer_config.json"):
-                if (folder / name).exists():
-                    config = check_config(read_json(name, folder), str(folder / name))
-                    for key in ("tokenizer_file", "vocab_file", "merges_file"):  # transformers loads these first
-                        if config.get(key) is not None:
-                            inside(folder, config[key], str(folder / name), key)
-                    if name == "config.json":  # before transformers parses it (for a tokenizer too)
-                        check_loops(config, None if shapes is None else _holding(shapes), str(folder / name))
-            if hasattr(loader, "from_config") and shapes is not None and (folder / "config.json").exists():
-                check_model_fits(loader, folder, shapes)  # a model, not a tokenizer or a config
+            configs = {name: check_config(read_json(name, folder), str(folder / name))
+                       for name in ("config.json", "tokenizer_config.json") if (folder / name).exists()}
+            for name, config in configs.items():
+                for key in ("tokenizer_file", "vocab_file", "merges_file"):  # transformers loads these first
+                    if config.get(key) is not None:
+                        inside(folder, config[key], str(folder / name), key)
+            model = configs.get("config.json")
+            shapes = saved_shapes(folder, files, None if model is None else model.get("transformers_weights"))
+            if model is not None:  # its loops bounded before transformers parses it (for a tokenizer too)
+                check_loops(model, None if shapes is None else len(_holding(shapes)), str(folder / "config.json"))
+                if hasattr(loader, "from_config") and shapes is not None:  # a model, not a tokenizer or a config
+                    check_model_fits(loader, folder, shapes)
     return loader.from_pretrained(name_or_path, trust_remote_code=trust_remote_code, **kwargs)
 
 
@@ -713,10 +711,11 @@ CHECKPOINT_GLOBALS = [
 ]
 
 
-def check_torch_zip(source: Any, name: str) -> None:
-    """Refuse a ``torch.save`` zip (a path or a file object) holding a compressed record, or a record larger than the
-    file: torch.save stores its records as they are, and torch unpacks a record (its pickle) whole before it reads it,
-    so a few MB deflated could take gigabytes. A file that is no zip (torch's legacy format) is left to torch.load."""
+def check_torch_zip(source: Any, name: str) -> bool:
+    """Whether ``source`` (a path or a file object) is a zip, as torch tells (its first bytes); refused where it is one
+    Python's zipfile can't read, or holds a compressed record, or a record larger than the file: torch.save stores its
+    records as they are, and torch unpacks a record (its pickle) whole before it reads it, so a few MB deflated could
+    take gigabytes. A file that is no zip (torch's legacy format) is left to torch.load."""
     import zipfile
 
     opened = open_regular(source) if isinstance(source, (str, Path)) else None
@@ -726,18 +725,19 @@ def check_torch_zip(source: Any, name: str) -> None:
         size = f.seek(0, os.SEEK_END)
         f.seek(start)
         if f.read(4) != b"PK\x03\x04":  # torch's own test of a zip: anything else is its legacy format
-            return
+            return False
         f.seek(start)
         try:
             members = zipfile.ZipFile(f).infolist()
         except Exception as error:  # zipfile raises BadZipFile, ValueError, NotImplementedError, ... on a crafted one
             raise UntrustedFile(f"{name}: refused: a zip Python's zipfile can't read, where torch's reader might "
-                                f"({type(error).__name__}: {str(error)[:120]})") from None
+                                f"({reason(error)})") from None
         for info in members:
             if info.compress_type != zipfile.ZIP_STORED or info.file_size != info.compress_size or \
                     info.file_size > size:
                 raise UntrustedFile(f"{name}: refused: its record {info.filename[:80]!r} is compressed or larger than "
                                     "the file (torch.save stores its records as they are)")
+        return True
     finally:
         if opened is not None:
             opened.close()
