@@ -421,6 +421,29 @@ def test_an_unreachable_or_empty_store_gets_one_line(s3, tmp_path, monkeypatch, 
 
 # ---- autoresume's repair of sharded and remote save folders ----
 
+class Interrupts:
+    """Pickled, it raises KeyboardInterrupt, as Ctrl-C or SIGTERM lands in the middle of ``torch.save``."""
+
+    def __reduce__(self):
+        raise KeyboardInterrupt
+
+
+def test_a_whole_save_interrupted_while_pickling_is_removed_and_latest_points_to_the_last_complete_one(tmp_path,
+                                                                                                       capsys):
+    """torch.save's zip writer closes its zip on the way out of an interruption: a complete zip holding only the
+    records written before data.pkl (version, byteorder). It is a save cut short, not a checkpoint to resume from."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    torch.save({"state": {"weights": torch.ones(3)}}, folder / "ep0-ba2-rank0.pt")
+    with pytest.raises(KeyboardInterrupt):
+        torch.save({"state": Interrupts()}, folder / "ep0-ba4-rank0.pt")
+    os.symlink("ep0-ba2-rank0.pt", folder / "latest-rank0.pt")
+    repair(str(folder))
+    assert "removing " + str(folder / "ep0-ba4-rank0.pt") + ": an incomplete checkpoint" in capsys.readouterr().out
+    assert sorted(p.name for p in folder.iterdir()) == ["ep0-ba2-rank0.pt", "latest-rank0.pt"]
+    assert os.readlink(folder / "latest-rank0.pt") == "ep0-ba2-rank0.pt"
+
+
 @pytest.mark.distributed  # the sharded checkpoint is written by 2 gloo processes
 def test_a_sharded_save_cut_short_is_removed_and_latest_points_to_the_last_complete_one(sharded_run, tmp_path, capsys):
     folder = tmp_path / "run"

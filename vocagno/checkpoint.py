@@ -111,7 +111,26 @@ def fetch(location: str, into: str) -> Path:
                                    "it writes last (its save was interrupted)")
     if not zipfile.is_zipfile(path):
         raise BadCheckpoint(f"{location}: not a checkpoint: torch.save writes a zip file, and this is not one")
+    if _untrusted(_pickle_missing, path):
+        raise IncompleteCheckpoint(f"{location}: an incomplete checkpoint: torch.save's zip closed before its "
+                                   "data.pkl was written (its save was interrupted)")
     return path
+
+
+def _pickle_missing(path: Path) -> bool:
+    """Whether a zip is a ``torch.save`` interrupted while pickling: torch's writer closes its zip on the way out of
+    the interruption, holding the records it writes first (``version``, ``byteorder``) and no ``data.pkl``. A zip
+    holding neither is no checkpoint (``BadCheckpoint``)."""
+    try:
+        with open_regular(path) as f, zipfile.ZipFile(f) as archive:
+            names = [name.split("/", 1)[-1] for name in archive.namelist()]
+    except (zipfile.BadZipFile, NotImplementedError, ValueError) as error:
+        raise BadCheckpoint(f"{path}: not a checkpoint: a zip Python's zipfile can't read ({error})") from None
+    if "data.pkl" in names:
+        return False
+    if not {"version", "byteorder", ".format_version"} & set(names):
+        raise BadCheckpoint(f"{path}: not a checkpoint: a zip without the data.pkl torch.save writes")
+    return True
 
 
 def _latest_target(latest: Path) -> Path:
