@@ -60,6 +60,34 @@ def test_the_teacher_guides_and_stays_out_of_the_optimizer_and_checkpoints(loade
     assert sum(t.numel() for t in checkpoint["state"]["model"].values()) == sum(p.numel() for p in student.parameters())
 
 
+class OwnLossModel(HuggingFaceModel):
+    """A Composer model that computes its own loss from ``batch["labels"]``, as llm-foundry's MPT
+    (``ComposerMPTCausalLM.loss``) does, rather than taking the forward's."""
+
+    def loss(self, outputs, batch):
+        logits = outputs.logits[:, :-1].flatten(0, 1)
+        return torch.nn.functional.cross_entropy(logits, batch["labels"][:, 1:].flatten(), ignore_index=-100)
+
+
+@pytest.mark.parametrize("method", ["vocagno", "uld"])
+def test_a_model_computing_its_own_loss_from_the_labels_trains_with_the_teachers_loss(loader, tokenizers, method):
+    from vocagno.baselines import ULD
+
+    student = tiny(LlamaConfig, LlamaForCausalLM, 32000)
+    teacher = tiny(Qwen2Config, Qwen2ForCausalLM, 152064)
+    algorithm = VocAgnoLM(teacher=teacher, teacher_tokenizer=tokenizers["qwen2.5"], teacher_dtype="float32") if (
+        method == "vocagno") else ULD(teacher=teacher, teacher_dtype="float32")
+    model = OwnLossModel(student, tokenizer=tokenizers["llama2"], use_logits=True)
+    trainer = Trainer(model=model, train_dataloader=loader, max_duration="2ba", algorithms=[algorithm],
+                      optimizers=torch.optim.SGD(model.parameters(), lr=0.1), device="cpu", loggers=[],
+                      progress_bar=False)
+    trainer.fit()
+    assert isinstance(trainer.state.loss, dict) and "total" in trainer.state.loss  # the algorithm's, not the model's
+    if method == "vocagno":
+        assert set(trainer.state.loss) == {"total", "kept_fraction", "mapped_fraction", "student_loss", "teacher_loss",
+                                           "score"}
+
+
 def test_teacher_scorer_equals_the_loss_of_the_full_logits():
     teacher = tiny(Qwen2Config, Qwen2ForCausalLM, 300)
     ids = torch.randint(0, 300, (2, 20))

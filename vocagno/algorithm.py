@@ -58,7 +58,7 @@ from vocagno.loss import (
 from vocagno.scorer import TeacherScorer, check_teacher_options, check_teacher_reads, load_teacher, shard_teacher
 from vocagno.teacher_side import TeacherSide, WithTeacherSide, unpack_teacher_side
 from vocagno.teachers import (OtherTeachers, TeacherSpec, WithOtherTeachers, check_scored_by_teacher, checked_teacher,
-                              reading_teacher, teacher_shares, teacher_specs)
+                              reading_teacher, teacher_label, teacher_shares, teacher_specs)
 from vocagno.tokenization import as_tokenizer
 
 __all__ = ["teacher_guided_loss", "VocAgnoLM"]
@@ -219,6 +219,19 @@ class VocAgnoLM(Algorithm):
         self._teacher_seconds = 0.0
         self._teacher_counts: torch.Tensor | None = None  # several teachers: the step's kept tokens each one gave
 
+    def teacher_source(self, state: State) -> str:
+        """One line: where this run's teacher losses come from (online: which teachers; cached: who scored them)."""
+        specs = {spec.name: spec for spec in self.specs}
+        if not self.cached:
+            if len(specs) == 1:
+                return f"teacher losses: online, {teacher_label(self.teacher)} scores every batch"
+            return "teacher losses: online, " + ", ".join(
+                f"{name} ({teacher_label(spec.teacher)})" for name, spec in specs.items()) + " score every batch"
+        metadata = _shard_metadata(state)
+        scored = [(getattr(metadata, "scored_by", None) or {}).get("name", "?")]
+        scored += [by.get("name", "?") for by in (getattr(metadata, "also_scored_by", None) or {}).values()]
+        return f"teacher losses: cached in the training shards, scored by {', '.join(map(str, scored))}"
+
     def _as_teacher(self, spec: TeacherSpec) -> None:
         """Make ``spec`` the teacher that reads the batch's own teacher side; the set's others go to ``others``."""
         self.teacher_name, self.teacher, self.teacher_tokenizer = spec.name, spec.teacher, spec.tokenizer
@@ -305,6 +318,8 @@ class VocAgnoLM(Algorithm):
                 self._teacher_counts = counts if self._teacher_counts is None else self._teacher_counts + counts
             if hasattr(state.outputs, "logits"):
                 state.outputs["loss"] = self._loss["total"]  # HuggingFaceModel.loss returns it: no second CE
+            # A model computing its own loss from the labels (llm-foundry's MPT) reads them; AFTER_LOSS replaces it.
+            state.batch["labels"] = self._labels
         elif event == Event.AFTER_LOSS:
             state.loss = self._loss
             self._labels = self._loss = None

@@ -21,6 +21,7 @@ from torch import nn
 
 from vocagno.distill import kld_loss, uld_loss
 from vocagno.scorer import check_teacher_options, load_teacher
+from vocagno.teachers import teacher_label
 from vocagno.tokenization import as_tokenizer
 
 __all__ = ["ULD", "KLD"]
@@ -41,6 +42,10 @@ class _Distillation(Algorithm):
     @staticmethod
     def required_on_load() -> bool:
         return False
+
+    def teacher_source(self, state: State) -> str:
+        """One line: the teacher whose distributions this baseline distills, every batch."""
+        return f"teacher: online, {teacher_label(self.teacher)} gives its distributions every batch ({type(self).__name__})"
 
     def match(self, event: Event, state: State) -> bool:
         return event in (Event.FIT_START, Event.BEFORE_FORWARD, Event.AFTER_FORWARD, Event.AFTER_LOSS)
@@ -63,6 +68,7 @@ class _Distillation(Algorithm):
                                        mask)
             if hasattr(state.outputs, "logits"):
                 state.outputs["loss"] = self._loss["total"]  # HuggingFaceModel.loss returns it: no second CE
+            state.batch["labels"] = self._labels  # a model computing its own loss reads them (llm-foundry's MPT)
         elif event == Event.AFTER_LOSS:
             state.loss = self._loss
             self._labels = self._loss = None
