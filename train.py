@@ -17,6 +17,7 @@ import functools
 import importlib
 import os
 import re
+import signal
 import sys
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
@@ -35,13 +36,15 @@ from composer.utils import (  # noqa: E402
 )
 from omegaconf import DictConfig  # noqa: E402
 from omegaconf import OmegaConf as om  # noqa: E402
+from streaming import Stream, StreamingDataset  # noqa: E402
 
 from vocagno.allocator import keep_freed_memory  # noqa: E402
-from vocagno.config import build_causal_lm, load_config  # noqa: E402
+from vocagno.config import build_causal_lm, check_names, keyword_names, load_config  # noqa: E402
+from vocagno.entry import INTERRUPTED_EXIT, run  # noqa: E402
 from vocagno.data import clean_leaked_shared_memory, teacher_guided_loader  # noqa: E402
 from vocagno.fsdp import wrap_per_decoder_layer  # noqa: E402
 from vocagno.checkpoint import BadCheckpoint, check_load_path, repair  # noqa: E402
-from vocagno.loggers import JSONLinesLogger, RunRecipe, SampleLog  # noqa: E402
+from vocagno.loggers import ConsoleLine, JSONLinesLogger, Narration, RunPicture, RunRecipe, SampleLog  # noqa: E402
 from vocagno.metrics import BitsPerByte  # noqa: E402
 from vocagno.tokenization import load_tokenizer  # noqa: E402
 
@@ -60,7 +63,7 @@ TEACHER_ALGORITHMS = {
 # llm-foundry's names for Composer's loggers and callbacks (its registries), and vocagno's own.
 LOGGERS: dict[str, Any] = {
     "wandb": "WandBLogger", "mlflow": "MLFlowLogger", "tensorboard": "TensorboardLogger", "inmemory": "InMemoryLogger",
-    "jsonl": JSONLinesLogger,
+    "jsonl": JSONLinesLogger, "picture": RunPicture,
 }
 CALLBACKS: dict[str, Any] = {
     "speed_monitor": "SpeedMonitor", "lr_monitor": "LRMonitor", "memory_monitor": "MemoryMonitor",
@@ -103,6 +106,10 @@ def _cpu_model_from_proc() -> str:
     return _PY_CPUINFO_MODEL()
 
 
+# The keys of a loader's dataset: Streaming's, but the batch size, which the loader gives.
+DATASET_KEYS = [key for key in keyword_names(StreamingDataset) if key != "batch_size"]
+
+
 def dataset_locals(cfg: DictConfig) -> list[str]:
     """The local folders the run's datasets register with Streaming (train and eval, one dataset's or each stream's),
     as Streaming registers them: ``local`` joined with ``split``."""
@@ -117,23 +124,45 @@ def dataset_locals(cfg: DictConfig) -> list[str]:
     return folders
 
 
-def build_loader(section: DictConfig, student_tok, teacher_tok, batch_size: int):
+def build_loader(section: DictConfig, student_tok, teacher_tok, batch_size: int, name: str = "train_loader"):
+    """The loader of the yaml's section ``name`` (train_loader or eval_loader), its shards converted first where
+    ``convert_if_missing`` says so."""
     dataset_cfg = om.to_container(section.dataset)
     convert = section.get("convert_if_missing")
-    local = dataset_cfg.get("local")  # None for a mixture (streams)
-    if convert is not None and local is not None and dataset_cfg.get("remote") is None:
-        _convert_if_missing(local, om.to_container(convert))
+    folders = [(f"{name}.dataset", dataset_cfg, convert)]
+    folders += [(f"{name}.dataset.streams.{key}", stream, None)
+                for key, stream in (dataset_cfg.get("streams") or {}).items()]
+    for where, one, converting in folders:
+        if one.get("local") is not None and one.get("remote") is None:
+            local = os.path.join(str(one["local"]), str(one["split"])) if one.get("split") else str(one["local"])
+            _convert_if_missing(local, om.to_container(converting) if converting is not None else None, where)
     return teacher_guided_loader(
         dataset_cfg, student_tok, teacher_tok, batch_size, teacher_seq_len=section.get("teacher_seq_len"),
         num_workers=section.get("num_workers", 0), drop_last=section.get("drop_last", True),
     )
 
 
-def _convert_if_missing(local: str, convert: dict[str, Any]) -> None:
-    """Convert the embedded corpus on the node's first rank when its shards are not there yet; others wait."""
-    if dist.get_local_rank() == 0 and not (Path(local) / "index.json").exists():
+def _convert_if_missing(local: str, convert: dict[str, Any] | None, where: str) -> None:
+    """Shards where a loader reads (``local``, named at ``where``), converted first when they are missing and the yaml
+    that names the folder says what to convert into it (``convert_if_missing``): by the node's first rank, the others
+    wait. Missing otherwise: a ValueError naming the folder and how to make it."""
+    missing = not (Path(local) / "index.json").is_file()
+    section = where.split(".")[0]
+    if missing and (convert is None or "not_for" in convert):
+        why = f" ({convert['not_for']})" if convert else ""
+        also = f", or say what to convert into it with {section}.convert_if_missing.input=FILE" \
+            if where.endswith(".dataset") else ""
+        raise ValueError(
+            f"{where}.local: {local} holds no converted shards{why}; convert your corpus into it first "
+            f"(python conversion/convert_dataset.py --input FILE --out-root {local} --student-tokenizer ... "
+            f"--teacher-tokenizer ...: docs/conversion.md){also}")
+    if convert is None or "not_for" in convert:
+        return
+    if missing and dist.get_local_rank() == 0:
         from conversion.convert_dataset import main as convert_main
 
+
+        print(f"{section}: converting {convert.get('input')} into {local} (convert_if_missing)", flush=True)
         args = ["--out-root", local]
         for key, value in convert.items():
             args += [f"--{key.replace('_', '-')}", *(map(str, value) if isinstance(value, list) else [str(value)])]
@@ -141,15 +170,50 @@ def _convert_if_missing(local: str, convert: dict[str, Any]) -> None:
     dist.barrier()
 
 
-def build_algorithms(cfg: DictConfig, teacher_tok) -> list:
-    chosen = _plain(cfg, "algorithms")
+def check_sections(cfg: DictConfig) -> None:
+    """The keys of the sections ``load_config`` leaves free-form, each against what reads it: an algorithm's, a logger's
+    or a callback's options against its class, a loader's dataset against Streaming's, ``convert_if_missing``
+    against the converter's flags. Before anything is loaded: a misspelled key is one line naming the closest one."""
+    for name, kwargs in _plain(cfg, "algorithms").items():
+        if kwargs is not None:
+            check_names(f"algorithms.{name}.", kwargs, keyword_names(_algorithm(name)) or kwargs)
+    for section in ("loggers", "callbacks"):
+        for name, kwargs in _plain(cfg, section).items():
+            if kwargs is not None and name != "console":
+                check_names(f"{section}.{name}.", kwargs, keyword_names(_known(section, name)) or kwargs)
+    for section in ("train_loader", "eval_loader"):
+        dataset = om.select(cfg, f"{section}.dataset")
+        dataset = om.to_container(dataset) if dataset is not None else {}
+        check_names(f"{section}.dataset.", dataset, DATASET_KEYS)
+        for key, stream in (dataset.get("streams") or {}).items():
+            check_names(f"{section}.dataset.streams.{key}.", stream or {}, keyword_names(Stream))
+        convert = om.select(cfg, f"{section}.convert_if_missing")
+        if convert is not None and "not_for" not in convert:
+            from conversion.convert_dataset import parse_args
+
+            check_names(f"{section}.convert_if_missing.", convert,
+                        [flag for flag in vars(parse_args(["--out-root", "-"])) if flag != "out_root"])
+            if convert.get("input") is None:
+                raise ValueError(f"{section}.convert_if_missing: give its input, the corpus to convert")
+
+
+def _algorithm(name: str):
+    """The class registered as algorithm ``name``: vocagno's own, or an entry point of llm-foundry's group."""
     available = {name: EntryPoint(name, value, ALGORITHM_GROUP) for name, value in OWN_ALGORITHMS.items()}
     available.update({ep.name: ep for ep in entry_points(group=ALGORITHM_GROUP)})
+    if name not in available:
+        close = difflib.get_close_matches(name, list(available), n=1)
+        hint = f" (did you mean algorithms.{close[0]}?)" if close else ""
+        raise ValueError(f"unknown algorithm algorithms.{name}{hint}; registered ({ALGORITHM_GROUP}): "
+                         f"{', '.join(available)}")
+    return available[name].load()
+
+
+def build_algorithms(cfg: DictConfig, teacher_tok) -> list:
     algorithms = []
-    chosen = {name: kwargs for name, kwargs in chosen.items() if kwargs is not None}  # null: off
+    chosen = {name: kwargs for name, kwargs in _plain(cfg, "algorithms").items() if kwargs is not None}  # null: off
     for name, kwargs in chosen.items():
-        if name not in available:
-            raise ValueError(f"unknown algorithm {name!r}; registered ({ALGORITHM_GROUP}): {', '.join(available)}")
+        made = _algorithm(name)
         kwargs = dict(kwargs)
         if name in TEACHER_ALGORITHMS and cfg.get("teachers") is not None:
             if name != "vocagno":
@@ -159,7 +223,7 @@ def build_algorithms(cfg: DictConfig, teacher_tok) -> list:
             if cfg.get("teacher") is None:
                 raise ValueError(f"algorithms.{name} needs a teacher: section")
             kwargs.update(teacher_kwargs(cfg.teacher, teacher_tok, TEACHER_ALGORITHMS[name], cfg.seed))
-        algorithms.append(available[name].load()(**kwargs))
+        algorithms.append(made(**kwargs))
     if (cfg.get("teacher") or cfg.get("teachers")) is not None and not set(chosen) & set(TEACHER_ALGORITHMS):
         raise ValueError(f"a teacher without one of algorithms.{{{', '.join(TEACHER_ALGORITHMS)}}} would be loaded "
                          "and never used")
@@ -217,16 +281,38 @@ def _plain(cfg: DictConfig, key: str) -> dict[str, Any]:
 
 def build_loggers(cfg: DictConfig) -> tuple[list, list]:
     """``loggers:`` and ``callbacks:`` by llm-foundry's names (``LOGGERS``, ``CALLBACKS``) with their kwargs; a null
-    entry is off (``loggers.console=null`` on the command line). ``loggers.console`` is Composer's console logging
-    (every ``console_log_interval``), not a destination."""
+    entry is off (``loggers.console=null`` on the command line). ``loggers.console`` prints one line every
+    ``console_log_interval`` (``ConsoleLine``)."""
     chosen = {section: {k: v for k, v in _plain(cfg, section).items() if v is not None}
               for section in ("loggers", "callbacks")}
     loggers = [_build("loggers", name, kwargs) for name, kwargs in chosen["loggers"].items() if name != "console"]
+    if "console" in chosen["loggers"]:
+        check_names("loggers.console.", chosen["loggers"]["console"], [])
+        loggers.append(ConsoleLine(_batches(cfg.get("console_log_interval", "1ba"), "console_log_interval")))
     callbacks = [_build("callbacks", name, kwargs) for name, kwargs in chosen["callbacks"].items()]
     return loggers, callbacks
 
 
+def _batches(value: Any, key: str) -> int:
+    """A number of batches given as ``10ba`` or 10."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    found = re.fullmatch(r"\s*(\d+)\s*ba\s*", str(value))
+    if found is None:
+        raise ValueError(f"{key} must be a number of batches (10ba), got {value!r}")
+    return int(found.group(1))
+
+
 def _build(section: str, name: str, kwargs: dict[str, Any] | None):
+    made = _known(section, name)
+    try:
+        return made(**kwargs)
+    except TypeError as error:
+        raise ValueError(f"{section}.{name}: {error}") from error
+
+
+def _known(section: str, name: str):
+    """The class of logger or callback ``name`` (``section``: loggers or callbacks) by llm-foundry's name."""
     known = LOGGERS if section == "loggers" else CALLBACKS
     if name not in known:
         close = difflib.get_close_matches(name, list(known) + ["console"] * (section == "loggers"), n=1)
@@ -236,10 +322,7 @@ def _build(section: str, name: str, kwargs: dict[str, Any] | None):
     made = known[name]
     if isinstance(made, str):  # Composer's class of that name, imported when asked for (wandb, mlflow: optional)
         made = getattr(importlib.import_module(f"composer.{section}"), made)
-    try:
-        return made(**kwargs)
-    except TypeError as error:
-        raise ValueError(f"{section}.{name}: {error}") from error
+    return made
 
 
 def build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> DecoupledAdamW:
@@ -295,6 +378,7 @@ def check_loaded_checkpoint(cfg: DictConfig) -> None:
 
 
 def main(cfg: DictConfig) -> Trainer:
+    check_sections(cfg)
     if not torch.cuda.is_available():  # the steps' logits and gradients reused, not faulted in again each step
         keep_freed_memory()
     dist.initialize_dist(get_device(None), timeout=cfg.get("dist_timeout", 600))
@@ -313,7 +397,7 @@ def main(cfg: DictConfig) -> Trainer:
         raise ValueError("give teacher: (one) or teachers: (several, by name), not both")
     # Several teachers: the shards' teacher tokens are taken as they are; the algorithm finds the teacher they fit.
     teacher_tok = load_tokenizer(cfg.teacher.tokenizer) if cfg.get("teacher") is not None else None
-    train_loader = build_loader(cfg.train_loader, student_tok, teacher_tok, device_batch)
+    train_loader = build_loader(cfg.train_loader, student_tok, teacher_tok, device_batch, "train_loader")
     samples = train_loader.dataset.size
     if train_loader.drop_last and samples < cfg.global_train_batch_size:
         # Every epoch would end before its first batch, and training would spin through empty epochs forever.
@@ -327,7 +411,7 @@ def main(cfg: DictConfig) -> Trainer:
         eval_batch = cfg.get("device_eval_batch_size") or cfg.device_train_microbatch_size
         evaluators.append(Evaluator(
             label="eval",
-            dataloader=build_loader(cfg.eval_loader, student_tok, teacher_tok, eval_batch),
+            dataloader=build_loader(cfg.eval_loader, student_tok, teacher_tok, eval_batch, "eval_loader"),
             metric_names=["BitsPerByte"],
         ))
 
@@ -364,7 +448,7 @@ def main(cfg: DictConfig) -> Trainer:
         model=model,
         train_dataloader=train_loader,
         eval_dataloader=evaluators or None,
-        eval_interval=cfg.get("eval_interval", 1),
+        eval_interval=cfg.get("eval_interval", 1) if evaluators else 1,  # none: Composer warns of an interval
         eval_subset_num_batches=cfg.get("eval_subset_num_batches", -1),
         optimizers=optimizer,
         schedulers=scheduler,
@@ -381,17 +465,39 @@ def main(cfg: DictConfig) -> Trainer:
         run_name=cfg.run_name,
         loggers=loggers,
         callbacks=[*callbacks, RunRecipe(om.to_yaml(cfg, resolve=True))],
-        log_to_console=console,
+        log_to_console=False,  # loggers.console: ConsoleLine
         progress_bar=cfg.get("progress_bar", not console),  # not both: they print the same metrics
-        console_log_interval=cfg.get("console_log_interval", "1ba"),
         seed=cfg.seed,
         device=None,
     )
     promptly_linked(trainer)
-    trainer.fit()
+    trainer.state.callbacks.append(Narration())  # after Composer's saver: it says what the saver just saved
+    batch = int(trainer.state.timestamp.batch)
+    if batch > 0 and dist.get_global_rank() == 0:
+        print(f"resuming at batch {batch + 1} from {resumed_from(cfg)}", flush=True)
+    try:
+        trainer.fit()
+    except KeyboardInterrupt:
+        if dist.get_global_rank() == 0:
+            print(f"\ninterrupted in batch {int(trainer.state.timestamp.batch) + 1}; the checkpoints saved stay in "
+                  f"{save_folder or '(no save_folder: none were saved)'}", file=sys.stderr, flush=True)
+        raise SystemExit(INTERRUPTED_EXIT) from None
     if cfg.get("selection_report") is not None and dist.get_global_rank() == 0:
         report_selection(cfg, trainer, fsdp is not None)
     return trainer
+
+
+def resumed_from(cfg: DictConfig) -> str:
+    """The checkpoint a run resumed from: ``callbacks.load_checkpoint.load_path``, or autoresume's latest in the save
+    folder (the file its latest link names, where the folder is on this machine)."""
+    load_path = (_plain(cfg, "callbacks").get("load_checkpoint") or {}).get("load_path")
+    if load_path is not None and not cfg.get("autoresume", False):
+        return str(load_path)
+    folder = format_name_with_dist(str(cfg.get("save_folder")), cfg.run_name)
+    latest = Path(folder) / "latest-rank0.pt"
+    if "://" not in folder and latest.is_symlink():
+        return str(Path(folder) / os.readlink(latest))
+    return f"the latest checkpoint in {folder}"
 
 
 def report_selection(cfg: DictConfig, trainer: Trainer, sharded: bool) -> None:
@@ -422,7 +528,20 @@ def report_selection(cfg: DictConfig, trainer: Trainer, sharded: bool) -> None:
     print("\n" + report.table(), flush=True)
 
 
-if __name__ == "__main__":
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt  # SIGTERM (a launcher's, a scheduler's) ends the run as Ctrl-C does, saying where
+
+
+def cli() -> int:
+    signal.signal(signal.SIGTERM, _interrupt)
     if len(sys.argv) < 2:
         sys.exit("usage: composer train.py YAML [key=value ...]")
     main(load_config(sys.argv[1], sys.argv[2:]))
+    return 0
+
+
+if __name__ == "__main__":
+    from omegaconf.errors import OmegaConfBaseException
+    from yaml import YAMLError
+
+    run(cli, mistakes=(OmegaConfBaseException, YAMLError))  # a mistake: one line; VOCAGNO_TRACEBACK=1: its traceback

@@ -39,6 +39,7 @@ from unittest import mock
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parent.parent
+TRAIN_TEXT = REPO / "vocagno" / "assets" / "text" / "gsm8k_train_500.jsonl"  # tiny_qwen.yaml's corpus
 sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
@@ -151,7 +152,7 @@ def main() -> None:
     scopes = args.scopes.split(",")
     cuda = torch.cuda.is_available()
     with tempfile.TemporaryDirectory() as tmp, random_init_on("cuda") if cuda else contextlib.nullcontext():
-        overrides = [f"variables.data={tmp}/train", "eval_loader=null", "train_loader.dataset.shuffle=false",
+        overrides = [f"variables.data={tmp}/train", f"train_loader.convert_if_missing.input={TRAIN_TEXT}", "eval_loader=null", "train_loader.dataset.shuffle=false",
                      *PRESETS[args.preset]]
         cfg = train.load_config(str(REPO / "yamls" / "tiny_qwen.yaml"), overrides)
         plain_timer = run(cfg, False, None, args.steps)

@@ -48,7 +48,8 @@ def steps(python: str, gpus: int, out: Path, dry: bool) -> list[dict]:
     them, ``parse`` (output -> figures)."""
     composer = [python, "-m", "composer.cli.launcher"]
     tiny = [str(REPO / "train.py"), str(REPO / "yamls" / "tiny.yaml"), "eval_loader=null", "selection_report=null",
-            "loggers.console=null", "progress_bar=false", "max_duration=6ba", f"variables.data={out}/shards/tiny"]
+            "loggers.console=null", "progress_bar=false", "max_duration=6ba", f"variables.data={out}/shards/tiny",
+            f"train_loader.convert_if_missing.input={REPO}/vocagno/assets/text/gsm8k_train_500.jsonl"]
     fsdp = ["fsdp_config={sharding_strategy: FULL_SHARD, mixed_precision: PURE, state_dict_type: full}",
             "precision=amp_bf16", "teacher.dtype=bfloat16", "teacher.placement=fsdp"]
     sharded = [fsdp[0].replace("state_dict_type: full", "state_dict_type: sharded"), *fsdp[1:],

@@ -61,6 +61,7 @@ from vocagno.shards import (  # noqa: E402
 )
 from vocagno.tokenization import load_tokenizer  # noqa: E402
 from vocagno.untrusted import UntrustedFile, plain_name, read_json  # noqa: E402
+from vocagno.entry import run  # noqa: E402
 from vocagno.writing import make_readable, publish, remove, staging, write_atomically  # noqa: E402
 
 DEFAULT_INPUT = "open-web-math/open-web-math"
@@ -75,6 +76,8 @@ NOT_COUNTS = ("seconds", "sources")  # part.json entries that don't add up over 
 NAMED = 20  # documents over the cap named in a summary (a job's marker names them all)
 # A part's unfinished folder: built under a staging name (``.part-SSSSS-BBBBBB.staging-XXXX``), or an earlier
 # version's ``.tmp-part-SSSSS-BBBBBB``; SSSSS is the source file the part starts in (what says which job's it is).
+# What a conversion writes on its out-root besides CONFIG_FILE: its parts and its jobs' markers.
+CONVERSION_FILE = re.compile(r"part-\d{5,}-\d{6,}|job-\d{4,}-of-\d{4,}\.json")
 STALE_PART = re.compile(r"\.(?:part-(?P<source>\d{5,})-\d{6,}\.staging-.+|tmp-part-(?P<old>\d{5,})-\d{6,}(?:\..*)?)")
 
 
@@ -256,8 +259,11 @@ def parts_of(sources: list[tuple[int, Source]], docs_per_part: int) -> Iterator[
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        # Before the out-root is made: a misspelled tokenizer leaves no folder behind.
+        tokenizers = None if args.merge_only else (load_tokenizer(args.student_tokenizer),
+                                                   load_tokenizer(args.teacher_tokenizer))
         output = Output(args.out_root, args.local_root)
-        unreadable = {} if args.merge_only else convert(args, output)
+        unreadable = {} if args.merge_only else convert(args, output, tokenizers)
         if args.merge_only or all_jobs_done(output, args.num_jobs):
             return merge(output, args)
     except UntrustedFile as error:  # an input, a file on the out-root, or a working folder that is not one's own
@@ -326,9 +332,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def convert(args: argparse.Namespace, output: Output) -> dict[str, str]:
-    """Convert this job's parts that are not done on the out-root; return the files that could not be read."""
-    student_tok, teacher_tok = load_tokenizer(args.student_tokenizer), load_tokenizer(args.teacher_tokenizer)
+def convert(args: argparse.Namespace, output: Output, tokenizers: tuple) -> dict[str, str]:
+    """Convert this job's parts that are not done on the out-root with the (student, teacher) ``tokenizers``; return
+    the files that could not be read."""
+    student_tok, teacher_tok = tokenizers
     student = tokenizer_info(student_tok, args.student_tokenizer)
     teacher = tokenizer_info(teacher_tok, args.teacher_tokenizer)
     config = Config(
@@ -532,7 +539,14 @@ def _merge(output: Output, args: argparse.Namespace) -> int:
     too_little = _too_little(totals, args.min_converted, config["seq_len"])
     if too_little:
         print_summary("dataset (not published)", totals, output, parts, unreadable=unreadable, over_cap=over_cap)
-        raise SystemExit(f"error: nothing published to {output}: {too_little}")
+        if output.remote is None:  # nothing of it is of use to a run with corrected options: it starts afresh
+            for entry in root.iterdir():
+                if entry.name == CONFIG_FILE or CONVERSION_FILE.fullmatch(entry.name):
+                    remove(entry)
+            kept = "nothing of this conversion is kept there: run it again with corrected options"
+        else:
+            kept = f"its parts stay on {output}: delete them, or give another --out-root, to run with other options"
+        raise SystemExit(f"error: nothing published to {output}: {too_little}; {kept}")
     metadata = ShardMetadata(
         student=TokenizerInfo(**config["student"]),
         teacher=TokenizerInfo(**config["teacher"]),
@@ -554,8 +568,10 @@ def _too_little(totals: Counter, min_converted: float, seq_len: int) -> str | No
     if read == 0:
         return "the input holds no documents"
     if converted < min_converted * read:
+        hint = ("; --text-field NAME names the field holding the text (--text-template joins several)"
+                if any(k.startswith("skipped: missing ") for k in totals) else "")
         return (f"only {converted:,} of {read:,} documents converted (--min-converted {min_converted}); skipped: "
-                f"{skipped or 'none'}")
+                f"{skipped or 'none'}{hint}")
     if totals["samples"] == 0:
         return (f"{converted:,} documents converted, but their {totals['student tokens']:,} student tokens make no "
                 f"sample of --seq-len {seq_len} (fewer than that per part)")
@@ -598,4 +614,4 @@ def print_summary(title: str, totals: Counter, output: Output, parts: list[str],
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
             from experiments import tiny_teacher
 
             tiny_teacher.main(["--out", teacher_name, f"variables.data={out}/shards/teacher",
-                               f"variables.heldout={out}/shards/teacher-heldout", *size["teacher_overrides"]])
+                               f"variables.heldout={out}/shards/teacher-heldout", *tiny_teacher.OWN_CORPORA,
+                               *size["teacher_overrides"]])
     scored = out / "shards" / "scored"
     if not (scored / "index.json").exists():
         score.main(["--shards", str(shards), "--teacher", teacher_name, "--dtype", "float32", "--out", str(scored),

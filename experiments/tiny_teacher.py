@@ -38,6 +38,11 @@ from vocagno.tokenization import ASSETS, SHIPPED_MODELS  # noqa: E402
 YAMLS = {"tiny-math-teacher": "tiny_teacher.yaml", "tiny-latex-teacher": "tiny_latex_teacher.yaml"}
 
 
+# What tiny_teacher.yaml converts, for shard folders named by variables.data and variables.heldout.
+OWN_CORPORA = ["train_loader.convert_if_missing.input=vocagno/assets/text/gsm8k_train_rest.jsonl.gz",
+               "eval_loader.convert_if_missing.input=vocagno/assets/text/gsm8k_heldout_100.jsonl"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--teacher", choices=YAMLS, default="tiny-math-teacher")

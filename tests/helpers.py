@@ -22,6 +22,24 @@ def reached(*args, **kwargs):
     raise Reached
 
 
+def own_data(yaml, data, heldout=None) -> list[str]:
+    """Overrides that put a yaml's shards in ``data`` (and ``heldout``), converting its own corpora into them when
+    missing: a folder named on the command line is converted into only when the command line also says from what."""
+    from omegaconf import OmegaConf as om
+
+    from vocagno.config import load_config
+
+    cfg = load_config(str(yaml), [])
+    overrides = [f"variables.data={data}"]
+    for section, folder in (("train_loader", data), ("eval_loader", heldout)):
+        corpus = om.select(cfg, f"{section}.convert_if_missing.input")
+        if folder is not None and section == "eval_loader":
+            overrides.append(f"variables.heldout={folder}")
+        if corpus is not None and folder is not None:
+            overrides.append(f"{section}.convert_if_missing.input={corpus}")
+    return overrides
+
+
 def read_log(path):
     """step -> metrics, the last line written for a step winning (a resumed run writes its steps again)."""
     steps = {}

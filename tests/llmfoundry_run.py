@@ -9,7 +9,8 @@ Face folders, makes a token MDS with llm-foundry's own ``convert_dataset_json`` 
 (c) the same on shards scored by ``python -m vocagno.score`` with ``teacher_losses: cached``, (d) ``name: vocagno`` on
 a mixture (``dataset.streams``, as llm-foundry writes them), (e) two teachers of two vocabularies (``teachers:``, a
 tiny Mistral-vocabulary teacher beside the Qwen2.5 one) on our shards with 2 loader workers and on its ``text``
-loader. Prints one JSON line per run: the logged
+loader; (f) docs/drop-in.md's ``yamls/llm-foundry/tiny.yaml``, llm-foundry's own MPT student guided by the shipped
+teacher. Prints one JSON line per run: the logged
 ``loss/train/kept_fraction`` and per-stream (``vocagno/...``) values, whether a teacher was loaded, the installed
 versions.
 """
@@ -39,6 +40,7 @@ from vocagno import score  # noqa: E402
 from vocagno.algorithm import VocAgnoLM  # noqa: E402
 from vocagno.tokenization import ASSETS, load_tokenizer  # noqa: E402
 
+REPO = Path(__file__).resolve().parents[1]
 SEQ_LEN = 128
 TEXT = ASSETS / "text" / "gsm8k_train_500.jsonl"
 
@@ -78,7 +80,10 @@ def run(work: Path, name: str, train_loader: dict, student: str, teacher: str | 
     }
     yaml = work / f"{name}.yaml"
     yaml.write_text(om.to_yaml(config))
-    trainer = train_from_yaml(str(yaml))
+    return result(name, train_from_yaml(str(yaml)))
+
+
+def result(name: str, trainer) -> dict:
     memory = next(d for d in trainer.logger.destinations if isinstance(d, InMemoryLogger))
     kept = [float(value) for _, value in memory.data.get("loss/train/kept_fraction", [])]
     streams = {k: [float(v) for _, v in values] for k, values in memory.data.items()
@@ -90,6 +95,19 @@ def run(work: Path, name: str, train_loader: dict, student: str, teacher: str | 
             "batches": int(trainer.state.timestamp.batch),
             "teacher_loaded": algorithm.scorer is not None,
             "collate": type(trainer.state.train_dataloader.collate_fn).__name__}
+
+
+def drop_in(work: Path, student: str) -> dict:
+    """docs/drop-in.md's yaml, yamls/llm-foundry/tiny.yaml, as ``llmfoundry train`` runs it: llm-foundry's own MPT
+    student guided by the shipped tiny teacher (Mistral's tokenizer) on vocagno shards; its data and the student's
+    tokenizer (a folder: no hub here) given as overrides, 3 batches."""
+    convert_dataset.main(["--input", str(TEXT), "--student-tokenizer", "llama2", "--teacher-tokenizer", "mistral",
+                          "--seq-len", str(SEQ_LEN), "--out-root", str(work / "mistral-shards")])
+    trainer = train_from_yaml(str(REPO / "yamls" / "llm-foundry" / "tiny.yaml"), [
+        f"variables.data={work / 'mistral-shards'}", f"tokenizer.name={student}", "max_duration=3ba",
+        "log_to_console=false"])
+    assert type(trainer.state.model).__name__ == "ComposerMPTCausalLM"
+    return result("drop-in-yaml", trainer)
 
 
 def main(work: Path) -> None:
@@ -129,9 +147,10 @@ def main(work: Path) -> None:
         run(work, "text-loader-two-teachers", {"name": "text", "dataset": {"local": str(work / "tokens"),
             "split": None, "shuffle": False, "max_seq_len": SEQ_LEN}, "drop_last": True, "num_workers": 0,
             "prefetch_factor": None, "persistent_workers": False}, student, None, teachers=teachers, combine="mean"),
+        drop_in(work, student),
     ]
-    for result in runs:
-        print(json.dumps({**result, "versions": versions}), flush=True)
+    for one in runs:
+        print(json.dumps({**one, "versions": versions}), flush=True)
 
 
 if __name__ == "__main__":

@@ -167,6 +167,17 @@ def test_two_workers_give_the_same_samples(sample_samples, tmp_path):
     same_samples(read_samples(root, tmp_path), sample_samples)
 
 
+@pytest.mark.parametrize("made", ["missing", "empty"])
+def test_a_folder_never_converted_is_named_with_how_to_convert_into_it(tmp_path, made):
+    if made == "empty":
+        (tmp_path / "never").mkdir()
+    with pytest.raises(FileNotFoundError) as refused:
+        TeacherGuidedDataset(local=str(tmp_path / "never"), batch_size=1)
+    assert str(refused.value) == (f"{tmp_path}/never holds no shards: convert a corpus into it first (python "
+                                  f"conversion/convert_dataset.py --input FILE --out-root {tmp_path}/never ...: "
+                                  "docs/conversion.md)")
+
+
 def test_jobs_split_sources_and_the_last_merges(tmp_path):
     lines = open(SAMPLE, encoding="utf-8").read().splitlines(keepends=True)
     (tmp_path / "in").mkdir()
@@ -620,6 +631,19 @@ def test_nothing_converted_is_a_failure_that_says_why(tmp_path, content, reason)
     path.write_text(content)
     message = converts(tmp_path / "shards", inputs=[path])
     assert reason in message and not (tmp_path / "shards" / "index.json").exists()
+
+
+def test_a_corpus_with_another_text_field_is_refused_naming_the_flag_and_the_corrected_rerun_runs(tmp_path):
+    docs = [json.loads(line)["text"] for line in open(SAMPLE, encoding="utf-8")][:40]
+    corpus = tmp_path / "posts.jsonl"
+    corpus.write_text("".join(json.dumps({"content": d, "id": i}) + "\n" for i, d in enumerate(docs)))
+    message = converts(tmp_path / "shards", inputs=[corpus])
+    assert message == (f"error: nothing published to {tmp_path / 'shards'}: only 0 of 40 documents converted "
+                       "(--min-converted 0.5); skipped: missing text field 'text': 40; --text-field NAME names the field "
+                       "holding the text (--text-template joins several); nothing of this conversion is kept there: run "
+                       "it again with corrected options")
+    assert converts(tmp_path / "shards", "--text-field", "content", inputs=[corpus]) == 0
+    assert ShardMetadata.read(tmp_path / "shards").totals["documents converted"] == 40
 
 
 def test_a_parquet_without_the_text_column_counts_each_row_once(tmp_path):

@@ -307,7 +307,7 @@ def check_command(words: list[str]) -> None:
     words = [re.sub(r"\$\{?(\w+)\}?", lambda m: env.get(m.group(1), "0"), word) for word in words]
     if not words:
         return
-    word, args = words[0].removeprefix(".venv/bin/"), words[1:]
+    word, args = re.sub(r"^\.venv[\w-]*/bin/", "", words[0]), words[1:]  # .venv/bin/, .venv-foundry/bin/
     if word in SHELL_BUILTINS:
         return
     if word in ("python", "python3"):
@@ -315,12 +315,23 @@ def check_command(words: list[str]) -> None:
         if args[0] == "-m":
             return check_module(args[1], args[2:])
         return check_script(args[0], args[1:])
-    checks = {"composer": check_composer, "torchrun": check_torchrun, "pytest": check_pytest, "pip": check_pip}
+    checks = {"composer": check_composer, "torchrun": check_torchrun, "pytest": check_pytest, "pip": check_pip,
+              "llmfoundry": check_llmfoundry}
     if word in checks:
         return checks[word](args)
     if word == "sbatch":
         return check_sbatch(args, env)
     assert (REPO / words[0]).is_file(), f"unknown command {words[0]!r}: teach tests/test_docs.py how to check it"
+
+
+def check_llmfoundry(args: list[str]) -> None:
+    """``llmfoundry train YAML [key=value ...]``: an llm-foundry yaml of the repository that omegaconf reads, with
+    vocagno's algorithm in it (tests/test_llmfoundry.py runs it in llm-foundry's venv)."""
+    from omegaconf import OmegaConf
+
+    assert args[:1] == ["train"] and len(args) >= 2, f"llmfoundry {args}: only `llmfoundry train YAML` is documented"
+    cfg = OmegaConf.merge(OmegaConf.load(REPO / args[1]), OmegaConf.from_dotlist(args[2:]))
+    assert "vocagno" in cfg.algorithms and cfg.model.name and cfg.train_loader.name, args[1]
 
 
 @pytest.mark.parametrize("where, line", ALL_COMMANDS, ids=[where for where, _ in ALL_COMMANDS])
@@ -473,3 +484,42 @@ def test_the_caps_page_lists_every_cap_with_its_default():
     page = (REPO / "docs" / "files-from-elsewhere.md").read_text(encoding="utf-8")
     rows = dict(re.findall(r"^\| `([A-Z_]+)` \| (\d+)", page, flags=re.M))
     assert rows == {name.upper(): str(default) for name, (default, _) in CAPS.items()}
+
+
+def test_the_readmes_figures_and_intervals_are_the_default_runs():
+    """What the README says of README command 1's run is what yamls/tiny.yaml makes it do: a console line every 10
+    batches, held-out bits per byte at batches 40 and 80, its picture in runs/tiny.png, a top 40%, the 3.48M-parameter
+    shipped teacher."""
+    from vocagno.config import load_config
+    from vocagno.tokenization import resolve_shipped
+
+    text = " ".join(README.read_text(encoding="utf-8").split())
+    cfg = load_config(str(REPO / "yamls" / "tiny.yaml"), [])
+    assert "printing one line every 10 batches" in text and cfg.console_log_interval == "10ba"
+    evaluations = [b for b in range(1, int(cfg.max_duration.removesuffix("ba")) + 1)
+                   if b % int(cfg.eval_interval.removesuffix("ba")) == 0]
+    assert "at batches 40 and 80 held-out bits per byte" in text and evaluations == [40, 80]
+    assert "It draws the run in `runs/tiny.png`" in text and cfg.loggers.picture.path == f"runs/{cfg.run_name}.png"
+    assert "(40% of the mapped tokens" in text and cfg.algorithms.vocagno.topk_ratio == 0.4
+    import math
+
+    from safetensors import safe_open
+
+    with safe_open(str(Path(resolve_shipped("tiny-math-teacher")) / "model.safetensors"), "pt") as weights:
+        params = sum(math.prod(weights.get_slice(name).get_shape()) for name in weights.keys())
+    assert f"a {params / 1e6:.2f}M-parameter" in text
+
+
+def test_the_drop_in_pages_python_runs_as_written(tmp_path, monkeypatch, capfd):
+    """docs/drop-in.md's plain Composer script, run as written (its shards converted first, as the page's commands
+    convert them, here in a temporary folder)."""
+    from conversion import convert_dataset
+
+    [code] = [lines for language, _, lines in fenced_blocks(REPO / "docs" / "drop-in.md") if language == "python"]
+    shards = "shards/gsm8k_sample_mistral_128"
+    monkeypatch.chdir(tmp_path)
+    assert convert_dataset.main(["--input", str(REPO / "vocagno" / "assets" / "text" / "gsm8k_heldout_100.jsonl"),
+                                 "--student-tokenizer", "llama2", "--teacher-tokenizer", "mistral", "--seq-len", "128",
+                                 "--out-root", shards]) == 0
+    exec(compile("\n".join(code), "docs/drop-in.md", "exec"), {"__name__": "drop_in"})
+    assert "'kept_fraction'" in capfd.readouterr().out

@@ -35,6 +35,7 @@ def test_gold_answers_grade_at_least_99_percent(gold_results):
         assert round(results[name], 1) == (99.7 if name == "mathqa" else 100.0), name
         assert len(rows) == len(load_benchmark(name, SHIPPED_DATA)) > 0
     assert results["tabmwp"].startswith("unavailable: ")  # said, not skipped silently
+    assert "partial" not in results  # every question, the protocol's generation length
     table = (out / "results.md").read_text()
     assert table.splitlines()[0] == "| GSM8K | MATH | SVAMP | ASDiv | MAWPS | TabMWP | MathQA | MMLU-STEM | SAT | AVG |"
     assert "| n/a |" in table
@@ -178,12 +179,34 @@ def test_a_tiny_random_model_end_to_end(tmp_path, tokenizers):
     assert main(["--model", str(model_dir), "--benchmarks", "gsm8k,math", "--limit", "4", "--batch-size", "3",
                  "--max-new-tokens", "6", "--output", str(out), "--device", "cpu"]) == 0
     results = json.loads((out / "results.json").read_text())
-    assert set(results) == {"gsm8k", "math"} and all(0 <= v <= 100 for v in results.values())
+    assert set(results) == {"gsm8k", "math", "partial"} and all(0 <= results[b] <= 100 for b in ("gsm8k", "math"))
     for name in ("gsm8k", "math"):
         rows = [json.loads(line) for line in open(out / f"{name}.jsonl")]
         assert [r["index"] for r in rows] == [0, 1, 2, 3]
         assert all(r["output"] and set(r) >= {"question", "predicted", "gold", "correct"} for r in rows)
     assert "| GSM8K | MATH | AVG |" in (out / "results.md").read_text()
+
+
+def test_scores_of_a_limit_a_short_generation_or_overlong_prompts_are_marked_partial(tmp_path, tokenizers, capsys):
+    model_dir = tmp_path / "model"
+    tiny_llama(max_positions=128).save_pretrained(model_dir)  # GSM8K's 8-shot prompts are ~900 tokens
+    tokenizers["llama2"].save_pretrained(model_dir)
+    (tmp_path / "held.jsonl").write_text(json.dumps({"content": "Natalia sold 48 clips in April."}) + "\n")
+    out = tmp_path / "out"
+    assert main(["--model", str(model_dir), "--benchmarks", "gsm8k", "--limit", "2", "--max-new-tokens", "6",
+                 "--output", str(out), "--device", "cpu", "--bpb", str(tmp_path / "held.jsonl"),
+                 "--bpb-field", "content"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    why = ("the first 2 of 1,319 questions (--limit); --max-new-tokens 6 (the protocol's: 1024); 2 of 2 prompts with "
+           "their 6 new tokens exceed the model's 128 positions")
+    assert results["partial"] == {"gsm8k": why} and 0 <= results["gsm8k"] <= 100
+    assert results["bits_per_byte"]["file"] == str(tmp_path / "held.jsonl") and results["bits_per_byte"]["value"] > 1
+    captured = capsys.readouterr()
+    assert f"warning: GSM8K is scored partially, not as the benchmark is: {why}" in captured.err
+    assert "bits per byte on " in captured.out
+    table = (out / "results.md").read_text()  # the model card (vocagno.export --eval) shows this table
+    assert f"| {results['gsm8k']:.1f}* | {results['gsm8k']:.1f}* |" in table
+    assert f"\\* partial, not the benchmark's score: GSM8K: {why}" in table
 
 
 def test_composer_checkpoints_are_exported(tmp_path, tokenizers):

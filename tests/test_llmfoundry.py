@@ -71,16 +71,17 @@ def test_llmfoundry_trains_with_vocagno_on_its_own_text_loader_and_on_ours(found
     the same on shards scored once, with cached teacher losses and no teacher loaded; (d) ``name: vocagno`` on a
     mixture of two streams, logging each one's share and kept fraction; (e) two teachers (``teachers:``) on our
     loader with 2 workers making the second teacher's side, and on its text loader, logging each teacher's share.
-    All log ``loss/train/kept_fraction``
-    (tokenizers: TinyLlama's and Qwen2.5's, models: tiny random-init)."""
+    (f) docs/drop-in.md's yaml (``yamls/llm-foundry/tiny.yaml``: llm-foundry's MPT, the shipped teacher). All log
+    ``loss/train/kept_fraction`` (tokenizers: TinyLlama's, Qwen2.5's, Mistral's; models: tiny random-init)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VOCAGNO_CACHE")}
     result = _run([foundry_python, str(REPO / "tests" / "llmfoundry_run.py"), str(tmp_path)], 1200, cwd=tmp_path,
                   env={**env, "VOCAGNO_CACHE": str(tmp_path / "cache")})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     runs = {r["run"]: r for r in map(json.loads, (line for line in result.stdout.splitlines() if line.startswith("{")))}
     assert set(runs) == {"text-loader", "text-loader-workers", "vocagno-loader", "vocagno-loader-cached",
-                         "vocagno-loader-mixture", "vocagno-loader-two-teachers", "text-loader-two-teachers"}
-    assert [run["teacher_loaded"] for run in runs.values()] == [True, True, True, False, True, True, True]
+                         "vocagno-loader-mixture", "vocagno-loader-two-teachers", "text-loader-two-teachers",
+                         "drop-in-yaml"}
+    assert [run["teacher_loaded"] for run in runs.values()] == [True, True, True, False, True, True, True, True]
     # With workers they make the teacher side, and the run is the same: the same kept fractions, step by step.
     assert runs["text-loader-workers"]["collate"] == "WithTeacherSide" != runs["text-loader"]["collate"]
     assert runs["text-loader-workers"]["kept_fraction"] == runs["text-loader"]["kept_fraction"]

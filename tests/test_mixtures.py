@@ -68,7 +68,7 @@ def test_weights_streaming_refuses_are_one_line_naming_the_streams(shards, weigh
 
 
 def test_a_stream_that_is_no_shard_folder_is_named(shards, tmp_path):
-    with pytest.raises(FileNotFoundError, match="stream 'b': .*vocagno.json is missing"):
+    with pytest.raises(FileNotFoundError, match="stream 'b': .* holds no shards: convert a corpus into it first"):
         TeacherGuidedDataset(streams={"a": {"local": str(shards / "gsm")}, "b": {"local": str(tmp_path)}})
 
 

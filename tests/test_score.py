@@ -215,7 +215,7 @@ def test_kill_and_resume_gives_the_uninterrupted_scores(scored, tmp_path):
     same_samples(read(out), read(scored / "scored"))
 
 
-def test_a_yamls_config_built_teacher_scores_what_its_training_run_would_use(tokenizers, tmp_path):
+def test_a_yamls_config_built_teacher_scores_what_its_training_run_would_use(tokenizers, tmp_path, capsys):
     """--config builds the teacher train.py builds for the same yaml (random weights from the yaml's seed), and a
     cached run of that yaml accepts the shards: the whole Table 3 grid of tiny runs from one scoring pass."""
     import train
@@ -242,6 +242,8 @@ def test_a_yamls_config_built_teacher_scores_what_its_training_run_would_use(tok
             algorithm = next(a for a in trainer.state.algorithms if isinstance(a, VocAgnoLM))
             assert algorithm.scorer is None and algorithm.options["aggregation"] == aggregation
             assert int(trainer.state.timestamp.batch) == 2
+            name = ShardMetadata.read(tmp_path / "scored").scored_by["name"]
+            assert f"teacher losses: cached in the training shards, scored by {name}\n" in capsys.readouterr().out
 
 
 def test_scoring_on_a_cpu_keeps_the_blocks_it_frees_for_the_next_batch(scored, tmp_path, monkeypatch):

@@ -129,6 +129,10 @@ def test_the_page_shows_every_token_with_its_kind_and_fate_and_holds_no_markup_f
     assert {t["kept"] for t in tokens} == {True, False, None}
     assert {t["k"] for t in tokens} == {-1, 0, 1, 2}
     assert "<" not in script.split("const data = ", 1)[1].split(";\n", 1)[0]
+    # the chart of each variant's kept share of each kind: the report's figures
+    assert '<div id="chart"></div>' in page and "function chart()" in script and "chart();" in script
+    assert {name: v["kept_share"] for name, v in data["variants"].items()} == {
+        name: v["kept_share"] for name, v in report["variants"].items()}
 
 
 def test_a_trained_student_can_rank_instead_of_a_flat_one(heldout, tmp_path):

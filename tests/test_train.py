@@ -5,12 +5,14 @@ import json
 import math
 import os
 import re
+import signal
 import sys
+import time
 from pathlib import Path
 
 import forked
 import pytest
-from helpers import Reached, assert_same_losses, kill_when, reached, read_log
+from helpers import Reached, assert_same_losses, kill_when, own_data, reached, read_log
 from omegaconf import OmegaConf as om
 
 import train
@@ -25,8 +27,9 @@ TINY = str(REPO / "yamls" / "tiny.yaml")
 def run_train(tmp_path, *overrides, check=True, timeout=900, yaml=TINY):
     """python train.py yamls/tiny.yaml (or ``yaml``) in a process of its own (``forked``), with its shards and logs
     under tmp_path."""
-    command = [sys.executable, str(REPO / "train.py"), yaml, f"variables.data={tmp_path}/shards/train",
-               f"variables.heldout={tmp_path}/shards/heldout", "loggers.console=null", *overrides]
+    command = [sys.executable, str(REPO / "train.py"), yaml,
+               *own_data(yaml, f"{tmp_path}/shards/train", f"{tmp_path}/shards/heldout"), "loggers.console=null",
+               f"loggers.picture.path={tmp_path}/run.png", *overrides]
     result = forked.run(command, cwd=REPO, timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO)})
     if check:
         assert result.returncode == 0, result.stderr[-4000:]
@@ -36,8 +39,8 @@ def run_train(tmp_path, *overrides, check=True, timeout=900, yaml=TINY):
 def refusal(tmp_path, *overrides) -> str:
     """What stops train.py yamls/tiny.yaml (its shards and logs under tmp_path) before it trains: ``train.main`` run in
     this process, as ``train.py`` runs it, since a subprocess would spend most of its time importing Composer."""
-    cfg = train.load_config(TINY, [f"variables.data={tmp_path}/shards/train",
-                                   f"variables.heldout={tmp_path}/shards/heldout", "loggers.console=null", *overrides])
+    cfg = train.load_config(TINY, [*own_data(TINY, f"{tmp_path}/shards/train", f"{tmp_path}/shards/heldout"),
+                                   "loggers.console=null", "loggers.picture=null", *overrides])
     with pytest.raises(ValueError) as refused:
         train.main(cfg)
     return str(refused.value)
@@ -79,8 +82,27 @@ def test_llmfoundry_named_callbacks_log_throughput_and_the_learning_rate_once_on
     assert all(steps[s]["throughput/device/tokens_per_sec"] > 0 for s in range(11, 25))  # after a 10-batch window
     assert all(steps[s]["throughput/device/flops_per_sec"] > 0 for s in range(11, 25))  # MFU's numerator
     output = (tmp / "output.txt").read_text()
-    assert output.count("[batch=12/24]") == 1 and output.count("[batch=24/24]") == 1
+    lines = [line for line in output.splitlines() if line.startswith("[batch ")]
+    assert [line.split("]")[0] for line in lines] == ["[batch 12/24", "[batch 24/24"], output[-3000:]
+    assert re.fullmatch(r"\[batch 12/24\] loss [0-9.]+ \| student [0-9.]+ \| teacher [0-9.]+ \| kept 0\.[0-9]+ \| "
+                        r"tok/s [0-9,]+ \| lr [0-9.e+-]+", lines[0]), lines[0]
+    assert re.search(r" \| held-out bits/byte [0-9.]+$", lines[1]), lines[1]  # the batch ended in an evaluation
+    assert "time/" not in output and "throughput/" not in output  # one line per logged step; the rest in the log
     assert "Epoch" not in output and "ba/s" not in output  # Composer's progress bar
+    assert "teacher losses: online, tiny-math-teacher scores every batch" in output
+
+
+def test_a_run_ends_with_a_picture_of_its_loss_kept_fraction_and_bits_per_byte(tiny_run):
+    tmp, _ = tiny_run
+    picture = tmp / "run.png"
+    assert f"wrote {picture}: the run's loss, kept fraction and held-out bits per byte over its batches" in (
+        tmp / "output.txt").read_text()
+    from PIL import Image
+
+    with Image.open(picture) as image:
+        assert image.format == "PNG" and image.size[0] > 2 * image.size[1]  # three panels side by side
+        colors = image.convert("RGB").getcolors(maxcolors=1 << 20)
+    assert len(colors) > 50  # drawn lines and text, not an empty canvas
 
 
 def test_the_default_run_ends_by_showing_what_its_teacher_keeps(tiny_run):
@@ -126,12 +148,12 @@ def test_loggers_and_callbacks_take_llmfoundrys_names_and_refuse_unknown_ones():
         "callbacks": {"speed_monitor": {"window_size": 5}, "lr_monitor": {}, "nan_monitor": {}, "optimizer_monitor": {},
                       "runtime_estimator": {}, "memory_monitor": {}},
     }))
-    assert [type(x).__name__ for x in loggers] == ["InMemoryLogger"]
+    assert [type(x).__name__ for x in loggers] == ["InMemoryLogger", "ConsoleLine"]  # console: vocagno's one line
     assert [type(x).__name__ for x in callbacks] == ["SpeedMonitor", "LRMonitor", "NaNMonitor", "OptimizerMonitor",
                                                      "RuntimeEstimator", "MemoryMonitor"]
     with pytest.raises(ValueError, match=r"speed_monitr \(did you mean speed_monitor\?\); known: .*lr_monitor"):
         train.build_loggers(om.create({"callbacks": {"speed_monitr": {}}}))
-    with pytest.raises(ValueError, match="wandbb .*known: console, inmemory, jsonl, mlflow, tensorboard, wandb"):
+    with pytest.raises(ValueError, match="wandbb .*known: console, inmemory, jsonl, mlflow, picture, tensorboard, wandb"):
         train.build_loggers(om.create({"loggers": {"wandbb": {}}}))
     with pytest.raises(ValueError, match="callbacks.speed_monitor: .*windw_size"):
         train.build_loggers(om.create({"callbacks": {"speed_monitor": {"windw_size": 5}}}))
@@ -170,6 +192,30 @@ def test_kill_and_autoresume_continue_with_the_same_losses(tiny_run, straight, t
     result = forked.run(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     assert_same_losses(straight, read_log(killed / "log.jsonl"), 8)
+    resumed = re.search(r"^resuming at batch (\d+) from (\S+)$", result.stdout, re.M)
+    assert resumed and resumed.group(2) == f"{killed}/ckpt/ep0-ba{int(resumed.group(1)) - 1}-rank0.pt", result.stdout
+    saved = re.findall(r"^saved checkpoint (\S+)$", result.stdout, re.M)
+    assert [Path(path).name for path in saved] == [f"ep0-ba{b}-rank0.pt" for b in range(int(resumed.group(1)) + 1, 9)
+                                                   if b % 2 == 0], result.stdout
+
+
+def test_sigterm_ends_a_run_in_one_line_saying_where_its_checkpoints_are(tiny_run, tmp_path):
+    import subprocess
+
+    command = [sys.executable, str(REPO / "train.py"), TINY, f"variables.data={tiny_run[0]}/shards/train",
+               "eval_loader=null", "selection_report=null", "loggers.console=null", "loggers.picture=null",
+               "progress_bar=false", *CHECKPOINTED, "max_duration=400ba", f"save_folder={tmp_path}/ckpt"]
+    run = subprocess.Popen(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not (tmp_path / "ckpt" / "ep0-ba4-rank0.pt").exists() and time.time() < deadline and run.poll() is None:
+        time.sleep(0.1)
+    run.send_signal(signal.SIGTERM)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert re.fullmatch(rf"interrupted in batch \d+; the checkpoints saved stay in {tmp_path}/ckpt",
+                        err.strip().splitlines()[-1]), err[-3000:]
+    assert f"saved checkpoint {tmp_path}/ckpt/ep0-ba2-rank0.pt" in out
 
 
 def test_an_interrupted_checkpoint_save_resumes_with_the_same_command(tiny_run, straight, tmp_path):
@@ -215,11 +261,12 @@ def test_fewer_samples_than_one_global_batch_is_refused_at_start(tmp_path):
     assert f"hold {samples} samples, fewer than one global batch of 8" in refusal(tmp_path, "eval_loader=null")
 
 
-@pytest.mark.parametrize("yaml", sorted((REPO / "yamls").rglob("*.yaml")),
+@pytest.mark.parametrize("yaml", sorted(p for p in (REPO / "yamls").rglob("*.yaml") if "llm-foundry" not in p.parts),
                          ids=lambda p: str(p.relative_to(REPO / "yamls")))
 def test_every_yaml_loads_and_validates(yaml):
-    """Every yaml, the table variants (a base: plus overrides) too, loads and builds its algorithm without
-    downloading anything (a named teacher is loaded when training starts)."""
+    """Every yaml of train.py, the table variants (a base: plus overrides) too, loads and builds its algorithm without
+    downloading anything (a named teacher is loaded when training starts). yamls/llm-foundry/ holds llm-foundry's
+    (tests/test_llmfoundry.py)."""
     cfg = train.load_config(str(yaml), [])
     if cfg.get("teachers") is not None:  # several teachers: one VocAgnoLM with the set, in the yaml's order
         [algorithm] = train.build_algorithms(cfg, teacher_tok=None)
@@ -266,6 +313,64 @@ def test_misspelled_keys_are_errors(tmp_path):
         train.load_config(TINY, ["optimiser.lr=1"])
     with pytest.raises(ValueError, match=r"unknown config key teacher.dtyp \(did you mean teacher.dtype\?\)"):
         train.load_config(TINY, ["teacher.dtyp=float32"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("algorithms.vocagno.topk_ration=0.3", r"algorithms.vocagno.topk_ration \(did you mean algorithms.vocagno.topk_ratio"),
+    ("algorithms.vocagn={}", r"algorithm algorithms.vocagn \(did you mean algorithms.vocagno\?\)"),
+    ("train_loader.dataset.shufle=true", r"train_loader.dataset.shufle \(did you mean train_loader.dataset.shuffle"),
+    ("eval_loader.convert_if_missing.text_feild=content",
+     r"eval_loader.convert_if_missing.text_feild \(did you mean eval_loader.convert_if_missing.text_field"),
+    ("callbacks.speed_monitor.window=3", r"callbacks.speed_monitor.window \(did you mean callbacks.speed_monitor.window_size"),
+    ("train_loader.dataset={streams: {a: {local: x, proportion: 1, repet: 2}}}",
+     r"train_loader.dataset.streams.a.repet \(did you mean train_loader.dataset.streams.a.repeat"),
+])
+def test_misspelled_keys_of_nested_sections_are_refused_before_anything_loads(override, message, monkeypatch):
+    monkeypatch.setattr(train, "load_tokenizer", reached)  # refused before the first thing main loads
+    with pytest.raises(ValueError, match=message):
+        train.main(train.load_config(TINY, [override]))
+
+
+@pytest.mark.parametrize("made", ["missing", "empty"])
+def test_a_data_folder_named_on_the_command_line_never_gets_the_yamls_corpus(tmp_path, made):
+    folder = tmp_path / "mathy_mistrl"  # a typo of the folder the user converted
+    if made == "empty":
+        folder.mkdir()
+    cfg = train.load_config(TINY, [f"variables.data={folder}", "loggers.console=null"])
+    with pytest.raises(ValueError) as refused:
+        train.main(cfg)
+    assert str(refused.value).startswith(f"train_loader.dataset.local: {folder} holds no converted shards "
+                                         f"({TINY}'s train_loader.convert_if_missing converts into the folder it names, "
+                                         "and the command line names another)"), refused.value
+    assert f"--out-root {folder} " in str(refused.value) and "convert_if_missing.input=FILE" in str(refused.value)
+    assert (sorted(folder.iterdir()) == []) if made == "empty" else not folder.exists()
+
+
+def test_a_variant_yaml_naming_a_folder_converts_into_it_only_what_it_names_and_says_so(tmp_path, capsys, tokenizers):
+    heldout = REPO / "vocagno" / "assets" / "text" / "gsm8k_heldout_100.jsonl"
+    (tmp_path / "mine.yaml").write_text(f"base: {TINY}\nvariables:\n  heldout: {tmp_path}/held\n")
+    cfg = train.load_config(str(tmp_path / "mine.yaml"), [])
+    with pytest.raises(ValueError, match=rf"{tmp_path}/held holds no converted shards \({TINY}'s eval_loader"
+                                         rf".convert_if_missing converts into the folder it names, and {tmp_path}/mine"
+                                         r".yaml names another\)"):
+        train.build_loader(cfg.eval_loader, tokenizers["llama2"], tokenizers["mistral"], 8, "eval_loader")
+    (tmp_path / "mine.yaml").write_text(f"base: {TINY}\nvariables:\n  heldout: {tmp_path}/held\n"
+                                        f"eval_loader:\n  convert_if_missing:\n    input: {heldout}\n")
+    cfg = train.load_config(str(tmp_path / "mine.yaml"), [])
+    loader = train.build_loader(cfg.eval_loader, tokenizers["llama2"], tokenizers["mistral"], 8, "eval_loader")
+    assert f"eval_loader: converting {heldout} into {tmp_path}/held (convert_if_missing)\n" in capsys.readouterr().out
+    assert ShardMetadata.read(tmp_path / "held").totals["documents read"] == 100 and len(loader.dataset) > 0
+
+
+def test_a_mistake_ends_train_py_in_one_line_and_the_switch_shows_its_traceback(tmp_path):
+    command = [sys.executable, str(REPO / "train.py"), TINY, f"variables.data={tmp_path}/typo"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = forked.run(command, cwd=REPO, timeout=600, env=env)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]  # one line
+    assert result.stderr.startswith(f"error: train_loader.dataset.local: {tmp_path}/typo holds no converted shards")
+    shown = forked.run(command, cwd=REPO, timeout=600, env={**env, "VOCAGNO_TRACEBACK": "1"})
+    assert shown.returncode == 1 and "Traceback" in shown.stderr and "ValueError: train_loader" in shown.stderr
 
 
 def test_shards_of_other_tokenizers_are_refused(tiny_run):

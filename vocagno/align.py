@@ -12,7 +12,6 @@ vocabulary overlap of the pair, and the mean IoU/IoS at token level and of chunk
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -87,5 +86,12 @@ def _share(part, whole) -> str:
     return f"{part / whole:.1%}" if whole else "-"
 
 
+def command() -> None:
+    """The ``vocagno-align`` command: ``main`` with one-line errors."""
+    from vocagno.entry import run
+
+    run(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    command()

@@ -6,14 +6,16 @@ builds the teacher a yaml names (``python -m vocagno.score --config``).
 from __future__ import annotations
 
 import difflib
+import inspect
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import torch
 from omegaconf import DictConfig
 from omegaconf import OmegaConf as om
 
-__all__ = ["SCHEMA", "load_config", "build_causal_lm"]
+__all__ = ["SCHEMA", "load_config", "build_causal_lm", "check_names", "keyword_names"]
 
 # The keys a yaml may hold; a nested dict names the keys of that section, None leaves a section free-form.
 MODEL_KEYS = {"name_or_path": None, "config": None, "dtype": None, "trust_remote_code": None, "tokenizer": None}
@@ -58,7 +60,8 @@ REQUIRED = ("run_name", "seed", "tokenizer", "model", "train_loader", "optimizer
 
 
 def load_config(yaml_path: str, overrides: list[str]) -> DictConfig:
-    cfg = om.merge(_read_yaml(Path(yaml_path)), om.from_dotlist(overrides))
+    layers = [*_layers(Path(yaml_path)), ("the command line", om.from_dotlist(overrides))]
+    cfg = om.merge(*(layer for _, layer in layers))
     _check_keys(cfg, SCHEMA, "")
     teachers = cfg.get("teachers")
     for name in teachers or ():
@@ -67,22 +70,68 @@ def load_config(yaml_path: str, overrides: list[str]) -> DictConfig:
     missing = [key for key in REQUIRED if cfg.get(key) is None]
     if missing:
         raise ValueError(f"{yaml_path}: missing required keys: {', '.join(missing)}")
+    _drop_foreign_conversions(cfg, layers)
     om.resolve(cfg)
     _check_values(cfg)
     _check_weight_decay(cfg.optimizer)
     return cfg
 
 
-def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
-    """A yaml, merged over the yaml its ``base:`` names (a path beside it), so a variant says only what differs. A null
-    entry of ``algorithms``, ``loggers`` or ``callbacks`` turns the base's off."""
+def _layers(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[str, DictConfig]]:
+    """A yaml and the yamls its ``base:`` chain names (each a path beside the one naming it), the farthest base first,
+    each with its path: merged in that order, a variant says only what differs from its base. A null entry of
+    ``algorithms``, ``loggers`` or ``callbacks`` turns the base's off."""
     if path.resolve() in seen:
         raise ValueError(f"{path}: its base: chain comes back to itself")
+    if not path.is_file():
+        raise ValueError(f"{path}: no such yaml file")
     cfg = om.load(path)
     base = cfg.pop("base", None)
-    if base is None:
-        return cfg
-    return om.merge(_read_yaml(path.parent / base, (*seen, path.resolve())), cfg)
+    below = [] if base is None else _layers(path.parent / base, (*seen, path.resolve()))
+    return [*below, (str(path), cfg)]
+
+
+def _raw(layer: DictConfig, key: str) -> Any:
+    """``key`` (dotted) as one layer writes it, interpolations unresolved; None where the layer leaves it out."""
+    node: Any = om.to_container(layer, resolve=False)
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+_REFERENCE = re.compile(r"\$\{([\w.]+)\}")
+
+
+def _named_by(layers: list[tuple[str, DictConfig]], key: str) -> int:
+    """The layer that names ``key``'s value: the last one giving it, or, where that value is only a reference
+    (``${variables.data}``), the layer naming what it refers to."""
+    for _ in range(16):  # a chain of references this long is no data path
+        given = [i for i, (_, layer) in enumerate(layers) if _raw(layer, key) is not None]
+        if not given:
+            return -1
+        value = _raw(layers[given[-1]][1], key)
+        reference = _REFERENCE.fullmatch(value) if isinstance(value, str) else None
+        if reference is None:
+            return given[-1]
+        key = reference.group(1)
+    return given[-1]
+
+
+def _drop_foreign_conversions(cfg: DictConfig, layers: list[tuple[str, DictConfig]]) -> None:
+    """A loader's ``convert_if_missing`` converts only into the folder the same yaml (or a later one, or the command
+    line) names: a variant or override that names another folder does not inherit its base's corpus. Where it would,
+    the conversion is replaced by a note that the missing-folder error shows (``train.py``)."""
+    for section in ("train_loader", "eval_loader"):
+        if om.select(cfg, f"{section}.convert_if_missing") is None or om.select(cfg, f"{section}.dataset") is None:
+            continue
+        converter = max(i for i, (_, layer) in enumerate(layers) if _raw(layer, f"{section}.convert_if_missing") is not None)
+        namer = _named_by(layers, f"{section}.dataset.local")
+        if namer > converter:
+            cfg[section].convert_if_missing = {"not_for": (
+                f"{layers[converter][0]}'s {section}.convert_if_missing converts into the folder it names, and "
+                f"{layers[namer][0]} names another")}
 
 
 def _is_dtype(value: Any) -> bool:
@@ -144,13 +193,30 @@ def _check_weight_decay(optimizer: DictConfig) -> None:
 
 
 def _check_keys(cfg: DictConfig, schema: dict[str, Any], where: str) -> None:
+    check_names(where, cfg, schema)
     for key in cfg:
-        if key not in schema:
-            close = difflib.get_close_matches(str(key), schema, n=1)
-            hint = f" (did you mean {where}{close[0]}?)" if close else ""
-            raise ValueError(f"unknown config key {where}{key}{hint}; allowed here: {', '.join(schema)}")
         if isinstance(schema[key], dict) and isinstance(cfg[key], DictConfig):
             _check_keys(cfg[key], schema[key], f"{where}{key}.")
+
+
+def check_names(where: str, given: Iterable[Any], allowed: Iterable[str]) -> None:
+    """Every key of ``given`` (a yaml section at ``where``, dotted, ending in ``.`` unless empty) among ``allowed``:
+    else a ValueError naming the first unknown one, the closest allowed one and all of them."""
+    allowed = list(allowed)
+    for key in given:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f" (did you mean {where}{close[0]}?)" if close else ""
+            raise ValueError(f"unknown config key {where}{key}{hint}; allowed here: {', '.join(allowed)}")
+
+
+def keyword_names(function: Callable[..., Any]) -> list[str] | None:
+    """The keyword arguments ``function`` (a class: its ``__init__``) takes by name; None where it takes any
+    (``**kwargs``), so only its own code can say what it accepts."""
+    parameters = inspect.signature(function).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    return [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"]
 
 
 def build_causal_lm(section: DictConfig, vocab_size: int, seed: int | None = None) -> torch.nn.Module:

@@ -62,7 +62,7 @@ ARRAY_COLUMNS = ("student_ids", "student_offsets", "teacher_ids", "teacher_offse
 def read_metadata(local: str, remote: str | None = None, split: str | None = None, timeout: float = 60) -> ShardMetadata:
     """The shards' ``vocagno.json``, fetched from ``remote`` into ``local`` when it is not there yet, read through
     ``untrusted.read_json`` (``ShardMetadata.read``)."""
-    local_dir = os.path.join(local, split or "")
+    local_dir = os.path.join(local, split) if split else local
     if remote is not None and not os.path.lexists(os.path.join(local_dir, METADATA_FILE)):
         from streaming.base.storage import CloudDownloader
 

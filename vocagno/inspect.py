@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import html
 import json
-import sys
 from collections import Counter
 
 import numpy as np
@@ -210,4 +209,6 @@ render("student"); render("teacher");
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from vocagno.entry import run
+
+    run(main)

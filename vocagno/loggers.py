@@ -1,4 +1,6 @@
-"""Small Composer logger destinations and callbacks that write JSON lines, for runs to be read back by tools and tests."""
+"""Small Composer logger destinations and callbacks: JSON lines for runs to be read back by tools and tests, the
+console's one line per logged step, and the lines that say what a run does (where its teacher losses come from,
+each checkpoint saved)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from composer.utils import dist
 
 from vocagno.writing import append
 
-__all__ = ["JSONLinesLogger", "RunRecipe", "SampleLog"]
+__all__ = ["ConsoleLine", "JSONLinesLogger", "Narration", "RunPicture", "RunRecipe", "SampleLog"]
 
 
 def _rank_path(path: str) -> Path:
@@ -29,6 +31,147 @@ class JSONLinesLogger(LoggerDestination):
     def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
         row = {"step": step, **{k: float(v) for k, v in metrics.items()}}
         append(_rank_path(self.path), json.dumps(row) + "\n")
+
+
+# What the console line shows, in its order: (label, the metrics that give it, first one logged wins, its format).
+CONSOLE_FIGURES = [
+    ("loss", ("loss/train/total",), "{:.4f}"),
+    ("student", ("loss/train/student_loss",), "{:.3f}"),
+    ("teacher", ("loss/train/teacher_loss",), "{:.3f}"),
+    ("kept", ("loss/train/kept_fraction",), "{:.3f}"),
+    ("tok/s", ("throughput/tokens_per_sec", "throughput/device/tokens_per_sec"), "{:,.0f}"),
+    ("lr", ("lr-DecoupledAdamW/group0",), "{:.2e}"),
+    ("held-out bits/byte", ("metrics/eval/BitsPerByte",), "{:.4f}"),
+]
+
+
+class ConsoleLine(LoggerDestination):
+    """One line on the console per ``every`` batches (and at the last), on the first rank: the batch and the figures
+    a user watches (``CONSOLE_FIGURES``: the loss, the student's and the teacher's, the kept fraction, tokens per
+    second, the learning rate, held-out bits per byte when the batch ended in an evaluation). Every metric stays in
+    the other loggers (``jsonl``)."""
+
+    def __init__(self, every: int):
+        if not isinstance(every, int) or every < 1:
+            raise ValueError(f"console_log_interval must be a number of batches (10ba), got {every!r}")
+        self.every = every
+        self._latest: dict[str, float] = {}
+
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        for key, value in metrics.items():
+            if isinstance(value, (int, float)) or (isinstance(value, torch.Tensor) and value.numel() == 1):
+                self._latest[key] = float(value)
+
+    def batch_checkpoint(self, state: State, logger: Logger) -> None:  # after the batch's evaluation, if any
+        batch = int(state.timestamp.batch)
+        last = state.max_duration is not None and state.timestamp >= state.max_duration
+        if dist.get_global_rank() == 0 and (batch % self.every == 0 or last):
+            print(self.line(state), flush=True)
+        self._latest.pop("metrics/eval/BitsPerByte", None)  # shown at the batch it was measured
+
+    def line(self, state: State) -> str:
+        total = state.max_duration.value if state.max_duration is not None and state.max_duration.unit.value == "ba" \
+            else "?"
+        figures = []
+        for label, keys, form in CONSOLE_FIGURES:
+            value = next((self._latest[k] for k in keys if k in self._latest), None)
+            if value is not None:
+                figures.append(f"{label} {form.format(value)}")
+        return f"[batch {int(state.timestamp.batch)}/{total}] " + " | ".join(figures)
+
+
+# What the run's picture draws: (panel title, its metrics and their labels).
+PICTURE_PANELS = [
+    ("loss (nats per token)", {"loss/train/total": "guided loss (kept tokens)", "loss/train/student_loss": "student",
+                               "loss/train/teacher_loss": "teacher"}),
+    ("kept fraction", {"loss/train/kept_fraction": "kept", "loss/train/mapped_fraction": "mapped"}),
+    ("held-out bits per byte", {"metrics/eval/BitsPerByte": "held-out"}),
+]
+
+
+class RunPicture(LoggerDestination):
+    """After the run, on the first rank: a PNG at ``path`` of its loss (guided, student's, teacher's), kept fraction
+    and held-out bits per byte over the batches this process trained (a resumed run: from where it resumed; the
+    ``jsonl`` log holds every batch)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._series: dict[str, dict[int, float]] = {}
+
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        for key, value in metrics.items():
+            if step is not None and any(key in drawn for _, drawn in PICTURE_PANELS):
+                # A batch's training figures are logged before the batch is counted: at the number of the one before.
+                batch = step + 1 if key.startswith("loss/train/") else step
+                self._series.setdefault(key, {})[batch] = float(value)
+
+    def fit_end(self, state: State, logger: Logger) -> None:
+        if dist.get_global_rank() != 0 or not self._series:
+            return
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        from vocagno.writing import save_figure
+
+        figure, axes = plt.subplots(1, len(PICTURE_PANELS), figsize=(4.2 * len(PICTURE_PANELS), 3.4))
+        for ax, (title, drawn) in zip(axes, PICTURE_PANELS):
+            for key, label in drawn.items():
+                points = sorted(self._series.get(key, {}).items())
+                if points:
+                    ax.plot([x for x, _ in points], [y for _, y in points], marker="o" if len(points) < 12 else None,
+                            label=label)
+            ax.set_title(title)
+            ax.set_xlabel("batch")
+            ax.set_xlim(0, max(int(state.timestamp.batch), 1) + 1)
+            ax.grid(alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
+            else:
+                ax.text(0.5, 0.5, "not logged in this run", ha="center", va="center", transform=ax.transAxes)
+        figure.suptitle(f"{state.run_name}: {int(state.timestamp.batch)} batches")
+        figure.tight_layout()
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        save_figure(figure, self.path, dpi=120)
+        plt.close(figure)
+        print(f"wrote {self.path}: the run's loss, kept fraction and held-out bits per byte over its batches",
+              flush=True)
+
+
+class Narration(Callback):
+    """The lines that say what a run does, on the first rank: where its teacher losses come from (each algorithm's
+    ``teacher_source``) at the start, and each checkpoint Composer's saver wrote (it goes after the saver among the
+    trainer's callbacks)."""
+
+    def __init__(self):
+        self._said = 0
+
+    def fit_start(self, state: State, logger: Logger) -> None:
+        if dist.get_global_rank() != 0:
+            return
+        for algorithm in state.algorithms:
+            source = getattr(algorithm, "teacher_source", None)
+            if source is not None:
+                print(source(state), flush=True)
+
+    def batch_checkpoint(self, state: State, logger: Logger) -> None:
+        self._say_saved(state)
+
+    def epoch_checkpoint(self, state: State, logger: Logger) -> None:
+        self._say_saved(state)
+
+    def fit_end(self, state: State, logger: Logger) -> None:
+        self._say_saved(state)
+
+    def _say_saved(self, state: State) -> None:
+        from composer.callbacks import CheckpointSaver
+
+        for saver in (c for c in state.callbacks if isinstance(c, CheckpointSaver)):
+            for path in saver.saved_checkpoints[self._said:]:
+                if dist.get_global_rank() == 0:
+                    print(f"saved checkpoint {path}", flush=True)
+            self._said = len(saver.saved_checkpoints)
 
 
 class SampleLog(Callback):

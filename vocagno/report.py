@@ -22,7 +22,6 @@ import argparse
 import os
 import re
 import statistics
-import sys
 from pathlib import Path
 
 from vocagno.eval.benchmarks import BENCHMARKS, TITLES
@@ -228,4 +227,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from vocagno.entry import run
+
+    run(main)

@@ -40,7 +40,6 @@ import argparse
 import hashlib
 import json
 import os
-import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -408,4 +407,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from vocagno.entry import run
+
+    run(main)

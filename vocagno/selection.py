@@ -236,7 +236,8 @@ class Report:
         from vocagno.inspect import script_json
 
         data = {"kinds": self.kinds, "rows": self.page_rows,
-                "variants": {k: {"precision": v["precision"], "recall": v["recall"]} for k, v in self.variants.items()},
+                "variants": {k: {"precision": v["precision"], "recall": v["recall"], "kept_share": v["kept_share"]}
+                             for k, v in self.variants.items()},
                 "clean_share": self.clean_share, "settings": self.settings.describe(), "teachers": list(self.teachers)}
         return _PAGE.replace("__TITLE__", html.escape(title)).replace("__DATA__", script_json(data))
 
@@ -915,10 +916,15 @@ th:first-child, td:first-child { text-align: left; }
 .k1 { text-decoration-color: #7c3aed; } .k2 { text-decoration-color: #dc2626; } .k3 { text-decoration-color: #0891b2; }
 .special { background: #444 !important; color: #fff; font-size: .75em; padding: 1px 3px; margin: 0 1px; }
 .legend span { display: inline-block; padding: 0 .5em; margin-right: .5em; border-radius: 3px; }
+.chart td { text-align: left; min-width: 14em; } .chart th { text-align: left; }
+.bar { display: inline-block; height: .9em; vertical-align: middle; margin-right: .4em; border-radius: 2px; }
+.k0bar { background: #16a34a; } .k1bar { background: #7c3aed; } .k2bar { background: #dc2626; } .k3bar { background: #0891b2; }
 #info { position: sticky; top: 0; background: #f8fafc; border: 1px solid #cbd5e1; padding: .4em .8em; min-height: 1.5em; }
 </style></head><body>
 <h1>__TITLE__</h1>
 <div id="summary"></div>
+<h2>what each variant keeps of each kind of text (its share of the kind's mapped tokens)</h2>
+<div id="chart"></div>
 <h2>legend</h2>
 <div class="legend" id="legend"></div>
 <div id="info">Hover a token: its kind, the teacher's loss (aggregated over its teacher tokens), the student's, kept or dropped.</div>
@@ -983,10 +989,20 @@ function render() {
     box.appendChild(div);
   });
 }
-summary(); render();
+function chart() {  // each variant's kept share of each kind's mapped tokens, as bars: clean high, canaries low
+  const head = data.kinds.map((kind, i) => `<th><span class="bar k${i}bar" style="width:1em"></span>${kind}</th>`);
+  const rows = Object.entries(data.variants).map(([name, v]) => `<tr><td>${name}</td>` + data.kinds.map((kind, i) =>
+    `<td><span class="bar k${i}bar" style="width:${(100 * v.kept_share[kind]).toFixed(1) / 10}em"></span>` +
+    `${v.kept_share[kind].toFixed(3)}</td>`).join("") + "</tr>").join("");
+  document.getElementById("chart").innerHTML =
+    `<table class="chart"><tr><th>variant</th>${head.join("")}</tr>${rows}</table>`;
+}
+summary(); chart(); render();
 </script></body></html>
 """
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from vocagno import entry
+
+    entry.run(main)

@@ -218,6 +218,10 @@ class ShardMetadata:
     def read(cls, root: str | Path) -> "ShardMetadata":
         path = Path(root) / METADATA_FILE
         if not path.exists():
+            if not Path(root).is_dir() or not any(Path(root).iterdir()):
+                raise FileNotFoundError(
+                    f"{root} holds no shards: convert a corpus into it first (python conversion/convert_dataset.py "
+                    f"--input FILE --out-root {root} ...: docs/conversion.md)")
             raise FileNotFoundError(
                 f"{path} is missing: {root} is not a vocagno shard folder, or its conversion has not finished "
                 "(run the same conversion command again to finish it)"

@@ -27,7 +27,7 @@ from vocagno.teacher_side import TeacherSide
 from vocagno.tokenization import as_tokenizer
 
 __all__ = ["TeacherSpec", "teacher_specs", "OtherTeachers", "WithOtherTeachers", "made_side", "check_scored_by_teacher",
-           "reading_teacher", "checked_teacher", "teacher_shares"]
+           "reading_teacher", "checked_teacher", "teacher_shares", "teacher_label"]
 
 SPEC_KEYS = ("teacher", "tokenizer", "dtype", "placement", "chunk_size", "trust_remote_code")
 SIDE_KEYS = ("input_ids", "attention_mask", "align_start", "align_end")
@@ -139,6 +139,17 @@ def checked_teacher(spec: TeacherSpec, metadata):
         except ValueError as error:
             raise ValueError(f"teacher {spec.name!r}: {error}") from None
     return TeacherScorer(teacher, spec.chunk_size)
+
+
+def teacher_label(teacher: str | nn.Module) -> str:
+    """A teacher as a run names it to its user: its name or folder, or what a model built from a config is."""
+    if isinstance(teacher, str):
+        return teacher
+    config = getattr(teacher, "config", None)
+    named = getattr(config, "_name_or_path", "") or getattr(config, "name_or_path", "")
+    if named:
+        return str(named)
+    return f"a random-init {getattr(config, 'model_type', type(teacher).__name__)} built from its config"
 
 
 def teacher_shares(names: list[str], counts: list[float]) -> dict[str, float]:

@@ -620,9 +620,12 @@ def from_pretrained(loader: Any, name_or_path: str, trust_remote_code: bool = Fa
     user's own yaml turned it on). A local folder is checked first, unless trusted: its files regular and inside it
     (``check_folder``), its ``config.json`` and ``tokenizer_config.json`` without code (``check_config``), the files
     its weight index names its own, and, for a model, its config no larger than its weights (``check_model_fits``)."""
+    folder = Path(name_or_path)
+    if str(name_or_path).startswith(("/", "./", "../", "~")) and not folder.is_dir():
+        raise FileNotFoundError(f"{name_or_path}: no such folder (a model or tokenizer is a folder or a Hugging Face "
+                                "name)")
     if trust_remote_code is not True:
         trust_remote_code = False
-        folder = Path(name_or_path)
         if folder.is_dir():
             files = check_folder(folder)
             for file in files:  # what transformers parses whole (tokenizer.json, generation_config.json, merges.txt)

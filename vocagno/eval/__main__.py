@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -30,6 +31,9 @@ from vocagno.eval.benchmarks import (
 from vocagno.eval.grading import is_equivalent
 from vocagno.untrusted import UntrustedFile, from_pretrained, read_bytes
 from vocagno.writing import write_atomically
+
+# results.json's keys besides the benchmarks': why a score is partial (by benchmark), the --bpb figure.
+PARTIAL, BITS_PER_BYTE = "partial", "bits_per_byte"
 
 
 def load_model(name_or_path: str, device: str):
@@ -88,35 +92,60 @@ def grade(examples: list[Example], outputs: list[str]) -> list[dict]:
     return rows
 
 
-def table(results: dict[str, float | str]) -> str:
-    """Markdown in the shape of the paper's Table 1 (accuracy %, a missing benchmark as its reason's short form)."""
-    ran = [v for v in results.values() if isinstance(v, float)]
-    cells = [f"{results[b]:.1f}" if isinstance(results.get(b), float) else "n/a" for b in BENCHMARKS if b in results]
+def table(results: dict[str, Any]) -> str:
+    """Markdown in the shape of the paper's Table 1 (accuracy %, a missing benchmark as its reason's short form); a
+    partial score (``results["partial"]``) marked ``*``, its reason below the table, and so is the average."""
+    partial = results.get(PARTIAL) or {}
+    ran = [results[b] for b in BENCHMARKS if isinstance(results.get(b), float)]
+    cells = [(f"{results[b]:.1f}" + ("*" if b in partial else "")) if isinstance(results.get(b), float) else "n/a"
+             for b in BENCHMARKS if b in results]
     heads = [TITLES[b] for b in BENCHMARKS if b in results]
-    average = f"{sum(ran) / len(ran):.1f}" if ran else "n/a"
-    return "\n".join([
-        "| " + " | ".join(heads + ["AVG"]) + " |",
-        "|" + "---|" * (len(heads) + 1),
-        "| " + " | ".join(cells + [average]) + " |",
-    ])
+    average = (f"{sum(ran) / len(ran):.1f}" + ("*" if partial else "")) if ran else "n/a"
+    lines = ["| " + " | ".join(heads + ["AVG"]) + " |", "|" + "---|" * (len(heads) + 1),
+             "| " + " | ".join(cells + [average]) + " |"]
+    if partial:
+        lines += ["", *(f"\\* partial, not the benchmark's score: {TITLES[b]}: {why}" for b, why in partial.items()
+                       if b in TITLES)]
+    return "\n".join(lines)
+
+
+def partial_reasons(examples: list[Example], total: int, max_new_tokens: int, tokenizer, positions: int | None
+                    ) -> list[str]:
+    """Why a score of ``examples`` (of the benchmark's ``total``) is not the benchmark's score under the protocol:
+    fewer questions, a shorter generation, prompts that with their generation do not fit the model's positions."""
+    reasons = []
+    if len(examples) < total:
+        reasons.append(f"the first {len(examples):,} of {total:,} questions (--limit)")
+    if max_new_tokens < MAX_NEW_TOKENS:
+        reasons.append(f"--max-new-tokens {max_new_tokens} (the protocol's: {MAX_NEW_TOKENS})")
+    if tokenizer is not None and positions is not None:
+        over = sum(len(tokenizer(e.prompt).input_ids) + max_new_tokens > positions for e in examples)
+        if over:
+            reasons.append(f"{over:,} of {len(examples):,} prompts with their {max_new_tokens} new tokens exceed the "
+                           f"model's {positions:,} positions")
+    return reasons
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vocagno.eval", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="HF name or folder, or a checkpoint of train.py: .pt, sharded folder, save folder, s3://...")
-    parser.add_argument("--benchmarks", default=",".join(BENCHMARKS), help="comma-separated, of: " + ",".join(BENCHMARKS))
+    parser.add_argument("--benchmarks", help="comma-separated, of: " + ",".join(BENCHMARKS) + " (default: all of "
+                        "them, none with --bpb alone)")
     parser.add_argument("--data-dir", default=str(SHIPPED_DATA),
                         help="BENCHMARK/test.jsonl(.xz) files (default: the copies shipped in vocagno/assets)")
-    parser.add_argument("--output", default="eval_results", help="folder for predictions and the results table")
+    parser.add_argument("--output", default="eval_results",
+                        help="folder for predictions and the results table (default: %(default)s)")
     parser.add_argument("--limit", type=int, default=0, help="first N questions of each benchmark (0: all)")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS,
                         help="the harness's --max_tokens_per_call (default: %(default)s)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--gold", action="store_true", help="grade the gold solutions as if a model wrote them")
-    parser.add_argument("--bpb", help="a .txt or .jsonl (field text) file: print the model's bits per byte on it")
+    parser.add_argument("--bpb", help="a .txt or .jsonl file: the model's bits per byte on its text")
+    parser.add_argument("--bpb-field", default="text", help="the field holding a .jsonl's text (default: %(default)s)")
     args = parser.parse_args(argv)
-    names = [b.strip() for b in args.benchmarks.split(",") if b.strip()]
+    chosen = args.benchmarks if args.benchmarks is not None else "" if args.bpb else ",".join(BENCHMARKS)
+    names = [b.strip() for b in chosen.split(",") if b.strip()]
     unknown = [b for b in names if b not in BENCHMARKS]
     if unknown:
         parser.error(f"unknown benchmarks {unknown}; known: {', '.join(BENCHMARKS)}")
@@ -132,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         if not Path(args.bpb).is_file():
             parser.error(f"--bpb {args.bpb} is not a file")
         try:
-            texts = [t for t in _read_texts(Path(args.bpb)) if t]
+            texts = [t for t in _read_texts(Path(args.bpb), args.bpb_field) if t]
         except UntrustedFile as error:
             parser.error(f"--bpb {error}")
         if not texts:
@@ -145,15 +174,19 @@ def main(argv: list[str] | None = None) -> int:
         except (BadCheckpoint, UntrustedFile) as error:  # it names the file and what is wrong with it
             print(f"error: --model {error}", file=sys.stderr)
             return 2
+    results: dict[str, Any] = {}
     if args.bpb:
         from vocagno.metrics import bits_per_byte
 
-        print(f"bits per byte on {args.bpb} ({len(texts)} texts): {bits_per_byte(model, tokenizer, texts):.4f}")
-        return 0
+        value = bits_per_byte(model, tokenizer, texts)
+        print(f"bits per byte on {args.bpb} ({len(texts)} texts): {value:.4f}")
+        if not names:
+            return 0
+        results[BITS_PER_BYTE] = {"file": args.bpb, "texts": len(texts), "value": round(value, 6)}
 
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, float | str] = {}
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     for name in names:
         try:
             examples = load_benchmark(name, args.data_dir)
@@ -164,8 +197,14 @@ def main(argv: list[str] | None = None) -> int:
             results[name] = f"unavailable: {error}"
             print(f"{TITLES[name]}: NOT EVALUATED, {results[name]}", file=sys.stderr)
             continue
+        total = len(examples)
         if args.limit:
             examples = examples[: args.limit]
+        reasons = partial_reasons(examples, total, args.max_new_tokens, tokenizer, positions)
+        if reasons:
+            results.setdefault(PARTIAL, {})[name] = "; ".join(reasons)
+            print(f"warning: {TITLES[name]} is scored partially, not as the benchmark is: {'; '.join(reasons)}",
+                  file=sys.stderr)
         if args.gold:
             outputs = [e.gold_output for e in examples]
         else:
@@ -180,18 +219,18 @@ def main(argv: list[str] | None = None) -> int:
     write_atomically(out / "results.md", markdown + "\n")
     write_atomically(out / "results.json", json.dumps(results, indent=1))
     print("\n" + markdown)
-    missing = [n for n, v in results.items() if not isinstance(v, float)]
+    missing = [n for n in names if not isinstance(results.get(n), float)]
     if missing:
         print(f"\nnot evaluated: {', '.join(TITLES[n] for n in missing)} (see above); AVG is over the others")
-    if len(missing) == len(results):
+    if len(missing) == len(names):
         print("error: no benchmark was evaluated", file=sys.stderr)
         return 1
     return 0
 
 
-def _read_texts(path: Path) -> list[str]:
-    """The texts of a ``.jsonl`` (each line's ``text``) or a text file, read within the ``json_bytes`` cap; a line
-    that is no JSON object with a string ``text``, or bytes that are no UTF-8, are refused (``UntrustedFile``)."""
+def _read_texts(path: Path, field: str = "text") -> list[str]:
+    """The texts of a ``.jsonl`` (each line's ``field``) or a text file, read within the ``json_bytes`` cap; a line
+    that is no JSON object with a string ``field``, or bytes that are no UTF-8, are refused (``UntrustedFile``)."""
     data = read_bytes(path, cap_name="json_bytes")
     try:
         if path.suffix != ".jsonl":
@@ -200,9 +239,11 @@ def _read_texts(path: Path) -> list[str]:
         for number, line in enumerate(data.splitlines(), 1):
             if line.strip():
                 row = json.loads(line)
-                if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                    raise UntrustedFile(f"{path}: refused: line {number} has no string field 'text'")
-                texts.append(row["text"])
+                if not isinstance(row, dict) or not isinstance(row.get(field), str):
+                    fields = f" (its fields: {', '.join(map(str, row))})" if isinstance(row, dict) else ""
+                    raise UntrustedFile(f"{path}: refused: line {number} has no string field {field!r}{fields}: "
+                                        "name the text's field with --bpb-field")
+                texts.append(row[field])
         return texts
     except ValueError as error:  # UnicodeDecodeError and json's errors
         if isinstance(error, UntrustedFile):
@@ -211,4 +252,6 @@ def _read_texts(path: Path) -> list[str]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from vocagno.entry import run
+
+    run(main)

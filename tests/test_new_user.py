@@ -1,0 +1,126 @@
+"""A new user's path, end to end, as README.md and docs/ tell it, on a corpus of the user's own making (its text in a
+field named ``content``, three bad lines): convert it (forgetting ``--text-field`` first), see what the teacher keeps
+of it, train guided online with checkpoints, be interrupted and resume, score it once and train from the cached
+losses, evaluate with a limit, export with the results, load the export with transformers and generate. Each mistake
+on the way ends in one line ``error: ...``; each run says what it does; partial scores are marked; no step trains on
+data it was not given."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import forked
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = str(REPO / "yamls" / "tiny.yaml")
+
+
+def one_line_error(result) -> str:
+    """The run failed with exit code 2 and ended in one line ``error: ...`` with no traceback: that line."""
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and sum(line.startswith("error: ") for line in result.stderr.splitlines()) == 1
+    return last
+
+
+def test_a_new_users_path_from_their_corpus_to_a_model_transformers_loads(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def run(*command):
+        words = [sys.executable, *map(str, command)]
+        return forked.run(words, cwd=tmp_path, env=env, timeout=600)
+
+    documents = [json.loads(line)["text"] for line in open(REPO / "vocagno" / "assets" / "text" /
+                                                            "gsm8k_train_500.jsonl", encoding="utf-8")][:60]
+    lines = [json.dumps({"id": i, "content": text}) for i, text in enumerate(documents)]
+    lines[5:5] = ['{"id": 900, "content": "unfinished', '{"id": 901}', '{"id": 902, "content": 7}']  # bad lines
+    (tmp_path / "posts.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    convert = [REPO / "conversion" / "convert_dataset.py", "--input", "posts.jsonl", "--student-tokenizer", "llama2",
+               "--teacher-tokenizer", "mistral", "--seq-len", "64", "--out-root", "shards/mine"]
+
+    # Converting without naming the text's field: one line that names the flag; the corrected command runs at once.
+    refused = run(*convert)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "missing text field 'text': 62" in refused.stderr and "--text-field NAME names the field" in refused.stderr
+    converted = run(*convert, "--text-field", "content")
+    assert converted.returncode == 0, converted.stderr[-3000:]
+    assert "invalid JSON line: 1" in converted.stdout and "missing text field 'content': 1" in converted.stdout
+    assert "text field is int, not a string: 1" in converted.stdout
+
+    # What the shipped teacher keeps of it, with canaries.
+    selection = run("-m", "vocagno.selection", "--shards", "shards/mine", "--teacher", "tiny-math-teacher",
+                    "--canaries", "0.5", "--samples", "16", "--html", "selection.html")
+    assert selection.returncode == 0 and "what the teacher keeps:" in selection.stdout, selection.stderr[-3000:]
+
+    train = [REPO / "train.py", TINY, "variables.seq_len=64", "eval_loader=null", "selection_report=null",
+             "loggers.picture.path=runs/mine.png", "progress_bar=false"]
+    # A typo of the folder: one line naming it; nothing is converted into it.
+    typo = run(*train, "variables.data=shards/mien")
+    assert one_line_error(typo).startswith("error: train_loader.dataset.local: shards/mien holds no converted shards")
+    assert not (tmp_path / "shards" / "mien").exists()
+    # A misspelled option of the algorithm: the key it meant.
+    option = run(*train, "variables.data=shards/mine", "algorithms.vocagno.topk_ration=0.3")
+    assert "(did you mean algorithms.vocagno.topk_ratio?)" in one_line_error(option)
+
+    # Guided online, checkpoints every 2 batches; interrupted (SIGTERM, as a scheduler ends a job), then resumed.
+    online = [*train, "variables.data=shards/mine", "save_folder=runs/mine", "save_interval=2ba", "autoresume=true"]
+    process = forked.Forked([sys.executable, *map(str, online), "max_duration=400ba"], cwd=tmp_path, env=env)
+    deadline = time.time() + 300
+    while not (tmp_path / "runs" / "mine" / "ep0-ba4-rank0.pt").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGTERM)
+    assert process.wait(120) == 130
+    out, err = process.outputs()
+    assert "teacher losses: online, tiny-math-teacher scores every batch" in out
+    assert "saved checkpoint runs/mine/ep0-ba2-rank0.pt" in out
+    assert re.fullmatch(r"interrupted in batch \d+; the checkpoints saved stay in runs/mine",
+                        err.strip().splitlines()[-1]), err[-3000:]
+    last = max(int(re.search(r"ba(\d+)", p.name).group(1)) for p in (tmp_path / "runs" / "mine").glob("ep0-ba*.pt"))
+    resumed = run(*online, f"max_duration={last + 2}ba", "loggers.console={}", "console_log_interval=1ba")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # From the last checkpoint whose save completed: one the interruption cut short is removed, saying so.
+    batch, saved = map(int, re.search(r"^resuming at batch (\d+) from runs/mine/ep0-ba(\d+)-rank0.pt$", resumed.stdout,
+                                      re.M).groups())
+    assert batch == saved + 1 and saved in (last, last - 2), resumed.stdout
+    assert (saved == last) != (f"removing runs/mine/ep0-ba{last}-rank0.pt: an incomplete checkpoint" in resumed.stdout)
+    assert re.search(rf"^\[batch {last + 2}/{last + 2}\] loss [0-9.]+ \| student", resumed.stdout, re.M)
+    assert "wrote runs/mine.png" in resumed.stdout and (tmp_path / "runs" / "mine.png").stat().st_size > 10_000
+
+    # Scored once; a run from the cached losses says whose they are.
+    scored = run("-m", "vocagno.score", "--shards", "shards/mine", "--teacher", "tiny-math-teacher", "--dtype",
+                 "float32", "--out", "shards/mine-scored", "--device", "cpu")
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    cached = run(*train, "variables.data=shards/mine-scored", "algorithms.vocagno.teacher_losses=cached",
+                 "max_duration=2ba")
+    assert cached.returncode == 0, cached.stderr[-3000:]
+    assert "teacher losses: cached in the training shards, scored by tiny-math-teacher" in cached.stdout
+
+    # Evaluated with a limit: a partial score, said so at run time and in results.json.
+    evaluated = run("-m", "vocagno.eval", "--model", "runs/mine", "--benchmarks", "gsm8k", "--limit", "2",
+                    "--max-new-tokens", "8", "--output", "evals", "--device", "cpu")
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert "warning: GSM8K is scored partially, not as the benchmark is: the first 2 of 1,319 questions" in (
+        evaluated.stderr)
+    results = json.loads((tmp_path / "evals" / "results.json").read_text())
+    assert "--max-new-tokens 8" in results["partial"]["gsm8k"] and "exceed the model's 64 positions" in (
+        results["partial"]["gsm8k"])
+    wrong_field = run("-m", "vocagno.eval", "--model", "runs/mine", "--bpb", "posts.jsonl")
+    assert wrong_field.returncode == 2 and "name the text's field with --bpb-field" in wrong_field.stderr
+
+    # Exported with its results: the card marks the partial score; transformers loads the export and generates.
+    exported = run("-m", "vocagno.export", "runs/mine", "exported", "--eval", "evals")
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    card = (tmp_path / "exported" / "README.md").read_text()
+    assert "\\* partial, not the benchmark's score: GSM8K: the first 2 of 1,319 questions (--limit)" in card
+    generated = subprocess.run([sys.executable, "-c", "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+                                "model = AutoModelForCausalLM.from_pretrained('exported')\n"
+                                "tokenizer = AutoTokenizer.from_pretrained('exported')\n"
+                                "ids = tokenizer('Natalia sold', return_tensors='pt').input_ids\n"
+                                "print(model.generate(ids, max_new_tokens=5, do_sample=False).shape[1] - "
+                                "ids.shape[1])"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert generated.returncode == 0 and generated.stdout.strip() == "5", generated.stderr[-3000:]

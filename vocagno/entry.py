@@ -1,0 +1,43 @@
+"""How every command line of vocagno ends: its exit code, or one line ``error: ...`` and exit code 2 for a mistake in
+what it was given (a ValueError or OSError, the library's refusals among them: ``UntrustedFile``, ``BadCheckpoint``),
+or ``interrupted`` and exit code 130 for Ctrl-C. Anything else is a bug and ends in its traceback. ``VOCAGNO_TRACEBACK=1``
+shows the traceback of a mistake too.
+
+    if __name__ == "__main__":
+        run(main)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Callable, NoReturn
+
+__all__ = ["MISTAKES", "TRACEBACK", "run", "one_line"]
+
+TRACEBACK = "VOCAGNO_TRACEBACK"  # set to 1: a mistake's traceback, not its line
+MISTAKES: tuple[type[BaseException], ...] = (ValueError, OSError)
+MISTAKE_EXIT, INTERRUPTED_EXIT = 2, 130
+
+
+def one_line(error: BaseException) -> str:
+    """An error's message as one line, without a leading ``error: `` of its own."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text.removeprefix("error: ")
+
+
+def run(main: Callable[[], int | None], mistakes: tuple[type[BaseException], ...] = ()) -> NoReturn:
+    """``main()``'s exit code as the process's; a mistake (``MISTAKES`` and ``mistakes``) as one line on stderr."""
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        if os.environ.get(TRACEBACK) == "1":
+            raise
+        print("\ninterrupted", file=sys.stderr, flush=True)
+        sys.exit(INTERRUPTED_EXIT)
+    except (*MISTAKES, *mistakes) as error:
+        if os.environ.get(TRACEBACK) == "1":
+            raise
+        print(f"error: {one_line(error)}", file=sys.stderr, flush=True)
+        sys.exit(MISTAKE_EXIT)
+    sys.exit(code or 0)
