@@ -28,6 +28,22 @@ def test_the_report_prints_the_table_with_gains_over_cpt_and_plots_a_sweep(tmp_p
     assert (tmp_path / "k.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_run_with_partial_scores_is_marked_in_the_table_and_warned_of(tmp_path):
+    """vocagno.eval's results.json names the scores made with --limit (or a short generation, or overlong prompts):
+    the report marks them, and says why, rather than compare them with whole ones."""
+    cpt = eval_folder(tmp_path, "cpt", 10.0)
+    limited = eval_folder(tmp_path, "qwen-topk40", 14.6)
+    results = json.loads((limited / "results.json").read_text())
+    results["partial"] = {"gsm8k": "the first 4 of 1,319 questions (--limit)"}
+    (limited / "results.json").write_text(json.dumps(results))
+    out = report(cpt, limited)
+    assert out.returncode == 0, out.stderr
+    rows = out.stdout.splitlines()
+    assert rows[3].startswith("| qwen-topk40 | 14.6* | 15.6 |") and "| 10.0 | 11.0 |" in rows[2]
+    assert ("warning: qwen-topk40: partial scores, marked *: GSM8K: the first 4 of 1,319 questions (--limit)"
+            in out.stderr)
+
+
 def report(*arguments):
     return subprocess.run([sys.executable, "-m", "vocagno.report", *map(str, arguments)], capture_output=True,
                           text=True, timeout=120)

@@ -22,6 +22,7 @@ import argparse
 import os
 import re
 import statistics
+import sys
 from pathlib import Path
 
 from vocagno.eval.benchmarks import BENCHMARKS, TITLES
@@ -42,6 +43,14 @@ def read_run(folder: Path) -> dict[str, float]:
     return {name: value for name, value in results.items() if isinstance(value, (int, float))}
 
 
+def read_partial(folder: Path) -> dict[str, str]:
+    """Why a run's scores are partial, by benchmark (``results.json``'s ``partial``, ``vocagno.eval``'s): {} if whole."""
+    partial = read_json(folder / "results.json").get("partial") or {}
+    if not isinstance(partial, dict) or not all(isinstance(why, str) for why in partial.values()):
+        raise UntrustedFile(f"{folder / 'results.json'}: refused: its partial is not benchmark names to reasons")
+    return partial
+
+
 def run_names(folders: list[Path]) -> list[str]:
     """Each run's name: its folder's path below the folder all the runs' folders are in."""
     absolute = [Path(os.path.abspath(folder)) for folder in folders]
@@ -53,17 +62,21 @@ def _average(results: dict[str, float]) -> float:
     return sum(results.values()) / len(results) if results else float("nan")
 
 
-def results_table(runs: dict[str, dict[str, float]], baseline: str | None) -> str:
+def results_table(runs: dict[str, dict[str, float]], baseline: str | None,
+                  partial: dict[str, dict[str, str]] | None = None) -> str:
     """Markdown: a row per run, a column per benchmark any run has, AVG, and the AVG's gain over ``baseline``'s.
 
     The average is over the benchmarks the run has; a run missing some of the columns says so in its AVG cell
-    (its average is not comparable with the others')."""
+    (its average is not comparable with the others'). A partial score (``partial``: run -> benchmark -> why) is
+    marked ``*``."""
+    partial = partial or {}
     columns = [b for b in BENCHMARKS if any(b in r for r in runs.values())]
     base_avg = _average(runs[baseline]) if baseline else None
     head = "| run | " + " | ".join(TITLES[b] for b in columns) + " | AVG |" + (f" vs {baseline} |" if baseline else "")
     lines = [head, "|---" * (len(columns) + 2 + bool(baseline)) + "|"]
     for name, results in runs.items():
-        cells = [f"{results[b]:.1f}" if b in results else "-" for b in columns]
+        cells = [f"{results[b]:.1f}" + ("*" if b in partial.get(name, {}) else "") if b in results else "-"
+                 for b in columns]
         average = f"{_average(results):.1f}" + ("" if all(b in results for b in columns) else " (partial)")
         row = f"| {name} | " + " | ".join(cells) + f" | {average} |"
         if base_avg:
@@ -211,15 +224,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"a run is given twice: {', '.join(sorted({n for n in names if names.count(n) > 1}))}")
     try:
         runs = {name: read_run(folder) for name, folder in zip(names, args.runs)}
+        partial = {name: read_partial(folder) for name, folder in zip(names, args.runs)}
     except (FileNotFoundError, UntrustedFile) as error:
         parser.error(str(error))
+    for name, reasons in partial.items():
+        if reasons:
+            print(f"warning: {name}: partial scores, marked *: " + "; ".join(
+                f"{TITLES.get(b, b)}: {why}" for b, why in reasons.items()), file=sys.stderr)
     named_cpt = [name for name in runs if "cpt" in Path(name).name.lower()]
     if args.baseline is None and len(named_cpt) > 1:
         parser.error(f"two or more runs are named *cpt* ({', '.join(named_cpt)}): choose one with --baseline")
     baseline = args.baseline or next(iter(named_cpt), None)
     if baseline is not None and baseline not in runs:
         parser.error(f"--baseline {baseline} is not one of the runs: {', '.join(runs)}")
-    print(results_table(runs, baseline))
+    print(results_table(runs, baseline, partial))
     if args.plot:
         placed = plot(runs, args.plot, args.x_key, args.x_label)
         print(f"wrote {args.plot}: {placed}")
