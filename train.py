@@ -106,6 +106,8 @@ def _cpu_model_from_proc() -> str:
     return _PY_CPUINFO_MODEL()
 
 
+# The converter's flags a run's convert_if_missing does not take: the run gives the folder and converts it whole.
+RUN_DECIDES = ("out_root", "num_jobs", "job_index", "merge_only", "allow_partial")
 # The keys of a loader's dataset: Streaming's, but the batch size, which the loader gives.
 DATASET_KEYS = [key for key in keyword_names(StreamingDataset) if key != "batch_size"]
 
@@ -124,9 +126,10 @@ def dataset_locals(cfg: DictConfig) -> list[str]:
     return folders
 
 
-def build_loader(section: DictConfig, student_tok, teacher_tok, batch_size: int, name: str = "train_loader"):
+def build_loader(section: DictConfig, student_tok, teacher_tok, batch_size: int, name: str = "train_loader",
+                 flags: str = "--student-tokenizer ... --teacher-tokenizer ..."):
     """The loader of the yaml's section ``name`` (train_loader or eval_loader), its shards converted first where
-    ``convert_if_missing`` says so."""
+    ``convert_if_missing`` says so; ``flags``: the converter's flags a missing folder's message suggests."""
     dataset_cfg = om.to_container(section.dataset)
     convert = section.get("convert_if_missing")
     folders = [(f"{name}.dataset", dataset_cfg, convert)]
@@ -135,14 +138,14 @@ def build_loader(section: DictConfig, student_tok, teacher_tok, batch_size: int,
     for where, one, converting in folders:
         if one.get("local") is not None and one.get("remote") is None:
             local = os.path.join(str(one["local"]), str(one["split"])) if one.get("split") else str(one["local"])
-            _convert_if_missing(local, om.to_container(converting) if converting is not None else None, where)
+            _convert_if_missing(local, om.to_container(converting) if converting is not None else None, where, flags)
     return teacher_guided_loader(
         dataset_cfg, student_tok, teacher_tok, batch_size, teacher_seq_len=section.get("teacher_seq_len"),
         num_workers=section.get("num_workers", 0), drop_last=section.get("drop_last", True),
     )
 
 
-def _convert_if_missing(local: str, convert: dict[str, Any] | None, where: str) -> None:
+def _convert_if_missing(local: str, convert: dict[str, Any] | None, where: str, flags: str) -> None:
     """Shards where a loader reads (``local``, named at ``where``), converted first when they are missing and the yaml
     that names the folder says what to convert into it (``convert_if_missing``): by the node's first rank, the others
     wait. Missing otherwise: a ValueError naming the folder and how to make it."""
@@ -154,8 +157,8 @@ def _convert_if_missing(local: str, convert: dict[str, Any] | None, where: str) 
             if where.endswith(".dataset") else ""
         raise ValueError(
             f"{where}.local: {local} holds no converted shards{why}; convert your corpus into it first "
-            f"(python conversion/convert_dataset.py --input FILE --out-root {local} --student-tokenizer ... "
-            f"--teacher-tokenizer ...: docs/conversion.md){also}")
+            f"(python conversion/convert_dataset.py --input FILE --out-root {local} {flags}: docs/conversion.md)"
+            f"{also}")
     if convert is None or "not_for" in convert:
         return
     if missing and dist.get_local_rank() == 0:
@@ -174,13 +177,17 @@ def check_sections(cfg: DictConfig) -> None:
     """The keys of the sections ``load_config`` leaves free-form, each against what reads it: an algorithm's, a logger's
     or a callback's options against its class, a loader's dataset against Streaming's, ``convert_if_missing``
     against the converter's flags. Before anything is loaded: a misspelled key is one line naming the closest one."""
-    for name, kwargs in _plain(cfg, "algorithms").items():
-        if kwargs is not None:
-            check_names(f"algorithms.{name}.", kwargs, keyword_names(_algorithm(name)) or kwargs)
-    for section in ("loggers", "callbacks"):
+    for section in ("algorithms", "loggers", "callbacks"):
         for name, kwargs in _plain(cfg, section).items():
-            if kwargs is not None and name != "console":
-                check_names(f"{section}.{name}.", kwargs, keyword_names(_known(section, name)) or kwargs)
+            if kwargs is None or (section, name, kwargs) == ("loggers", "console", True):  # console=true: on
+                continue
+            if not isinstance(kwargs, dict):
+                raise ValueError(f"{section}.{name}: give its options as a mapping ({{}} for none), got {kwargs!r}")
+            made = _algorithm(name) if section == "algorithms" else \
+                ConsoleLine if (section, name) == ("loggers", "console") else _known(section, name)
+            check_names(f"{section}.{name}.", kwargs, [] if made is ConsoleLine else keyword_names(made) or kwargs)
+    if cfg.get("console_log_interval") is not None:
+        _batches(cfg.console_log_interval, "console_log_interval")
     for section in ("train_loader", "eval_loader"):
         dataset = om.select(cfg, f"{section}.dataset")
         dataset = om.to_container(dataset) if dataset is not None else {}
@@ -188,11 +195,14 @@ def check_sections(cfg: DictConfig) -> None:
         for key, stream in (dataset.get("streams") or {}).items():
             check_names(f"{section}.dataset.streams.{key}.", stream or {}, keyword_names(Stream))
         convert = om.select(cfg, f"{section}.convert_if_missing")
+        if convert is not None and not isinstance(convert, DictConfig):
+            raise ValueError(f"{section}.convert_if_missing: give the converter's flags as a mapping ({{input: FILE, "
+                             f"...}}), got {convert!r}")
         if convert is not None and "not_for" not in convert:
             from conversion.convert_dataset import parse_args
 
             check_names(f"{section}.convert_if_missing.", convert,
-                        [flag for flag in vars(parse_args(["--out-root", "-"])) if flag != "out_root"])
+                        [flag for flag in vars(parse_args(["--out-root", "-"])) if flag not in RUN_DECIDES])
             if convert.get("input") is None:
                 raise ValueError(f"{section}.convert_if_missing: give its input, the corpus to convert")
 
@@ -207,6 +217,15 @@ def _algorithm(name: str):
         raise ValueError(f"unknown algorithm algorithms.{name}{hint}; registered ({ALGORITHM_GROUP}): "
                          f"{', '.join(available)}")
     return available[name].load()
+
+
+def conversion_flags(cfg: DictConfig) -> str:
+    """The converter's flags that make shards this run reads: its student's and teacher's tokenizers, its
+    ``variables.seq_len`` (or the student's positions)."""
+    teacher = om.select(cfg, "teacher.tokenizer") or "..."
+    seq_len = om.select(cfg, "variables.seq_len") or om.select(cfg, "model.config.max_position_embeddings")
+    return f"--student-tokenizer {cfg.tokenizer.name} --teacher-tokenizer {teacher}" + (
+        f" --seq-len {seq_len}" if seq_len else "")
 
 
 def build_algorithms(cfg: DictConfig, teacher_tok) -> list:
@@ -287,18 +306,15 @@ def build_loggers(cfg: DictConfig) -> tuple[list, list]:
               for section in ("loggers", "callbacks")}
     loggers = [_build("loggers", name, kwargs) for name, kwargs in chosen["loggers"].items() if name != "console"]
     if "console" in chosen["loggers"]:
-        check_names("loggers.console.", chosen["loggers"]["console"], [])
         loggers.append(ConsoleLine(_batches(cfg.get("console_log_interval", "1ba"), "console_log_interval")))
     callbacks = [_build("callbacks", name, kwargs) for name, kwargs in chosen["callbacks"].items()]
     return loggers, callbacks
 
 
 def _batches(value: Any, key: str) -> int:
-    """A number of batches given as ``10ba`` or 10."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    found = re.fullmatch(r"\s*(\d+)\s*ba\s*", str(value))
-    if found is None:
+    """A number of batches given as ``10ba`` (a bare number would mean epochs to Composer: refused)."""
+    found = re.fullmatch(r"\s*(\d+)\s*ba\s*", str(value)) if isinstance(value, str) else None
+    if found is None or int(found.group(1)) < 1:
         raise ValueError(f"{key} must be a number of batches (10ba), got {value!r}")
     return int(found.group(1))
 
@@ -397,7 +413,8 @@ def main(cfg: DictConfig) -> Trainer:
         raise ValueError("give teacher: (one) or teachers: (several, by name), not both")
     # Several teachers: the shards' teacher tokens are taken as they are; the algorithm finds the teacher they fit.
     teacher_tok = load_tokenizer(cfg.teacher.tokenizer) if cfg.get("teacher") is not None else None
-    train_loader = build_loader(cfg.train_loader, student_tok, teacher_tok, device_batch, "train_loader")
+    train_loader = build_loader(cfg.train_loader, student_tok, teacher_tok, device_batch, "train_loader",
+                                conversion_flags(cfg))
     samples = train_loader.dataset.size
     if train_loader.drop_last and samples < cfg.global_train_batch_size:
         # Every epoch would end before its first batch, and training would spin through empty epochs forever.
@@ -411,7 +428,8 @@ def main(cfg: DictConfig) -> Trainer:
         eval_batch = cfg.get("device_eval_batch_size") or cfg.device_train_microbatch_size
         evaluators.append(Evaluator(
             label="eval",
-            dataloader=build_loader(cfg.eval_loader, student_tok, teacher_tok, eval_batch, "eval_loader"),
+            dataloader=build_loader(cfg.eval_loader, student_tok, teacher_tok, eval_batch, "eval_loader",
+                                    conversion_flags(cfg)),
             metric_names=["BitsPerByte"],
         ))
 
@@ -471,7 +489,9 @@ def main(cfg: DictConfig) -> Trainer:
         device=None,
     )
     promptly_linked(trainer)
-    trainer.state.callbacks.append(Narration())  # after Composer's saver: it says what the saver just saved
+    folder = format_name_with_dist(save_folder, cfg.run_name) if save_folder else None
+    narration = Narration(folder)
+    trainer.state.callbacks.append(narration)  # after Composer's saver: it says what the saver just saved
     batch = int(trainer.state.timestamp.batch)
     if batch > 0 and dist.get_global_rank() == 0:
         print(f"resuming at batch {batch + 1} from {resumed_from(cfg)}", flush=True)
@@ -479,8 +499,11 @@ def main(cfg: DictConfig) -> Trainer:
         trainer.fit()
     except KeyboardInterrupt:
         if dist.get_global_rank() == 0:
-            print(f"\ninterrupted in batch {int(trainer.state.timestamp.batch) + 1}; the checkpoints saved stay in "
-                  f"{save_folder or '(no save_folder: none were saved)'}", file=sys.stderr, flush=True)
+            saved = narration.saved(trainer.state)
+            where = (f"the last checkpoint saved: {saved[-1]}" if saved else "no checkpoint saved yet" if folder
+                     else "no save_folder: no checkpoints")
+            print(f"\ninterrupted in batch {int(trainer.state.timestamp.batch) + 1}; {where}", file=sys.stderr,
+                  flush=True)
         raise SystemExit(INTERRUPTED_EXIT) from None
     if cfg.get("selection_report") is not None and dist.get_global_rank() == 0:
         report_selection(cfg, trainer, fsdp is not None)
@@ -488,16 +511,19 @@ def main(cfg: DictConfig) -> Trainer:
 
 
 def resumed_from(cfg: DictConfig) -> str:
-    """The checkpoint a run resumed from: ``callbacks.load_checkpoint.load_path``, or autoresume's latest in the save
-    folder (the file its latest link names, where the folder is on this machine)."""
+    """The checkpoint a run resumed from, as Composer chooses it: with autoresume, the save folder's latest (the file
+    its latest link names, where the folder is on this machine), else ``callbacks.load_checkpoint.load_path``."""
     load_path = (_plain(cfg, "callbacks").get("load_checkpoint") or {}).get("load_path")
-    if load_path is not None and not cfg.get("autoresume", False):
-        return str(load_path)
-    folder = format_name_with_dist(str(cfg.get("save_folder")), cfg.run_name)
-    latest = Path(folder) / "latest-rank0.pt"
-    if "://" not in folder and latest.is_symlink():
-        return str(Path(folder) / os.readlink(latest))
-    return f"the latest checkpoint in {folder}"
+    given = None if load_path is None else partial_format(str(load_path), run_name=cfg.run_name, rank=0,
+                                                          local_rank=0, node_rank=0)
+    if cfg.get("autoresume", False) and cfg.get("save_folder"):
+        folder = format_name_with_dist(str(cfg.save_folder), cfg.run_name)
+        latest = Path(folder) / "latest-rank0.pt"
+        if "://" in folder:
+            return f"the latest checkpoint in {folder}" + (f", else {given}" if given else "")
+        if latest.is_symlink():
+            return str(Path(folder) / os.readlink(latest))
+    return given or "a checkpoint"
 
 
 def report_selection(cfg: DictConfig, trainer: Trainer, sharded: bool) -> None:

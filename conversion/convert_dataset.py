@@ -57,7 +57,7 @@ from vocagno.output import (  # noqa: E402
 )
 from conversion.sources import Record, Source, TextOf, parse_jsonl_line, sources_of  # noqa: E402
 from vocagno.shards import (  # noqa: E402
-    COLUMNS, SHARD_HASH, Encoder, Packer, ShardMetadata, TokenizerInfo, tokenizer_info,
+    COLUMNS, METADATA_FILE, SHARD_HASH, Encoder, Packer, ShardMetadata, TokenizerInfo, tokenizer_info,
 )
 from vocagno.tokenization import load_tokenizer  # noqa: E402
 from vocagno.untrusted import UntrustedFile, plain_name, read_json  # noqa: E402
@@ -76,8 +76,10 @@ NOT_COUNTS = ("seconds", "sources")  # part.json entries that don't add up over 
 NAMED = 20  # documents over the cap named in a summary (a job's marker names them all)
 # A part's unfinished folder: built under a staging name (``.part-SSSSS-BBBBBB.staging-XXXX``), or an earlier
 # version's ``.tmp-part-SSSSS-BBBBBB``; SSSSS is the source file the part starts in (what says which job's it is).
-# What a conversion writes on its out-root besides CONFIG_FILE: its parts and its jobs' markers.
+# What a conversion writes on its out-root besides CONFIG_FILE: its parts and its jobs' markers; and what its last
+# merge left when it published nothing.
 CONVERSION_FILE = re.compile(r"part-\d{5,}-\d{6,}|job-\d{4,}-of-\d{4,}\.json")
+REFUSED_FILE = "refused.json"
 STALE_PART = re.compile(r"\.(?:part-(?P<source>\d{5,})-\d{6,}\.staging-.+|tmp-part-(?P<old>\d{5,})-\d{6,}(?:\..*)?)")
 
 
@@ -355,8 +357,9 @@ def convert(args: argparse.Namespace, output: Output, tokenizers: tuple) -> dict
         raise SystemExit(f"error: another conversion is running job {args.job_index} into {output}: wait for it, "
                          "or give this one another --out-root")
     try:
-        check_or_write_settings(output, CONFIG_FILE, {**config.__dict__, "student": student.__dict__,
-                                                      "teacher": teacher.__dict__}, "vocagno conversion", "--out-root")
+        settings = {**config.__dict__, "student": student.__dict__, "teacher": teacher.__dict__}
+        _start_afresh_after_a_refusal(output, args, settings)
+        check_or_write_settings(output, CONFIG_FILE, settings, "vocagno conversion", "--out-root")
         for stale in output.local.iterdir():
             # This job's unfinished parts of an interrupted run (.tmp-part-*: of an earlier version), removed as they
             # stand: a link is unlinked, never followed. Any other name is not one of a part's, and is left alone.
@@ -379,6 +382,26 @@ def convert(args: argparse.Namespace, output: Output, tokenizers: tuple) -> dict
     for name, error in unreadable.items():
         print(f"error: could not read {name}: {error}", file=sys.stderr)
     return unreadable
+
+
+def _start_afresh_after_a_refusal(output: Output, args: argparse.Namespace, settings: dict) -> None:
+    """A single job's local out-root whose last merge published nothing (``REFUSED_FILE``: too little converted) and
+    that a run with other settings finds: that conversion's files (its settings, parts and job markers) are of no use
+    to this one, and are removed, saying so. Anything else stays, and ``check_or_write_settings`` decides."""
+    root = output.local
+    if output.remote is not None or args.num_jobs != 1 or not (root / REFUSED_FILE).is_file() or \
+            (root / "index.json").exists() or (root / METADATA_FILE).exists() or not (root / CONFIG_FILE).is_file():
+        return
+    earlier = read_json(CONFIG_FILE, folder=root)
+    changed = sorted(k for k in set(settings) | set(earlier) if settings.get(k) != earlier.get(k)) \
+        if isinstance(earlier, dict) else ["all"]
+    if not changed:
+        return
+    print(f"starting afresh in {output}: its earlier conversion published nothing and had other settings "
+          f"({', '.join(changed)} differ)")
+    for entry in root.iterdir():
+        if entry.name in (CONFIG_FILE, REFUSED_FILE) or CONVERSION_FILE.fullmatch(entry.name):
+            remove(entry)
 
 
 def _over_cap(sources: list[tuple[int, Source]]) -> list[str]:
@@ -539,14 +562,14 @@ def _merge(output: Output, args: argparse.Namespace) -> int:
     too_little = _too_little(totals, args.min_converted, config["seq_len"])
     if too_little:
         print_summary("dataset (not published)", totals, output, parts, unreadable=unreadable, over_cap=over_cap)
-        if output.remote is None:  # nothing of it is of use to a run with corrected options: it starts afresh
-            for entry in root.iterdir():
-                if entry.name == CONFIG_FILE or CONVERSION_FILE.fullmatch(entry.name):
-                    remove(entry)
-            kept = "nothing of this conversion is kept there: run it again with corrected options"
-        else:
-            kept = f"its parts stay on {output}: delete them, or give another --out-root, to run with other options"
-        raise SystemExit(f"error: nothing published to {output}: {too_little}; {kept}")
+        # Recorded: a rerun with other options starts afresh there (a single job on a local out-root), one with the
+        # same options (a lower --min-converted) merges these parts.
+        write_atomically(root / REFUSED_FILE, json.dumps({"why": too_little}))
+        output.publish(REFUSED_FILE)
+        fresh = output.remote is None and args.num_jobs == 1
+        rerun = ("the same command with corrected options starts afresh there" if fresh else
+                 f"its parts stay on {output}: delete them, or give another --out-root, to convert with other options")
+        raise SystemExit(f"error: nothing published to {output}: {too_little}; {rerun}")
     metadata = ShardMetadata(
         student=TokenizerInfo(**config["student"]),
         teacher=TokenizerInfo(**config["teacher"]),
@@ -555,6 +578,8 @@ def _merge(output: Output, args: argparse.Namespace) -> int:
         partial={"jobs_done": done, "num_jobs": args.num_jobs} if unfinished else None,
     )
     publish_dataset(output, parts, metadata)
+    if (root / REFUSED_FILE).exists():  # an earlier merge's refusal of the same parts, now published
+        remove(root / REFUSED_FILE)
     print_summary("dataset", totals, output, parts, merged=True, unreadable=unreadable, over_cap=over_cap)
     if unfinished:
         print(f"PARTIAL: jobs {unfinished} of {args.num_jobs} had not finished (--allow-partial; vocagno.json says so)")

@@ -78,7 +78,7 @@ def test_a_model_computing_its_own_loss_from_the_labels_trains_with_the_teachers
     algorithm = VocAgnoLM(teacher=teacher, teacher_tokenizer=tokenizers["qwen2.5"], teacher_dtype="float32") if (
         method == "vocagno") else ULD(teacher=teacher, teacher_dtype="float32")
     model = OwnLossModel(student, tokenizer=tokenizers["llama2"], use_logits=True)
-    trainer = Trainer(model=model, train_dataloader=loader, max_duration="2ba", algorithms=[algorithm],
+    trainer = Trainer(model=model, train_dataloader=loader, max_duration="1ba", algorithms=[algorithm],
                       optimizers=torch.optim.SGD(model.parameters(), lr=0.1), device="cpu", loggers=[],
                       progress_bar=False)
     trainer.fit()

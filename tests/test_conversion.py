@@ -633,17 +633,37 @@ def test_nothing_converted_is_a_failure_that_says_why(tmp_path, content, reason)
     assert reason in message and not (tmp_path / "shards" / "index.json").exists()
 
 
-def test_a_corpus_with_another_text_field_is_refused_naming_the_flag_and_the_corrected_rerun_runs(tmp_path):
+def test_a_corpus_with_another_text_field_is_refused_naming_the_flag_and_the_corrected_rerun_runs(tmp_path, capsys):
     docs = [json.loads(line)["text"] for line in open(SAMPLE, encoding="utf-8")][:40]
     corpus = tmp_path / "posts.jsonl"
     corpus.write_text("".join(json.dumps({"content": d, "id": i}) + "\n" for i, d in enumerate(docs)))
     message = converts(tmp_path / "shards", inputs=[corpus])
     assert message == (f"error: nothing published to {tmp_path / 'shards'}: only 0 of 40 documents converted "
                        "(--min-converted 0.5); skipped: missing text field 'text': 40; --text-field NAME names the field "
-                       "holding the text (--text-template joins several); nothing of this conversion is kept there: run "
-                       "it again with corrected options")
+                       "holding the text (--text-template joins several); the same command with corrected options "
+                       "starts afresh there")
     assert converts(tmp_path / "shards", "--text-field", "content", inputs=[corpus]) == 0
     assert ShardMetadata.read(tmp_path / "shards").totals["documents converted"] == 40
+    assert "starting afresh in " in capsys.readouterr().out and not (tmp_path / "shards" / "refused.json").exists()
+
+
+def test_a_refused_merge_keeps_its_parts_and_a_published_dataset_whole(tmp_path):
+    """A merge that publishes nothing deletes nothing: a published dataset stays readable, and the same parts merge
+    with a lower --min-converted."""
+    docs = [json.loads(line)["text"] for line in open(SAMPLE, encoding="utf-8")][:30]
+    corpus = tmp_path / "in.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d} if i % 3 else {"body": d}) + "\n" for i, d in enumerate(docs)))
+    root = tmp_path / "shards"
+    assert converts(root, inputs=[corpus]) == 0  # 20 of 30: over the default 0.5
+    published = sorted(p.relative_to(root) for p in root.rglob("*"))
+    message = converts(root, "--merge-only", "--min-converted", "0.9", inputs=[corpus])
+    assert message.startswith(f"error: nothing published to {root}: only 20 of 30 documents converted")
+    assert sorted(p.relative_to(root) for p in root.rglob("*") if p.name != "refused.json") == published
+    assert len(read_samples(root, tmp_path)) == ShardMetadata.read(root).totals["samples"]  # still whole
+    fresh = tmp_path / "fresh"
+    assert converts(fresh, "--min-converted", "0.9", inputs=[corpus]).startswith("error: nothing published")
+    assert converts(fresh, "--merge-only", "--min-converted", "0.6", inputs=[corpus]) == 0  # the same parts
+    assert ShardMetadata.read(fresh).totals["documents converted"] == 20
 
 
 def test_a_parquet_without_the_text_column_counts_each_row_once(tmp_path):

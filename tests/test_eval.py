@@ -198,7 +198,7 @@ def test_scores_of_a_limit_a_short_generation_or_overlong_prompts_are_marked_par
                  "--bpb-field", "content"]) == 0
     results = json.loads((out / "results.json").read_text())
     why = ("the first 2 of 1,319 questions (--limit); --max-new-tokens 6 (the protocol's: 1024); 2 of 2 prompts with "
-           "their 6 new tokens exceed the model's 128 positions")
+           "their outputs reached the model's 128 positions")
     assert results["partial"] == {"gsm8k": why} and 0 <= results["gsm8k"] <= 100
     assert results["bits_per_byte"]["file"] == str(tmp_path / "held.jsonl") and results["bits_per_byte"]["value"] > 1
     captured = capsys.readouterr()

@@ -158,8 +158,14 @@ def test_the_card_carries_the_evaluation_of_the_exported_model(whole_run, tmp_pa
     assert export_main([str(whole_run), str(tmp_path / "model"), "--overwrite", "--eval", str(tmp_path / "eval")]) == 0
     card = (tmp_path / "model" / "README.md").read_text()
     assert "## Evaluation" in card and "| GSM8K | SVAMP | AVG |" in card
+    assert "\\* partial, not the benchmark's score: GSM8K: the first 2 of 1,319 questions (--limit)" in card
     capsys.readouterr()
     refused([whole_run, tmp_path / "other", "--eval", tmp_path], capsys, names="no results.json there")
+    results = json.loads((tmp_path / "eval" / "results.json").read_text())
+    for partial in ("some", ["gsm8k"], {"gsm8k": "a\n## injected heading"}, {"nope": "x"}):
+        (tmp_path / "eval" / "results.json").write_text(json.dumps({**results, "partial": partial}))
+        refused([whole_run, tmp_path / "other", "--eval", tmp_path / "eval"], capsys,
+                names="refused: its partial is not vocagno.eval's")
 
 
 def test_the_card_of_a_mixture_run_names_each_stream_and_its_weight():

@@ -5,9 +5,7 @@ import json
 import math
 import os
 import re
-import signal
 import sys
-import time
 from pathlib import Path
 
 import forked
@@ -90,6 +88,53 @@ def test_llmfoundry_named_callbacks_log_throughput_and_the_learning_rate_once_on
     assert "time/" not in output and "throughput/" not in output  # one line per logged step; the rest in the log
     assert "Epoch" not in output and "ba/s" not in output  # Composer's progress bar
     assert "teacher losses: online, tiny-math-teacher scores every batch" in output
+
+
+def test_the_console_line_puts_each_evaluation_on_the_batch_it_was_measured_at(capsys):
+    """Evaluations at a batch's end join its line, or get a line of their own where the batch prints none; one at an
+    epoch's end (after the batch's line) gets its own line with that batch, not the next one's."""
+    from types import SimpleNamespace
+
+    from composer.core import Time, Timestamp
+
+    from vocagno.loggers import ConsoleLine
+
+    console = ConsoleLine(every=5)
+    state = SimpleNamespace(max_duration=Time(10, "ba"))
+    for batch in range(1, 11):
+        state.timestamp = Timestamp(batch=batch)
+        console.log_metrics({"loss/train/total": float(batch)}, step=batch - 1)
+        if batch == 3:  # an evaluation at a batch's end: before the batch's checkpoint event
+            console.log_metrics({"metrics/eval/BitsPerByte": 1.5}, step=batch)
+        console.batch_checkpoint(state, None)
+        if batch == 5:  # an evaluation at the epoch's end: after it
+            console.log_metrics({"metrics/eval/BitsPerByte": 1.25}, step=batch)
+            console.eval_end(state, None)
+    assert capsys.readouterr().out.splitlines() == [
+        "[batch 3/10] held-out bits/byte 1.5000", "[batch 5/10] loss 5.0000", "[batch 5/10] held-out bits/byte 1.2500",
+        "[batch 10/10] loss 10.0000"]
+
+
+def test_every_checkpoint_saved_is_said_once_also_when_composer_rotates_them(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from composer.callbacks import CheckpointSaver
+
+    from vocagno.loggers import Narration
+
+    saver = CheckpointSaver(folder=str(tmp_path), num_checkpoints_to_keep=2)
+    state = SimpleNamespace(callbacks=[saver], algorithms=[])
+    saver.saved_checkpoints = [str(tmp_path / "ep0-ba1-rank0.pt")]  # a resumed run's: said before
+    narration = Narration(str(tmp_path))
+    narration.fit_start(state, None)
+    for batch in range(2, 6):
+        saver.saved_checkpoints = [*saver.saved_checkpoints, str(tmp_path / f"ep0-ba{batch}-rank0.pt")][-2:]
+        narration.batch_checkpoint(state, None)
+    assert capsys.readouterr().out.splitlines() == [f"saved checkpoint {tmp_path}/ep0-ba{b}-rank0.pt" for b in range(2, 6)]
+    remote = Narration("s3://bucket/runs/x")
+    saver.saved_checkpoints = ["runs/x/ep0-ba6-rank0.pt"]  # Composer's local copy of an upload
+    remote.batch_checkpoint(state, None)
+    assert capsys.readouterr().out == "saved checkpoint s3://bucket/runs/x/ep0-ba6-rank0.pt\n"
 
 
 def test_a_run_ends_with_a_picture_of_its_loss_kept_fraction_and_bits_per_byte(tiny_run):
@@ -197,25 +242,6 @@ def test_kill_and_autoresume_continue_with_the_same_losses(tiny_run, straight, t
     saved = re.findall(r"^saved checkpoint (\S+)$", result.stdout, re.M)
     assert [Path(path).name for path in saved] == [f"ep0-ba{b}-rank0.pt" for b in range(int(resumed.group(1)) + 1, 9)
                                                    if b % 2 == 0], result.stdout
-
-
-def test_sigterm_ends_a_run_in_one_line_saying_where_its_checkpoints_are(tiny_run, tmp_path):
-    import subprocess
-
-    command = [sys.executable, str(REPO / "train.py"), TINY, f"variables.data={tiny_run[0]}/shards/train",
-               "eval_loader=null", "selection_report=null", "loggers.console=null", "loggers.picture=null",
-               "progress_bar=false", *CHECKPOINTED, "max_duration=400ba", f"save_folder={tmp_path}/ckpt"]
-    run = subprocess.Popen(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 300
-    while not (tmp_path / "ckpt" / "ep0-ba4-rank0.pt").exists() and time.time() < deadline and run.poll() is None:
-        time.sleep(0.1)
-    run.send_signal(signal.SIGTERM)
-    out, err = run.communicate(timeout=120)
-    assert run.returncode == 130 and "Traceback" not in err, err[-3000:]
-    assert re.fullmatch(rf"interrupted in batch \d+; the checkpoints saved stay in {tmp_path}/ckpt",
-                        err.strip().splitlines()[-1]), err[-3000:]
-    assert f"saved checkpoint {tmp_path}/ckpt/ep0-ba2-rank0.pt" in out
 
 
 def test_an_interrupted_checkpoint_save_resumes_with_the_same_command(tiny_run, straight, tmp_path):
@@ -340,9 +366,13 @@ def test_a_data_folder_named_on_the_command_line_never_gets_the_yamls_corpus(tmp
     with pytest.raises(ValueError) as refused:
         train.main(cfg)
     assert str(refused.value).startswith(f"train_loader.dataset.local: {folder} holds no converted shards "
-                                         f"({TINY}'s train_loader.convert_if_missing converts into the folder it names, "
-                                         "and the command line names another)"), refused.value
-    assert f"--out-root {folder} " in str(refused.value) and "convert_if_missing.input=FILE" in str(refused.value)
+                                         f"({TINY}'s train_loader.convert_if_missing converts its input into "
+                                         "shards/gsm8k_sample_mistral_128, and the command line names another folder)"
+                                         ), refused.value
+    # the converter's command that makes shards this run reads, and the key that would convert them
+    assert (f"--out-root {folder} --student-tokenizer llama2 --teacher-tokenizer mistral --seq-len 128: "
+            "docs/conversion.md), or say what to convert into it with train_loader.convert_if_missing.input=FILE"
+            ) in str(refused.value)
     assert (sorted(folder.iterdir()) == []) if made == "empty" else not folder.exists()
 
 
@@ -351,12 +381,21 @@ def test_a_variant_yaml_naming_a_folder_converts_into_it_only_what_it_names_and_
     (tmp_path / "mine.yaml").write_text(f"base: {TINY}\nvariables:\n  heldout: {tmp_path}/held\n")
     cfg = train.load_config(str(tmp_path / "mine.yaml"), [])
     with pytest.raises(ValueError, match=rf"{tmp_path}/held holds no converted shards \({TINY}'s eval_loader"
-                                         rf".convert_if_missing converts into the folder it names, and {tmp_path}/mine"
-                                         r".yaml names another\)"):
+                                         r".convert_if_missing converts its input into shards/gsm8k_heldout_mistral_"
+                                         rf"128, and {tmp_path}/mine.yaml names another folder\)"):
         train.build_loader(cfg.eval_loader, tokenizers["llama2"], tokenizers["mistral"], 8, "eval_loader")
     (tmp_path / "mine.yaml").write_text(f"base: {TINY}\nvariables:\n  heldout: {tmp_path}/held\n"
                                         f"eval_loader:\n  convert_if_missing:\n    input: {heldout}\n")
     cfg = train.load_config(str(tmp_path / "mine.yaml"), [])
+    # Naming the base's own folder again, or changing what its name is made of, keeps the base's conversion.
+    again = train.load_config(str(tmp_path / "mine.yaml"), ["variables.data=shards/gsm8k_sample_mistral_128"])
+    assert again.train_loader.convert_if_missing.input == "vocagno/assets/text/gsm8k_train_500.jsonl"
+    shorter = train.load_config(TINY, ["variables.seq_len=64"])
+    assert (shorter.train_loader.dataset.local, shorter.train_loader.convert_if_missing.seq_len) == (
+        "shards/gsm8k_sample_mistral_64", 64)
+    # Another converter flag is no input: the base's corpus still stays out of another folder.
+    flag = train.load_config(TINY, ["variables.data=shards/mine", "train_loader.convert_if_missing.seq_len=64"])
+    assert "not_for" in flag.train_loader.convert_if_missing
     loader = train.build_loader(cfg.eval_loader, tokenizers["llama2"], tokenizers["mistral"], 8, "eval_loader")
     assert f"eval_loader: converting {heldout} into {tmp_path}/held (convert_if_missing)\n" in capsys.readouterr().out
     assert ShardMetadata.read(tmp_path / "held").totals["documents read"] == 100 and len(loader.dataset) > 0
@@ -371,6 +410,13 @@ def test_a_mistake_ends_train_py_in_one_line_and_the_switch_shows_its_traceback(
     assert result.stderr.startswith(f"error: train_loader.dataset.local: {tmp_path}/typo holds no converted shards")
     shown = forked.run(command, cwd=REPO, timeout=600, env={**env, "VOCAGNO_TRACEBACK": "1"})
     assert shown.returncode == 1 and "Traceback" in shown.stderr and "ValueError: train_loader" in shown.stderr
+    # Under Composer's launcher: the same line, then the launcher's own report of the rank's exit code.
+    launched = forked.run([sys.executable, "-m", "composer.cli.launcher", "-n", "1", *command[1:]], cwd=REPO,
+                          timeout=600, env=env)
+    lines = launched.stderr.strip().splitlines()
+    assert launched.returncode == 2 and "Traceback" not in launched.stderr, launched.stderr[-3000:]
+    assert lines[0].startswith(f"error: train_loader.dataset.local: {tmp_path}/typo holds no converted shards")
+    assert "Rank 0 crashed with exit code 2" in lines[1]
 
 
 def test_shards_of_other_tokenizers_are_refused(tiny_run):

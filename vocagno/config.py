@@ -104,34 +104,65 @@ def _raw(layer: DictConfig, key: str) -> Any:
 _REFERENCE = re.compile(r"\$\{([\w.]+)\}")
 
 
-def _named_by(layers: list[tuple[str, DictConfig]], key: str) -> int:
-    """The layer that names ``key``'s value: the last one giving it, or, where that value is only a reference
-    (``${variables.data}``), the layer naming what it refers to."""
-    for _ in range(16):  # a chain of references this long is no data path
+def _naming(layers: list[tuple[str, DictConfig]], key: str) -> tuple[list[str], int]:
+    """The keys that name ``key``'s value (itself, and where its value is only a reference, ``${variables.data}``, what
+    it refers to, and so on) and the layer that gives the last of them its value: the one that names it."""
+    chain: list[str] = []
+    while len(chain) < 16:  # a chain of references this long is no data path
+        chain.append(key)
         given = [i for i, (_, layer) in enumerate(layers) if _raw(layer, key) is not None]
         if not given:
-            return -1
+            return chain, -1
         value = _raw(layers[given[-1]][1], key)
         reference = _REFERENCE.fullmatch(value) if isinstance(value, str) else None
         if reference is None:
-            return given[-1]
+            return chain, given[-1]
         key = reference.group(1)
-    return given[-1]
+    return chain, given[-1]
+
+
+def _without(layer: DictConfig, keys: list[str]) -> DictConfig:
+    """A copy of ``layer`` without ``keys`` (dotted)."""
+    copy = om.create(om.to_container(layer, resolve=False))
+    for key in keys:
+        *parents, last = key.split(".")
+        node = om.select(copy, ".".join(parents)) if parents else copy
+        if isinstance(node, DictConfig) and last in node:
+            node.pop(last)
+    return copy
+
+
+def _folder(layers: list[tuple[str, DictConfig]], key: str) -> str | None:
+    try:
+        value = om.select(om.merge(*(layer for _, layer in layers)), key)
+    except Exception:  # omegaconf's errors: a reference the remaining layers don't resolve
+        return None
+    return None if value is None else str(value)
 
 
 def _drop_foreign_conversions(cfg: DictConfig, layers: list[tuple[str, DictConfig]]) -> None:
-    """A loader's ``convert_if_missing`` converts only into the folder the same yaml (or a later one, or the command
-    line) names: a variant or override that names another folder does not inherit its base's corpus. Where it would,
-    the conversion is replaced by a note that the missing-folder error shows (``train.py``)."""
+    """A loader's ``convert_if_missing`` converts its ``input`` only into the folder the yaml giving that input names
+    (``dataset.local``, as that yaml and the ones before it name it; the yamls after it may change the values it is
+    made of, ``variables.seq_len``, not name it anew): a variant or override that names another folder does not
+    inherit its base's corpus. Where it would, the conversion is replaced by a note the missing-folder error shows
+    (``train.py``)."""
     for section in ("train_loader", "eval_loader"):
         if om.select(cfg, f"{section}.convert_if_missing") is None or om.select(cfg, f"{section}.dataset") is None:
             continue
-        converter = max(i for i, (_, layer) in enumerate(layers) if _raw(layer, f"{section}.convert_if_missing") is not None)
-        namer = _named_by(layers, f"{section}.dataset.local")
-        if namer > converter:
-            cfg[section].convert_if_missing = {"not_for": (
-                f"{layers[converter][0]}'s {section}.convert_if_missing converts into the folder it names, and "
-                f"{layers[namer][0]} names another")}
+        givers = [i for i, (_, layer) in enumerate(layers) if _raw(layer, f"{section}.convert_if_missing.input")
+                  is not None]
+        chain, namer = _naming(layers, f"{section}.dataset.local")
+        if not givers or namer <= givers[-1]:  # no input: train.py asks for it
+            continue
+        converter = givers[-1]
+        theirs = _folder([(name, _without(layer, chain) if i > converter else layer)
+                          for i, (name, layer) in enumerate(layers)], f"{section}.dataset.local")
+        ours = _folder(layers, f"{section}.dataset.local")
+        if theirs is not None and theirs == ours:  # the same folder, named again
+            continue
+        cfg[section].convert_if_missing = {"not_for": (
+            f"{layers[converter][0]}'s {section}.convert_if_missing converts its input into {theirs}, and "
+            f"{layers[namer][0]} names another folder")}
 
 
 def _is_dtype(value: Any) -> bool:

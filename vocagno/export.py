@@ -84,6 +84,8 @@ def _fill_generation_config(model, tokenizer) -> None:
 
 
 def _eval_results(folder: str) -> dict[str, Any]:
+    from vocagno.eval.benchmarks import BENCHMARKS
+
     path = Path(folder) / "results.json"
     if not path.is_file():
         raise BadCheckpoint(f"--eval {folder}: no results.json there (python -m vocagno.eval --output writes one)")
@@ -93,6 +95,12 @@ def _eval_results(folder: str) -> dict[str, Any]:
         raise BadCheckpoint(f"--eval {error}") from error
     if not isinstance(results, dict):
         raise BadCheckpoint(f"--eval {path}: not vocagno.eval's results (a mapping of benchmarks to scores)")
+    partial = results.get("partial", {})
+    if not isinstance(partial, dict) or not all(
+            name in BENCHMARKS and isinstance(why, str) and len(why) <= 500 and "\n" not in why and "|" not in why
+            for name, why in partial.items()):
+        raise BadCheckpoint(f"--eval {path}: refused: its partial is not vocagno.eval's (benchmarks to one-line "
+                            "reasons)")
     return results
 
 

@@ -50,6 +50,8 @@ def node_command(job: str, job_args: list[str], *, nodes: int, node_rank: int, n
     if cache is None or shards is None:
         raise ValueError("train needs --shards (where every node reads them: an object store or a shared file "
                          "system) and --cache (a folder on this node's own disk for Streaming's local copies)")
+    from omegaconf import OmegaConf as om
+
     from vocagno.config import load_config
 
     cfg = load_config(job_args[0], job_args[1:])
@@ -60,6 +62,9 @@ def node_command(job: str, job_args: list[str], *, nodes: int, node_rank: int, n
     if cfg.get("eval_loader") is not None:  # node-local too: without --eval-shards, each node converts its own
         loaders += [*([f"eval_loader.dataset.remote={eval_shards}"] if eval_shards else []),
                     f"eval_loader.dataset.local={cache}/eval"]
+        corpus = om.select(cfg, "eval_loader.convert_if_missing.input")
+        if not eval_shards and corpus is not None:  # the yaml's own held-out corpus, into the node's cache folder
+            loaders.append(f"eval_loader.convert_if_missing.input={corpus}")
     elif eval_shards:
         raise ValueError(f"--eval-shards, but {job_args[0]} has no eval_loader")
     return [*launcher, str(TRAIN_SCRIPT), *job_args, *loaders, "autoresume=true"]

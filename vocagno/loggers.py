@@ -48,32 +48,48 @@ CONSOLE_FIGURES = [
 class ConsoleLine(LoggerDestination):
     """One line on the console per ``every`` batches (and at the last), on the first rank: the batch and the figures
     a user watches (``CONSOLE_FIGURES``: the loss, the student's and the teacher's, the kept fraction, tokens per
-    second, the learning rate, held-out bits per byte when the batch ended in an evaluation). Every metric stays in
-    the other loggers (``jsonl``)."""
+    second, the learning rate). An evaluation's held-out bits per byte joins the line of the batch it was measured
+    at, or, where that batch's line is past (an evaluation at an epoch's end) or not printed, gets a line of its own.
+    Every metric stays in the other loggers (``jsonl``)."""
+
+    EVAL = "metrics/eval/BitsPerByte"
 
     def __init__(self, every: int):
         if not isinstance(every, int) or every < 1:
             raise ValueError(f"console_log_interval must be a number of batches (10ba), got {every!r}")
         self.every = every
         self._latest: dict[str, float] = {}
+        self._past = -1  # the last batch whose line was printed or passed
 
     def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
         for key, value in metrics.items():
             if isinstance(value, (int, float)) or (isinstance(value, torch.Tensor) and value.numel() == 1):
                 self._latest[key] = float(value)
 
-    def batch_checkpoint(self, state: State, logger: Logger) -> None:  # after the batch's evaluation, if any
+    def batch_checkpoint(self, state: State, logger: Logger) -> None:  # after an evaluation at the batch's end
         batch = int(state.timestamp.batch)
         last = state.max_duration is not None and state.timestamp >= state.max_duration
-        if dist.get_global_rank() == 0 and (batch % self.every == 0 or last):
-            print(self.line(state), flush=True)
-        self._latest.pop("metrics/eval/BitsPerByte", None)  # shown at the batch it was measured
+        if batch % self.every == 0 or last:
+            self._say(self.line(state, CONSOLE_FIGURES))
+        elif self.EVAL in self._latest:
+            self._say(self.line(state, CONSOLE_FIGURES[-1:]))
+        self._latest.pop(self.EVAL, None)
+        self._past = batch
 
-    def line(self, state: State) -> str:
+    def eval_end(self, state: State, logger: Logger) -> None:
+        if int(state.timestamp.batch) == self._past and self.EVAL in self._latest:  # its batch's line is past
+            self._say(self.line(state, CONSOLE_FIGURES[-1:]))
+            self._latest.pop(self.EVAL)
+
+    def _say(self, line: str) -> None:
+        if dist.get_global_rank() == 0:
+            print(line, flush=True)
+
+    def line(self, state: State, shown: list) -> str:
         total = state.max_duration.value if state.max_duration is not None and state.max_duration.unit.value == "ba" \
             else "?"
         figures = []
-        for label, keys, form in CONSOLE_FIGURES:
+        for label, keys, form in shown:
             value = next((self._latest[k] for k in keys if k in self._latest), None)
             if value is not None:
                 figures.append(f"{label} {form.format(value)}")
@@ -142,12 +158,14 @@ class RunPicture(LoggerDestination):
 class Narration(Callback):
     """The lines that say what a run does, on the first rank: where its teacher losses come from (each algorithm's
     ``teacher_source``) at the start, and each checkpoint Composer's saver wrote (it goes after the saver among the
-    trainer's callbacks)."""
+    trainer's callbacks), by its name in ``save_folder`` (an object store's too)."""
 
-    def __init__(self):
-        self._said = 0
+    def __init__(self, save_folder: str | None = None):
+        self.save_folder = save_folder
+        self._said: set[str] = set()
 
     def fit_start(self, state: State, logger: Logger) -> None:
+        self._said.update(self.saved(state))  # a resumed run's earlier ones
         if dist.get_global_rank() != 0:
             return
         for algorithm in state.algorithms:
@@ -164,14 +182,24 @@ class Narration(Callback):
     def fit_end(self, state: State, logger: Logger) -> None:
         self._say_saved(state)
 
-    def _say_saved(self, state: State) -> None:
+    def saved(self, state: State) -> list[str]:
+        """The checkpoints this run saved, by their names in the save folder."""
         from composer.callbacks import CheckpointSaver
 
+        names = []
         for saver in (c for c in state.callbacks if isinstance(c, CheckpointSaver)):
-            for path in saver.saved_checkpoints[self._said:]:
+            for path in saver.saved_checkpoints:  # the newest few: Composer drops the ones it rotated away
+                name = Path(path).name
+                remote = self.save_folder is not None and "://" in self.save_folder
+                names.append(f"{self.save_folder.rstrip('/')}/{name}" if remote else str(path))
+        return names
+
+    def _say_saved(self, state: State) -> None:
+        for name in self.saved(state):
+            if name not in self._said:
+                self._said.add(name)
                 if dist.get_global_rank() == 0:
-                    print(f"saved checkpoint {path}", flush=True)
-            self._said = len(saver.saved_checkpoints)
+                    print(f"saved checkpoint {name}", flush=True)
 
 
 class SampleLog(Callback):

@@ -77,7 +77,8 @@ def results_table(runs: dict[str, dict[str, float]], baseline: str | None,
     for name, results in runs.items():
         cells = [f"{results[b]:.1f}" + ("*" if b in partial.get(name, {}) else "") if b in results else "-"
                  for b in columns]
-        average = f"{_average(results):.1f}" + ("" if all(b in results for b in columns) else " (partial)")
+        average = f"{_average(results):.1f}" + ("*" if partial.get(name) else "") + (
+            "" if all(b in results for b in columns) else " (partial)")
         row = f"| {name} | " + " | ".join(cells) + f" | {average} |"
         if base_avg:
             row += f" {100 * (_average(results) - base_avg) / base_avg:+.1f}% |"

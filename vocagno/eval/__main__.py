@@ -109,21 +109,25 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def partial_reasons(examples: list[Example], total: int, max_new_tokens: int, tokenizer, positions: int | None
-                    ) -> list[str]:
-    """Why a score of ``examples`` (of the benchmark's ``total``) is not the benchmark's score under the protocol:
-    fewer questions, a shorter generation, prompts that with their generation do not fit the model's positions."""
+def partial_reasons(examples: list[Example], total: int, max_new_tokens: int) -> list[str]:
+    """Why a score of ``examples`` (of the benchmark's ``total``) is not the benchmark's under the protocol, known
+    before generating: fewer questions, a shorter generation."""
     reasons = []
     if len(examples) < total:
         reasons.append(f"the first {len(examples):,} of {total:,} questions (--limit)")
     if max_new_tokens < MAX_NEW_TOKENS:
         reasons.append(f"--max-new-tokens {max_new_tokens} (the protocol's: {MAX_NEW_TOKENS})")
-    if tokenizer is not None and positions is not None:
-        over = sum(len(tokenizer(e.prompt).input_ids) + max_new_tokens > positions for e in examples)
-        if over:
-            reasons.append(f"{over:,} of {len(examples):,} prompts with their {max_new_tokens} new tokens exceed the "
-                           f"model's {positions:,} positions")
     return reasons
+
+
+def beyond_positions(tokenizer, prompts: list[str], outputs: list[str], positions: int | None) -> int:
+    """How many generations ran into the model's positions (``max_position_embeddings``): their prompt and output
+    tokens, as ``generate`` tokenized them, reach it, so the model read or wrote past what it was trained for."""
+    if positions is None:
+        return 0
+    return sum(len(tokenizer(p, split_special_tokens=True).input_ids) +
+               len(tokenizer(o, add_special_tokens=False, split_special_tokens=True).input_ids) >= positions
+               for p, o in zip(prompts, outputs))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(args.data_dir).is_dir():
         parser.error(f"--data-dir {args.data_dir} is not a folder (BENCHMARK/test.jsonl files)")
     if args.bpb:
+        if not args.model:
+            parser.error("--bpb needs --model (the model whose bits per byte it measures)")
         if not Path(args.bpb).is_file():
             parser.error(f"--bpb {args.bpb} is not a file")
         try:
@@ -200,16 +206,20 @@ def main(argv: list[str] | None = None) -> int:
         total = len(examples)
         if args.limit:
             examples = examples[: args.limit]
-        reasons = partial_reasons(examples, total, args.max_new_tokens, tokenizer, positions)
-        if reasons:
-            results.setdefault(PARTIAL, {})[name] = "; ".join(reasons)
-            print(f"warning: {TITLES[name]} is scored partially, not as the benchmark is: {'; '.join(reasons)}",
-                  file=sys.stderr)
+        reasons = partial_reasons(examples, total, args.max_new_tokens if not args.gold else MAX_NEW_TOKENS)
         if args.gold:
             outputs = [e.gold_output for e in examples]
         else:
             outputs = generate(model, tokenizer, [e.prompt for e in examples], args.batch_size, args.max_new_tokens,
                                desc=TITLES[name])
+            over = beyond_positions(tokenizer, [e.prompt for e in examples], outputs, positions)
+            if over:
+                reasons.append(f"{over:,} of {len(examples):,} prompts with their outputs reached the model's "
+                               f"{positions:,} positions")
+        if reasons:
+            results.setdefault(PARTIAL, {})[name] = "; ".join(reasons)
+            print(f"warning: {TITLES[name]} is scored partially, not as the benchmark is: {'; '.join(reasons)}",
+                  file=sys.stderr)
         rows = grade(examples, outputs)
         write_atomically(out / f"{name}.jsonl", "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
         correct = sum(r["correct"] for r in rows)
