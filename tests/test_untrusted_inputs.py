@@ -90,7 +90,7 @@ def test_eval_refuses_a_bpb_file_without_text_or_a_data_folder_file_it_cant_trus
 
     (tmp_path / "held.jsonl").write_text('{"text": "2 + 2 = 4"}\n{"content": "no text field"}\n')
     with pytest.raises(SystemExit) as exit:
-        eval_main(["--gold", "--bpb", str(tmp_path / "held.jsonl")])
+        eval_main(["--model", "m", "--bpb", str(tmp_path / "held.jsonl")])
     assert exit.value.code == 2
     assert f"--bpb {tmp_path / 'held.jsonl'}: refused: line 2 has no string field 'text'" in \
         capsys.readouterr().err.strip().splitlines()[-1]
