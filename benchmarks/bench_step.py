@@ -152,7 +152,8 @@ def main() -> None:
     scopes = args.scopes.split(",")
     cuda = torch.cuda.is_available()
     with tempfile.TemporaryDirectory() as tmp, random_init_on("cuda") if cuda else contextlib.nullcontext():
-        overrides = [f"variables.data={tmp}/train", f"train_loader.convert_if_missing.input={TRAIN_TEXT}", "eval_loader=null", "train_loader.dataset.shuffle=false",
+        overrides = [f"variables.data={tmp}/train", f"train_loader.convert_if_missing.input={TRAIN_TEXT}",
+                     "eval_loader=null", "train_loader.dataset.shuffle=false",
                      *PRESETS[args.preset]]
         cfg = train.load_config(str(REPO / "yamls" / "tiny_qwen.yaml"), overrides)
         plain_timer = run(cfg, False, None, args.steps)

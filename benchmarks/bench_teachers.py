@@ -85,7 +85,8 @@ def main() -> None:
     parser.add_argument("--scopes", default="batch,microbatch")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        overrides = [f"variables.data={tmp}/train", f"train_loader.convert_if_missing.input={TRAIN_TEXT}", "eval_loader=null", "train_loader.dataset.shuffle=false",
+        overrides = [f"variables.data={tmp}/train", f"train_loader.convert_if_missing.input={TRAIN_TEXT}",
+                     "eval_loader=null", "train_loader.dataset.shuffle=false",
                      "selection_report=null"]
         one = train.load_config(str(REPO / "yamls" / "tiny_qwen.yaml"), overrides)
         two = with_two_teachers(one)

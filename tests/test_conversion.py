@@ -639,9 +639,9 @@ def test_a_corpus_with_another_text_field_is_refused_naming_the_flag_and_the_cor
     corpus.write_text("".join(json.dumps({"content": d, "id": i}) + "\n" for i, d in enumerate(docs)))
     message = converts(tmp_path / "shards", inputs=[corpus])
     assert message == (f"error: nothing published to {tmp_path / 'shards'}: only 0 of 40 documents converted "
-                       "(--min-converted 0.5); skipped: missing text field 'text': 40; --text-field NAME names the field "
-                       "holding the text (--text-template joins several); the same command with corrected options "
-                       "starts afresh there")
+                       "(--min-converted 0.5); skipped: missing text field 'text': 40; --text-field NAME names the "
+                       "field holding the text (--text-template joins several); the same command with corrected "
+                       "options starts afresh there")
     assert converts(tmp_path / "shards", "--text-field", "content", inputs=[corpus]) == 0
     assert ShardMetadata.read(tmp_path / "shards").totals["documents converted"] == 40
     assert "starting afresh in " in capsys.readouterr().out and not (tmp_path / "shards" / "refused.json").exists()

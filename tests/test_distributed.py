@@ -88,7 +88,8 @@ def shards(tmp_path_factory):
 def run_train(tmp_path, name, *overrides, data, ranks=2):
     command = [str(Path(sys.executable).parent / "composer"), "-n", str(ranks), str(REPO / "train.py"),
                str(REPO / "yamls" / "tiny.yaml"), f"variables.data={data}", "eval_loader=null",
-               "loggers.console=null", "selection_report=null", "max_duration=3ba", f"run_name={name}",
+               "loggers.console=null", "loggers.picture=null", "selection_report=null", "max_duration=3ba",
+               f"run_name={name}",
                f"loggers.jsonl.path={tmp_path}/{name}.jsonl", *overrides]
     result = forked.run(command, cwd=REPO, timeout=900, env={**os.environ, "PYTHONPATH": str(REPO)}, fork_children=True)
     assert result.returncode == 0, result.stderr[-4000:]

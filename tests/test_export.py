@@ -17,7 +17,8 @@ from vocagno.checkpoint import BadCheckpoint, repair
 from vocagno.export import main as export_main
 
 REPO = Path(__file__).resolve().parent.parent
-OVERRIDES = ["selection_report=null", "eval_loader=null", "loggers.console=null", "progress_bar=false"]
+OVERRIDES = ["selection_report=null", "eval_loader=null", "loggers.console=null", "loggers.picture=null",
+             "progress_bar=false"]
 
 
 def train(*overrides):

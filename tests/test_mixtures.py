@@ -79,7 +79,7 @@ def train_command(shards, folder, name):
             "train_loader.dataset.local=null", f"train_loader.dataset.streams={streams}",
             "train_loader.dataset.epoch_size=400",
             "train_loader.convert_if_missing=null", "eval_loader=null", "selection_report=null",
-            "loggers.console=null", "max_duration=6ba", "save_interval=2ba", "autoresume=true",
+            "loggers.console=null", "loggers.picture=null", "max_duration=6ba", "save_interval=2ba", "autoresume=true",
             f"save_folder={folder}/ckpt", f"run_name={name}", f"loggers.jsonl.path={folder}/log.jsonl"]
 
 

@@ -32,8 +32,8 @@ pytestmark = pytest.mark.distributed
 
 REPO = Path(__file__).resolve().parent.parent
 TEXT = REPO / "vocagno" / "assets" / "text"
-TRAIN = ["eval_loader=null", "loggers.console=null", "selection_report=null", "progress_bar=false",
-         "device_train_microbatch_size=2", "callbacks.sample_log.prefix=32"]
+TRAIN = ["eval_loader=null", "loggers.console=null", "loggers.picture=null", "selection_report=null",
+         "progress_bar=false", "device_train_microbatch_size=2", "callbacks.sample_log.prefix=32"]
 STEPS = 6
 
 

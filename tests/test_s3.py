@@ -51,7 +51,8 @@ def chain(s3, tmp_path_factory):
             return [sys.executable, str(REPO / "train.py"), str(REPO / "yamls" / "tiny.yaml"),
                     f"train_loader.dataset.remote=s3://runs/chain/{data}",
                     f"train_loader.dataset.local={tmp_path}/{name}", "train_loader.convert_if_missing=null",
-                    "eval_loader=null", "selection_report=null", "loggers.console=null", f"max_duration={BATCHES}ba",
+                    "eval_loader=null", "selection_report=null", "loggers.console=null", "loggers.picture=null",
+                    f"max_duration={BATCHES}ba",
                     f"run_name={name}", f"loggers.jsonl.path={tmp_path}/{name}.jsonl", *overrides,
                     *(["algorithms.vocagno.teacher_losses=cached"] if data == "scored" else [])]
 

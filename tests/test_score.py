@@ -225,7 +225,8 @@ def test_a_yamls_config_built_teacher_scores_what_its_training_run_would_use(tok
                                  "--teacher-tokenizer", "qwen2.5", "--seq-len", "64",
                                  "--out-root", str(tmp_path / "shards")]) == 0
     overrides = ["variables.seq_len=64", f"train_loader.dataset.local={tmp_path / 'shards'}", "eval_loader=null",
-                 "max_duration=2ba", "eval_interval=1", "loggers.console=null", "callbacks=null",
+                 "max_duration=2ba", "eval_interval=1", "loggers.console=null", "loggers.picture=null",
+                 "callbacks=null",
                  "progress_bar=false"]
     assert score.main(["--shards", str(tmp_path / "shards"), "--config", str(REPO / "yamls" / "tiny_qwen.yaml"),
                        *overrides,

@@ -130,7 +130,8 @@ def test_every_checkpoint_saved_is_said_once_also_when_composer_rotates_them(tmp
     for batch in range(2, 6):
         saver.saved_checkpoints = [*saver.saved_checkpoints, str(tmp_path / f"ep0-ba{batch}-rank0.pt")][-2:]
         narration.batch_checkpoint(state, None)
-    assert capsys.readouterr().out.splitlines() == [f"saved checkpoint {tmp_path}/ep0-ba{b}-rank0.pt" for b in range(2, 6)]
+    said = capsys.readouterr().out.splitlines()
+    assert said == [f"saved checkpoint {tmp_path}/ep0-ba{b}-rank0.pt" for b in range(2, 6)]
     remote = Narration("s3://bucket/runs/x")
     saver.saved_checkpoints = ["runs/x/ep0-ba6-rank0.pt"]  # Composer's local copy of an upload
     remote.batch_checkpoint(state, None)
@@ -198,7 +199,8 @@ def test_loggers_and_callbacks_take_llmfoundrys_names_and_refuse_unknown_ones():
                                                      "RuntimeEstimator", "MemoryMonitor"]
     with pytest.raises(ValueError, match=r"speed_monitr \(did you mean speed_monitor\?\); known: .*lr_monitor"):
         train.build_loggers(om.create({"callbacks": {"speed_monitr": {}}}))
-    with pytest.raises(ValueError, match="wandbb .*known: console, inmemory, jsonl, mlflow, picture, tensorboard, wandb"):
+    with pytest.raises(ValueError,
+                       match="wandbb .*known: console, inmemory, jsonl, mlflow, picture, tensorboard, wandb"):
         train.build_loggers(om.create({"loggers": {"wandbb": {}}}))
     with pytest.raises(ValueError, match="callbacks.speed_monitor: .*windw_size"):
         train.build_loggers(om.create({"callbacks": {"speed_monitor": {"windw_size": 5}}}))
@@ -227,7 +229,8 @@ def straight(tiny_run, tmp_path_factory):
 def test_kill_and_autoresume_continue_with_the_same_losses(tiny_run, straight, tmp_path):
     killed = tmp_path / "killed"
     command = [sys.executable, str(REPO / "train.py"), TINY, f"variables.data={tiny_run[0]}/shards/train",
-               f"variables.heldout={tiny_run[0]}/shards/heldout", "loggers.console=null", *CHECKPOINTED,
+               f"variables.heldout={tiny_run[0]}/shards/heldout", "loggers.console=null", "loggers.picture=null",
+               *CHECKPOINTED,
                "max_duration=8ba", f"save_folder={killed}/ckpt", "run_name=killed",
                f"loggers.jsonl.path={killed}/log.jsonl"]
     kill_when(command, (killed / "ckpt" / "ep0-ba4-rank0.pt").exists, settle=0.5, cwd=REPO,
@@ -342,12 +345,14 @@ def test_misspelled_keys_are_errors(tmp_path):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("algorithms.vocagno.topk_ration=0.3", r"algorithms.vocagno.topk_ration \(did you mean algorithms.vocagno.topk_ratio"),
+    ("algorithms.vocagno.topk_ration=0.3",
+     r"algorithms.vocagno.topk_ration \(did you mean algorithms.vocagno.topk_ratio"),
     ("algorithms.vocagn={}", r"algorithm algorithms.vocagn \(did you mean algorithms.vocagno\?\)"),
     ("train_loader.dataset.shufle=true", r"train_loader.dataset.shufle \(did you mean train_loader.dataset.shuffle"),
     ("eval_loader.convert_if_missing.text_feild=content",
      r"eval_loader.convert_if_missing.text_feild \(did you mean eval_loader.convert_if_missing.text_field"),
-    ("callbacks.speed_monitor.window=3", r"callbacks.speed_monitor.window \(did you mean callbacks.speed_monitor.window_size"),
+    ("callbacks.speed_monitor.window=3",
+     r"callbacks.speed_monitor.window \(did you mean callbacks.speed_monitor.window_size"),
     ("train_loader.dataset={streams: {a: {local: x, proportion: 1, repet: 2}}}",
      r"train_loader.dataset.streams.a.repet \(did you mean train_loader.dataset.streams.a.repeat"),
 ])
@@ -554,7 +559,8 @@ def test_a_run_cleans_what_a_killed_run_left_in_shared_memory_and_not_what_a_liv
     assert left
     command = [sys.executable, str(REPO / "train.py"), TINY, f"train_loader.dataset.remote={remote}",
                f"train_loader.dataset.local={tmp_path}/cache", "train_loader.convert_if_missing=null",
-               "eval_loader=null", "selection_report=null", "loggers.console=null", "max_duration=1ba"]
+               "eval_loader=null", "selection_report=null", "loggers.console=null", "loggers.picture=null",
+               "max_duration=1ba"]
     result = forked.run(command, cwd=REPO, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     assert _streaming_shm(live._shm_prefix_int) == held

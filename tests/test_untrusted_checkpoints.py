@@ -79,7 +79,7 @@ def test_a_gadget_given_as_load_path_to_train_py_runs_nothing(tmp_path):
     checkpoint = whole_with(gadgets(marker)["os.system"], tmp_path / "shared" / "ep0-ba1-rank0.pt")
     command = [sys.executable, str(REPO / "train.py"), str(REPO / "yamls" / "tiny.yaml"),
                f"variables.data={tmp_path}/shards/train", "eval_loader=null", "selection_report=null",
-               "loggers.console=null", "progress_bar=false", "max_duration=1ba",
+               "loggers.console=null", "loggers.picture=null", "progress_bar=false", "max_duration=1ba",
                f"callbacks.load_checkpoint.load_path={checkpoint}"]
     result = forked.run(command, cwd=REPO, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert not marker.exists(), "the checkpoint's pickle ran"

@@ -45,7 +45,8 @@ class _Distillation(Algorithm):
 
     def teacher_source(self, state: State) -> str:
         """One line: the teacher whose distributions this baseline distills, every batch."""
-        return f"teacher: online, {teacher_label(self.teacher)} gives its distributions every batch ({type(self).__name__})"
+        return (f"teacher: online, {teacher_label(self.teacher)} gives its distributions every batch "
+                f"({type(self).__name__})")
 
     def match(self, event: Event, state: State) -> bool:
         return event in (Event.FIT_START, Event.BEFORE_FORWARD, Event.AFTER_FORWARD, Event.AFTER_LOSS)

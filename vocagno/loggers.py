@@ -100,7 +100,7 @@ class ConsoleLine(LoggerDestination):
 PICTURE_PANELS = [
     ("loss (nats per token)", {"loss/train/total": "guided loss (kept tokens)", "loss/train/student_loss": "student",
                                "loss/train/teacher_loss": "teacher"}),
-    ("kept fraction", {"loss/train/kept_fraction": "kept", "loss/train/mapped_fraction": "mapped"}),
+    ("kept and mapped fractions", {"loss/train/kept_fraction": "kept", "loss/train/mapped_fraction": "mapped"}),
     ("held-out bits per byte", {"metrics/eval/BitsPerByte": "held-out"}),
 ]
 

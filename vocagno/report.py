@@ -44,7 +44,8 @@ def read_run(folder: Path) -> dict[str, float]:
 
 
 def read_partial(folder: Path) -> dict[str, str]:
-    """Why a run's scores are partial, by benchmark (``results.json``'s ``partial``, ``vocagno.eval``'s): {} if whole."""
+    """Why a run's scores are partial, by benchmark (``results.json``'s ``partial``, ``vocagno.eval``'s); {} if
+    they are whole."""
     partial = read_json(folder / "results.json").get("partial") or {}
     if not isinstance(partial, dict) or not all(isinstance(why, str) for why in partial.values()):
         raise UntrustedFile(f"{folder / 'results.json'}: refused: its partial is not benchmark names to reasons")

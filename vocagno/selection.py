@@ -918,7 +918,8 @@ th:first-child, td:first-child { text-align: left; }
 .legend span { display: inline-block; padding: 0 .5em; margin-right: .5em; border-radius: 3px; }
 .chart td { text-align: left; min-width: 14em; } .chart th { text-align: left; }
 .bar { display: inline-block; height: .9em; vertical-align: middle; margin-right: .4em; border-radius: 2px; }
-.k0bar { background: #16a34a; } .k1bar { background: #7c3aed; } .k2bar { background: #dc2626; } .k3bar { background: #0891b2; }
+.k0bar { background: #16a34a; } .k1bar { background: #7c3aed; }
+.k2bar { background: #dc2626; } .k3bar { background: #0891b2; }
 #info { position: sticky; top: 0; background: #f8fafc; border: 1px solid #cbd5e1; padding: .4em .8em; min-height: 1.5em; }
 </style></head><body>
 <h1>__TITLE__</h1>
