@@ -186,8 +186,8 @@ def check_sections(cfg: DictConfig) -> None:
             made = _algorithm(name) if section == "algorithms" else \
                 ConsoleLine if (section, name) == ("loggers", "console") else _known(section, name)
             check_names(f"{section}.{name}.", kwargs, [] if made is ConsoleLine else keyword_names(made) or kwargs)
-    if cfg.get("console_log_interval") is not None:
-        _batches(cfg.console_log_interval, "console_log_interval")
+    if _plain(cfg, "loggers").get("console") is not None:
+        _batches(cfg.get("console_log_interval") or "1ba", "console_log_interval")
     for section in ("train_loader", "eval_loader"):
         dataset = om.select(cfg, f"{section}.dataset")
         dataset = om.to_container(dataset) if dataset is not None else {}
@@ -306,7 +306,7 @@ def build_loggers(cfg: DictConfig) -> tuple[list, list]:
               for section in ("loggers", "callbacks")}
     loggers = [_build("loggers", name, kwargs) for name, kwargs in chosen["loggers"].items() if name != "console"]
     if "console" in chosen["loggers"]:
-        loggers.append(ConsoleLine(_batches(cfg.get("console_log_interval", "1ba"), "console_log_interval")))
+        loggers.append(ConsoleLine(_batches(cfg.get("console_log_interval") or "1ba", "console_log_interval")))
     callbacks = [_build("callbacks", name, kwargs) for name, kwargs in chosen["callbacks"].items()]
     return loggers, callbacks
 
@@ -499,7 +499,7 @@ def main(cfg: DictConfig) -> Trainer:
         trainer.fit()
     except KeyboardInterrupt:
         if dist.get_global_rank() == 0:
-            saved = narration.saved(trainer.state)
+            saved = narration.saved()
             where = (f"the last checkpoint saved: {saved[-1]}" if saved else "no checkpoint saved yet" if folder
                      else "no save_folder: no checkpoints")
             print(f"\ninterrupted in batch {int(trainer.state.timestamp.batch) + 1}; {where}", file=sys.stderr,

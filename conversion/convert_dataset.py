@@ -316,7 +316,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-doc-chars", type=int, default=1_000_000,
                         help="longer documents are tokenized in pieces of at most this many characters")
     parser.add_argument("--min-converted", type=float, default=0.5,
-                        help="fail (exit 1, nothing published) when a smaller fraction of the documents read converts")
+                        help="fail (exit 2, nothing published) when a smaller fraction of the documents read converts")
     parser.add_argument("--merge-only", action="store_true", help="only merge the finished parts")
     parser.add_argument("--allow-partial", action="store_true",
                         help="merge even though some jobs have not finished (vocagno.json records which did)")
@@ -392,9 +392,14 @@ def _start_afresh_after_a_refusal(output: Output, args: argparse.Namespace, sett
     if output.remote is not None or args.num_jobs != 1 or not (root / REFUSED_FILE).is_file() or \
             (root / "index.json").exists() or (root / METADATA_FILE).exists() or not (root / CONFIG_FILE).is_file():
         return
-    earlier = read_json(CONFIG_FILE, folder=root)
-    changed = sorted(k for k in set(settings) | set(earlier) if settings.get(k) != earlier.get(k)) \
-        if isinstance(earlier, dict) else ["all"]
+    refused, earlier = read_json(REFUSED_FILE, folder=root), read_json(CONFIG_FILE, folder=root)
+    # Only the refusal of the single job whose settings the out-root holds, and no other job's files or locks.
+    others = [p.name for p in root.iterdir() if re.fullmatch(r"job-\d{4,}-of-\d{4,}\.(json|lock)", p.name)
+              and p.name not in (f"{job_marker(0, 1)}.json", f"{job_marker(0, 1)}.lock")]
+    if not (isinstance(refused, dict) and refused.get("num_jobs") == 1 and isinstance(earlier, dict)
+            and refused.get("settings") == earlier) or others:
+        return
+    changed = sorted(k for k in set(settings) | set(earlier) if settings.get(k) != earlier.get(k))
     if not changed:
         return
     print(f"starting afresh in {output}: its earlier conversion published nothing and had other settings "
@@ -562,12 +567,16 @@ def _merge(output: Output, args: argparse.Namespace) -> int:
     too_little = _too_little(totals, args.min_converted, config["seq_len"])
     if too_little:
         print_summary("dataset (not published)", totals, output, parts, unreadable=unreadable, over_cap=over_cap)
-        # Recorded: a rerun with other options starts afresh there (a single job on a local out-root), one with the
-        # same options (a lower --min-converted) merges these parts.
-        write_atomically(root / REFUSED_FILE, json.dumps({"why": too_little}))
-        output.publish(REFUSED_FILE)
+        if output.fetch("index.json"):  # a dataset published before stays as it is
+            raise SystemExit(f"error: nothing merged into {output}: {too_little}; its published dataset stays")
+        # Recorded with the settings and jobs it refused: a single job's rerun there with other options starts
+        # afresh; one with the same options (a lower --min-converted) merges these parts.
         fresh = output.remote is None and args.num_jobs == 1
-        rerun = ("the same command with corrected options starts afresh there" if fresh else
+        if fresh:
+            write_atomically(root / REFUSED_FILE, json.dumps({"why": too_little, "num_jobs": args.num_jobs,
+                                                              "settings": config}))
+        rerun = ("the same command with corrected options starts afresh there (a corrected input file: delete "
+                 f"{output} first)" if fresh else
                  f"its parts stay on {output}: delete them, or give another --out-root, to convert with other options")
         raise SystemExit(f"error: nothing published to {output}: {too_little}; {rerun}")
     metadata = ShardMetadata(

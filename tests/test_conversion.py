@@ -641,7 +641,7 @@ def test_a_corpus_with_another_text_field_is_refused_naming_the_flag_and_the_cor
     assert message == (f"error: nothing published to {tmp_path / 'shards'}: only 0 of 40 documents converted "
                        "(--min-converted 0.5); skipped: missing text field 'text': 40; --text-field NAME names the "
                        "field holding the text (--text-template joins several); the same command with corrected "
-                       "options starts afresh there")
+                       f"options starts afresh there (a corrected input file: delete {tmp_path / 'shards'} first)")
     assert converts(tmp_path / "shards", "--text-field", "content", inputs=[corpus]) == 0
     assert ShardMetadata.read(tmp_path / "shards").totals["documents converted"] == 40
     assert "starting afresh in " in capsys.readouterr().out and not (tmp_path / "shards" / "refused.json").exists()
@@ -657,13 +657,34 @@ def test_a_refused_merge_keeps_its_parts_and_a_published_dataset_whole(tmp_path)
     assert converts(root, inputs=[corpus]) == 0  # 20 of 30: over the default 0.5
     published = sorted(p.relative_to(root) for p in root.rglob("*"))
     message = converts(root, "--merge-only", "--min-converted", "0.9", inputs=[corpus])
-    assert message.startswith(f"error: nothing published to {root}: only 20 of 30 documents converted")
-    assert sorted(p.relative_to(root) for p in root.rglob("*") if p.name != "refused.json") == published
+    assert message.startswith(f"error: nothing merged into {root}: only 20 of 30 documents converted")
+    assert message.endswith("its published dataset stays")
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == published
     assert len(read_samples(root, tmp_path)) == ShardMetadata.read(root).totals["samples"]  # still whole
     fresh = tmp_path / "fresh"
     assert converts(fresh, "--min-converted", "0.9", inputs=[corpus]).startswith("error: nothing published")
     assert converts(fresh, "--merge-only", "--min-converted", "0.6", inputs=[corpus]) == 0  # the same parts
     assert ShardMetadata.read(fresh).totals["documents converted"] == 20
+
+
+def test_only_a_single_jobs_refused_conversion_is_started_afresh(tmp_path, capsys):
+    """Several jobs' parts, or a refusal recorded for other settings than the out-root holds, stay: the rerun with
+    other options is refused, naming what differs, and deletes nothing."""
+    docs = [json.loads(line)["text"] for line in open(SAMPLE, encoding="utf-8")][:20]
+    corpus = tmp_path / "in.jsonl"
+    corpus.write_text("".join(json.dumps({"body": d}) + "\n" for d in docs))
+    for name, args in (("jobs", ["--num-jobs", "2", "--job-index", "1"]), ("stale", [])):
+        root = tmp_path / name
+        converts(root, *args, inputs=[corpus])
+        if name == "jobs":
+            converts(root, "--num-jobs", "2", "--job-index", "0", inputs=[corpus])  # the last job merges: refused
+            assert not (root / "refused.json").exists()
+        else:
+            (root / "refused.json").write_text(json.dumps({"num_jobs": 1, "settings": {"seq_len": 1}}))
+        before = sorted(p.name for p in root.iterdir())
+        message = converts(root, "--text-field", "body", inputs=[corpus])
+        assert "made with other settings (text_field differ)" in message, message
+        assert sorted(p.name for p in root.iterdir()) == before and "starting afresh" not in capsys.readouterr().out
 
 
 def test_a_parquet_without_the_text_column_counts_each_row_once(tmp_path):

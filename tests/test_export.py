@@ -163,7 +163,8 @@ def test_the_card_carries_the_evaluation_of_the_exported_model(whole_run, tmp_pa
     capsys.readouterr()
     refused([whole_run, tmp_path / "other", "--eval", tmp_path], capsys, names="no results.json there")
     results = json.loads((tmp_path / "eval" / "results.json").read_text())
-    for partial in ("some", ["gsm8k"], {"gsm8k": "a\n## injected heading"}, {"nope": "x"}):
+    for partial in ("some", ["gsm8k"], {"gsm8k": "a\n## injected heading"}, {"gsm8k": "a\r\r## heading"},
+                    {"nope": "x"}):
         (tmp_path / "eval" / "results.json").write_text(json.dumps({**results, "partial": partial}))
         refused([whole_run, tmp_path / "other", "--eval", tmp_path / "eval"], capsys,
                 names="refused: its partial is not vocagno.eval's")

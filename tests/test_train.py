@@ -122,18 +122,20 @@ def test_every_checkpoint_saved_is_said_once_also_when_composer_rotates_them(tmp
 
     from vocagno.loggers import Narration
 
-    saver = CheckpointSaver(folder=str(tmp_path), num_checkpoints_to_keep=2)
+    saver = CheckpointSaver(folder=str(tmp_path), num_checkpoints_to_keep=0)  # each rotated away at once
     state = SimpleNamespace(callbacks=[saver], algorithms=[])
-    saver.saved_checkpoints = [str(tmp_path / "ep0-ba1-rank0.pt")]  # a resumed run's: said before
+    saver.all_saved_checkpoints_to_timestamp = {str(tmp_path / "ep0-ba1-rank0.pt"): 1}  # a resumed run's
     narration = Narration(str(tmp_path))
     narration.fit_start(state, None)
     for batch in range(2, 6):
-        saver.saved_checkpoints = [*saver.saved_checkpoints, str(tmp_path / f"ep0-ba{batch}-rank0.pt")][-2:]
+        saver.all_saved_checkpoints_to_timestamp[str(tmp_path / f"ep0-ba{batch}-rank0.pt")] = batch
+        saver.saved_checkpoints = []  # Composer's list of the kept ones: none
         narration.batch_checkpoint(state, None)
     said = capsys.readouterr().out.splitlines()
     assert said == [f"saved checkpoint {tmp_path}/ep0-ba{b}-rank0.pt" for b in range(2, 6)]
+    assert narration.saved()[-1] == f"{tmp_path}/ep0-ba5-rank0.pt"
     remote = Narration("s3://bucket/runs/x")
-    saver.saved_checkpoints = ["runs/x/ep0-ba6-rank0.pt"]  # Composer's local copy of an upload
+    saver.all_saved_checkpoints_to_timestamp = {"runs/x/ep0-ba6-rank0.pt": 6}  # Composer's local name of an upload
     remote.batch_checkpoint(state, None)
     assert capsys.readouterr().out == "saved checkpoint s3://bucket/runs/x/ep0-ba6-rank0.pt\n"
 
@@ -398,9 +400,16 @@ def test_a_variant_yaml_naming_a_folder_converts_into_it_only_what_it_names_and_
     shorter = train.load_config(TINY, ["variables.seq_len=64"])
     assert (shorter.train_loader.dataset.local, shorter.train_loader.convert_if_missing.seq_len) == (
         "shards/gsm8k_sample_mistral_64", 64)
-    # Another converter flag is no input: the base's corpus still stays out of another folder.
-    flag = train.load_config(TINY, ["variables.data=shards/mine", "train_loader.convert_if_missing.seq_len=64"])
-    assert "not_for" in flag.train_loader.convert_if_missing
+    # Another converter flag is no input: the base's corpus still stays out of another folder; so it does out of one
+    # named through another variable, or a template of the same variables; written differently, a folder is itself.
+    for other in (["variables.data=shards/mine", "train_loader.convert_if_missing.seq_len=64"],
+                  ["variables.data=${variables.heldout}"], ["train_loader.dataset.local=${variables.heldout}"],
+                  ["variables.data=shards/mine_${variables.seq_len}"]):
+        assert "not_for" in train.load_config(TINY, other).train_loader.convert_if_missing, other
+    same = train.load_config(TINY, ["variables.data=./shards/gsm8k_sample_mistral_128/"])
+    assert same.train_loader.convert_if_missing.input == "vocagno/assets/text/gsm8k_train_500.jsonl"
+    with pytest.raises(ValueError, match="a key given as another kind of value than its base gives it"):
+        train.load_config(TINY, ["train_loader.convert_if_missing=[a.jsonl]"])
     loader = train.build_loader(cfg.eval_loader, tokenizers["llama2"], tokenizers["mistral"], 8, "eval_loader")
     assert f"eval_loader: converting {heldout} into {tmp_path}/held (convert_if_missing)\n" in capsys.readouterr().out
     assert ShardMetadata.read(tmp_path / "held").totals["documents read"] == 100 and len(loader.dataset) > 0

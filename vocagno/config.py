@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import os
 import re
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -61,7 +62,11 @@ REQUIRED = ("run_name", "seed", "tokenizer", "model", "train_loader", "optimizer
 
 def load_config(yaml_path: str, overrides: list[str]) -> DictConfig:
     layers = [*_layers(Path(yaml_path)), ("the command line", om.from_dotlist(overrides))]
-    cfg = om.merge(*(layer for _, layer in layers))
+    try:
+        cfg = om.merge(*(layer for _, layer in layers))
+    except TypeError as error:  # omegaconf: a list given where the base has a mapping, or the other way round
+        raise ValueError(f"{yaml_path}: a key given as another kind of value than its base gives it "
+                         f"({error})") from None
     _check_keys(cfg, SCHEMA, "")
     teachers = cfg.get("teachers")
     for name in teachers or ():
@@ -106,38 +111,44 @@ _REFERENCE = re.compile(r"\$\{([\w.]+)\}")
 
 def _naming(layers: list[tuple[str, DictConfig]], key: str) -> tuple[list[str], int]:
     """The keys that name ``key``'s value (itself, and where its value is only a reference, ``${variables.data}``, what
-    it refers to, and so on) and the layer that gives the last of them its value: the one that names it."""
+    it refers to, and so on) and the last layer giving any of them: the one that names it."""
     chain: list[str] = []
-    while len(chain) < 16:  # a chain of references this long is no data path
+    while len(chain) < 16 and key not in chain:  # a chain this long, or a cycle, is no data path
         chain.append(key)
         given = [i for i, (_, layer) in enumerate(layers) if _raw(layer, key) is not None]
         if not given:
-            return chain, -1
+            break
         value = _raw(layers[given[-1]][1], key)
         reference = _REFERENCE.fullmatch(value) if isinstance(value, str) else None
         if reference is None:
-            return chain, given[-1]
+            break
         key = reference.group(1)
-    return chain, given[-1]
+    namer = max((i for i, (_, layer) in enumerate(layers) for k in chain if _raw(layer, k) is not None), default=-1)
+    return chain, namer
 
 
 def _without(layer: DictConfig, keys: list[str]) -> DictConfig:
-    """A copy of ``layer`` without ``keys`` (dotted)."""
-    copy = om.create(om.to_container(layer, resolve=False))
+    """A copy of ``layer`` without ``keys`` (dotted), nothing in it resolved."""
+    plain = om.to_container(layer, resolve=False)
     for key in keys:
         *parents, last = key.split(".")
-        node = om.select(copy, ".".join(parents)) if parents else copy
-        if isinstance(node, DictConfig) and last in node:
-            node.pop(last)
-    return copy
+        node = plain
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+    return om.create(plain)
 
 
 def _folder(layers: list[tuple[str, DictConfig]], key: str) -> str | None:
+    """``key``'s value as ``layers`` resolve it, a local path made absolute; None where they don't resolve it."""
     try:
         value = om.select(om.merge(*(layer for _, layer in layers)), key)
     except Exception:  # omegaconf's errors: a reference the remaining layers don't resolve
         return None
-    return None if value is None else str(value)
+    if value is None:
+        return None
+    return str(value) if "://" in str(value) else os.path.normpath(os.path.abspath(str(value)))
 
 
 def _drop_foreign_conversions(cfg: DictConfig, layers: list[tuple[str, DictConfig]]) -> None:
@@ -160,8 +171,11 @@ def _drop_foreign_conversions(cfg: DictConfig, layers: list[tuple[str, DictConfi
         ours = _folder(layers, f"{section}.dataset.local")
         if theirs is not None and theirs == ours:  # the same folder, named again
             continue
+        named = om.select(om.merge(*(_without(layer, chain) if i > converter else layer
+                                     for i, (_, layer) in enumerate(layers))), f"{section}.dataset.local",
+                          throw_on_resolution_failure=False)
         cfg[section].convert_if_missing = {"not_for": (
-            f"{layers[converter][0]}'s {section}.convert_if_missing converts its input into {theirs}, and "
+            f"{layers[converter][0]}'s {section}.convert_if_missing converts its input into {named}, and "
             f"{layers[namer][0]} names another folder")}
 
 

@@ -97,7 +97,7 @@ def _eval_results(folder: str) -> dict[str, Any]:
         raise BadCheckpoint(f"--eval {path}: not vocagno.eval's results (a mapping of benchmarks to scores)")
     partial = results.get("partial", {})
     if not isinstance(partial, dict) or not all(
-            name in BENCHMARKS and isinstance(why, str) and len(why) <= 500 and "\n" not in why and "|" not in why
+            name in BENCHMARKS and isinstance(why, str) and len(why) <= 500 and why.isprintable() and "|" not in why
             for name, why in partial.items()):
         raise BadCheckpoint(f"--eval {path}: refused: its partial is not vocagno.eval's (benchmarks to one-line "
                             "reasons)")

@@ -162,10 +162,10 @@ class Narration(Callback):
 
     def __init__(self, save_folder: str | None = None):
         self.save_folder = save_folder
-        self._said: set[str] = set()
+        self._said: list[str] = []
 
     def fit_start(self, state: State, logger: Logger) -> None:
-        self._said.update(self.saved(state))  # a resumed run's earlier ones
+        self._said.extend(self._names(state))  # a resumed run's earlier ones, not said again
         if dist.get_global_rank() != 0:
             return
         for algorithm in state.algorithms:
@@ -182,22 +182,26 @@ class Narration(Callback):
     def fit_end(self, state: State, logger: Logger) -> None:
         self._say_saved(state)
 
-    def saved(self, state: State) -> list[str]:
-        """The checkpoints this run saved, by their names in the save folder."""
+    def saved(self) -> list[str]:
+        """The checkpoints said to be saved, oldest first (each said after its save completed)."""
+        return list(self._said)
+
+    def _names(self, state: State) -> list[str]:
+        """Every checkpoint Composer's saver saved in this run's life (its record keeps those it rotated away too),
+        by its name in the save folder."""
         from composer.callbacks import CheckpointSaver
 
         names = []
         for saver in (c for c in state.callbacks if isinstance(c, CheckpointSaver)):
-            for path in saver.saved_checkpoints:  # the newest few: Composer drops the ones it rotated away
-                name = Path(path).name
+            for path in saver.all_saved_checkpoints_to_timestamp:
                 remote = self.save_folder is not None and "://" in self.save_folder
-                names.append(f"{self.save_folder.rstrip('/')}/{name}" if remote else str(path))
+                names.append(f"{self.save_folder.rstrip('/')}/{Path(path).name}" if remote else str(path))
         return names
 
     def _say_saved(self, state: State) -> None:
-        for name in self.saved(state):
+        for name in self._names(state):
             if name not in self._said:
-                self._said.add(name)
+                self._said.append(name)
                 if dist.get_global_rank() == 0:
                     print(f"saved checkpoint {name}", flush=True)
 
