@@ -987,3 +987,45 @@ def test_an_object_store_input_at_a_buckets_root_a_glob_within_one_folder_and_a_
     with pytest.raises(SystemExit, match=r"^error: s3://whole/deeper/c.jsonl/: refused: its object key's last part ''"):
         convert(tmp_path / "refused", inputs=["s3://whole/deeper/"])
     assert not list((tmp_path / "refused").rglob("*.json"))
+
+
+def _take_over(path, barrier, results, done):
+    """In a process of its own: acquire the stale lock at ``path``, the judging of its owner held at ``barrier`` until
+    the other taker judged too (where nothing stops it from judging at once)."""
+    import threading
+
+    from vocagno.output import OwnedLock
+
+    lock = OwnedLock(path, "test")
+    judge = lock._stale
+
+    def both_judge(held):
+        try:
+            barrier.wait(timeout=3)
+        except threading.BrokenBarrierError:  # the other one waits for its turn: it judges after this one took over
+            pass
+        return judge(held)
+
+    lock._stale = both_judge
+    results.put(lock.acquire())
+    done.wait(60)  # alive, as a lock's owner, until the other one has tried
+
+
+def test_two_processes_finding_the_same_dead_owner_do_not_both_take_its_lock(tmp_path):
+    import multiprocessing
+    import socket
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / "job.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": int(dead.stdout),
+                                                   "since": 0}))
+    context = multiprocessing.get_context("fork")
+    barrier, results, done = context.Barrier(2), context.Queue(), context.Event()
+    takers = [context.Process(target=_take_over, args=(tmp_path / "job.lock", barrier, results, done))
+              for _ in range(2)]
+    for taker in takers:
+        taker.start()
+    taken = sorted(results.get(timeout=60) for _ in takers)
+    done.set()
+    for taker in takers:
+        taker.join(60)
+    assert taken == [False, True]

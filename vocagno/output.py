@@ -23,6 +23,8 @@ Guarantees:
 from __future__ import annotations
 
 import hashlib
+import contextlib
+import fcntl
 import json
 import math
 import os
@@ -330,17 +332,34 @@ class OwnedLock:
         try:
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
-            held = self._holder()
-            stale = "a process that is gone" if held is None else self._stale(held)
-            if stale is None:
-                print(f"{self.what}: held by pid {held.get('pid')} on {held.get('host')} ({self.path})")
-                return False
-            print(f"{self.what}: taking over {self.path.name} from {stale} ({_brief(held)})")
-            write_atomically(self.path, owner)
-            return True
+            self._holder()  # a lock that is no regular file is refused before anything is written beside it
+            with self._takeover():  # one taker at a time: the second finds the first's fresh owner, alive
+                held = self._holder()
+                stale = "a process that is gone" if held is None else self._stale(held)
+                if stale is None:
+                    print(f"{self.what}: held by pid {held.get('pid')} on {held.get('host')} ({self.path})")
+                    return False
+                print(f"{self.what}: taking over {self.path.name} from {stale} ({_brief(held)})")
+                write_atomically(self.path, owner)
+                return True
         with os.fdopen(fd, "w") as f:
             f.write(owner)
         return True
+
+    @contextlib.contextmanager
+    def _takeover(self):
+        """An exclusive ``flock`` on ``LOCK.takeover`` beside the lock (released with its process, however it ends),
+        held while a stale lock is judged and taken over: two processes that find the same dead owner do not both
+        take its lock."""
+        guard = self.path.with_name(self.path.name + ".takeover")
+        fd = os.open(guard, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device planted there: no lock of ours
+                raise UntrustedFile(f"{guard}: refused: not a regular file, as a lock's guard is")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def release(self) -> None:
         self.path.unlink(missing_ok=True)
