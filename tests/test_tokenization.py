@@ -247,15 +247,15 @@ def test_text_copies_of_a_tokenizer_are_made_once_per_content_and_leave_the_toke
 
 def test_text_copies_are_kept_for_the_latest_tokenizers_only():
     # A process that converts with many tokenizers (a notebook, a sweep) would otherwise hold two copies of each.
-    from vocagno.tokenization import _TEXT_TOKENIZERS, _TEXT_TOKENIZERS_KEPT, text_tokenizers
+    from vocagno.tokenization import _text_copies, text_tokenizers
 
     first, later = load_tokenizer("llama2"), load_tokenizer("llama2")
     copies = text_tokenizers(first.backend_tokenizer)
     assert text_tokenizers(later.backend_tokenizer) is copies
-    latest = []
-    for i in range(_TEXT_TOKENIZERS_KEPT):  # as many other contents as are kept
+    kept = _text_copies.cache_info().maxsize
+    for i in range(kept):  # as many other contents as are kept
         later.add_tokens([f"<vocagno_{i}>"])
         text_tokenizers(later.backend_tokenizer)
-        latest.append(later.backend_tokenizer.to_str())
-    assert list(_TEXT_TOKENIZERS) == latest  # these four, the oldest first
+    assert _text_copies.cache_info().currsize == kept == 4
+    assert text_tokenizers(later.backend_tokenizer) is text_tokenizers(later.backend_tokenizer)  # the latest kept
     assert text_tokenizers(first.backend_tokenizer) is not copies  # the first was let go: made again

@@ -6,11 +6,11 @@ from __future__ import annotations
 import copy
 import difflib
 import hashlib
+import functools
 import json
 import lzma
 import os
 import shutil
-from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -154,33 +154,27 @@ def encode_with_offsets(
     return ids, offsets
 
 
-# text_tokenizers' copies by the tokenizer they copy (its serialization), the latest few.
-_TEXT_TOKENIZERS: OrderedDict[str, tuple] = OrderedDict()
-_TEXT_TOKENIZERS_KEPT = 4
-
-
 def text_tokenizers(backend) -> tuple:
     """Copies of a backend tokenizer that tokenize special tokens' strings as text: as it is, and without the dummy
     prefix for pieces that continue a document (the same object where it has no dummy prefix). Text is text: a
     "</s>" in a document is the characters it is, never the special token.
 
-    The same copies for the same tokenizer content, made once a process: copying a 151K vocabulary's tokenizer took
-    about a second and a half, and every conversion, part and ``Encoder`` asked again. They are only encoded with."""
+    The same copies for the same tokenizer content (its serialization), made once a process for the latest four:
+    copying a 151K vocabulary's tokenizer took about a second and a half, and every conversion, part and
+    ``Encoder`` asked again. They are only encoded with."""
+    return _text_copies(backend.to_str())
+
+
+@functools.lru_cache(maxsize=4)  # a process that converts with many tokenizers (a sweep) keeps the latest few
+def _text_copies(spec: str) -> tuple:
     from tokenizers import Tokenizer
 
-    spec = backend.to_str()
-    made = _TEXT_TOKENIZERS.pop(spec, None)
-    if made is None:
-        plain = Tokenizer.from_str(spec)  # the copy, from the serialization the key already made
-        plain.encode_special_tokens = True
-        continuing = without_dummy_prefix(backend)
-        if continuing is not None:
-            continuing.encode_special_tokens = True
-        made = (plain, continuing or plain)
-    _TEXT_TOKENIZERS[spec] = made
-    while len(_TEXT_TOKENIZERS) > _TEXT_TOKENIZERS_KEPT:
-        _TEXT_TOKENIZERS.popitem(last=False)
-    return made
+    plain = Tokenizer.from_str(spec)  # the copy, from the serialization the key already made
+    plain.encode_special_tokens = True
+    continuing = without_dummy_prefix(plain)
+    if continuing is not None:
+        continuing.encode_special_tokens = True
+    return plain, continuing or plain
 
 
 def has_dummy_prefix(backend) -> bool:
