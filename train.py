@@ -151,7 +151,8 @@ def _convert_if_missing(local: str, convert: dict[str, Any] | None, where: str, 
     wait. Missing otherwise: a ValueError naming the folder and how to make it."""
     missing = not (Path(local) / "index.json").is_file()
     section = where.split(".")[0]
-    if missing and (convert is None or "not_for" in convert):
+    converts = convert is not None and "not_for" not in convert
+    if missing and not converts:
         why = f" ({convert['not_for']})" if convert else ""
         also = f", or say what to convert into it with {section}.convert_if_missing.input=FILE" \
             if where.endswith(".dataset") else ""
@@ -159,11 +160,10 @@ def _convert_if_missing(local: str, convert: dict[str, Any] | None, where: str, 
             f"{where}.local: {local} holds no converted shards{why}; convert your corpus into it first "
             f"(python conversion/convert_dataset.py --input FILE --out-root {local} {flags}: docs/conversion.md)"
             f"{also}")
-    if convert is None or "not_for" in convert:
+    if not converts:
         return
     if missing and dist.get_local_rank() == 0:
         from conversion.convert_dataset import main as convert_main
-
 
         print(f"{section}: converting {convert.get('input')} into {local} (convert_if_missing)", flush=True)
         args = ["--out-root", local]
@@ -413,8 +413,8 @@ def main(cfg: DictConfig) -> Trainer:
         raise ValueError("give teacher: (one) or teachers: (several, by name), not both")
     # Several teachers: the shards' teacher tokens are taken as they are; the algorithm finds the teacher they fit.
     teacher_tok = load_tokenizer(cfg.teacher.tokenizer) if cfg.get("teacher") is not None else None
-    train_loader = build_loader(cfg.train_loader, student_tok, teacher_tok, device_batch, "train_loader",
-                                conversion_flags(cfg))
+    flags = conversion_flags(cfg)  # what a missing folder's message suggests converting with
+    train_loader = build_loader(cfg.train_loader, student_tok, teacher_tok, device_batch, "train_loader", flags)
     samples = train_loader.dataset.size
     if train_loader.drop_last and samples < cfg.global_train_batch_size:
         # Every epoch would end before its first batch, and training would spin through empty epochs forever.
@@ -428,8 +428,7 @@ def main(cfg: DictConfig) -> Trainer:
         eval_batch = cfg.get("device_eval_batch_size") or cfg.device_train_microbatch_size
         evaluators.append(Evaluator(
             label="eval",
-            dataloader=build_loader(cfg.eval_loader, student_tok, teacher_tok, eval_batch, "eval_loader",
-                                    conversion_flags(cfg)),
+            dataloader=build_loader(cfg.eval_loader, student_tok, teacher_tok, eval_batch, "eval_loader", flags),
             metric_names=["BitsPerByte"],
         ))
 

@@ -140,12 +140,9 @@ def _without(layer: DictConfig, keys: list[str]) -> DictConfig:
     return om.create(plain)
 
 
-def _folder(layers: list[tuple[str, DictConfig]], key: str) -> str | None:
-    """``key``'s value as ``layers`` resolve it, a local path made absolute; None where they don't resolve it."""
-    try:
-        value = om.select(om.merge(*(layer for _, layer in layers)), key)
-    except Exception:  # omegaconf's errors: a reference the remaining layers don't resolve
-        return None
+def _folder(cfg: DictConfig, key: str) -> str | None:
+    """``key``'s value as ``cfg`` resolves it, a local path made absolute; None where it doesn't resolve it."""
+    value = om.select(cfg, key, throw_on_resolution_failure=False)
     if value is None:
         return None
     return str(value) if "://" in str(value) else os.path.normpath(os.path.abspath(str(value)))
@@ -166,14 +163,12 @@ def _drop_foreign_conversions(cfg: DictConfig, layers: list[tuple[str, DictConfi
         if not givers or namer <= givers[-1]:  # no input: train.py asks for it
             continue
         converter = givers[-1]
-        theirs = _folder([(name, _without(layer, chain) if i > converter else layer)
-                          for i, (name, layer) in enumerate(layers)], f"{section}.dataset.local")
-        ours = _folder(layers, f"{section}.dataset.local")
-        if theirs is not None and theirs == ours:  # the same folder, named again
+        # The folder as the yamls up to the one giving the input name it: the later ones' naming keys left out.
+        theirs = om.merge(*(_without(layer, chain) if i > converter else layer for i, (_, layer) in enumerate(layers)))
+        folder = _folder(theirs, f"{section}.dataset.local")
+        if folder is not None and folder == _folder(cfg, f"{section}.dataset.local"):  # the same folder, named again
             continue
-        named = om.select(om.merge(*(_without(layer, chain) if i > converter else layer
-                                     for i, (_, layer) in enumerate(layers))), f"{section}.dataset.local",
-                          throw_on_resolution_failure=False)
+        named = om.select(theirs, f"{section}.dataset.local", throw_on_resolution_failure=False)
         cfg[section].convert_if_missing = {"not_for": (
             f"{layers[converter][0]}'s {section}.convert_if_missing converts its input into {named}, and "
             f"{layers[namer][0]} names another folder")}
