@@ -84,7 +84,7 @@ def _fill_generation_config(model, tokenizer) -> None:
 
 
 def _eval_results(folder: str) -> dict[str, Any]:
-    from vocagno.eval.benchmarks import BENCHMARKS
+    from vocagno.eval.benchmarks import checked_partial
 
     path = Path(folder) / "results.json"
     if not path.is_file():
@@ -95,12 +95,10 @@ def _eval_results(folder: str) -> dict[str, Any]:
         raise BadCheckpoint(f"--eval {error}") from error
     if not isinstance(results, dict):
         raise BadCheckpoint(f"--eval {path}: not vocagno.eval's results (a mapping of benchmarks to scores)")
-    partial = results.get("partial", {})
-    if not isinstance(partial, dict) or not all(
-            name in BENCHMARKS and isinstance(why, str) and len(why) <= 500 and why.isprintable() and "|" not in why
-            for name, why in partial.items()):
-        raise BadCheckpoint(f"--eval {path}: refused: its partial is not vocagno.eval's (benchmarks to one-line "
-                            "reasons)")
+    try:
+        checked_partial(results, str(path))
+    except UntrustedFile as error:
+        raise BadCheckpoint(f"--eval {error}") from None
     return results
 
 

@@ -25,7 +25,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from vocagno.eval.benchmarks import BENCHMARKS, TITLES
+from vocagno.eval.benchmarks import BENCHMARKS, TITLES, checked_partial
 from vocagno.untrusted import UntrustedFile, read_json
 from vocagno.writing import save_figure
 
@@ -34,22 +34,21 @@ __all__ = ["read_run", "run_names", "results_table", "sweep", "miniature_table",
 
 def read_run(folder: Path) -> dict[str, float]:
     """A run's accuracies per benchmark (those evaluated) from its ``results.json``."""
+    return _accuracies(_results(folder))
+
+
+def _results(folder: Path) -> dict:
     path = folder / "results.json"
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: give folders written by python -m vocagno.eval --output")
     results = read_json(path)
     if not isinstance(results, dict):
         raise UntrustedFile(f"{path}: refused: not a mapping of benchmark names to accuracies")
+    return results
+
+
+def _accuracies(results: dict) -> dict[str, float]:
     return {name: value for name, value in results.items() if isinstance(value, (int, float))}
-
-
-def read_partial(folder: Path) -> dict[str, str]:
-    """Why a run's scores are partial, by benchmark (``results.json``'s ``partial``, ``vocagno.eval``'s); {} if
-    they are whole."""
-    partial = read_json(folder / "results.json").get("partial") or {}
-    if not isinstance(partial, dict) or not all(isinstance(why, str) for why in partial.values()):
-        raise UntrustedFile(f"{folder / 'results.json'}: refused: its partial is not benchmark names to reasons")
-    return partial
 
 
 def run_names(folders: list[Path]) -> list[str]:
@@ -225,8 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     if len(set(names)) < len(names):
         parser.error(f"a run is given twice: {', '.join(sorted({n for n in names if names.count(n) > 1}))}")
     try:
-        runs = {name: read_run(folder) for name, folder in zip(names, args.runs)}
-        partial = {name: read_partial(folder) for name, folder in zip(names, args.runs)}
+        results = {name: _results(folder) for name, folder in zip(names, args.runs)}  # each read once
+        runs = {name: _accuracies(one) for name, one in results.items()}
+        partial = {name: checked_partial(one, str(folder / "results.json"))
+                   for (name, one), folder in zip(results.items(), args.runs)}
     except (FileNotFoundError, UntrustedFile) as error:
         parser.error(str(error))
     for name, reasons in partial.items():

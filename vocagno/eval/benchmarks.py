@@ -108,6 +108,18 @@ class Example:
         return extract_choice(output) if self.multiple_choice else extract_answer(output)
 
 
+def checked_partial(results: dict, source: str) -> dict[str, str]:
+    """``results.json``'s ``partial`` (``python -m vocagno.eval``'s: why a benchmark's score is partial, one printable
+    line each), {} where the scores are whole; anything else is refused (``UntrustedFile``): a model card and a
+    report quote these lines."""
+    partial = results.get("partial") or {}
+    if not isinstance(partial, dict) or not all(
+            name in BENCHMARKS and isinstance(why, str) and len(why) <= 500 and why.isprintable() and "|" not in why
+            for name, why in partial.items()):
+        raise UntrustedFile(f"{source}: refused: its partial is not vocagno.eval's (benchmarks to one-line reasons)")
+    return partial
+
+
 class BenchmarkUnavailable(Exception):
     """A requested benchmark's data can't be had here (TabMWP offline, a missing file): said in the results."""
 
