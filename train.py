@@ -5,7 +5,7 @@
 
 The yaml (omegaconf, ``${variables.x}`` interpolation, command-line overrides as dotted keys) has llm-foundry's keys;
 unknown or misspelled keys are an error. ``teacher:`` plus ``algorithms: {vocagno: {...}}`` train with the teacher;
-``teachers: {NAME: {...}, ...}`` (each with ``teacher:``'s keys) with several (``vocagno.teachers``);
+``teachers: {NAME: {...}, ...}`` (each with ``teacher:``'s keys) with several (``vocagno.teacher.several``);
 without a teacher it is plain continual pretraining (``yamls/cpt_baseline.yaml``). Models are Hugging Face names or folders
 (``name_or_path``), or built with random weights from a ``config`` (``model_type`` and its fields).
 """
@@ -38,21 +38,21 @@ from omegaconf import DictConfig  # noqa: E402
 from omegaconf import OmegaConf as om  # noqa: E402
 from streaming import Stream, StreamingDataset  # noqa: E402
 
-from vocagno.allocator import keep_freed_memory  # noqa: E402
-from vocagno.config import build_causal_lm, check_names, keyword_names, load_config  # noqa: E402
+from vocagno.memory import keep_freed_memory  # noqa: E402
+from vocagno.training.config import build_causal_lm, check_names, keyword_names, load_config  # noqa: E402
 from vocagno.entry import INTERRUPTED_EXIT, run  # noqa: E402
-from vocagno.data import clean_leaked_shared_memory, teacher_guided_loader  # noqa: E402
-from vocagno.fsdp import wrap_per_decoder_layer  # noqa: E402
-from vocagno.checkpoint import BadCheckpoint, check_load_path, repair  # noqa: E402
-from vocagno.loggers import ConsoleLine, JSONLinesLogger, Narration, RunPicture, RunRecipe, SampleLog  # noqa: E402
-from vocagno.metrics import BitsPerByte  # noqa: E402
-from vocagno.tokenization import load_tokenizer  # noqa: E402
+from vocagno.data.dataset import clean_leaked_shared_memory, teacher_guided_loader  # noqa: E402
+from vocagno.core.fsdp import wrap_per_decoder_layer  # noqa: E402
+from vocagno.training.checkpoint import BadCheckpoint, check_load_path, repair  # noqa: E402
+from vocagno.training.loggers import ConsoleLine, JSONLinesLogger, Narration, RunPicture, RunRecipe, SampleLog  # noqa: E402
+from vocagno.training.metrics import BitsPerByte  # noqa: E402
+from vocagno.core.tokenization import load_tokenizer  # noqa: E402
 
 ALGORITHM_GROUP = "llmfoundry_algorithms"  # the entry points llm-foundry's registry reads; vocagno registers there
 # vocagno's own entry points (pyproject.toml's), found also where the package runs from a checkout pip never installed
 # (on PYTHONPATH, as on the GPU image of ../shared/gpu/README.md): no entry point is registered there.
-OWN_ALGORITHMS = {"vocagno": "vocagno.algorithm:VocAgnoLM", "uld": "vocagno.baselines:ULD",
-                  "kld": "vocagno.baselines:KLD"}
+OWN_ALGORITHMS = {"vocagno": "vocagno.algorithms.vocagno_lm:VocAgnoLM", "uld": "vocagno.algorithms.baselines:ULD",
+                  "kld": "vocagno.algorithms.baselines:KLD"}
 # The algorithms that use the teacher: section, and which of its keyword arguments each takes.
 TEACHER_ALGORITHMS = {
     "vocagno": ("teacher", "teacher_tokenizer", "teacher_dtype", "teacher_placement", "chunk_size",
@@ -250,7 +250,7 @@ def build_algorithms(cfg: DictConfig, teacher_tok) -> list:
 
 
 def teacher_spec(name: str, section: DictConfig, seed: int) -> dict[str, Any]:
-    """The ``teachers:`` entry ``name`` (``teacher:``'s keys) as ``vocagno.teachers.TeacherSpec``'s fields."""
+    """The ``teachers:`` entry ``name`` (``teacher:``'s keys) as ``vocagno.teacher.several.TeacherSpec``'s fields."""
     if not isinstance(section, DictConfig):
         raise ValueError(f"teachers.{name}: needs teacher:'s keys, got {section!r}")
     if section.get("tokenizer") is None:

@@ -19,8 +19,8 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from vocagno.alignment import align, align_batch, align_reference  # noqa: E402
-from vocagno.tokenization import ASSETS, encode_with_offsets, load_tokenizer  # noqa: E402
+from vocagno.core.alignment import align, align_batch, align_reference  # noqa: E402
+from vocagno.core.tokenization import ASSETS, encode_with_offsets, load_tokenizer  # noqa: E402
 
 
 def align_python(student_offsets, teacher_offsets):

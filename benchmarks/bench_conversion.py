@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 from streaming import MDSWriter  # noqa: E402
 
 from conversion import convert_dataset  # noqa: E402
-from vocagno.tokenization import ASSETS, load_tokenizer  # noqa: E402
+from vocagno.core.tokenization import ASSETS, load_tokenizer  # noqa: E402
 
 
 def corpus(folder: Path, shared: Path, files: int) -> list[str]:

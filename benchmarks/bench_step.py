@@ -48,9 +48,10 @@ from composer.loggers import LoggerDestination  # noqa: E402
 from composer.models import HuggingFaceModel  # noqa: E402
 
 import train  # noqa: E402
-from vocagno import config, score  # noqa: E402
-from vocagno.output import Output  # noqa: E402
-from vocagno.tokenization import load_tokenizer  # noqa: E402
+from vocagno import score  # noqa: E402
+from vocagno.training import config  # noqa: E402
+from vocagno.data.outroots import Output  # noqa: E402
+from vocagno.core.tokenization import load_tokenizer  # noqa: E402
 
 WARMUP = 2
 H100_BF16_FLOPS = 989e12  # dense bf16 peak of an H100 SXM: the MFU's denominator

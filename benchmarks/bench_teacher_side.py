@@ -1,4 +1,4 @@
-"""CPU cost of making the teacher side of a batch of student tokens alone (``vocagno.teacher_side.TeacherSide``).
+"""CPU cost of making the teacher side of a batch of student tokens alone (``vocagno.teacher.side.TeacherSide``).
 
     python benchmarks/bench_teacher_side.py [--rows 4] [--seq-len 2048] [--repeats 20] [--student S] [--teacher T]
     python benchmarks/bench_teacher_side.py --workers 2        # + where it is made: training process or loader workers
@@ -30,8 +30,8 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from vocagno.teacher_side import TeacherSide, WithTeacherSide, unpack_teacher_side  # noqa: E402
-from vocagno.tokenization import ASSETS, encode_with_offsets, load_tokenizer  # noqa: E402
+from vocagno.teacher.side import TeacherSide, WithTeacherSide, unpack_teacher_side  # noqa: E402
+from vocagno.core.tokenization import ASSETS, encode_with_offsets, load_tokenizer  # noqa: E402
 
 
 def student_rows(tokenizer, rows: int, seq_len: int) -> torch.Tensor:
@@ -132,10 +132,10 @@ def end_to_end(seq_len: int = 512, batch_size: int = 8, batches: int = 12) -> di
     from omegaconf import OmegaConf as om
 
     from conversion import convert_dataset
-    from vocagno.algorithm import VocAgnoLM
-    from vocagno.config import build_causal_lm
-    from vocagno.data import teacher_guided_loader
-    from vocagno.scorer import load_teacher
+    from vocagno.algorithms.vocagno_lm import VocAgnoLM
+    from vocagno.training.config import build_causal_lm
+    from vocagno.data.dataset import teacher_guided_loader
+    from vocagno.teacher.model import load_teacher
 
     class Clock(Callback):
         def __init__(self):

@@ -1,4 +1,4 @@
-"""Seconds per training step with two teachers against one (``teachers:``, ``vocagno.teachers``), cached and online.
+"""Seconds per training step with two teachers against one (``teachers:``, ``vocagno.teacher.several``), cached and online.
 
     python benchmarks/bench_teachers.py [--steps 12] [--rounds 3]
 
@@ -35,8 +35,8 @@ from omegaconf import OmegaConf as om  # noqa: E402
 
 import train  # noqa: E402
 from vocagno import score  # noqa: E402
-from vocagno.output import Output  # noqa: E402
-from vocagno.tokenization import load_tokenizer  # noqa: E402
+from vocagno.data.outroots import Output  # noqa: E402
+from vocagno.core.tokenization import load_tokenizer  # noqa: E402
 
 SECOND = {"tokenizer": "mistral", "config": {
     "model_type": "mistral", "hidden_size": 64, "intermediate_size": 192, "num_hidden_layers": 2,

@@ -12,7 +12,7 @@ so an interrupted run (Ctrl-C, ``kill -9``) finishes when the same command is ru
 unfinished ones redone, and a source file that changed since its parts were made is refused by name. Parts do not
 depend on ``--workers``, so any number of workers gives the same samples in the same order. ``--num-jobs K
 --job-index i`` converts the source files ``f`` with ``f % K == i`` (a Slurm array, say); when the last job ends, it
-merges the parts (``vocagno/output.py``: every shard verified on the out-root, ``vocagno.json`` and ``index.json``
+merges the parts (``vocagno/data/outroots.py``: every shard verified on the out-root, ``vocagno.json`` and ``index.json``
 written atomically). Until then the root has no ``index.json`` and never reads as a complete dataset.
 ``--merge-only`` repeats that final step, and refuses while a job has not finished unless ``--allow-partial``.
 
@@ -22,8 +22,8 @@ as well. The run exits non-zero when it made no sample, when fewer than ``--min-
 were converted, or when a file could not be read.
 
 The corpus and the out-root's own files (settings, locks, job markers, parts' ``part.json`` and ``index.json``) may be
-someone else's: they are read through ``vocagno.untrusted`` (``conversion/sources.py``, ``vocagno/output.py``), and a
-part is built in a fresh private folder (``vocagno.writing.staging``) published by rename.
+someone else's: they are read through ``vocagno.doors.untrusted`` (``conversion/sources.py``, ``vocagno/data/outroots.py``), and a
+part is built in a fresh private folder (``vocagno.doors.writing.staging``) published by rename.
 """
 
 from __future__ import annotations
@@ -51,18 +51,18 @@ if not __package__:  # run as the script it is (python conversion/convert_datase
 from streaming import MDSWriter  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from vocagno.output import (  # noqa: E402
+from vocagno.data.outroots import (  # noqa: E402
     PART_STATS, OwnedLock, Output, all_jobs_done, check_or_write_settings, job_marker, merge_once, part_index,
     publish_dataset, unfinished_parts,
 )
 from conversion.sources import Record, Source, TextOf, parse_jsonl_line, sources_of  # noqa: E402
-from vocagno.shards import (  # noqa: E402
+from vocagno.data.shards import (  # noqa: E402
     COLUMNS, METADATA_FILE, SHARD_HASH, Encoder, Packer, ShardMetadata, TokenizerInfo, tokenizer_info,
 )
-from vocagno.tokenization import load_tokenizer  # noqa: E402
-from vocagno.untrusted import UntrustedFile, plain_name, read_json  # noqa: E402
+from vocagno.core.tokenization import load_tokenizer  # noqa: E402
+from vocagno.doors.untrusted import UntrustedFile, plain_name, read_json  # noqa: E402
 from vocagno.entry import run  # noqa: E402
-from vocagno.writing import make_readable, publish, remove, staging, write_atomically  # noqa: E402
+from vocagno.doors.writing import make_readable, publish, remove, staging, write_atomically  # noqa: E402
 
 DEFAULT_INPUT = "open-web-math/open-web-math"
 CONFIG_FILE = "conversion.json"
@@ -198,7 +198,7 @@ def convert_part(
     sources: dict[str, dict],
 ) -> dict:
     """Convert one part's records (raw JSON lines are parsed here) into an MDS folder, built in a fresh private
-    folder beside it (``vocagno.writing.staging``: never a name something else may already stand at, so a link
+    folder beside it (``vocagno.doors.writing.staging``: never a name something else may already stand at, so a link
     planted there is not written through) and renamed into place when complete. ``sources``: the fingerprints of the
     files the records come from, kept in part.json."""
     final = Path(part_dir)

@@ -8,7 +8,7 @@ Nothing read aborts a conversion: a bad record is a ``Record`` with a ``problem`
 that can't be read at all (a corrupt .parquet or .gz) ends in one such record and is named in
 ``Source.error``, for the summary and a non-zero exit.
 
-A corpus is files from elsewhere (``vocagno.untrusted``): every file is opened by ``open_regular`` (a regular file,
+A corpus is files from elsewhere (``vocagno.doors.untrusted``): every file is opened by ``open_regular`` (a regular file,
 never through a link at its own name, never more bytes than its size said), so a link in a corpus folder to
 ``/proc/self/environ`` or a FIFO is never read: it is listed as a path that can't be read, with why. A link to a
 folder outside the folder given is listed the same way, not read. A file in a folder is opened below the folder
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from vocagno.untrusted import UntrustedFile, cap, open_regular, plain_name
+from vocagno.doors.untrusted import UntrustedFile, cap, open_regular, plain_name
 
 __all__ = ["Record", "Source", "TextOf", "LOCAL_SUFFIXES", "sources_of", "hub_sources", "parse_jsonl_line"]
 

@@ -18,7 +18,7 @@ product's own commands, as a user would run them.
    share of mapped tokens: ideally every clean token and no junk), ``random_40`` (40% drawn at random), ``chunk_1``
    and ``chunk_16`` (the paper's chunk-level alignment, the chunk's mean loss). ULD and KLD need the teacher online at
    every step (its whole distribution per token), which does not fit the CPU size's budget: not run.
-5. **Measure**: each student's held-out bits per byte (``vocagno.metrics.bits_per_byte``, tokenizer-independent),
+5. **Measure**: each student's held-out bits per byte (``vocagno.training.metrics.bits_per_byte``, tokenizer-independent),
    the teacher's, the students' at initialization; and each selecting method's precision (``vocagno.selection`` on
    the held-out shards with canaries of the corpus's kind and fraction, ranked with the method's first-seed student).
 6. ``OUT/miniature.json``, printed by ``python -m vocagno.report --miniature OUT/miniature.json [--plot bpb.png]``:
@@ -46,10 +46,10 @@ import torch  # noqa: E402
 import train  # noqa: E402
 from conversion import convert_dataset  # noqa: E402
 from vocagno import score  # noqa: E402
-from vocagno.canaries import NOISE  # noqa: E402
-from vocagno.metrics import bits_per_byte  # noqa: E402
-from vocagno.scorer import load_teacher  # noqa: E402
-from vocagno.tokenization import ASSETS, load_tokenizer  # noqa: E402
+from vocagno.diagnostics.canaries import NOISE  # noqa: E402
+from vocagno.training.metrics import bits_per_byte  # noqa: E402
+from vocagno.teacher.model import load_teacher  # noqa: E402
+from vocagno.core.tokenization import ASSETS, load_tokenizer  # noqa: E402
 
 YAML = str(REPO / "yamls" / "miniature.yaml")
 TEACHER = "tiny-math-teacher"

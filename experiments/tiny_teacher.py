@@ -14,7 +14,7 @@ no student of the tiny yamls or the miniature trains on:
   test without MATH-500); held out: 100 other MATH problems (``math_heldout_100.jsonl``).
 
 The result is saved as a Hugging Face folder, bf16 safetensors. The tokenizer is not copied:
-``vocagno.tokenization.shipped_model_dir`` adds the shipped one ``SHIPPED_MODELS`` names when it unpacks the model.
+``vocagno.core.tokenization.shipped_model_dir`` adds the shipped one ``SHIPPED_MODELS`` names when it unpacks the model.
 The run's held-out bits per byte is printed and kept in ``training.json``.
 """
 
@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 import train  # noqa: E402
-from vocagno.tokenization import ASSETS, SHIPPED_MODELS  # noqa: E402
+from vocagno.core.tokenization import ASSETS, SHIPPED_MODELS  # noqa: E402
 
 YAMLS = {"tiny-math-teacher": "tiny_teacher.yaml", "tiny-latex-teacher": "tiny_latex_teacher.yaml"}
 
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = train.load_config(str(yaml), ["loggers.console={}", *args.overrides])
     if cfg.tokenizer.name != SHIPPED_MODELS[args.teacher]:  # the tokenizer shipped beside it must be the one it read
         raise SystemExit(f"{yaml.name} trains with tokenizer {cfg.tokenizer.name!r}, but {args.teacher} ships with "
-                         f"{SHIPPED_MODELS[args.teacher]!r} (vocagno.tokenization.SHIPPED_MODELS)")
+                         f"{SHIPPED_MODELS[args.teacher]!r} (vocagno.core.tokenization.SHIPPED_MODELS)")
     os.chdir(REPO)  # the yaml's shard paths are relative to the repository
     trainer = train.main(cfg)
     bits_per_byte = float(trainer.state.eval_metric_values["BitsPerByte"])

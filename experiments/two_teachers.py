@@ -18,7 +18,7 @@ either one alone? Run through the product's own commands, as a user would run th
    initialization and data order for a seed: ``plain`` (every token), ``gsm8k_teacher`` and ``latex_teacher`` (each
    teacher alone, top 40%), ``both_min`` and ``both_mean`` (both teachers, ``combine: min`` / ``mean``, top 40%), and
    ``random_40`` (40% at random).
-5. **Measure** held-out bits per byte (``vocagno.metrics.bits_per_byte``) on GSM8K problems 501-600, on 100 held-out
+5. **Measure** held-out bits per byte (``vocagno.training.metrics.bits_per_byte``) on GSM8K problems 501-600, on 100 held-out
    MATH problems (``math_heldout_100.jsonl``), and on both together (their total bits over their total bytes); each
    method against plain and against each teacher alone: the mean paired difference over seeds, and whether it lies
    beyond twice the paired differences' sd. ``OUT/two_teachers.json`` and the table, printed.
@@ -45,9 +45,9 @@ import train  # noqa: E402
 from conversion import convert_dataset  # noqa: E402
 from experiments.miniature import experiment_parser, experiment_settings, texts  # noqa: E402
 from vocagno import score  # noqa: E402
-from vocagno.canaries import NOISE  # noqa: E402
-from vocagno.metrics import bits_per_byte  # noqa: E402
-from vocagno.tokenization import load_tokenizer  # noqa: E402
+from vocagno.diagnostics.canaries import NOISE  # noqa: E402
+from vocagno.training.metrics import bits_per_byte  # noqa: E402
+from vocagno.core.tokenization import load_tokenizer  # noqa: E402
 
 YAML = str(REPO / "yamls" / "miniature.yaml")
 DOMAINS = {"gsm8k": ("gsm8k_train_500.jsonl", "gsm8k_heldout_100.jsonl"),
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     student_tok = load_tokenizer("llama2")
     result = {"size": args.size, "seeds": seeds, "junk": args.junk, "steps": size["steps"], "teachers": {},
               "bits_per_byte": {}}
-    from vocagno.scorer import load_teacher
+    from vocagno.teacher.model import load_teacher
 
     for name, (model, tokenizer) in TEACHERS.items():
         result["teachers"][name] = heldout_bits_per_byte(load_teacher(model, "float32").eval(), load_tokenizer(tokenizer))

@@ -22,7 +22,7 @@ def run_at_once(target, args_per_process, timeout: float = 120.0) -> list[int]:
 
 
 def write_many(barrier, path, text):
-    from vocagno.writing import write_atomically
+    from vocagno.doors.writing import write_atomically
 
     barrier.wait()
     for _ in range(200):
@@ -30,14 +30,14 @@ def write_many(barrier, path, text):
 
 
 def read_metadata_of(barrier, local, remote):
-    from vocagno.data import read_metadata
+    from vocagno.data.dataset import read_metadata
 
     barrier.wait()
     read_metadata(str(local), str(remote))
 
 
 def open_dataset(barrier, local, remote):
-    from vocagno.data import TeacherGuidedDataset
+    from vocagno.data.dataset import TeacherGuidedDataset
 
     barrier.wait()
     TeacherGuidedDataset(local=str(local), remote=str(remote), batch_size=1)

@@ -104,7 +104,7 @@ def _serve(connection, memory) -> None:
 
 
 def _outcome(target, args, memory) -> str:
-    from vocagno.untrusted import UntrustedFile
+    from vocagno.doors.untrusted import UntrustedFile
 
     with open("/proc/self/statm") as f:
         pages = int(f.read().split()[0])
@@ -130,7 +130,7 @@ def read_shards(folder, remote=None) -> None:
     """Every sample of a shard folder through the training reader, then its memory let go."""
     import gc
 
-    from vocagno.data import TeacherGuidedDataset
+    from vocagno.data.dataset import TeacherGuidedDataset
 
     dataset = TeacherGuidedDataset(local=str(folder), remote=remote, batch_size=1)
     try:
@@ -162,8 +162,8 @@ def convert(arguments) -> None:
 
 def load_checkpoint_model(path) -> None:
     """The model and tokenizer of a checkpoint, as export and ``vocagno.eval --model`` load them."""
-    from vocagno.checkpoint import BadCheckpoint, load_model
-    from vocagno.untrusted import UntrustedFile
+    from vocagno.training.checkpoint import BadCheckpoint, load_model
+    from vocagno.doors.untrusted import UntrustedFile
 
     try:
         load_model(str(path))

@@ -14,8 +14,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
     torch.set_num_threads(1)
 
-from vocagno.allocator import keep_freed_memory  # noqa: E402
-from vocagno.tokenization import ASSETS, SHIPPED_TOKENIZERS, load_tokenizer  # noqa: E402
+from vocagno.memory import keep_freed_memory  # noqa: E402
+from vocagno.core.tokenization import ASSETS, SHIPPED_TOKENIZERS, load_tokenizer  # noqa: E402
 
 keep_freed_memory()  # the tests' in-process training and scoring, as a CPU run of train.py does
 

@@ -27,7 +27,7 @@ def own_data(yaml, data, heldout=None) -> list[str]:
     missing: a folder named on the command line is converted into only when the command line also says from what."""
     from omegaconf import OmegaConf as om
 
-    from vocagno.config import load_config
+    from vocagno.training.config import load_config
 
     cfg = load_config(str(yaml), [])
     overrides = [f"variables.data={data}"]
@@ -61,7 +61,7 @@ def assert_same_losses(expected: dict, resumed: dict, batches: int) -> list[int]
 
 def first_documents(folder, count: int):
     """A .jsonl of the first ``count`` documents of the shipped GSM8K sample (gsm8k_train_500.jsonl), in ``folder``."""
-    from vocagno.tokenization import ASSETS
+    from vocagno.core.tokenization import ASSETS
 
     lines = (ASSETS / "text" / "gsm8k_train_500.jsonl").read_text(encoding="utf-8").splitlines()
     path = folder / f"gsm8k_{count}.jsonl"

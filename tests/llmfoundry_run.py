@@ -37,8 +37,8 @@ from transformers import (  # noqa: E402
 
 from conversion import convert_dataset  # noqa: E402
 from vocagno import score  # noqa: E402
-from vocagno.algorithm import VocAgnoLM  # noqa: E402
-from vocagno.tokenization import ASSETS, load_tokenizer  # noqa: E402
+from vocagno.algorithms.vocagno_lm import VocAgnoLM  # noqa: E402
+from vocagno.core.tokenization import ASSETS, load_tokenizer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SEQ_LEN = 128

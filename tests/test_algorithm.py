@@ -11,11 +11,11 @@ from torch.utils.data import DataLoader
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from conversion import convert_dataset
-from vocagno.algorithm import VocAgnoLM, teacher_guided_loss
-from vocagno.data import TeacherGuidedCollator, TeacherGuidedDataset
-from vocagno.loss import teacher_token_loss
-from vocagno.scorer import TeacherScorer
-from vocagno.tokenization import ASSETS
+from vocagno.algorithms.vocagno_lm import VocAgnoLM, teacher_guided_loss
+from vocagno.data.dataset import TeacherGuidedCollator, TeacherGuidedDataset
+from vocagno.core.loss import teacher_token_loss
+from vocagno.teacher.model import TeacherScorer
+from vocagno.core.tokenization import ASSETS
 
 
 def tiny(config_class, model_class, vocab_size):
@@ -71,7 +71,7 @@ class OwnLossModel(HuggingFaceModel):
 
 @pytest.mark.parametrize("method", ["vocagno", "uld"])
 def test_a_model_computing_its_own_loss_from_the_labels_trains_with_the_teachers_loss(loader, tokenizers, method):
-    from vocagno.baselines import ULD
+    from vocagno.algorithms.baselines import ULD
 
     student = tiny(LlamaConfig, LlamaForCausalLM, 32000)
     teacher = tiny(Qwen2Config, Qwen2ForCausalLM, 152064)
@@ -246,7 +246,7 @@ def test_student_tokens_alone_without_a_student_tokenizer_are_refused(loader):
 @pytest.mark.parametrize("config_class, model_class",
                          [(LlamaConfig, LlamaForCausalLM), (Qwen2Config, Qwen2ForCausalLM)])
 def test_fsdp_units_and_activation_checkpoints_are_the_decoder_layers(config_class, model_class):
-    from vocagno.fsdp import wrap_per_decoder_layer
+    from vocagno.core.fsdp import wrap_per_decoder_layer
 
     model = wrap_per_decoder_layer(tiny(config_class, model_class, 300))
     layers = [m for m in model.modules() if model.fsdp_wrap_fn(m)]
@@ -257,7 +257,7 @@ def test_fsdp_units_and_activation_checkpoints_are_the_decoder_layers(config_cla
 
 
 def _fit_on_gpu(loader, tokenizers, fsdp, placement, tmp_path=None, batches=2, **kwargs):
-    from vocagno.fsdp import wrap_per_decoder_layer
+    from vocagno.core.fsdp import wrap_per_decoder_layer
 
     student = wrap_per_decoder_layer(tiny(LlamaConfig, LlamaForCausalLM, 32000))
     teacher = tiny(Qwen2Config, Qwen2ForCausalLM, 152064).to(torch.bfloat16)
@@ -325,7 +325,7 @@ def test_student_and_teacher_attend_with_sdpa(tmp_path):
     from omegaconf import OmegaConf
 
     import train
-    from vocagno.scorer import load_teacher
+    from vocagno.teacher.model import load_teacher
 
     student = train.build_causal_lm(OmegaConf.create({"config": {
         "model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
@@ -352,7 +352,7 @@ def test_random_selection_keeps_as_many_tokens_drawn_by_a_seed_however_the_batch
 
 
 def test_chunk_alignment_maps_every_token_to_its_chunk(loader):
-    from vocagno.alignment import chunk_align
+    from vocagno.core.alignment import chunk_align
 
     _, _, capture = guided_fit(loader, 4, "batch", lr=0.0, batches=1, alignment="chunk", num_chunks=8,
                                aggregation="mean")
@@ -423,7 +423,7 @@ def tokens_fit(rows, tokenizers, workers, batches=3, **options):
 
 def test_with_loader_workers_the_teacher_side_is_made_there_and_the_batches_are_the_same(loader, tokenizers,
                                                                                         monkeypatch):
-    from vocagno import teacher_side
+    from vocagno.teacher import side as teacher_side
 
     made_by = teacher_side.TeacherSide.__call__
 

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vocagno.alignment import align, align_batch, align_reference, alignment_quality, chunk_align
+from vocagno.core.alignment import align, align_batch, align_reference, alignment_quality, chunk_align
 
 
 @st.composite

@@ -6,8 +6,8 @@ import unicodedata
 import numpy as np
 import pytest
 
-from vocagno.alignment import align, align_reference, alignment_quality, vocab_overlap
-from vocagno.tokenization import SHIPPED_TOKENIZERS, encode_with_offsets
+from vocagno.core.alignment import align, align_reference, alignment_quality, vocab_overlap
+from vocagno.core.tokenization import SHIPPED_TOKENIZERS, encode_with_offsets
 
 PAIRS = list(itertools.permutations(SHIPPED_TOKENIZERS, 2))
 
@@ -141,7 +141,7 @@ def test_vocab_overlap_matches_the_paper(tokenizers):
 def test_chunk_overlap_falls_as_chunks_get_finer_while_token_level_ios_is_one(tokenizers, math_texts):
     """Figures 3 and 6 of the paper, redrawn on real text: chunks cut by token count on each side cover less and
     less of each other's characters as n grows; token-level alignment covers every mapped student character."""
-    from vocagno.alignment import chunk_overlap
+    from vocagno.core.alignment import chunk_overlap
 
     text = "\n\n".join(math_texts[:20])
     s_offsets = encode_with_offsets(tokenizers["llama2"], text)[1]

@@ -1,4 +1,4 @@
-"""vocagno.allocator: a CPU process keeps the large blocks it frees, and allocating them again faults no page in."""
+"""vocagno.memory: a CPU process keeps the large blocks it frees, and allocating them again faults no page in."""
 
 import resource
 import subprocess
@@ -8,7 +8,7 @@ import pytest
 
 STEP = """
 import resource, sys, torch
-from vocagno.allocator import keep_freed_memory
+from vocagno.memory import keep_freed_memory
 torch.set_num_threads(1)  # as in the test workers: with two, reuse varied more from run to run
 if sys.argv[1] == "kept":
     assert keep_freed_memory()

@@ -19,7 +19,8 @@ def test_every_random_init_model_of_a_run_and_of_its_scoring_pass_is_built_on_th
     the teacher that train.py builds, and the scoring pass's teacher (vocagno.score). Each build records the device
     torch makes tensors on ("meta" stands in for the GPU) and builds its tiny model on the CPU."""
     import train
-    from vocagno import config, score
+    from vocagno import score
+    from vocagno.training import config
 
     build, devices = config.build_causal_lm, []
 

@@ -19,10 +19,10 @@ from helpers import assert_group_gone
 
 from conversion import convert_dataset
 from conversion.sources import TextOf, hub_sources
-from vocagno.alignment import align
-from vocagno.data import TeacherGuidedCollator, TeacherGuidedDataset
-from vocagno.shards import ShardMetadata
-from vocagno.tokenization import ASSETS, encode_with_offsets, load_tokenizer
+from vocagno.core.alignment import align
+from vocagno.data.dataset import TeacherGuidedCollator, TeacherGuidedDataset
+from vocagno.data.shards import ShardMetadata
+from vocagno.core.tokenization import ASSETS, encode_with_offsets, load_tokenizer
 
 SAMPLE = str(ASSETS / "text" / "gsm8k_train_500.jsonl")
 SEQ_LEN = 128
@@ -85,7 +85,7 @@ def test_ranks_of_a_node_fetch_the_shards_metadata_into_one_local_at_once(sample
 def test_jobs_of_a_node_opening_datasets_at_once_each_get_their_own_shared_memory(sample_shards, tmp_path):
     """Two jobs on one node (or pytest's two workers) starting at the same moment: each dataset takes a free
     Streaming prefix, none fails on a prefix another took between Streaming's search and its registration."""
-    from vocagno.data import clean_leaked_shared_memory
+    from vocagno.data.dataset import clean_leaked_shared_memory
 
     locals_ = [str(tmp_path / f"local{job}") for job in range(4)]
     for attempt in range(5):
@@ -98,7 +98,7 @@ def test_processes_started_at_once_do_not_inherit_the_locks_the_test_process_hol
     """The processes of the tests above start from a clean server, not as forks of this process: a lock held here
     (as a thread of an earlier test may hold one at the fork), here the one around Streaming's memories, does not hang
     them inside the registration lock (seen in CI: four forks killed after 120 s, the registration lock held)."""
-    from vocagno.data import _replacing_lock, clean_leaked_shared_memory
+    from vocagno.data.dataset import _replacing_lock, clean_leaked_shared_memory
 
     locals_ = [str(tmp_path / f"local{job}") for job in range(4)]
     with _replacing_lock:
@@ -229,7 +229,7 @@ def test_dataset_refuses_shards_of_other_tokenizers(sample_shards, tmp_path):
     with pytest.raises(ValueError, match="teacher tokenizer is 'qwen2.5'.*this run's teacher tokenizer is 'deepseek-llm'"):
         TeacherGuidedDataset(local=str(sample_shards), teacher_tokenizer="deepseek-llm", batch_size=1)
     # The same tokenizers under another name (a folder of the same files) are accepted.
-    from vocagno.tokenization import shipped_tokenizer_dir
+    from vocagno.core.tokenization import shipped_tokenizer_dir
 
     dataset = TeacherGuidedDataset(local=str(tmp_path / "c"), remote=str(sample_shards), batch_size=1,
                                    student_tokenizer=str(shipped_tokenizer_dir("llama2")), teacher_tokenizer="qwen2.5")
@@ -495,7 +495,7 @@ def converts(out_root, *args, inputs):
 def test_a_part_whose_upload_broke_off_is_uploaded_again(tmp_path, monkeypatch):
     """The part finished locally; its last shard reached the remote half-way and part.json never did. The rerun with
     the same --local-root uploads it again instead of trusting the local copy, and the dataset reads whole."""
-    from vocagno.output import Output
+    from vocagno.data.outroots import Output
 
     corpus, remote, work = small_corpus(tmp_path / "docs.jsonl"), tmp_path / "remote", tmp_path / "work"
     upload = Output.publish_part
@@ -581,7 +581,7 @@ def test_a_stale_merge_lock_is_taken_over(tmp_path):
 
 
 def test_writes_are_atomic_on_a_full_disk(tmp_path, monkeypatch):
-    from vocagno.writing import write_atomically
+    from vocagno.doors.writing import write_atomically
 
     path = tmp_path / "index.json"
     path.write_text('{"version": 2, "shards": []}')
@@ -812,7 +812,7 @@ def test_a_long_document_cut_into_pieces_gives_the_tokens_of_the_whole(tokenizer
 
     from conversion.convert_dataset import clean
     from conversion.sources import Record
-    from vocagno.shards import Encoder
+    from vocagno.data.shards import Encoder
 
     text = "alpha beta gamma\nThe integral ∫x²dx = x³/3 — 中文 😀 and  two  spaces. " * 60
     pieces = clean(Record(text), 97, Counter())
@@ -994,7 +994,7 @@ def _take_over(path, barrier, results, done):
     the other taker judged too (where nothing stops it from judging at once)."""
     import threading
 
-    from vocagno.output import OwnedLock
+    from vocagno.data.outroots import OwnedLock
 
     lock = OwnedLock(path, "test")
     judge = lock._stale

@@ -1,9 +1,9 @@
-"""ULD and KLD (vocagno.distill) against slow references written from their definitions (reference doc §1, §2)."""
+"""ULD and KLD (vocagno.core.distill) against slow references written from their definitions (reference doc §1, §2)."""
 
 import torch
 import torch.nn.functional as F
 
-from vocagno.distill import kld_loss, uld_loss
+from vocagno.core.distill import kld_loss, uld_loss
 
 
 def batch(student_vocab, teacher_vocab):

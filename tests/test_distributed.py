@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import first_documents
 
-from vocagno.shards import ShardMetadata
+from vocagno.data.shards import ShardMetadata
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.distributed
@@ -33,8 +33,8 @@ def _shard_and_score(rank: int, world: int, family: str, folder: str) -> None:
     from omegaconf import OmegaConf as om
     from torch.distributed.fsdp import FullyShardedDataParallel
 
-    from vocagno.config import build_causal_lm
-    from vocagno.scorer import TeacherScorer, shard_teacher
+    from vocagno.training.config import build_causal_lm
+    from vocagno.teacher.model import TeacherScorer, shard_teacher
 
     dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world)
     try:
@@ -113,7 +113,7 @@ def test_a_run_with_its_teacher_sharded_over_two_cpu_ranks_trains_as_with_it_rep
         for key in keys:
             assert sharded[step][key] == pytest.approx(replicated[step][key], rel=1e-5), (step, key)
     # The teacher is in neither the checkpoint nor the optimizer: both hold the student's parameters alone.
-    from vocagno.checkpoint import load_checkpoint
+    from vocagno.training.checkpoint import load_checkpoint
 
     state = load_checkpoint(str(tmp_path / "ckpt" / "ep0-ba3-rank0.pt"))["state"]
     student_tensors = set(state["model"])

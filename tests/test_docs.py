@@ -1,7 +1,7 @@
 """The docs say what the code does: every command line in README.md, docs/*.md and scripts/README.md names a module,
 script or yaml that exists, and its arguments parse, so a renamed flag fails here instead of a reader. Nothing runs:
 argparse CLIs parse their real arguments (their ``main`` stops at ``parse_args``), ``train.py``'s yaml and overrides
-load through ``vocagno.config.load_config``, launchers (``composer``, ``torchrun``, ``pip``, ``pytest``) through their
+load through ``vocagno.training.config.load_config``, launchers (``composer``, ``torchrun``, ``pip``, ``pytest``) through their
 own parsers. Also: code blocks name their language (output is ``text``, not a shell), the README keeps the two
 commands ``.ci/run`` runs, every key of ``train.py``'s schema is on docs/training.md, and links between pages resolve.
 """
@@ -170,7 +170,7 @@ def parse_with_main(module, prog: str, args: list[str]) -> argparse.Namespace:
 
 
 def check_train(args: list[str]) -> None:
-    from vocagno.config import load_config
+    from vocagno.training.config import load_config
 
     assert args, "train.py needs a yaml"
     yaml = REPO / args[0]
@@ -438,7 +438,7 @@ def test_the_training_page_lists_every_key_of_the_schema():
     registered algorithm (those train.py fills from ``teacher:`` aside) is on docs/training.md: a new key without
     docs fails here."""
     import train
-    from vocagno.config import SCHEMA
+    from vocagno.training.config import SCHEMA
 
     text = (REPO / "docs" / "training.md").read_text(encoding="utf-8")
     missing = [key for key in schema_keys(SCHEMA) if f"`{key}`" not in text]
@@ -479,7 +479,7 @@ def test_links_between_pages_resolve():
 
 
 def test_the_caps_page_lists_every_cap_with_its_default():
-    from vocagno.untrusted import CAPS
+    from vocagno.doors.untrusted import CAPS
 
     page = (REPO / "docs" / "files-from-elsewhere.md").read_text(encoding="utf-8")
     rows = dict(re.findall(r"^\| `([A-Z_]+)` \| (\d+)", page, flags=re.M))
@@ -490,8 +490,8 @@ def test_the_readmes_figures_and_intervals_are_the_default_runs():
     """What the README says of README command 1's run is what yamls/tiny.yaml makes it do: a console line every 10
     batches, held-out bits per byte at batches 40 and 80, its picture in runs/tiny.png, a top 40%, the 3.48M-parameter
     shipped teacher."""
-    from vocagno.config import load_config
-    from vocagno.tokenization import resolve_shipped
+    from vocagno.training.config import load_config
+    from vocagno.core.tokenization import resolve_shipped
 
     text = " ".join(README.read_text(encoding="utf-8").split())
     cfg = load_config(str(REPO / "yamls" / "tiny.yaml"), [])

@@ -1,4 +1,4 @@
-"""The one way in (``vocagno.untrusted``) and the one way out (``vocagno.writing``) on their own: what they open, what
+"""The one way in (``vocagno.doors.untrusted``) and the one way out (``vocagno.doors.writing``) on their own: what they open, what
 they refuse before reading, what they never write through. The entry points' attacker tests use them through the
 real commands (tests/test_untrusted.py)."""
 
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from vocagno.untrusted import (
+from vocagno.doors.untrusted import (
     UntrustedFile, cap, check_config, check_folder, check_index, decompress, open_regular, read_bytes, read_json,
 )
-from vocagno.writing import make_readable, publish, remove, staging, write_atomically
+from vocagno.doors.writing import make_readable, publish, remove, staging, write_atomically
 
 
 def test_a_regular_file_reads_whole_and_nothing_else_is_opened(tmp_path):
@@ -219,7 +219,7 @@ def test_a_staging_folder_swapped_for_a_link_while_it_fills_leads_no_write_out(t
 
 
 def test_a_log_is_appended_to_its_own_file_and_never_through_a_link(tmp_path):
-    from vocagno.writing import append
+    from vocagno.doors.writing import append
 
     append(tmp_path / "logs" / "metrics.jsonl", "one\n")
     append(tmp_path / "logs" / "metrics.jsonl", "two\n")
@@ -242,7 +242,7 @@ def test_a_regular_file_seeks_within_the_size_it_said(tmp_path):
 
 
 def test_a_link_planted_in_the_tokenizer_cache_is_replaced_by_the_shipped_tokenizer(tmp_path, monkeypatch):
-    from vocagno import tokenization
+    from vocagno.core import tokenization
 
     monkeypatch.setenv("VOCAGNO_CACHE", str(tmp_path / "cache"))
     folder = tokenization.shipped_tokenizer_dir("llama2")
@@ -260,7 +260,7 @@ def test_an_mds_shard_passes_with_the_count_it_holds_and_no_other(tmp_path):
     import numpy as np
     from streaming import MDSWriter
 
-    from vocagno.untrusted import check_mds
+    from vocagno.doors.untrusted import check_mds
 
     with MDSWriter(out=str(tmp_path), columns={"ids": "ndarray"}) as writer:
         for n in range(5):
@@ -273,7 +273,7 @@ def test_an_mds_shard_passes_with_the_count_it_holds_and_no_other(tmp_path):
 
 
 def test_a_write_inside_a_folder_goes_through_no_link_below_it(tmp_path):
-    from vocagno.writing import move_inside, write_inside
+    from vocagno.doors.writing import move_inside, write_inside
 
     victim = tmp_path / "victim"
     victim.mkdir()
@@ -309,7 +309,7 @@ def test_a_weights_header_is_believed_only_where_the_files_bytes_hold_it(tmp_pat
     import torch
     from safetensors.torch import save_file
 
-    from vocagno.untrusted import saved_shapes
+    from vocagno.doors.untrusted import saved_shapes
 
     save_file({"a": torch.zeros(2, 3), "empty": torch.zeros(0)}, str(tmp_path / "model.safetensors"))
     assert saved_shapes(tmp_path, [Path("model.safetensors")]) == {"a": (2, 3), "empty": (0,)}
@@ -327,7 +327,7 @@ def test_a_weights_header_is_believed_only_where_the_files_bytes_hold_it(tmp_pat
 
 
 def test_a_private_folder_is_written_through_its_descriptor_whatever_its_name_comes_to_hold(tmp_path):
-    from vocagno.writing import PrivateFolder
+    from vocagno.doors.writing import PrivateFolder
 
     victim = tmp_path / "victim"
     victim.mkdir()
@@ -359,7 +359,7 @@ def test_a_torch_zip_python_cant_read_or_holding_a_deflated_record_is_refused_be
 
     import torch
 
-    from vocagno.untrusted import check_torch_zip, load_torch
+    from vocagno.doors.untrusted import check_torch_zip, load_torch
 
     buffer = io.BytesIO()
     torch.save({"w": torch.zeros(4), "step": 3}, buffer)

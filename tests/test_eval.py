@@ -13,7 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from vocagno.eval.__main__ import load_model, main
 from vocagno.eval.benchmarks import BENCHMARKS, load_benchmark, SHIPPED_DATA
 from vocagno.eval.grading import extract_answer, extract_choice, is_equivalent, normalize_answer
-from vocagno.metrics import BitsPerByte, bits_per_byte
+from vocagno.training.metrics import BitsPerByte, bits_per_byte
 
 OFFLINE = [b for b in BENCHMARKS if b != "tabmwp"]
 
@@ -295,9 +295,9 @@ def test_bits_per_byte_metric_matches_the_function(tokenizers):
 def test_bits_per_byte_metric_agrees_with_the_function_on_the_same_text(tokenizers, student, text):
     """A one-document row through the converter's packing and the collator, scored by the metric, gives what
     bits_per_byte gives for the document: every byte counted once, the separator not scored."""
-    from vocagno.shards import Encoder
-    from vocagno.data import TeacherGuidedCollator
-    from vocagno.shards import Packer, tokenizer_info
+    from vocagno.data.shards import Encoder
+    from vocagno.data.dataset import TeacherGuidedCollator
+    from vocagno.data.shards import Packer, tokenizer_info
 
     tokenizer = tokenizers[student]
     info, teacher = tokenizer_info(tokenizer, student), tokenizer_info(tokenizers["qwen2.5"], "qwen2.5")
@@ -325,7 +325,7 @@ def test_bits_per_byte_refuses_a_stride_that_scores_nothing_new(tokenizers):
 
 def test_prompts_keep_special_token_strings_as_text():
     from vocagno.eval.__main__ import generate
-    from vocagno.tokenization import load_tokenizer
+    from vocagno.core.tokenization import load_tokenizer
 
     tokenizer = load_tokenizer("llama2")  # generate() sets padding on it: not the session's shared one
     model, seen = tiny_llama(64), []

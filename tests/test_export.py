@@ -13,7 +13,7 @@ import pytest
 import torch
 from helpers import bucket_keys as keys
 
-from vocagno.checkpoint import BadCheckpoint, repair
+from vocagno.training.checkpoint import BadCheckpoint, repair
 from vocagno.export import main as export_main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,7 +37,7 @@ def whole_run(tmp_path_factory):
 
 def _save_sharded(rank: int, world: int, folder: str) -> None:
     """One rank of a 2-rank gloo run on CPU: the tiny student wrapped by PyTorch FSDP per decoder layer (the units
-    ``vocagno.fsdp`` marks, as Composer's FSDP wraps them), two optimizer steps, each saved by Composer's own
+    ``vocagno.core.fsdp`` marks, as Composer's FSDP wraps them), two optimizer steps, each saved by Composer's own
     ``save_checkpoint`` with ``state_dict_type: sharded``: the layout a GPU run's ``fsdp_config`` writes. Rank 0
     also writes the gathered weights (the reference) and what each rank holds."""
     import functools
@@ -54,10 +54,10 @@ def _save_sharded(rank: int, world: int, folder: str) -> None:
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
 
-    from vocagno.config import build_causal_lm, load_config
-    from vocagno.fsdp import wrap_per_decoder_layer
-    from vocagno.loggers import RunRecipe
-    from vocagno.tokenization import load_tokenizer
+    from vocagno.training.config import build_causal_lm, load_config
+    from vocagno.core.fsdp import wrap_per_decoder_layer
+    from vocagno.training.loggers import RunRecipe
+    from vocagno.core.tokenization import load_tokenizer
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                       NODE_RANK="0")
@@ -108,8 +108,8 @@ def sharded_run(tmp_path_factory):
 
 def student_with(weights: dict[str, torch.Tensor]):
     """The tiny yaml's student built as train.py builds it, holding ``weights`` (a checkpoint's model state)."""
-    from vocagno.config import build_causal_lm, load_config
-    from vocagno.tokenization import load_tokenizer
+    from vocagno.training.config import build_causal_lm, load_config
+    from vocagno.core.tokenization import load_tokenizer
 
     cfg = load_config(str(REPO / "yamls" / "tiny.yaml"), [])
     student = build_causal_lm(cfg.model, len(load_tokenizer(cfg.tokenizer.name)), seed=0)
@@ -118,7 +118,7 @@ def student_with(weights: dict[str, torch.Tensor]):
 
 
 def logits(model, text="Natalia sold clips to 48 of her friends in April, and then she sold half as many in May."):
-    from vocagno.tokenization import load_tokenizer
+    from vocagno.core.tokenization import load_tokenizer
 
     ids = load_tokenizer("llama2")(text, return_tensors="pt")["input_ids"]
     with torch.no_grad():
@@ -133,7 +133,7 @@ def from_pretrained(folder):
 
 def test_a_whole_checkpoint_becomes_a_folder_that_loads_with_the_checkpoints_logits_and_states_its_recipe(
         whole_run, tmp_path):
-    from vocagno.checkpoint import load_checkpoint
+    from vocagno.training.checkpoint import load_checkpoint
 
     out = tmp_path / "model"
     assert export_main([str(whole_run / "ep0-ba2-rank0.pt"), str(out)]) == 0
@@ -174,7 +174,7 @@ def test_the_card_of_a_mixture_run_names_each_stream_and_its_weight():
     from omegaconf import OmegaConf as om
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from vocagno.config import load_config
+    from vocagno.training.config import load_config
     from vocagno.export import model_card
 
     streams = "{gsm: {remote: s3://runs/gsm, local: /tmp/gsm, proportion: 0.75}, heldout: {local: /tmp/heldout}}"
@@ -216,7 +216,7 @@ def test_the_student_is_wrapped_per_decoder_layer_and_each_rank_holds_half(shard
 def test_eval_reads_a_sharded_save_folder_as_its_export(sharded_run, tmp_path, capsys):
     from vocagno.eval.__main__ import load_model
     from vocagno.eval.__main__ import main as eval_main
-    from vocagno.metrics import bits_per_byte
+    from vocagno.training.metrics import bits_per_byte
 
     text = tmp_path / "text.txt"
     text.write_text("Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting.")
@@ -235,7 +235,7 @@ def whole_bf16_run(whole_run, tmp_path_factory):
     loading it computes in bfloat16."""
     from omegaconf import OmegaConf as om
 
-    from vocagno.checkpoint import load_checkpoint
+    from vocagno.training.checkpoint import load_checkpoint
 
     checkpoint = load_checkpoint(str(whole_run / "ep0-ba2-rank0.pt"))
     recipe = checkpoint["state"]["callbacks"]["RunRecipe"]
@@ -251,7 +251,7 @@ def few_shot_prompt(min_tokens: int = 1024) -> str:
     """The longest GSM8K question's 8-shot chain-of-thought prompt as ``vocagno.eval`` builds it, with the answer a
     perfect model writes under it: the text the last generated tokens attend to."""
     from vocagno.eval.benchmarks import SHIPPED_DATA, load_benchmark
-    from vocagno.tokenization import load_tokenizer
+    from vocagno.core.tokenization import load_tokenizer
 
     longest = max(load_benchmark("gsm8k", SHIPPED_DATA), key=lambda example: len(example.prompt))
     text = longest.prompt + longest.gold_output
@@ -288,12 +288,12 @@ def test_no_path_that_builds_or_loads_a_bf16_model_narrows_its_rotary_frequencie
                                                                                   tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from vocagno.checkpoint import load_model as load_checkpoint_model
-    from vocagno.config import build_causal_lm, load_config
+    from vocagno.training.checkpoint import load_model as load_checkpoint_model
+    from vocagno.training.config import build_causal_lm, load_config
     from vocagno.eval.__main__ import load_model as eval_load_model
     from vocagno.score import Teacher
-    from vocagno.scorer import load_teacher
-    from vocagno.tokenization import load_tokenizer
+    from vocagno.teacher.model import load_teacher
+    from vocagno.core.tokenization import load_tokenizer
 
     assert export_main([str(sharded_run), str(tmp_path / "model")]) == 0
     tiny = load_config(str(REPO / "yamls" / "tiny.yaml"), ["teacher.dtype=bfloat16", "model.dtype=bfloat16"])
@@ -380,8 +380,8 @@ def test_a_crafted_sharded_checkpoint_is_refused_and_runs_nothing(tmp_path, caps
 def test_a_checkpoint_whose_tokenizer_is_not_its_models_is_refused(whole_run, tmp_path, capsys):
     from composer.models import HuggingFaceModel
 
-    from vocagno.checkpoint import load_checkpoint
-    from vocagno.tokenization import load_tokenizer
+    from vocagno.training.checkpoint import load_checkpoint
+    from vocagno.core.tokenization import load_tokenizer
 
     checkpoint = load_checkpoint(str(whole_run / "ep0-ba2-rank0.pt"))
     student = student_with(checkpoint["state"]["model"])

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from test_untrusted_checkpoints import state  # noqa: F401 (a fixture)
 
-from vocagno.tokenization import ASSETS
+from vocagno.core.tokenization import ASSETS
 
 SAMPLE = ASSETS / "text" / "gsm8k_train_500.jsonl"
 CONVERT = ["--student-tokenizer", "llama2", "--teacher-tokenizer", "mistral", "--seq-len", "64"]

@@ -8,7 +8,7 @@ import pytest
 
 from experiments import math_text
 from vocagno.eval.benchmarks import SHIPPED_DATA, read_test_split
-from vocagno.tokenization import ASSETS
+from vocagno.core.tokenization import ASSETS
 
 MATH_SPLITS = {"math_heldout_100.jsonl": 100, "math_train_500.jsonl": 500, "math_teacher.jsonl.gz": 3813}
 
@@ -43,8 +43,8 @@ def test_the_math_text_is_made_again_byte_for_byte(tmp_path):
 
 
 def test_the_latex_teacher_loads_offline_by_its_shipped_name(tokenizers):
-    from vocagno.scorer import load_teacher
-    from vocagno.tokenization import load_tokenizer, shipped_model_dir
+    from vocagno.teacher.model import load_teacher
+    from vocagno.core.tokenization import load_tokenizer, shipped_model_dir
 
     folder = shipped_model_dir("tiny-latex-teacher")
     assert (ASSETS / "models" / "tiny-latex-teacher" / "model.safetensors").stat().st_size <= 8_000_000
@@ -58,8 +58,8 @@ def test_the_latex_teacher_loads_offline_by_its_shipped_name(tokenizers):
 def test_each_shipped_teacher_knows_its_own_domain_best(tokenizers):
     """On 25 held-out problems of each domain each teacher beats the other by far. Bits per byte measured (the assets
     README): MATH 2.11 tiny-latex-teacher, 4.37 tiny-math-teacher; GSM8K 3.18 and 1.58."""
-    from vocagno.metrics import bits_per_byte
-    from vocagno.scorer import load_teacher
+    from vocagno.training.metrics import bits_per_byte
+    from vocagno.teacher.model import load_teacher
 
     teachers = {"latex": (load_teacher("tiny-latex-teacher", "float32"), tokenizers["deepseek-llm"]),
                 "gsm8k": (load_teacher("tiny-math-teacher", "float32"), tokenizers["mistral"])}

@@ -74,7 +74,7 @@ def test_each_node_reads_the_eval_shards_from_its_own_cache_too():
     command = node_command("train", [str(REPO / "yamls" / "tiny.yaml"), "save_folder=/shared/run"], nodes=2,
                            node_rank=1, nproc=2, master_addr="h", cache="/local", shards="/shared/shards")
     assert "eval_loader.dataset.local=/local/eval" in command and "train_loader.dataset.local=/local/train" in command
-    from vocagno.config import load_config
+    from vocagno.training.config import load_config
 
     yaml = next(i for i, arg in enumerate(command) if arg.endswith("train.py")) + 1
     cfg = load_config(command[yaml], command[yaml + 1:])  # as train.py reads it on the node

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vocagno.loss import (
+from vocagno.core.loss import (
     AGGREGATIONS, aggregate_ranges, guided_loss, select_random, select_top, teacher_token_loss, token_cross_entropy,
 )
 

@@ -18,9 +18,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from conversion import convert_dataset
 from vocagno import score
-from vocagno.algorithm import VocAgnoLM
-from vocagno.data import TeacherGuidedDataset, teacher_guided_loader
-from vocagno.tokenization import ASSETS
+from vocagno.algorithms.vocagno_lm import VocAgnoLM
+from vocagno.data.dataset import TeacherGuidedDataset, teacher_guided_loader
+from vocagno.core.tokenization import ASSETS
 
 REPO = Path(__file__).resolve().parent.parent
 TEXT = ASSETS / "text"

@@ -16,7 +16,7 @@ from test_export import from_pretrained, logits, student_with
 
 from conversion import convert_dataset
 from vocagno import score
-from vocagno.checkpoint import load_checkpoint
+from vocagno.training.checkpoint import load_checkpoint
 from vocagno.export import main as export_main
 
 REPO = Path(__file__).resolve().parent.parent

@@ -21,12 +21,12 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from conversion import convert_dataset
 from tests.test_algorithm import Capture, tiny
 from vocagno import score
-from vocagno.algorithm import VocAgnoLM
-from vocagno.data import TeacherGuidedCollator, TeacherGuidedDataset
-from vocagno.output import Output
-from vocagno.scorer import TeacherScorer, weights_fingerprint
-from vocagno.shards import ShardMetadata
-from vocagno.tokenization import ASSETS
+from vocagno.algorithms.vocagno_lm import VocAgnoLM
+from vocagno.data.dataset import TeacherGuidedCollator, TeacherGuidedDataset
+from vocagno.data.outroots import Output
+from vocagno.teacher.model import TeacherScorer, weights_fingerprint
+from vocagno.data.shards import ShardMetadata
+from vocagno.core.tokenization import ASSETS
 
 REPO = Path(__file__).resolve().parents[1]
 PARTS = 20  # input shards, one per converter part of 5 documents
@@ -101,9 +101,9 @@ def test_the_scored_shards_hold_the_inputs_samples_shard_for_shard_with_the_teac
 
 def test_the_scoring_pass_and_the_selection_report_start_without_composer():
     """Every rank of a scoring or selection job imports neither Composer nor what only training needs: what they share
-    with training (the teacher's loading, scoring and sharding) is vocagno.scorer's, about 1.6 s less CPU a process."""
+    with training (the teacher's loading, scoring and sharding) is vocagno.teacher.model's, about 1.6 s less CPU a process."""
     code = ("import sys, vocagno.score, vocagno.selection; print(sorted(m for m in sys.modules if "
-            "m == 'vocagno.algorithm' or m.split('.')[0] in ('composer', 'torchmetrics')))")
+            "m == 'vocagno.algorithms.vocagno_lm' or m.split('.')[0] in ('composer', 'torchmetrics')))")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode == 0, result.stderr[-3000:]
@@ -248,7 +248,7 @@ def test_a_yamls_config_built_teacher_scores_what_its_training_run_would_use(tok
 
 
 def test_scoring_on_a_cpu_keeps_the_blocks_it_frees_for_the_next_batch(scored, tmp_path, monkeypatch):
-    """vocagno.allocator, as train.py on a CPU: the teacher's logits and log-softmax reused, not faulted in again."""
+    """vocagno.memory, as train.py on a CPU: the teacher's logits and log-softmax reused, not faulted in again."""
     monkeypatch.setattr(score, "keep_freed_memory", reached)
     with pytest.raises(Reached):
         score.main(["--shards", str(scored / "shards"), "--teacher", str(scored / "teacher"), "--out",

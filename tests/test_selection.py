@@ -1,4 +1,4 @@
-"""vocagno.selection and vocagno.canaries: what a teacher keeps, measured with canaries, on real tokenizers and text."""
+"""vocagno.selection and vocagno.diagnostics.canaries: what a teacher keeps, measured with canaries, on real tokenizers and text."""
 
 import json
 import os
@@ -13,9 +13,9 @@ from helpers import Reached, reached
 
 from conversion import convert_dataset
 from vocagno import selection
-from vocagno.canaries import CLEAN, NOISE, clean_documents, mix, pack
+from vocagno.diagnostics.canaries import CLEAN, NOISE, clean_documents, mix, pack
 from vocagno.score import read_shard
-from vocagno.shards import ShardMetadata
+from vocagno.data.shards import ShardMetadata
 
 REPO = Path(__file__).resolve().parent.parent
 TEXT = REPO / "vocagno" / "assets" / "text"
@@ -144,7 +144,7 @@ def test_a_trained_student_can_rank_instead_of_a_flat_one(heldout, tmp_path):
     student = LlamaForCausalLM(LlamaConfig(vocab_size=32000, hidden_size=32, intermediate_size=64,
                                            num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
     student.save_pretrained(tmp_path / "student")
-    from vocagno.tokenization import load_tokenizer
+    from vocagno.core.tokenization import load_tokenizer
 
     load_tokenizer("llama2").save_pretrained(tmp_path / "student")
     assert selection.main(["--shards", str(heldout), "--teacher", "tiny-math-teacher", "--dtype", "float32",
@@ -284,7 +284,7 @@ def test_the_json_report_is_strict_json_a_mean_over_no_tokens_is_null():
 
 
 def test_a_report_on_a_cpu_keeps_the_blocks_it_frees_for_the_next_batch(heldout, monkeypatch):
-    """vocagno.allocator, as train.py on a CPU: the models' logits and log-softmax reused, not faulted in again (a
+    """vocagno.memory, as train.py on a CPU: the models' logits and log-softmax reused, not faulted in again (a
     report of 64 rows: 1.75M page faults without it, 0.30M with it)."""
     monkeypatch.setattr(selection, "keep_freed_memory", reached)
     with pytest.raises(Reached):

@@ -11,7 +11,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from tests.test_selection import REPO, TEXT, convert
 from vocagno import selection
-from vocagno.tokenization import resolve_shipped
+from vocagno.core.tokenization import resolve_shipped
 
 SAMPLES = ["--samples", "16", "--canaries", "0.5", "--dtype", "float32"]
 

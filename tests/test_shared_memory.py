@@ -1,4 +1,4 @@
-"""``vocagno.data.clean_leaked_shared_memory`` on a shared-memory folder of its own: which Streaming prefixes it takes
+"""``vocagno.data.dataset.clean_leaked_shared_memory`` on a shared-memory folder of its own: which Streaming prefixes it takes
 for junk (registered on this run's locals, held by no process, still the file it examined) and which it leaves."""
 
 import ctypes
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from streaming.base.shared.prefix import _pack_locals
 
-from vocagno import data
-from vocagno.data import clean_leaked_shared_memory
+from vocagno.data import dataset as data
+from vocagno.data.dataset import clean_leaked_shared_memory
 
 
 @contextmanager

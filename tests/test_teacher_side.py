@@ -1,4 +1,4 @@
-"""The teacher side made from student tokens alone (vocagno.teacher_side), against the converter and real tokenizers."""
+"""The teacher side made from student tokens alone (vocagno.teacher.side), against the converter and real tokenizers."""
 
 import numpy as np
 import pytest
@@ -6,10 +6,10 @@ import torch
 from streaming import StreamingDataset
 
 from conversion import convert_dataset
-from vocagno.alignment import align
-from vocagno.data import TeacherGuidedCollator
-from vocagno.teacher_side import StudentText, TeacherSide
-from vocagno.tokenization import ASSETS, SHIPPED_TOKENIZERS, encode_with_offsets
+from vocagno.core.alignment import align
+from vocagno.data.dataset import TeacherGuidedCollator
+from vocagno.teacher.side import StudentText, TeacherSide
+from vocagno.core.tokenization import ASSETS, SHIPPED_TOKENIZERS, encode_with_offsets
 
 TEXT = "Hello world 😀 ∫x²dx = x³/3, 中文\n\n  two  spaces\tand a tab. </s> <|endoftext|> stay text."
 
@@ -127,7 +127,7 @@ def test_a_batch_of_student_tokens_becomes_a_collator_batch(tokenizers, converte
 
 
 def test_a_packed_teacher_side_unpacks_to_the_same_tensors_an_empty_one_included():
-    from vocagno.teacher_side import PACKED, _pack, unpack_teacher_side
+    from vocagno.teacher.side import PACKED, _pack, unpack_teacher_side
 
     batch = {"input_ids": torch.arange(6).reshape(2, 3), "align_start": torch.ones(2, 3, dtype=torch.long),
              "special_tokens": torch.tensor([[True, False, False], [False, False, True]]),

@@ -1,4 +1,4 @@
-"""Several teachers of different vocabularies guiding one student (vocagno.teachers): the combination, the algorithm
+"""Several teachers of different vocabularies guiding one student (vocagno.teacher.several): the combination, the algorithm
 online and cached, the scoring pass per teacher, and the refusals, on real tokenizers and text."""
 
 import json
@@ -19,14 +19,14 @@ from conversion import convert_dataset
 from tests.helpers import Capture
 from tests.test_algorithm import tiny
 from vocagno import score
-from vocagno.algorithm import VocAgnoLM, teacher_guided_loss
-from vocagno.data import TeacherGuidedCollator, TeacherGuidedDataset, batch_key
-from vocagno.loss import guided_loss, reference_loss
-from vocagno.scorer import TeacherScorer
-from vocagno.shards import ShardMetadata
-from vocagno.teachers import made_side
-from vocagno.teacher_side import TeacherSide
-from vocagno.tokenization import ASSETS
+from vocagno.algorithms.vocagno_lm import VocAgnoLM, teacher_guided_loss
+from vocagno.data.dataset import TeacherGuidedCollator, TeacherGuidedDataset, batch_key
+from vocagno.core.loss import guided_loss, reference_loss
+from vocagno.teacher.model import TeacherScorer
+from vocagno.data.shards import ShardMetadata
+from vocagno.teacher.several import made_side
+from vocagno.teacher.side import TeacherSide
+from vocagno.core.tokenization import ASSETS
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -7,7 +7,7 @@ from collections import OrderedDict
 
 import pytest
 
-from vocagno.tokenization import SHIPPED_TOKENIZERS, encode_with_offsets, load_tokenizer, shipped_tokenizer_dir
+from vocagno.core.tokenization import SHIPPED_TOKENIZERS, encode_with_offsets, load_tokenizer, shipped_tokenizer_dir
 
 # The sizes the shipped copies must have (shared/assets/README.md): the real tokenizers, not stand-ins.
 VOCAB_SIZES = {"llama2": 32000, "codellama": 32016, "mistral": 32000, "qwen2.5": 151665, "deepseek-llm": 100015}
@@ -39,7 +39,7 @@ def test_unpacking_is_cached_and_keyed_by_content():
 def test_a_job_that_loses_the_unpacking_race_takes_the_winners_folder_and_leaves_no_staging(tmp_path, monkeypatch):
     """Jobs of a node unpacking the same shipped files at once: the one whose rename finds the folder in place takes
     that folder as it is and removes its own staging copy; a fill that fails with no folder in place raises."""
-    from vocagno.tokenization import _unpacked_once
+    from vocagno.core.tokenization import _unpacked_once
 
     monkeypatch.setenv("VOCAGNO_CACHE", str(tmp_path))
     target = tmp_path / "models" / "x-abc"
@@ -87,9 +87,9 @@ def test_the_shipped_teacher_is_a_hugging_face_folder_that_has_learned_gsm8k_tex
     import torch
     from transformers import AutoModelForCausalLM
 
-    from vocagno.metrics import bits_per_byte
-    from vocagno.scorer import load_teacher
-    from vocagno.tokenization import shipped_model_dir
+    from vocagno.training.metrics import bits_per_byte
+    from vocagno.teacher.model import load_teacher
+    from vocagno.core.tokenization import shipped_model_dir
 
     folder = shipped_model_dir("tiny-math-teacher")
     assert shipped_model_dir("tiny-math-teacher") == folder and (folder / "tokenizer.json").exists()
@@ -108,7 +108,7 @@ def test_the_shipped_teacher_is_a_hugging_face_folder_that_has_learned_gsm8k_tex
 def test_vocabulary_fingerprints_stay_what_existing_shards_record(tokenizers):
     """The fingerprint shards record of each tokenizer (sha256 of its sorted token -> id pairs as JSON) stays the
     same however it is computed: shards converted before are still read."""
-    from vocagno.shards import tokenizer_info
+    from vocagno.data.shards import tokenizer_info
 
     assert {name: tokenizer_info(tokenizer, name).fingerprint for name, tokenizer in tokenizers.items()} == {
         "llama2": "a255706a2929068e", "codellama": "6bafdfb83eca97be", "mistral": "fc11e3a10805a88b",
@@ -116,10 +116,10 @@ def test_vocabulary_fingerprints_stay_what_existing_shards_record(tokenizers):
 
 
 def test_a_tokenizers_description_follows_tokens_added_to_it(monkeypatch):
-    """vocagno.shards.tokenizer_info keeps a tokenizer's vocabulary digest between calls: a token added since
+    """vocagno.data.shards.tokenizer_info keeps a tokenizer's vocabulary digest between calls: a token added since
     changes the size and fingerprint it reports, as a tokenizer loaded afresh does."""
-    from vocagno import shards
-    from vocagno.shards import tokenizer_info
+    from vocagno.data import shards
+    from vocagno.data.shards import tokenizer_info
 
     tokenizer = load_tokenizer("mistral")
     before = tokenizer_info(tokenizer, "mistral")
@@ -138,7 +138,7 @@ def test_a_tokenizer_loaded_again_takes_the_vocabulary_of_the_same_content_and_n
     reading and hashing its 151K tokens again; one whose content differs (a token added) is read."""
     from helpers import reached
 
-    from vocagno.shards import vocabulary
+    from vocagno.data.shards import vocabulary
 
     vocab, digest = vocabulary(load_tokenizer("qwen2.5"))
     again = load_tokenizer("qwen2.5")
@@ -157,7 +157,7 @@ def test_a_vocabulary_with_two_tokens_of_one_id_or_a_component_that_cant_be_save
     from tokenizers import pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from vocagno.shards import vocabulary
+    from vocagno.data.shards import vocabulary
 
     spec = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
             "pre_tokenizer": None, "post_processor": None, "decoder": None,
@@ -195,7 +195,7 @@ def test_a_vocabulary_with_two_tokens_of_one_id_or_a_component_that_cant_be_save
 def test_a_copy_without_the_dummy_prefix_differs_only_there(tokenizers, name):
     """SentencePiece tokenizers (Llama-2's, Mistral's) prepend a "▁" to every text; their copy for pieces that go on
     from a document prepends none and tokenizes the rest as they do. Byte-level ones have no copy."""
-    from vocagno.tokenization import has_dummy_prefix, without_dummy_prefix
+    from vocagno.core.tokenization import has_dummy_prefix, without_dummy_prefix
 
     backend = tokenizers[name].backend_tokenizer
     copy = without_dummy_prefix(backend)
@@ -212,7 +212,7 @@ def test_a_copy_without_the_dummy_prefix_differs_only_there(tokenizers, name):
 
 def test_a_copy_without_the_dummy_prefix_reads_special_tokens_as_its_tokenizer_does():
     # Whether a tokenizer reads "</s>" as text is not in its serialization: the copy read it as the special token.
-    from vocagno.tokenization import without_dummy_prefix
+    from vocagno.core.tokenization import without_dummy_prefix
 
     backend = load_tokenizer("mistral").backend_tokenizer
     for splitting in (False, True):
@@ -227,8 +227,8 @@ def test_a_copy_without_the_dummy_prefix_reads_special_tokens_as_its_tokenizer_d
 def test_text_copies_of_a_tokenizer_are_made_once_per_content_and_leave_the_tokenizer_as_it_was():
     # Copying a 151K vocabulary's tokenizer (twice: as it is, without the dummy prefix) took about a second and a
     # half: every conversion, part and Encoder paid it again for the same tokenizer file.
-    from vocagno.shards import Encoder
-    from vocagno.tokenization import text_tokenizers
+    from vocagno.data.shards import Encoder
+    from vocagno.core.tokenization import text_tokenizers
 
     first, second = load_tokenizer("qwen2.5"), load_tokenizer("qwen2.5")
     assert first.backend_tokenizer is not second.backend_tokenizer
@@ -247,7 +247,7 @@ def test_text_copies_of_a_tokenizer_are_made_once_per_content_and_leave_the_toke
 
 def test_text_copies_are_kept_for_the_latest_tokenizers_only():
     # A process that converts with many tokenizers (a notebook, a sweep) would otherwise hold two copies of each.
-    from vocagno.tokenization import _text_copies, text_tokenizers
+    from vocagno.core.tokenization import _text_copies, text_tokenizers
 
     first, later = load_tokenizer("llama2"), load_tokenizer("llama2")
     copies = text_tokenizers(first.backend_tokenizer)

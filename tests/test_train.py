@@ -14,9 +14,9 @@ from helpers import Reached, assert_same_losses, kill_when, own_data, reached, r
 from omegaconf import OmegaConf as om
 
 import train
-from vocagno.algorithm import VocAgnoLM
-from vocagno.baselines import KLD, ULD
-from vocagno.shards import ShardMetadata
+from vocagno.algorithms.vocagno_lm import VocAgnoLM
+from vocagno.algorithms.baselines import KLD, ULD
+from vocagno.data.shards import ShardMetadata
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = str(REPO / "yamls" / "tiny.yaml")
@@ -97,7 +97,7 @@ def test_the_console_line_puts_each_evaluation_on_the_batch_it_was_measured_at(c
 
     from composer.core import Time, Timestamp
 
-    from vocagno.loggers import ConsoleLine
+    from vocagno.training.loggers import ConsoleLine
 
     console = ConsoleLine(every=5)
     state = SimpleNamespace(max_duration=Time(10, "ba"))
@@ -120,7 +120,7 @@ def test_every_checkpoint_saved_is_said_once_also_when_composer_rotates_them(tmp
 
     from composer.callbacks import CheckpointSaver
 
-    from vocagno.loggers import Narration
+    from vocagno.training.loggers import Narration
 
     saver = CheckpointSaver(folder=str(tmp_path), num_checkpoints_to_keep=0)  # each rotated away at once
     state = SimpleNamespace(callbacks=[saver], algorithms=[])
@@ -175,7 +175,7 @@ def test_the_student_model_shifts_labels_without_importing_every_causal_lm_class
     from composer.models import huggingface
     from transformers.models.auto import modeling_auto
 
-    from vocagno.config import build_causal_lm
+    from vocagno.training.config import build_causal_lm
 
     class Unasked:
         def values(self):
@@ -545,7 +545,7 @@ def test_a_run_cleans_what_a_killed_run_left_in_shared_memory_and_not_what_a_liv
     would refuse it: the same local with a remote), and leaves the shared memory of a job still reading its shards."""
     import tempfile
 
-    from vocagno.data import TeacherGuidedDataset
+    from vocagno.data.dataset import TeacherGuidedDataset
 
     # The live job as on a fresh node: no Streaming file locks in its temporary folder, so it takes the lowest free
     # prefix (0 here), the first that Streaming's clean_stale_shared_memory unlinks.
@@ -559,7 +559,7 @@ def test_a_run_cleans_what_a_killed_run_left_in_shared_memory_and_not_what_a_liv
     # Killed with its whole process group, as a node's death kills it: its resource tracker unlinks nothing. It reads
     # a sample first, which leaves Streaming's file locks of its prefix in /tmp: other datasets (pytest -n's other
     # worker) skip that prefix instead of mapping it.
-    leave_behind = ("import pathlib, time; from vocagno.data import TeacherGuidedDataset; "
+    leave_behind = ("import pathlib, time; from vocagno.data.dataset import TeacherGuidedDataset; "
                     f"d = TeacherGuidedDataset(local={str(tmp_path / 'cache')!r}, remote={remote!r}, batch_size=1); "
                     f"d[0]; pathlib.Path({str(tmp_path / 'prefix')!r}).write_text(str(d._shm_prefix_int)); "
                     "time.sleep(600)")
@@ -578,7 +578,7 @@ def test_a_run_cleans_what_a_killed_run_left_in_shared_memory_and_not_what_a_liv
 
 
 def test_a_cpu_run_keeps_the_large_blocks_its_steps_free_from_its_start(monkeypatch):
-    """vocagno.allocator on a CPU (tests/test_allocator.py shows what it changes): set before anything is built."""
+    """vocagno.memory on a CPU (tests/test_allocator.py shows what it changes): set before anything is built."""
     import train
 
     monkeypatch.setattr(train, "keep_freed_memory", reached)

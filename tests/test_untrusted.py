@@ -23,7 +23,7 @@ from test_selection import TEXT
 from test_selection import convert as convert_texts
 
 from vocagno import score
-from vocagno.checkpoint import BadCheckpoint, repair
+from vocagno.training.checkpoint import BadCheckpoint, repair
 from vocagno.eval.__main__ import main as eval_main
 from vocagno.export import main as export_main
 from vocagno.selection import main as selection_main
@@ -224,7 +224,7 @@ def test_an_object_of_a_sharded_checkpoint_reads_as_torch_reads_it_and_a_gadget_
     under a number far out (Python's unpickler would allocate for it) are torch's to judge, never read as data."""
     import datetime
 
-    from vocagno.untrusted import _NOT_PLAIN, UntrustedFile, _plain_data, load_torch
+    from vocagno.doors.untrusted import _NOT_PLAIN, UntrustedFile, _plain_data, load_torch
 
     def saved(value) -> io.BytesIO:
         out = io.BytesIO()
@@ -311,7 +311,7 @@ def test_a_shard_name_leaving_its_folder_is_refused_locally_and_in_a_store(name,
 def test_a_bad_shard_name_after_many_good_ones_is_refused_in_one_line(bad, tmp_path):
     """.metadata names a shard for every item (a tokenizer in the state is thousands): each distinct name is checked
     once, and a bad one after the good ones, or one that is no string at all, is still refused in one line."""
-    from vocagno.untrusted import UntrustedFile, read_dcp_metadata
+    from vocagno.doors.untrusted import UntrustedFile, read_dcp_metadata
 
     checkpoint = dcp_save({"state": {"model": {"w": torch.ones(2)}, "timestamp": {str(i): i for i in range(50)}}},
                           tmp_path / "save" / "ep0-ba1")
@@ -397,7 +397,7 @@ def test_a_read_error_is_no_proof_of_a_save_cut_short(tmp_path, monkeypatch):
     checkpoint stays (zipfile.is_zipfile, used before, answered False on any OSError, and the file was deleted)."""
     import errno
 
-    import vocagno.checkpoint
+    import vocagno.training.checkpoint
 
     save = tmp_path / "save"
     save.mkdir()
@@ -406,7 +406,7 @@ def test_a_read_error_is_no_proof_of_a_save_cut_short(tmp_path, monkeypatch):
     def hiccup(path):
         raise OSError(errno.EIO, "Input/output error", str(path))
 
-    monkeypatch.setattr(vocagno.checkpoint, "_zip_cut_short", hiccup)
+    monkeypatch.setattr(vocagno.training.checkpoint, "_zip_cut_short", hiccup)
     with pytest.raises(BadCheckpoint, match="ep0-ba1-rank0.pt: can't be read: Input/output error: autoresume"):
         repair(str(save))
     assert (save / "ep0-ba1-rank0.pt").exists()
@@ -460,8 +460,8 @@ def test_a_part_or_shard_name_on_the_out_root_that_leaves_its_folder_is_refused_
 
 
 def test_the_merged_index_refuses_a_shard_name_that_leaves_its_part(tmp_path):
-    from vocagno.output import merged_index
-    from vocagno.untrusted import UntrustedFile
+    from vocagno.data.outroots import merged_index
+    from vocagno.doors.untrusted import UntrustedFile
 
     root = convert(tmp_path / "shards", inputs=[small_corpus(tmp_path / "docs.jsonl")])
     part = next(root.glob("part-*"))
@@ -482,7 +482,7 @@ def test_a_model_config_naming_code_or_a_place_to_load_from_runs_nothing(model_t
                                                                           capsys):
     """Composer's config reader falls back to ``from_pretrained(_name_or_path, **fields)`` for an unknown
     model_type, trust_remote_code included: vocagno refuses an unknown model_type, and a known one whose config names
-    code (vocagno.untrusted.check_config)."""
+    code (vocagno.doors.untrusted.check_config)."""
     marker = tmp_path.parent / f"{tmp_path.name}-ran"
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -536,7 +536,7 @@ def test_a_checkpoint_folder_is_judged_by_what_a_save_writes_never_by_a_link_ins
 def test_a_recipe_that_reads_the_environment_is_refused(tmp_path, capsys, monkeypatch):
     from omegaconf import OmegaConf as om
 
-    from vocagno.checkpoint import load_checkpoint
+    from vocagno.training.checkpoint import load_checkpoint
 
     monkeypatch.setenv("VOCAGNO_TEST_SECRET", "hunter2")
     state = crafted_state({})

@@ -18,11 +18,11 @@ import torch
 from test_untrusted import RunsACommand, dcp_save, gadgets, store, whole_with  # noqa: F401 (store: a fixture)
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from vocagno.checkpoint import BadCheckpoint
+from vocagno.training.checkpoint import BadCheckpoint
 from vocagno.eval.__main__ import main as eval_main
 from vocagno.export import main as export_main
-from vocagno.tokenization import load_tokenizer
-from vocagno.untrusted import UntrustedFile
+from vocagno.core.tokenization import load_tokenizer
+from vocagno.doors.untrusted import UntrustedFile
 
 REPO = Path(__file__).resolve().parent.parent
 VOCAB = 32001  # llama2's 32,000 tokens and one a tokenizer from elsewhere may add
@@ -95,7 +95,7 @@ def test_a_gadget_given_as_load_path_to_train_py_runs_nothing(tmp_path):
 def test_a_load_path_in_a_store_or_on_disk_is_checked_as_autoresumes_latest(store, tmp_path):
     """What train.py calls for a load_path: a store's whole file downloaded and checked, of a sharded checkpoint the
     shards holding its pickled objects; locally, anything but a whole file or a sharded folder refused."""
-    from vocagno.checkpoint import check_load_path
+    from vocagno.training.checkpoint import check_load_path
 
     marker = tmp_path / "ran"
     torch.save({"state": {"timestamp": RunsACommand(marker)}}, tmp_path / "evil.pt")
@@ -282,7 +282,7 @@ def _model_folder(tmp_path: Path) -> Path:
     """A copy of the shipped tiny teacher's folder (config, safetensors weights, tokenizer)."""
     import shutil
 
-    from vocagno.tokenization import shipped_model_dir
+    from vocagno.core.tokenization import shipped_model_dir
 
     folder = tmp_path / "shared" / "model"
     shutil.copytree(shipped_model_dir("tiny-math-teacher"), folder)
@@ -365,7 +365,7 @@ def test_a_model_folders_config_is_bounded_before_transformers_parses_it(load, t
     from bounded import within
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from vocagno.untrusted import from_pretrained
+    from vocagno.doors.untrusted import from_pretrained
 
     folder = _model_folder(tmp_path)
     config = json.loads((folder / "config.json").read_text())
@@ -559,7 +559,7 @@ def test_a_sharded_checkpoint_whose_metadata_claims_more_than_its_shards_hold_is
     from test_untrusted import dcp_save
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from vocagno.untrusted import read_dcp_metadata
+    from vocagno.doors.untrusted import read_dcp_metadata
 
     folder = dcp_save(copy.deepcopy(state), tmp_path / "ep0-ba1")
     metadata = read_dcp_metadata(folder / ".metadata")
@@ -577,7 +577,7 @@ def test_a_model_folder_transformers_saved_loads_through_the_checks(architecture
     past its 2 layers, Mixtral's experts) or buffers (GPT-2's causal mask) load, sharded and whole."""
     from transformers import AutoModelForCausalLM, GPT2Config, MixtralConfig, Qwen2Config
 
-    from vocagno.untrusted import from_pretrained
+    from vocagno.doors.untrusted import from_pretrained
 
     small = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=64)

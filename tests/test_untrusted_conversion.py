@@ -16,7 +16,7 @@ from bounded import within
 from test_conversion import converts, small_corpus
 
 from conversion.sources import TextOf, sources_of
-from vocagno.shards import ShardMetadata
+from vocagno.data.shards import ShardMetadata
 
 
 def every_byte(folder):
@@ -99,7 +99,7 @@ def test_a_parts_index_with_samples_no_shard_holds_is_refused_before_the_merge_u
 def test_a_link_planted_at_a_parts_staging_name_is_not_written_through(tmp_path, monkeypatch):
     """A part is built under a fresh private name of the converter's own: a link someone planted at the name the next
     part used to be built under (.tmp-part-...), while the job runs, leads nowhere the converter writes."""
-    from vocagno.output import Output
+    from vocagno.data.outroots import Output
 
     victim = tmp_path / "victim"
     victim.mkdir()
@@ -238,7 +238,7 @@ def test_a_remote_out_roots_working_folder_planted_in_the_temporary_folder_is_re
     assert message.startswith(f"error: {top}: refused as the local working folder of s3://bucket/shards") \
         and message.endswith("pass --local-root") and "\n" not in message, message
     assert list(victim.iterdir()) == []
-    from vocagno.output import work_folder
+    from vocagno.data.outroots import work_folder
 
     top.unlink()
     folder = work_folder("s3://bucket/shards")

@@ -8,7 +8,7 @@ import pytest
 
 from vocagno.align import main as align_main
 from vocagno.eval.benchmarks import read_test_split
-from vocagno.untrusted import UntrustedFile
+from vocagno.doors.untrusted import UntrustedFile
 
 
 def test_a_report_of_runs_whose_results_are_a_device_or_a_list_says_so_in_one_line(tmp_path, capsys):
@@ -72,7 +72,7 @@ def test_a_benchmark_data_folder_with_a_bomb_a_link_or_broken_json_is_refused_by
 def test_a_shard_folders_vocagno_json_of_other_shapes_is_refused_in_one_line(change, why, tmp_path):
     import json
 
-    from vocagno.shards import ShardMetadata, TokenizerInfo
+    from vocagno.data.shards import ShardMetadata, TokenizerInfo
 
     info = TokenizerInfo("llama2", "a255706a2929068e", 32000, "</s>", 2, "<s>", 1)
     ShardMetadata(student=info, teacher=info, seq_len=64).write(tmp_path)

@@ -23,8 +23,8 @@ from streaming.base.hashing import get_hash
 from test_selection import convert
 
 from vocagno import inspect, score, selection
-from vocagno.data import TeacherGuidedDataset
-from vocagno.untrusted import UntrustedFile
+from vocagno.data.dataset import TeacherGuidedDataset
+from vocagno.doors.untrusted import UntrustedFile
 
 REPO = Path(__file__).resolve().parents[1]
 TEXT = REPO / "vocagno" / "assets" / "text"
@@ -143,12 +143,12 @@ def test_selection_refuses_shards_whose_index_names_an_unknown_hash_in_one_line(
 
 RUNNER = textwrap.dedent('''
     import json, os, resource, signal, sys, time, traceback
-    import vocagno.data, vocagno.inspect, vocagno.score  # what the cases import, before the cap
+    import vocagno.data.dataset, vocagno.inspect, vocagno.score  # what the cases import, before the cap
 
     def dataset(local, remote=None):  # as an entry point: an UntrustedFile is one line, exit 1
-        from vocagno.untrusted import UntrustedFile
+        from vocagno.doors.untrusted import UntrustedFile
         try:
-            vocagno.data.TeacherGuidedDataset(local=local, remote=remote, batch_size=1)[0]
+            vocagno.data.dataset.TeacherGuidedDataset(local=local, remote=remote, batch_size=1)[0]
         except UntrustedFile as error:
             sys.exit(f"error: {error}")
         return 0
@@ -426,9 +426,9 @@ def test_a_sample_whose_offsets_are_out_of_order_is_refused_in_one_line(tmp_path
     import numpy as np
     from streaming import MDSWriter
 
-    from vocagno.data import TeacherGuidedDataset
-    from vocagno.shards import COLUMNS, ShardMetadata, TokenizerInfo
-    from vocagno.untrusted import UntrustedFile
+    from vocagno.data.dataset import TeacherGuidedDataset
+    from vocagno.data.shards import COLUMNS, ShardMetadata, TokenizerInfo
+    from vocagno.doors.untrusted import UntrustedFile
 
     folder = tmp_path / "shards"
     with MDSWriter(out=str(folder), columns=COLUMNS, hashes=["xxh3_64"]) as writer:
@@ -506,7 +506,7 @@ def test_a_local_shard_swapped_after_it_was_checked_is_refused_as_it_is_read(sha
 
 
 def test_the_work_folder_of_a_long_non_ascii_out_root_is_a_name_the_file_system_takes(tmp_path, monkeypatch):
-    from vocagno.output import work_folder
+    from vocagno.data.outroots import work_folder
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr("tempfile.tempdir", None)

@@ -6,7 +6,7 @@
 Tokenizers are local folders, the shipped copies (llama2, codellama, mistral, qwen2.5, deepseek-llm) or Hugging Face
 names. Prints each student token with its teacher tokens and IoU/IoS, the unmapped tokens, the corpus figures, the
 vocabulary overlap of the pair, and the mean IoU/IoS at token level and of chunk-level alignment per number of chunks
-(``vocagno.alignment.chunk_overlap``: the data of the paper's Figures 3 and 6).
+(``vocagno.core.alignment.chunk_overlap``: the data of the paper's Figures 3 and 6).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from vocagno.alignment import align, alignment_quality, chunk_overlap, vocab_overlap
-from vocagno.tokenization import encode_with_offsets, load_tokenizer
-from vocagno.untrusted import UntrustedFile, read_bytes
+from vocagno.core.alignment import align, alignment_quality, chunk_overlap, vocab_overlap
+from vocagno.core.tokenization import encode_with_offsets, load_tokenizer
+from vocagno.doors.untrusted import UntrustedFile, read_bytes
 
 
 def main(argv: list[str] | None = None) -> int:

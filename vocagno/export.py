@@ -4,7 +4,7 @@
     python -m vocagno.export runs/x/ep0-ba1000 models/x --dtype bfloat16   # a sharded one (a folder of .distcp)
     python -m vocagno.export s3://bucket/runs/x models/x --eval evals/x    # a save folder's latest, with results
 
-CHECKPOINT is any checkpoint of ``train.py`` that ``vocagno.checkpoint`` reads. OUT gets safetensors weights (in
+CHECKPOINT is any checkpoint of ``train.py`` that ``vocagno.training.checkpoint`` reads. OUT gets safetensors weights (in
 the run's precision: bfloat16 for ``amp_bf16``, or ``--dtype``), the config, the tokenizer, a generation config,
 and a model card (README.md) stating the recipe: student, teacher, tokenizers, selection, tokens trained, the yaml,
 and the ``vocagno.eval`` results of ``--eval DIR``. OUT is written whole or not at all; an existing OUT is refused
@@ -22,10 +22,10 @@ from typing import Any
 
 from omegaconf import OmegaConf as om
 
-from vocagno.algorithm import VocAgnoLM
-from vocagno.checkpoint import DTYPES, BadCheckpoint, fetch, load_model, recipe, recipe_config
-from vocagno.untrusted import UntrustedFile, read_json
-from vocagno.writing import make_readable, publish, remove, staging, write_atomically
+from vocagno.algorithms.vocagno_lm import VocAgnoLM
+from vocagno.training.checkpoint import DTYPES, BadCheckpoint, fetch, load_model, recipe, recipe_config
+from vocagno.doors.untrusted import UntrustedFile, read_json
+from vocagno.doors.writing import make_readable, publish, remove, staging, write_atomically
 
 __all__ = ["export", "main", "model_card"]
 

@@ -17,11 +17,11 @@ from collections import Counter
 
 import numpy as np
 
-from vocagno.alignment import align, alignment_quality, vocab_overlap
-from vocagno.data import TeacherGuidedDataset
-from vocagno.tokenization import load_tokenizer
-from vocagno.untrusted import UntrustedFile
-from vocagno.writing import write_atomically
+from vocagno.core.alignment import align, alignment_quality, vocab_overlap
+from vocagno.data.dataset import TeacherGuidedDataset
+from vocagno.core.tokenization import load_tokenizer
+from vocagno.doors.untrusted import UntrustedFile
+from vocagno.doors.writing import write_atomically
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,7 +52,7 @@ def node_command(job: str, job_args: list[str], *, nodes: int, node_rank: int, n
                          "system) and --cache (a folder on this node's own disk for Streaming's local copies)")
     from omegaconf import OmegaConf as om
 
-    from vocagno.config import load_config
+    from vocagno.training.config import load_config
 
     cfg = load_config(job_args[0], job_args[1:])
     if not cfg.get("save_folder"):

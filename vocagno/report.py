@@ -26,8 +26,8 @@ import sys
 from pathlib import Path
 
 from vocagno.eval.benchmarks import BENCHMARKS, TITLES, checked_partial
-from vocagno.untrusted import UntrustedFile, read_json
-from vocagno.writing import save_figure
+from vocagno.doors.untrusted import UntrustedFile, read_json
+from vocagno.doors.writing import save_figure
 
 __all__ = ["read_run", "run_names", "results_table", "sweep", "miniature_table", "main"]
 

@@ -12,7 +12,7 @@ plus ``teacher_loss`` (float16: 2 bytes per teacher token, 3 significant digits 
 undefined: a row's first token), and its ``vocagno.json`` records the teacher (``scored_by``: name, a fingerprint of
 its weights, dtype).
 
-How it runs, as the converter does (``vocagno/output.py``):
+How it runs, as the converter does (``vocagno/data/outroots.py``):
 - Each input shard becomes one part (``part-NNNNN/``, one shard of the same samples in the same order), so the
   scored dataset has the input's shards, sample for sample: a shuffled run sees the samples in the same order.
 - Rank r of W (``RANK``/``WORLD_SIZE``, as ``torchrun`` and ``composer`` set them) scores the parts i with
@@ -23,7 +23,7 @@ How it runs, as the converter does (``vocagno/output.py``):
 - ``--out`` may be a remote Streaming can write (``s3://...``), through ``--local-root``. The last rank to finish
   verifies every shard there and publishes ``vocagno.json`` and ``index.json``, ``index.json`` last.
 
-Several teachers (``teachers:``, ``vocagno.teachers``) are scored once each, one pass per teacher, each pass reading
+Several teachers (``teachers:``, ``vocagno.teacher.several``) are scored once each, one pass per teacher, each pass reading
 the previous one's output: ``--name NAME`` is the teacher's name in the run (with ``--config``, it picks the teacher
 of the yaml's ``teachers:``). The teacher whose vocabulary the shards were made with, scored first, fills
 ``teacher_loss`` as a single teacher does; every other teacher scores its tokens as training makes them from the
@@ -48,18 +48,18 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from vocagno.allocator import keep_freed_memory
-from vocagno.output import (
+from vocagno.memory import keep_freed_memory
+from vocagno.data.outroots import (
     PART_STATS, OwnedLock, Output, all_jobs_done, check_or_write_settings, job_marker, merge_once, publish_dataset,
     unfinished_parts,
 )
-from vocagno.scorer import TeacherScorer, load_teacher, weights_fingerprint
-from vocagno.shards import (
+from vocagno.teacher.model import TeacherScorer, load_teacher, weights_fingerprint
+from vocagno.data.shards import (
     METADATA_FILE, SCORED_COLUMNS, SHARD_HASH, ShardMetadata, align_column, check_columns, check_teacher_name, compact,
     describe_tokenizer, loss_column,
 )
-from vocagno.untrusted import UntrustedFile, check_mds, decompress, inside, read_bytes
-from vocagno.writing import make_readable, publish, remove, staging, write_atomically
+from vocagno.doors.untrusted import UntrustedFile, check_mds, decompress, inside, read_bytes
+from vocagno.doors.writing import make_readable, publish, remove, staging, write_atomically
 
 __all__ = ["Teacher", "score", "main"]
 
@@ -77,13 +77,13 @@ class Teacher:
         self.chunk_size = chunk_size
         self.tokenizer = tokenizer  # a name, folder or tokenizer; None: the shards' teacher tokens are its own
         self._loaded = None  # the tokenizer, once loaded
-        self.set_name = set_name  # its name in a set of teachers (vocagno.teachers), when it has one
+        self.set_name = set_name  # its name in a set of teachers (vocagno.teacher.several), when it has one
 
     @classmethod
     def from_yaml(cls, path: str, overrides: list[str], set_name: str | None = None) -> "Teacher":
         """The teacher of a training yaml's ``teacher:`` section, or its ``teachers:`` named ``set_name``
         (``from_config``)."""
-        from vocagno.config import load_config
+        from vocagno.training.config import load_config
 
         return cls.from_config(load_config(path, overrides), path, set_name)
 
@@ -92,8 +92,8 @@ class Teacher:
         """The teacher of a loaded training config's ``teacher:`` section (or of its ``teachers:``, ``set_name``'s),
         built as ``train.py`` builds it: a config-built (random) one gets the same weights from the config's seed.
         Named by its ``name_or_path``, or else by ``source`` (the yaml)."""
-        from vocagno.config import build_causal_lm
-        from vocagno.tokenization import load_tokenizer
+        from vocagno.training.config import build_causal_lm
+        from vocagno.core.tokenization import load_tokenizer
 
         where, section = "teacher", cfg.get("teacher")
         if cfg.get("teachers") is not None:
@@ -150,7 +150,7 @@ class Teacher:
 
     def loaded_tokenizer(self):
         """Its tokenizer, loaded once (``tokenizer`` may be a name or folder)."""
-        from vocagno.tokenization import as_tokenizer
+        from vocagno.core.tokenization import as_tokenizer
 
         if self._loaded is None:
             self._loaded = as_tokenizer(self.tokenizer)
@@ -161,8 +161,8 @@ class Teacher:
 
     def side(self, metadata: ShardMetadata):
         """The ``TeacherSide`` that makes this teacher's tokens of the shards' student tokens, as training does."""
-        from vocagno.teacher_side import TeacherSide
-        from vocagno.tokenization import load_tokenizer
+        from vocagno.teacher.side import TeacherSide
+        from vocagno.core.tokenization import load_tokenizer
 
         student = load_tokenizer(metadata.student.name)
         try:  # the name the shards record may load another vocabulary here
@@ -180,7 +180,7 @@ def score(shards: str, output: Output, teacher: Teacher, device: str, batch_toke
           rank: int = 0, world: int = 1) -> int:
     """Score this rank's parts of ``shards`` into ``output``; the last rank to finish publishes the dataset.
     Return the number of samples this rank has scored (now or in an earlier, interrupted run)."""
-    from vocagno.data import read_index
+    from vocagno.data.dataset import read_index
 
     shards_root = Path(shards)
     index = read_index(shards_root)  # every count and name checked before anything is allocated or read from it
@@ -246,7 +246,7 @@ def _digest(value: dict) -> str:
 
 def read_shard(shards_root: Path, info: dict) -> list[dict]:
     """The samples of one input shard of ``shards_root``, in order; ``info`` is its entry of the index as
-    ``vocagno.data.read_index`` checked it. The shard is read through the one way in (a regular file, reached through
+    ``vocagno.data.dataset.read_index`` checked it. The shard is read through the one way in (a regular file, reached through
     no link, of the size the index says), checked against its hash, decompressed into exactly the raw size the index
     says (``untrusted.decompress``), and decoded in memory: the input folder is only read, and nothing is written. A
     shard that is not what its index says is refused (``UntrustedFile``)."""
@@ -292,9 +292,9 @@ def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
 
 def _other_teacher_rows(samples: list[dict], side) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """A further teacher's tokens of each sample, and its alignment ``[N, 2]``, made by ``side`` from the student's
-    tokens exactly as training makes them (``vocagno.teachers.made_side``)."""
-    from vocagno.data import batch_key
-    from vocagno.teachers import made_side
+    tokens exactly as training makes them (``vocagno.teacher.several.made_side``)."""
+    from vocagno.data.dataset import batch_key
+    from vocagno.teacher.several import made_side
 
     rows, aligns = [], []
     for sample in samples:

@@ -6,13 +6,13 @@
     torchrun --nproc-per-node 8 -m vocagno.selection ... --work /scratch/selection   # a big teacher: ranks score
 
 ``--samples`` rows are drawn from the shards; their text, cut at document ends, is the clean text. ``--canaries F``
-adds noise made from it (``vocagno.canaries``: words shuffled, characters scrambled), F of all documents, and the
+adds noise made from it (``vocagno.diagnostics.canaries``: words shuffled, characters scrambled), F of all documents, and the
 mixture is converted as the converter converts it (the shards' tokenizers and ``seq_len``), each student token
 labelled by the document it comes from. The teacher scores every row (``vocagno.score``: on each rank's GPU, as the
 scoring pass does), and so does the same teacher at initialization (the control that knows nothing). The student's
 loss of each token is a trained student's (``--student``: a Hugging Face name or folder, or a ``train.py``
 checkpoint), or by default that of a student at initialization, ln V for every token, so that the ranking is the
-teacher's alone. Each selection variant then keeps its tokens as training would (``vocagno.loss``: score = student
+teacher's alone. Each selection variant then keeps its tokens as training would (``vocagno.core.loss``: score = student
 loss - aggregated teacher loss, top-k over each global batch of rows, plus the unmapped tokens when included):
 
     topk               the selection training makes: the yaml's (--config: its top-k ratio, aggregation, unmapped,
@@ -27,7 +27,7 @@ the clean mapped tokens it keeps), against the clean share (what a random select
 fraction of its tokens the top-k keeps; a mean over no tokens is NaN in the terminal, null in ``--json``. With several
 ranks, rank 0 alone reports and writes ``--json`` and ``--html``.
 
-Several teachers (``vocagno.teachers``): ``--teacher NAME=MODEL`` (or ``MODEL``, named by its folder's name) given
+Several teachers (``vocagno.teacher.several``): ``--teacher NAME=MODEL`` (or ``MODEL``, named by its folder's name) given
 several times, each folder holding its tokenizer, or ``--config`` with a ``teachers:`` section; ``--combine min|mean``
 (default: the yaml's ``algorithms.vocagno.combine``, else min). They score as ``vocagno.score`` does: the first whose
 vocabulary is the shards' teacher vocabulary scores the rows' teacher tokens, each other one tokens made from the
@@ -73,15 +73,15 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from vocagno.alignment import check_alignment, chunk_align
-from vocagno.allocator import keep_freed_memory
-from vocagno.canaries import CLEAN, NOISE, Canaries, clean_documents, mix, pack
-from vocagno.loss import (check_options, excess_loss, next_token_cross_entropy, reference_loss, select_random,
+from vocagno.core.alignment import check_alignment, chunk_align
+from vocagno.memory import keep_freed_memory
+from vocagno.diagnostics.canaries import CLEAN, NOISE, Canaries, clean_documents, mix, pack
+from vocagno.core.loss import (check_options, excess_loss, next_token_cross_entropy, reference_loss, select_random,
                           select_top)
-from vocagno.shards import (COLUMNS, METADATA_FILE, SHARD_HASH, TEACHER_NAME, ShardMetadata, align_column,
+from vocagno.data.shards import (COLUMNS, METADATA_FILE, SHARD_HASH, TEACHER_NAME, ShardMetadata, align_column,
                             check_teacher_name, describe_tokenizer, loss_column)
-from vocagno.untrusted import UntrustedFile
-from vocagno.writing import make_readable, publish, remove, staging, write_atomically
+from vocagno.doors.untrusted import UntrustedFile
+from vocagno.doors.writing import make_readable, publish, remove, staging, write_atomically
 
 __all__ = ["Settings", "Report", "measure", "main"]
 
@@ -273,7 +273,7 @@ def measure(rows: dict[str, torch.Tensor], canaries: Canaries, teacher_losses: d
     source, its rows, mapped tokens and clean share, the teacher's mean loss per kind, and the figures above (the
     combination's top-k, each teacher's alone and share) over its tokens; every top-k still ranks the rows of all
     sources together, as a mixture's batch does."""
-    from vocagno.data import batch_key
+    from vocagno.data.dataset import batch_key
 
     labels = rows["labels"][:, 1:]
     kind = torch.from_numpy(np.stack(canaries.kind))[:, 1:]
@@ -431,7 +431,7 @@ def _page_rows(canaries: Canaries, kind, teacher, student_loss, selected, mapped
 # --------------------------------------------------------------------------------------------------- the command
 def sample_rows(shards: Path, count: int, seed: int) -> list[dict]:
     """``count`` rows drawn at random (without replacement, all when there are fewer) from a vocagno shard folder."""
-    from vocagno.data import read_index
+    from vocagno.data.dataset import read_index
     from vocagno.score import read_shard
 
     index = read_index(shards)
@@ -473,7 +473,7 @@ def write_rows(canaries: Canaries, metadata: ShardMetadata, folder: Path) -> Non
 
 def read_scored(folder: Path) -> list[dict]:
     """The scored rows of ``folder``, in order, as ``TeacherGuidedDataset`` hands samples to the collator."""
-    from vocagno.data import read_index
+    from vocagno.data.dataset import read_index
     from vocagno.score import read_shard
 
     rows = []
@@ -527,9 +527,9 @@ def run(shards: str | dict[str, str], teacher, settings: Settings, *, student: t
     ``seq_len``: ``samples`` rows are drawn from each (as a run on it alone draws them) and mixed with canaries on
     their own, their rows interleaved (one row of each source in turn) and scored together; the report gives each
     source's figures (``Report.sources``)."""
-    from vocagno.output import Output, check_or_write_settings
+    from vocagno.data.outroots import Output, check_or_write_settings
     from vocagno.score import score
-    from vocagno.tokenization import load_tokenizer
+    from vocagno.core.tokenization import load_tokenizer
 
     begin = time.perf_counter()
     sources = {name: Path(folder) for name, folder in shards.items()} if isinstance(shards, dict) else {
@@ -587,7 +587,7 @@ def run(shards: str | dict[str, str], teacher, settings: Settings, *, student: t
         for done in (scored_into, "untrained"):  # published by the rank that finishes scoring last
             _wait_for(folder / done / "index.json")
         scored = {"teacher": read_scored(folder / scored_into), "untrained": read_scored(folder / "untrained")}
-        from vocagno.data import TeacherGuidedCollator
+        from vocagno.data.dataset import TeacherGuidedCollator
 
         collate = TeacherGuidedCollator(student_pad_id=metadata.student.separator_id,
                                         teacher_pad_id=metadata.teacher.separator_id)
@@ -725,8 +725,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args: argparse.Namespace) -> Report | None:
     from vocagno.score import Teacher, rank_and_world
-    from vocagno.scorer import check_teacher_reads, load_teacher
-    from vocagno.tokenization import load_tokenizer
+    from vocagno.teacher.model import check_teacher_reads, load_teacher
+    from vocagno.core.tokenization import load_tokenizer
 
     if args.samples < 1:
         raise BadInput(f"--samples must be at least 1, got {args.samples}")
@@ -742,7 +742,7 @@ def _main(args: argparse.Namespace) -> Report | None:
         raise BadInput(f"{world} ranks need one --work folder they all reach")
     cfg = None
     if args.config:
-        from vocagno.config import load_config
+        from vocagno.training.config import load_config
 
         try:
             cfg = load_config(args.config, args.overrides)
@@ -785,7 +785,7 @@ def _main(args: argparse.Namespace) -> Report | None:
                 raise BadInput(f"teacher {other.set_name!r}: {error}") from None
         student, student_name = None, ""
         if args.student:
-            from vocagno.checkpoint import BadCheckpoint
+            from vocagno.training.checkpoint import BadCheckpoint
             from vocagno.eval.__main__ import load_model
 
             try:
@@ -887,7 +887,7 @@ def _read_shards(folder: Path, source: str | None = None) -> ShardMetadata:
     if not (folder / METADATA_FILE).exists():
         raise BadInput(f"--shards {folder} holds no {METADATA_FILE}: not vocagno shards (a token MDS has no text or "
                        "offsets to align; convert the corpus with conversion/convert_dataset.py)")
-    from vocagno.data import read_index
+    from vocagno.data.dataset import read_index
 
     index = read_index(folder)  # every count and name checked before the shards are read
     missing = sorted(set(COLUMNS) - {c for info in index["shards"][:1] for c in info.get("column_names", [])})

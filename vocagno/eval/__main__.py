@@ -23,14 +23,14 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from vocagno.checkpoint import BadCheckpoint, is_checkpoint
-from vocagno.checkpoint import load_model as load_checkpoint_model
+from vocagno.training.checkpoint import BadCheckpoint, is_checkpoint
+from vocagno.training.checkpoint import load_model as load_checkpoint_model
 from vocagno.eval.benchmarks import (
     BENCHMARKS, MAX_NEW_TOKENS, SHIPPED_DATA, STOP_SEQUENCES, TITLES, BenchmarkUnavailable, Example, load_benchmark,
 )
 from vocagno.eval.grading import is_equivalent
-from vocagno.untrusted import UntrustedFile, from_pretrained, read_bytes
-from vocagno.writing import write_atomically
+from vocagno.doors.untrusted import UntrustedFile, from_pretrained, read_bytes
+from vocagno.doors.writing import write_atomically
 
 # results.json's keys besides the benchmarks': why a score is partial (by benchmark), the --bpb figure.
 PARTIAL, BITS_PER_BYTE = "partial", "bits_per_byte"
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     results: dict[str, Any] = {}
     if args.bpb:
-        from vocagno.metrics import bits_per_byte
+        from vocagno.training.metrics import bits_per_byte
 
         value = bits_per_byte(model, tokenizer, texts)
         print(f"bits per byte on {args.bpb} ({len(texts)} texts): {value:.4f}")

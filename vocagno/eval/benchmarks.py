@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vocagno.eval.grading import extract_answer, extract_choice, last_boxed, normalize_answer
-from vocagno.untrusted import UntrustedFile, cap, decompress, read_bytes
+from vocagno.doors.untrusted import UntrustedFile, cap, decompress, read_bytes
 
 __all__ = [
     "BENCHMARKS", "TITLES", "Example", "load_benchmark", "read_test_split", "STOP_SEQUENCES", "BenchmarkUnavailable",

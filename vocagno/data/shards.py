@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from vocagno.alignment import align, uncovered_characters
-from vocagno.writing import write_atomically
+from vocagno.core.alignment import align, uncovered_characters
+from vocagno.doors.writing import write_atomically
 
 __all__ = [
     "COLUMNS",
@@ -70,7 +70,7 @@ COLUMNS = {
 }
 # Shards scored by ``python -m vocagno.score`` add each teacher token's loss (float16, NaN where undefined).
 SCORED_COLUMNS = {**COLUMNS, "teacher_loss": "ndarray"}
-# A set of teachers (vocagno.teachers): the other teachers' losses and alignment, scored, are columns named after them.
+# A set of teachers (vocagno.teacher.several): the other teachers' losses and alignment, scored, are columns named after them.
 TEACHER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 METADATA_FILE = "vocagno.json"
 SHARD_HASH = "xxh3_64"  # every shard's hash in index.json: the merge checks it on the out-root, readers when they read
@@ -192,7 +192,7 @@ def describe_tokenizer(tokenizer, role: str) -> TokenizerInfo | None:
     if tokenizer is None or isinstance(tokenizer, TokenizerInfo):
         return tokenizer
     if isinstance(tokenizer, str):
-        from vocagno.tokenization import load_tokenizer
+        from vocagno.core.tokenization import load_tokenizer
 
         return tokenizer_info(load_tokenizer(tokenizer), tokenizer)
     return tokenizer_info(tokenizer, getattr(tokenizer, "name_or_path", role))
@@ -226,7 +226,7 @@ class ShardMetadata:
                 f"{path} is missing: {root} is not a vocagno shard folder, or its conversion has not finished "
                 "(run the same conversion command again to finish it)"
             )
-        from vocagno.untrusted import read_json  # a regular file within its cap: shards come from elsewhere
+        from vocagno.doors.untrusted import read_json  # a regular file within its cap: shards come from elsewhere
 
         raw = read_json(path)
         if isinstance(raw, dict) and raw.get("format_version") not in (FORMAT_VERSION, None) \
@@ -266,7 +266,7 @@ _TOKENIZER_REQUIRED = {"name", "fingerprint", "vocab_size", "separator", "separa
 def _check_metadata(raw: Any, path: Path) -> None:
     """``vocagno.json`` as read from elsewhere: the fields ``ShardMetadata`` is made of, of their types, ids within
     their vocabulary, a sample length of at least 2 tokens; refused (``UntrustedFile``) in one line otherwise."""
-    from vocagno.untrusted import UntrustedFile
+    from vocagno.doors.untrusted import UntrustedFile
 
     def refuse(why: str) -> UntrustedFile:
         return UntrustedFile(f"{path}: refused: {why}: not the vocagno.json a conversion writes")
@@ -342,7 +342,7 @@ class Encoder:
     """
 
     def __init__(self, student, teacher):  # fast tokenizers, as load_tokenizer gives them
-        from vocagno.tokenization import text_tokenizers
+        from vocagno.core.tokenization import text_tokenizers
 
         self.student = text_tokenizers(student.backend_tokenizer)
         self.teacher = text_tokenizers(teacher.backend_tokenizer)

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from vocagno.untrusted import from_pretrained
-from vocagno.writing import publish, remove, staging
+from vocagno.doors.untrusted import from_pretrained
+from vocagno.doors.writing import publish, remove, staging
 
 __all__ = [
     "SHIPPED_TOKENIZERS", "SHIPPED_MODELS", "ASSETS", "load_tokenizer", "as_tokenizer", "shipped_tokenizer_dir",
@@ -25,7 +25,7 @@ __all__ = [
     "text_tokenizers", "has_dummy_prefix", "without_dummy_prefix",
 ]
 
-ASSETS = Path(__file__).parent / "assets"
+ASSETS = Path(__file__).parent.parent / "assets"
 
 # Real tokenizers of the paper's models, shipped so that tests and the embedded default run offline.
 # Provenance and licenses: vocagno/assets/README.md.

@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from vocagno.loss import next_token_cross_entropy
+from vocagno.core.loss import next_token_cross_entropy
 
 __all__ = ["uld_loss", "kld_loss"]
 

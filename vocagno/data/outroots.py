@@ -11,11 +11,11 @@ Guarantees:
 - One process converts a job, and one job merges, at a time: their locks name their owner (host, pid), and a lock
   whose owner is gone is taken over.
 - The out-root's files may have been written by someone else (a shared folder or bucket): its settings, locks, job
-  markers and parts' ``part.json`` are read by ``vocagno.untrusted`` (regular files only, within the ``json_bytes``
+  markers and parts' ``part.json`` are read by ``vocagno.doors.untrusted`` (regular files only, within the ``json_bytes``
   cap: a link to ``/dev/zero`` or a FIFO there is refused in one line naming it), a part's ``index.json`` is checked
   by ``check_index`` (``part_index``) before its names and numbers are used, and a shard is read within the
   ``shard_bytes`` cap. A remote that is a folder on this machine is written and read through no link below it
-  (``vocagno.writing.write_inside``, ``vocagno.untrusted.read_bytes``); a remote without ``--local-root`` works in a
+  (``vocagno.doors.writing.write_inside``, ``vocagno.doors.untrusted.read_bytes``); a remote without ``--local-root`` works in a
   private folder of the temporary folder (``work_folder``).
 - A lock that says it was taken at a time no lock was (not finite, or in the future) is stale.
 """
@@ -38,9 +38,9 @@ from typing import Callable, TypeVar
 
 from streaming.base.hashing import get_hash
 
-from vocagno.shards import METADATA_FILE, SHARD_HASH
-from vocagno.untrusted import UntrustedFile, check_index, inside, read_bytes, read_json
-from vocagno.writing import move_inside, write_atomically, write_inside
+from vocagno.data.shards import METADATA_FILE, SHARD_HASH
+from vocagno.doors.untrusted import UntrustedFile, check_index, inside, read_bytes, read_json
+from vocagno.doors.writing import move_inside, write_atomically, write_inside
 
 T = TypeVar("T")
 

@@ -22,11 +22,11 @@ from typing import Any, Callable
 import torch
 from omegaconf import OmegaConf as om
 
-from vocagno.untrusted import (
+from vocagno.doors.untrusted import (
     UntrustedFile, build_on_meta, check_config, check_folder, check_loops, from_pretrained, inside, load_torch,
     open_regular, plain_name, read_bytes, read_dcp_metadata,
 )
-from vocagno.writing import remove
+from vocagno.doors.writing import remove
 
 __all__ = ["BadCheckpoint", "IncompleteCheckpoint", "check_load_path", "check_objects", "fetch", "is_checkpoint",
            "load_checkpoint", "load_model", "read_state", "recipe_config", "repair", "tokenizer_from_state"]
@@ -60,7 +60,7 @@ def _first_line(error: Exception) -> str:
 
 
 def _untrusted(call: Callable, *args):
-    """``call(*args)``, a reader of ``vocagno.untrusted``, with what it refuses as a ``BadCheckpoint``."""
+    """``call(*args)``, a reader of ``vocagno.doors.untrusted``, with what it refuses as a ``BadCheckpoint``."""
     try:
         return call(*args)
     except UntrustedFile as error:
@@ -446,7 +446,7 @@ def tokenizer_from_state(files: Any, name: str):
 
 # Fields of a saved config that are only where it came from: dropped (Composer's reader falls back to
 # from_pretrained(_name_or_path, **fields), trust_remote_code too). A field that names code is refused
-# (vocagno.untrusted.check_config): a checkpoint's config is data, built here by its model_type alone.
+# (vocagno.doors.untrusted.check_config): a checkpoint's config is data, built here by its model_type alone.
 _SOURCE_FIELDS = ("_name_or_path", "name_or_path")
 
 

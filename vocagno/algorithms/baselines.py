@@ -7,7 +7,7 @@ vocabulary), registered for yamls as ``uld`` and ``kld`` beside ``vocagno``.
 Like ``VocAgnoLM``: the teacher is frozen, lives in the algorithm (never in the optimizer or checkpoints), runs with no
 KV cache; the student's Hugging Face loss is not computed (``labels`` leave the batch before the forward) and the
 baseline's loss takes its place, its parts logged as ``loss/train/...``. The teacher is replicated on each device
-(sharding it with FSDP is ``VocAgnoLM``'s alone so far). The losses: ``vocagno.distill``.
+(sharding it with FSDP is ``VocAgnoLM``'s alone so far). The losses: ``vocagno.core.distill``.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from composer.core import Algorithm, Event, State
 from composer.loggers import Logger
 from torch import nn
 
-from vocagno.distill import kld_loss, uld_loss
-from vocagno.scorer import check_teacher_options, load_teacher
-from vocagno.teachers import teacher_label
-from vocagno.tokenization import as_tokenizer
+from vocagno.core.distill import kld_loss, uld_loss
+from vocagno.teacher.model import check_teacher_options, load_teacher
+from vocagno.teacher.several import teacher_label
+from vocagno.core.tokenization import as_tokenizer
 
 __all__ = ["ULD", "KLD"]
 
@@ -85,7 +85,7 @@ class _Distillation(Algorithm):
 
 
 class ULD(_Distillation):
-    """Universal Logit Distillation (Boizard et al.) with a teacher of any vocabulary: ``vocagno.distill.uld_loss``,
+    """Universal Logit Distillation (Boizard et al.) with a teacher of any vocabulary: ``vocagno.core.distill.uld_loss``,
     the teacher reading its own tokens of the same text (``teacher_input_ids`` from ``TeacherGuidedCollator``).
 
     Args: ``teacher``, ``teacher_dtype``, ``chunk_size``, ``trust_remote_code`` as ``VocAgnoLM``'s; ``weight``,
@@ -107,7 +107,7 @@ class ULD(_Distillation):
     def _teacher_inputs(self, batch):
         if "teacher_input_ids" not in batch:
             raise KeyError("ULD needs the teacher's own tokens of the text: batches from "
-                           "vocagno.data.TeacherGuidedCollator (teacher_input_ids, teacher_attention_mask)")
+                           "vocagno.data.dataset.TeacherGuidedCollator (teacher_input_ids, teacher_attention_mask)")
         return batch["teacher_input_ids"], batch["teacher_attention_mask"]
 
     def _distill(self, logits, labels, batch, hidden, head, mask):
@@ -120,7 +120,7 @@ class ULD(_Distillation):
 
 
 class KLD(_Distillation):
-    """Same-vocabulary logit distillation (MiniPLM's recipe): ``vocagno.distill.kld_loss``, the teacher reading the
+    """Same-vocabulary logit distillation (MiniPLM's recipe): ``vocagno.core.distill.kld_loss``, the teacher reading the
     student's token ids. A teacher whose vocabulary is not the student's (its first ids the student's ids, with the
     same pieces) is refused, naming both.
 

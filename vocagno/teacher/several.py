@@ -2,11 +2,11 @@
 the selection tool share.
 
 Each teacher is aligned to the student's tokens on its own (its tokenizer, its offsets); a student token's reference
-loss combines the teachers' aggregated losses (``vocagno.loss.reference_loss``: ``min``, the best teacher's, or
+loss combines the teachers' aggregated losses (``vocagno.core.loss.reference_loss``: ``min``, the best teacher's, or
 ``mean``). One teacher of the set, the *first* whose vocabulary is the shards' teacher vocabulary (else the first),
 reads the batch's teacher side as a single teacher does (``teacher_input_ids``, ``align_start``, ``align_end`` and,
 cached, ``teacher_token_loss``): ``VocAgnoLM`` treats it as its ``teacher``. Every *other* teacher's tokens and
-alignment are made from the student's tokens (``vocagno.teacher_side.TeacherSide``, in the training loader's workers
+alignment are made from the student's tokens (``vocagno.teacher.side.TeacherSide``, in the training loader's workers
 when it has some) into the batch keys ``teachers.NAME.input_ids``, ``.attention_mask``, ``.align_start`` and
 ``.align_end``; cached, its losses and alignment come from the shards' columns ``teacher_loss.NAME`` and
 ``align.NAME`` (``python -m vocagno.score ... --name NAME``) as ``teachers.NAME.token_loss`` and its alignment.
@@ -21,10 +21,10 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from vocagno.data import batch_key
-from vocagno.shards import check_teacher_name, describe_tokenizer, loss_column
-from vocagno.teacher_side import TeacherSide
-from vocagno.tokenization import as_tokenizer
+from vocagno.data.dataset import batch_key
+from vocagno.data.shards import check_teacher_name, describe_tokenizer, loss_column
+from vocagno.teacher.side import TeacherSide
+from vocagno.core.tokenization import as_tokenizer
 
 __all__ = ["TeacherSpec", "teacher_specs", "OtherTeachers", "WithOtherTeachers", "made_side", "check_scored_by_teacher",
            "reading_teacher", "checked_teacher", "teacher_shares", "teacher_label"]
@@ -127,7 +127,7 @@ def checked_teacher(spec: TeacherSpec, metadata):
     with its tokenizer) at the length of the shards' rows (``metadata``, when there are shards)."""
     from dataclasses import replace
 
-    from vocagno.scorer import TeacherScorer, check_teacher_reads, load_teacher
+    from vocagno.teacher.model import TeacherScorer, check_teacher_reads, load_teacher
 
     teacher = spec.teacher
     if isinstance(teacher, str):
@@ -164,7 +164,7 @@ def check_scored_by_teacher(teacher: str | nn.Module, by: dict, check: bool, los
     """Refuse cached losses that ``by`` (a ``ShardMetadata.scored_by`` entry) says another teacher scored than
     ``teacher`` (its name, or the module: its weights). ``losses`` begins the message (which losses, and "was"/"were");
     with ``check`` false, only say who scored them."""
-    from vocagno.scorer import weights_fingerprint
+    from vocagno.teacher.model import weights_fingerprint
 
     if not check:
         print(f"VocAgnoLM: {losses} scored by {by}; not checked (check_scored_by: false)", flush=True)

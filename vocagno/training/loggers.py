@@ -13,7 +13,7 @@ from composer.core import Callback, State
 from composer.loggers import Logger, LoggerDestination
 from composer.utils import dist
 
-from vocagno.writing import append
+from vocagno.doors.writing import append
 
 __all__ = ["ConsoleLine", "JSONLinesLogger", "Narration", "RunPicture", "RunRecipe", "SampleLog"]
 
@@ -129,7 +129,7 @@ class RunPicture(LoggerDestination):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        from vocagno.writing import save_figure
+        from vocagno.doors.writing import save_figure
 
         figure, axes = plt.subplots(1, len(PICTURE_PANELS), figsize=(4.2 * len(PICTURE_PANELS), 3.4))
         for ax, (title, drawn) in zip(axes, PICTURE_PANELS):

@@ -11,8 +11,8 @@ import math
 import torch
 from torchmetrics import Metric
 
-from vocagno.loss import token_cross_entropy
-from vocagno.shards import document_separator
+from vocagno.core.loss import token_cross_entropy
+from vocagno.data.shards import document_separator
 
 __all__ = ["BitsPerByte", "bits_per_byte"]
 

@@ -1,7 +1,7 @@
 """The teacher side of a batch that has only student tokens: text from the student ids, the teacher's tokens of it.
 
 For recipes whose loaders give student ``input_ids`` and nothing else (llm-foundry's ``text`` loader on a token MDS,
-any Composer recipe), ``TeacherSide`` turns such a batch into what ``vocagno.data.TeacherGuidedCollator`` gives from
+any Composer recipe), ``TeacherSide`` turns such a batch into what ``vocagno.data.dataset.TeacherGuidedCollator`` gives from
 shards, on the CPU:
 
 1. **Text with offsets** (``StudentText``): each student id stands for bytes (SentencePiece pieces with "▁" as a
@@ -35,9 +35,9 @@ import numpy as np
 import torch
 from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
 
-from vocagno.data import TeacherGuidedCollator
-from vocagno.shards import document_separator, tokenizer_info, vocabulary
-from vocagno.tokenization import has_dummy_prefix, text_tokenizers
+from vocagno.data.dataset import TeacherGuidedCollator
+from vocagno.data.shards import document_separator, tokenizer_info, vocabulary
+from vocagno.core.tokenization import has_dummy_prefix, text_tokenizers
 
 __all__ = ["StudentText", "TeacherSide", "WithTeacherSide", "unpack_teacher_side"]
 

@@ -1,12 +1,12 @@
 """VocAgnoLM as a Composer algorithm: a frozen teacher of any vocabulary guides which student tokens to train on.
 
-    from vocagno.algorithm import VocAgnoLM
+    from vocagno.algorithms.vocagno_lm import VocAgnoLM
     trainer = Trainer(..., algorithms=[VocAgnoLM(teacher="Qwen/Qwen2.5-Math-7B-Instruct", topk_ratio=0.4)])
 
-Batches from ``vocagno.data.TeacherGuidedCollator`` (shards made by the converter: student ``input_ids``/``labels``
+Batches from ``vocagno.data.dataset.TeacherGuidedCollator`` (shards made by the converter: student ``input_ids``/``labels``
 plus ``align_start``/``align_end`` and the teacher's ``teacher_input_ids``/``teacher_attention_mask``) are used as
 they are. A batch of student ``input_ids`` alone (llm-foundry's ``text`` loader, any recipe's) gets its teacher side
-made on the CPU (``vocagno.teacher_side.TeacherSide``: the text of the student's tokens, the teacher's tokens of it,
+made on the CPU (``vocagno.teacher.side.TeacherSide``: the text of the student's tokens, the teacher's tokens of it,
 the alignment), from the student's tokenizer (``student_tokenizer``, or the model's): in the training loader's worker
 processes when it has some (FIT_START wraps its ``collate_fn`` in ``WithTeacherSide``, before the workers start),
 else at AFTER_DATALOADER in the training process.
@@ -24,7 +24,7 @@ pass, the teacher scores each microbatch after the student's forward. Then each 
 - AFTER_FORWARD: ``teacher_guided_loss`` computes the guided loss from the student's logits and the teacher's token
   losses (``TeacherScorer`` under ``torch.no_grad()``: chunked cross-entropy, no fp32 logits over its whole
   vocabulary); its total becomes ``outputs["loss"]``, which ``HuggingFaceModel.loss`` returns as it is (no second CE);
-- AFTER_LOSS: ``state.loss`` becomes the dict of ``vocagno.loss.guided_loss`` (``total`` and statistics, which
+- AFTER_LOSS: ``state.loss`` becomes the dict of ``vocagno.core.loss.guided_loss`` (``total`` and statistics, which
   Composer logs as ``loss/train/kept_fraction`` etc.); the teacher's forward time is logged as
   ``vocagno/teacher_forward_seconds``.
 
@@ -50,16 +50,16 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
-from vocagno.alignment import check_alignment, chunk_align
-from vocagno.data import TeacherGuidedCollator, batch_key
-from vocagno.loss import (
+from vocagno.core.alignment import check_alignment, chunk_align
+from vocagno.data.dataset import TeacherGuidedCollator, batch_key
+from vocagno.core.loss import (
     check_options, excess_loss, guided_loss, next_token_cross_entropy, select_random, select_top,
 )
-from vocagno.scorer import TeacherScorer, check_teacher_options, check_teacher_reads, load_teacher, shard_teacher
-from vocagno.teacher_side import TeacherSide, WithTeacherSide, unpack_teacher_side
-from vocagno.teachers import (OtherTeachers, TeacherSpec, WithOtherTeachers, check_scored_by_teacher, checked_teacher,
+from vocagno.teacher.model import TeacherScorer, check_teacher_options, check_teacher_reads, load_teacher, shard_teacher
+from vocagno.teacher.side import TeacherSide, WithTeacherSide, unpack_teacher_side
+from vocagno.teacher.several import (OtherTeachers, TeacherSpec, WithOtherTeachers, check_scored_by_teacher, checked_teacher,
                               reading_teacher, teacher_label, teacher_shares, teacher_specs)
-from vocagno.tokenization import as_tokenizer
+from vocagno.core.tokenization import as_tokenizer
 
 __all__ = ["teacher_guided_loss", "VocAgnoLM"]
 
@@ -82,7 +82,7 @@ def teacher_guided_loss(
     batch's ``align_start``/``align_end`` move one place left here (the last position gets no label, as Hugging Face's
     loss pads it: slicing the logits instead would copy all B x N x V of them). ``selected`` ``[B, N - 1]`` and
     ``token_counts`` (``guided_loss``'s), when given, are per predicted token already. ``others``: the token losses of
-    a set's other teachers by name (``vocagno.teachers``), aligned by the batch's ``teachers.NAME.align_*``.
+    a set's other teachers by name (``vocagno.teacher.several``), aligned by the batch's ``teachers.NAME.align_*``.
     """
     losses, starts, ends = teacher_loss, _shift_left(batch["align_start"], 0), _shift_left(batch["align_end"], 0)
     if others:
@@ -128,7 +128,7 @@ class VocAgnoLM(Algorithm):
 
     Args:
         teacher: a Hugging Face name or folder (loaded in ``teacher_dtype``), or a causal LM module.
-        topk_ratio, aggregation, unmapped: as in ``vocagno.loss.guided_loss``.
+        topk_ratio, aggregation, unmapped: as in ``vocagno.core.loss.guided_loss``.
         selection_scope: ``batch`` (the global batch), ``microbatch`` or ``sequence``: see the module's docstring.
         selection: ``topk`` (by score), or ``random``: as many mapped tokens drawn at random (a control), from a
             generator seeded with ``seed`` and the batch index (the same draws on every rank, and after a resume).
@@ -139,7 +139,7 @@ class VocAgnoLM(Algorithm):
         check_scored_by: with ``cached``, False takes the shards' losses whoever scored them (``teacher`` is only a
             label then: a teacher scored from a local copy and named by its hub name); the scorer is printed.
         alignment: ``token`` (each student token to the teacher tokens over its characters), or ``chunk``: the
-            paper's Table 2 baseline as reconstructed (``vocagno.alignment.chunk_align``: each row cut into
+            paper's Table 2 baseline as reconstructed (``vocagno.core.alignment.chunk_align``: each row cut into
             ``num_chunks`` chunks by token count on each side, chunk k to chunk k; every token is mapped, so
             ``unmapped`` has nothing to act on; the reconstruction takes the chunk's mean: ``aggregation: mean``).
         teacher_tokenizer: the teacher's tokenizer (name, folder or object). Given, or loaded from ``teacher`` when it
@@ -357,14 +357,14 @@ class VocAgnoLM(Algorithm):
         self._stream_counts = None
 
     def _log_teacher_shares(self, logger: Logger) -> None:
-        """Each teacher's share of the step's kept mapped tokens (``vocagno.teachers.teacher_shares``), over every
+        """Each teacher's share of the step's kept mapped tokens (``vocagno.teacher.several.teacher_shares``), over every
         microbatch and rank."""
         dist.all_reduce(self._teacher_counts, reduce_operation="SUM")
         logger.log_metrics(teacher_shares([self.teacher_name, *self.others.names], self._teacher_counts.tolist()))
         self._teacher_counts = None
 
     def _choose_teacher(self, state: State) -> None:
-        """Of a set, the teacher that reads the shards' teacher side (``vocagno.teachers.reading_teacher``)."""
+        """Of a set, the teacher that reads the shards' teacher side (``vocagno.teacher.several.reading_teacher``)."""
         reader = reading_teacher(self.specs, _shard_metadata(state))
         if reader is not None and reader.name != self.teacher_name:  # another fit may keep what an earlier one built
             self._as_teacher(reader)

@@ -13,7 +13,7 @@ tokenizers) and ``TeacherGuidedCollator`` turns samples into a batch:
     stream                             [B]     a mixture's (``streams``) only: the stream each row was drawn from
 
 Every student tensor is per input position, as Hugging Face models and Composer's ``HuggingFaceModel`` expect; the
-``VocAgnoLM`` algorithm shifts logits, labels and alignment together before ``vocagno.loss.guided_loss``.
+``VocAgnoLM`` algorithm shifts logits, labels and alignment together before ``vocagno.core.loss.guided_loss``.
 Resumption is Streaming's: the dataset's ``state_dict`` / ``load_state_dict`` (carried by Composer checkpoints) make
 a resumed run see the batches an uninterrupted one would.
 """
@@ -43,14 +43,14 @@ from streaming import Stream, StreamingDataset
 from streaming.base.format.mds.reader import MDSReader
 from torch.utils.data import DataLoader
 
-from vocagno.alignment import align, check_offsets
-from vocagno.shards import (
+from vocagno.core.alignment import align, check_offsets
+from vocagno.data.shards import (
     METADATA_FILE, SHARD_HASH, ShardMetadata, align_column, check_columns, describe_tokenizer, loss_column,
 )
-from vocagno.untrusted import (
+from vocagno.doors.untrusted import (
     UntrustedFile, check_index, check_mds, decompress, mds_header_bytes, open_regular, read_bytes, read_json, reason,
 )
-from vocagno.writing import PrivateFolder, move_inside, own_temporary, write_atomically, write_inside
+from vocagno.doors.writing import PrivateFolder, move_inside, own_temporary, write_atomically, write_inside
 
 __all__ = ["TeacherGuidedDataset", "TeacherGuidedCollator", "teacher_guided_loader", "read_metadata", "token_bytes",
            "clean_leaked_shared_memory", "CheckedStream", "read_index"]
@@ -799,7 +799,7 @@ class TeacherGuidedDataset(StreamingDataset):
             out["text"] = sample["text"]
             if "teacher_loss" in sample:  # scored shards (python -m vocagno.score)
                 out["teacher_loss"] = torch.from_numpy(np.array(sample["teacher_loss"], dtype=np.float32))
-            for name in self.metadata.also_scored_by or ():  # other teachers' (vocagno.teachers)
+            for name in self.metadata.also_scored_by or ():  # other teachers' (vocagno.teacher.several)
                 for column in (loss_column(name), align_column(name)):
                     out[column] = np.array(sample[column])
             for side in ("student", "teacher"):  # what the collator and the alignment index by
@@ -951,7 +951,7 @@ def teacher_guided_loader(
     are checked against the ones the shards were made with; ``teacher_tokenizer`` None: the shards' teacher tokens
     are taken as they are (padded with the separator ``vocagno.json`` names). Other keyword arguments go to the
     ``DataLoader``."""
-    from vocagno.tokenization import as_tokenizer
+    from vocagno.core.tokenization import as_tokenizer
 
     student_tokenizer, teacher_tokenizer = as_tokenizer(student_tokenizer), as_tokenizer(teacher_tokenizer)
     shards = TeacherGuidedDataset(
@@ -967,7 +967,7 @@ def teacher_guided_loader(
 
 
 def batch_key(name: str, what: str) -> str:
-    """Where teacher ``name`` of a set (``vocagno.teachers``) keeps ``what`` of its side in a batch."""
+    """Where teacher ``name`` of a set (``vocagno.teacher.several``) keeps ``what`` of its side in a batch."""
     return f"teachers.{name}.{what}"
 
 

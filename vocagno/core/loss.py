@@ -2,7 +2,7 @@
 
 Plain torch, no training framework. Shapes: ``B`` sequences, ``N`` student positions, ``M`` teacher positions,
 ``V`` vocabulary. Student tensors are already shifted (logits at ``i`` predict ``labels[i]``) and ``start, end``
-give, per student label token, the range of teacher positions whose tokens overlap it (``vocagno.alignment``).
+give, per student label token, the range of teacher positions whose tokens overlap it (``vocagno.core.alignment``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 (``TeacherScorer``), sharded with PyTorch FSDP over the ranks, fingerprinted, and checked against the shards it is to
 read.
 
-Training (``vocagno.algorithm``, ``vocagno.baselines``), the scoring pass (``vocagno.score``) and the selection report
+Training (``vocagno.algorithms.vocagno_lm``, ``vocagno.algorithms.baselines``), the scoring pass (``vocagno.score``) and the selection report
 (``vocagno.selection``) share it; only the first imports Composer.
 """
 
@@ -14,11 +14,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from vocagno.fsdp import decoder_layer_classes
-from vocagno.loss import teacher_token_loss
-from vocagno.shards import describe_tokenizer
-from vocagno.tokenization import resolve_shipped
-from vocagno.untrusted import from_pretrained
+from vocagno.core.fsdp import decoder_layer_classes
+from vocagno.core.loss import teacher_token_loss
+from vocagno.data.shards import describe_tokenizer
+from vocagno.core.tokenization import resolve_shipped
+from vocagno.doors.untrusted import from_pretrained
 
 __all__ = ["TeacherScorer", "load_teacher", "weights_fingerprint", "check_teacher_options", "shard_teacher",
            "check_teacher_reads"]

@@ -51,7 +51,7 @@ def write_atomically(path: str | Path, content: str | bytes) -> None:
 def _folder(folder: str | Path, parts: tuple[str, ...]) -> int:
     """A descriptor of ``folder / parts...``, each part made where missing and opened without following a link (a
     link planted at any part below ``folder`` is refused: ``NotADirectoryError``). ``parts`` are plain names (the
-    caller checked them: ``vocagno.untrusted.inside``)."""
+    caller checked them: ``vocagno.doors.untrusted.inside``)."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for part in parts:

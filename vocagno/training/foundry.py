@@ -21,7 +21,7 @@ from typing import Any
 
 from composer.core import DataSpec
 
-from vocagno.data import teacher_guided_loader
+from vocagno.data.dataset import teacher_guided_loader
 
 __all__ = ["build_vocagno_dataloader"]
 

@@ -268,8 +268,8 @@ def build_causal_lm(section: DictConfig, vocab_size: int, seed: int | None = Non
     dtype = getattr(torch, section.get("dtype") or "float32")
     trust = section.get("trust_remote_code", False)
     if section.get("name_or_path"):
-        from vocagno.tokenization import resolve_shipped
-        from vocagno.untrusted import from_pretrained
+        from vocagno.core.tokenization import resolve_shipped
+        from vocagno.doors.untrusted import from_pretrained
 
         return from_pretrained(AutoModelForCausalLM, resolve_shipped(section.name_or_path), trust_remote_code=trust,
                                torch_dtype=dtype)

@@ -1,0 +1,2 @@
+"""What a teacher keeps and why: canaries.
+"""

@@ -1,0 +1,3 @@
+"""The two doors: ``untrusted`` checks every file from elsewhere before it is read; ``writing`` writes every
+file vocagno makes, never through a link.
+"""
