@@ -51,6 +51,7 @@ if not __package__:  # run as the script it is (python conversion/convert_datase
 from streaming import MDSWriter  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from vocagno.errors import Refused
 from vocagno.data.outroots import (  # noqa: E402
     PART_STATS, OwnedLock, Output, all_jobs_done, check_or_write_settings, job_marker, merge_once, part_index,
     publish_dataset, unfinished_parts,
@@ -260,16 +261,13 @@ def parts_of(sources: list[tuple[int, Source]], docs_per_part: int) -> Iterator[
 # ----------------------------------------------------------------------------------------------------------- driver
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        # Before the out-root is made: a misspelled tokenizer leaves no folder behind.
-        tokenizers = None if args.merge_only else (load_tokenizer(args.student_tokenizer),
-                                                   load_tokenizer(args.teacher_tokenizer))
-        output = Output(args.out_root, args.local_root)
-        unreadable = {} if args.merge_only else convert(args, output, tokenizers)
-        if args.merge_only or all_jobs_done(output, args.num_jobs):
-            return merge(output, args)
-    except UntrustedFile as error:  # an input, a file on the out-root, or a working folder that is not one's own
-        raise SystemExit(f"error: {error}") from None
+    # Tokenizers before the out-root is made: a misspelled tokenizer leaves no folder behind.
+    tokenizers = None if args.merge_only else (load_tokenizer(args.student_tokenizer),
+                                               load_tokenizer(args.teacher_tokenizer))
+    output = Output(args.out_root, args.local_root)
+    unreadable = {} if args.merge_only else convert(args, output, tokenizers)
+    if args.merge_only or all_jobs_done(output, args.num_jobs):
+        return merge(output, args)
     print(f"job {args.job_index} of {args.num_jobs} done; the last job to finish merges the parts")
     return 1 if unreadable else 0
 
@@ -354,7 +352,7 @@ def convert(args: argparse.Namespace, output: Output, tokenizers: tuple) -> dict
     marker = job_marker(args.job_index, args.num_jobs)
     lock = OwnedLock(output.local / f"{marker}.lock", f"job {args.job_index} of {args.num_jobs} into {output}")
     if not lock.acquire():
-        raise SystemExit(f"error: another conversion is running job {args.job_index} into {output}: wait for it, "
+        raise Refused(f"another conversion is running job {args.job_index} into {output}: wait for it, "
                          "or give this one another --out-root")
     try:
         settings = {**config.__dict__, "student": student.__dict__, "teacher": teacher.__dict__}
@@ -506,8 +504,8 @@ def _check_same_sources(output: Output, part: str, made_from: dict, now: dict) -
         return {k: v for k, v in a.items() if k != "mtime"} == {k: v for k, v in b.items() if k != "mtime"}
 
     if made_from.keys() != now.keys():
-        raise SystemExit(
-            f"error: the input changed: {part} in {output} was made from {sorted(made_from)}, but the same part is "
+        raise Refused(
+            f"the input changed: {part} in {output} was made from {sorted(made_from)}, but the same part is "
             f"now {sorted(now)} (files added, removed or reordered); convert into a new --out-root"
         )
     def size(fingerprint: dict) -> str:  # a file that could not be read, or a hub shard, has no size
@@ -515,8 +513,8 @@ def _check_same_sources(output: Output, part: str, made_from: dict, now: dict) -
 
     for name, earlier in made_from.items():
         if not same(earlier, now[name]):
-            raise SystemExit(
-                f"error: {name} changed since {part} in {output} was made from it ({size(earlier)} then, "
+            raise Refused(
+                f"{name} changed since {part} in {output} was made from it ({size(earlier)} then, "
                 f"{size(now[name])} now, or other content): restore it, or convert into a new --out-root"
             )
 
@@ -540,7 +538,7 @@ def merge(output: Output, args: argparse.Namespace) -> int:
 def _merge(output: Output, args: argparse.Namespace) -> int:
     root = output.local
     if not output.fetch(CONFIG_FILE):
-        raise SystemExit(f"error: cannot merge {output}: no conversion was started there")
+        raise Refused(f"cannot merge {output}: no conversion was started there")
     config = read_json(CONFIG_FILE, folder=root)
     if not (isinstance(config, dict) and isinstance(config.get("seq_len"), int)
             and all(isinstance(config.get(side), dict) for side in ("student", "teacher"))):
@@ -549,8 +547,8 @@ def _merge(output: Output, args: argparse.Namespace) -> int:
     done = [i for i, marker in markers.items() if output.pull(marker)]
     unfinished = [i for i in markers if i not in done]
     if not done or (unfinished and not args.allow_partial):
-        raise SystemExit(
-            f"error: cannot merge {output}: job(s) {unfinished} of {args.num_jobs} have not finished; run them (the "
+        raise Refused(
+            f"cannot merge {output}: job(s) {unfinished} of {args.num_jobs} have not finished; run them (the "
             "same command with their --job-index), or add --allow-partial to publish what the others made"
         )
     jobs = {markers[i]: _job(output, markers[i]) for i in done}
@@ -559,7 +557,7 @@ def _merge(output: Output, args: argparse.Namespace) -> int:
     over_cap = [where for job in jobs.values() for where in job.get("over_cap", [])]
     missing = unfinished_parts(output, parts)
     if missing:
-        raise SystemExit(f"error: cannot merge {output}: parts not finished there: {missing}")
+        raise Refused(f"cannot merge {output}: parts not finished there: {missing}")
     totals = Counter()
     for part in parts:
         _add_part_stats(totals, _part_stats(output, part))
@@ -568,7 +566,7 @@ def _merge(output: Output, args: argparse.Namespace) -> int:
     if too_little:
         print_summary("dataset (not published)", totals, output, parts, unreadable=unreadable, over_cap=over_cap)
         if output.fetch("index.json"):  # a dataset published before stays as it is
-            raise SystemExit(f"error: nothing merged into {output}: {too_little}; its published dataset stays")
+            raise Refused(f"nothing merged into {output}: {too_little}; its published dataset stays")
         # Recorded with the settings and jobs it refused: a single job's rerun there with other options starts
         # afresh; one with the same options (a lower --min-converted) merges these parts.
         fresh = output.remote is None and args.num_jobs == 1
@@ -578,7 +576,7 @@ def _merge(output: Output, args: argparse.Namespace) -> int:
         rerun = ("the same command with corrected options starts afresh there (a corrected input file: delete "
                  f"{output} first)" if fresh else
                  f"its parts stay on {output}: delete them, or give another --out-root, to convert with other options")
-        raise SystemExit(f"error: nothing published to {output}: {too_little}; {rerun}")
+        raise Refused(f"nothing published to {output}: {too_little}; {rerun}")
     metadata = ShardMetadata(
         student=TokenizerInfo(**config["student"]),
         teacher=TokenizerInfo(**config["teacher"]),

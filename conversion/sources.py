@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from vocagno.errors import Refused
 from vocagno.doors.untrusted import UntrustedFile, cap, open_regular, plain_name
 
 __all__ = ["Record", "Source", "TextOf", "LOCAL_SUFFIXES", "sources_of", "hub_sources", "parse_jsonl_line"]
@@ -145,9 +146,9 @@ class TextOf:
         try:
             self.parts = [(literal, name) for literal, name, _, _ in string.Formatter().parse(unescaped)]
         except ValueError as error:
-            raise SystemExit(f"error: --text-template {template!r}: {error}") from error
+            raise Refused(f"--text-template {template!r}: {error}") from error
         if not any(name for _, name in self.parts):
-            raise SystemExit(f"error: --text-template {template!r} names no field: write fields as {{name}}")
+            raise Refused(f"--text-template {template!r} names no field: write fields as {{name}}")
 
     @property
     def columns(self) -> list[str]:
@@ -420,7 +421,7 @@ def local_sources(inputs: list[str], text_of: TextOf, split: str = "train") -> l
         if path.is_dir() and (path / "dataset_dict.json").is_file():  # save_to_disk of a DatasetDict: the split's
             if not (path / split).is_dir():
                 splits = sorted(p.name for p in path.iterdir() if p.is_dir())
-                raise SystemExit(f"error: {path} (a saved DatasetDict) has no split {split!r}; --split one of "
+                raise Refused(f"{path} (a saved DatasetDict) has no split {split!r}; --split one of "
                                  f"{', '.join(splits)}")
             path = path / split
         if path.is_dir():
@@ -434,17 +435,17 @@ def local_sources(inputs: list[str], text_of: TextOf, split: str = "train") -> l
                 if count:
                     print(f"{path}: ignored {count} {what}: {', '.join(names[:10])}" + (", ..." if count > 10 else ""))
             if len(ignored) == len(found):
-                raise SystemExit(f"error: {path} holds no {', '.join(LOCAL_SUFFIXES)} files (or .gz/.zst of them)")
+                raise Refused(f"{path} holds no {', '.join(LOCAL_SUFFIXES)} files (or .gz/.zst of them)")
             files += [(p, CorpusFile(below[p], given)) for p in found if _format(p) is not None]
         elif path.exists():  # a file named on the command line: a link to one is followed (it is the user's)
             kind = _kind(os.stat(path).st_mode)
             if kind is not None:
                 raise UntrustedFile(f"{path}: refused: {kind}: only regular files are read (the input named)")
             if _format(path) is None:
-                raise SystemExit(f"error: {path}: unsupported file type (use {', '.join(LOCAL_SUFFIXES)}, or .gz/.zst)")
+                raise Refused(f"{path}: unsupported file type (use {', '.join(LOCAL_SUFFIXES)}, or .gz/.zst)")
             files.append((path, CorpusFile(Path(os.path.realpath(path)))))
         else:
-            raise SystemExit(f"error: input {item} does not exist")
+            raise Refused(f"input {item} does not exist")
     return [Source(str(p), lambda r=r: _read(r, text_of), lambda r=r: file_fingerprint(r)) for p, r in files]
 
 
@@ -542,7 +543,7 @@ def remote_sources(pattern: str, text_of: TextOf) -> list[Source]:
         with tempfile.TemporaryDirectory() as scratch:
             keys = CloudUploader.get((scratch, f"{scheme}://{bucket}"), exist_ok=True).list_objects(prefix) or []
     except Exception as error:  # each client raises its own errors: all mean the store can't be read
-        raise SystemExit(f"error: input {pattern}: the object store can't be read: {type(error).__name__}: "
+        raise Refused(f"input {pattern}: the object store can't be read: {type(error).__name__}: "
                          f"{str(error).splitlines()[0] if str(error) else ''}") from error
     if globbed:
         keys = [k for k in keys if _glob_matches(k, key)]
@@ -556,7 +557,7 @@ def remote_sources(pattern: str, text_of: TextOf) -> list[Source]:
         print(f"{pattern}: ignored {len(ignored)} object(s) that are not {'/'.join(LOCAL_SUFFIXES)}[.gz/.zst]: "
               f"{', '.join(ignored[:10])}" + (", ..." if len(ignored) > 10 else ""))
     if not chosen:
-        raise SystemExit(f"error: input {pattern}: no {', '.join(LOCAL_SUFFIXES)} files (or .gz/.zst of them) there")
+        raise Refused(f"input {pattern}: no {', '.join(LOCAL_SUFFIXES)} files (or .gz/.zst of them) there")
     return [_remote_source(f"{scheme}://{bucket}/{k}", text_of) for k in chosen]
 
 
@@ -637,13 +638,13 @@ def sources_of(inputs: list[str], split: str, text_of: TextOf, subset: str | Non
     if not hub and (any(Path(item).exists() for item in inputs) or len(inputs) > 1):
         return local_sources(inputs, text_of, split)
     if len(inputs) > 1:
-        raise SystemExit("error: --subset and --data-files name one Hugging Face dataset: give one --input")
+        raise Refused("--subset and --data-files name one Hugging Face dataset: give one --input")
     if not hub and _format(Path(inputs[0])) is not None:
-        raise SystemExit(f"error: input {inputs[0]} does not exist")
+        raise Refused(f"input {inputs[0]} does not exist")
     try:
         return hub_sources(inputs[0], split, text_of, subset, data_files)
     except Exception as error:  # datasets raises many kinds: offline, no such repo, no such split
-        raise SystemExit(
-            f"error: input {inputs[0]} is no local file or folder, and as a Hugging Face dataset it could not be "
+        raise Refused(
+            f"input {inputs[0]} is no local file or folder, and as a Hugging Face dataset it could not be "
             f"loaded: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
         ) from error

@@ -43,9 +43,9 @@ def within(seconds=60, memory=1 << 30):
 
 class Worker:
     """A bounded process that runs calls one after another (modules imported and tokenizers loaded once, not once a
-    call): ``run(target, *args)`` gives ``"ok"``, ``"refused: MESSAGE"`` for an ``UntrustedFile`` or a ``SystemExit``
-    with a message, ``"memory"``, ``"hung"`` (killed, and a new process started), ``"died (CODE)"`` or
-    ``"error TYPE: MESSAGE"``. Each call may allocate ``memory`` bytes above what the process holds when it starts."""
+    call): ``run(target, *args)`` gives ``"ok"``, ``"refused: MESSAGE"`` for a ``Refused`` (an ``UntrustedFile``
+    among them), ``"memory"``, ``"hung"`` (killed, and a new process started), ``"died (CODE)"`` or ``"error TYPE:
+    MESSAGE"``. Each call may allocate ``memory`` bytes above what the process holds when it starts."""
 
     def __init__(self, memory: int = MEMORY):
         self.memory = memory
@@ -104,7 +104,7 @@ def _serve(connection, memory) -> None:
 
 
 def _outcome(target, args, memory) -> str:
-    from vocagno.doors.untrusted import UntrustedFile
+    from vocagno.errors import Refused
 
     with open("/proc/self/statm") as f:
         pages = int(f.read().split()[0])
@@ -113,10 +113,10 @@ def _outcome(target, args, memory) -> str:
     try:
         target(*args)
         return "ok"
-    except UntrustedFile as error:
+    except Refused as error:
         return f"refused: {error}"
     except SystemExit as error:
-        return f"refused: {error.code}" if isinstance(error.code, str) else f"exit {error.code}"
+        return f"exit {error.code}"
     except MemoryError:
         return "memory"
     except BaseException as error:  # what the test asserts about

@@ -119,3 +119,14 @@ class Capture(Callback):
 
     def after_loss(self, state, logger):
         self.losses.append({k: v.detach().clone() for k, v in state.loss.items()})
+
+
+def ends(main, argv) -> int:
+    """``main(argv)`` ended as its command line ends it (``vocagno.entry.run``): the exit code; a refusal's one line
+    ``error: ...`` on stderr."""
+    from vocagno.entry import run
+
+    try:
+        run(lambda: main(argv))
+    except SystemExit as exit:
+        return exit.code

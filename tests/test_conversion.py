@@ -19,6 +19,7 @@ from helpers import assert_group_gone
 
 from conversion import convert_dataset
 from conversion.sources import TextOf, hub_sources
+from vocagno.errors import Refused
 from vocagno.core.alignment import align
 from vocagno.data.dataset import TeacherGuidedCollator, TeacherGuidedDataset
 from vocagno.data.shards import ShardMetadata
@@ -218,7 +219,7 @@ def test_kill_and_resume_gives_the_uninterrupted_samples(sample_samples, tmp_pat
 
 
 def test_changed_settings_on_an_existing_root_are_refused(sample_shards):
-    with pytest.raises(SystemExit, match="seq_len differ"):
+    with pytest.raises(Refused, match="seq_len differ"):
         convert_dataset.main(["--input", SAMPLE, "--student-tokenizer", "llama2", "--teacher-tokenizer", "qwen2.5",
                               "--seq-len", "64", "--out-root", str(sample_shards), "--docs-per-part", "100"])
 
@@ -477,19 +478,22 @@ def test_inspect_html_escapes_markup_in_documents(tmp_path):
 
 
 def test_a_missing_input_path_is_named_not_sent_to_the_hub(tmp_path):
-    with pytest.raises(SystemExit, match="error: input data/no_such_folder is no local file or folder, and as a "
+    with pytest.raises(Refused, match="input data/no_such_folder is no local file or folder, and as a "
                                          "Hugging Face dataset it could not be loaded"):
         convert(tmp_path / "out", inputs=("data/no_such_folder",))
 
 
 # ------------------------------------------------------------------------------------------ faults and careless input
 def converts(out_root, *args, inputs):
-    """convert_dataset.main's exit code (or SystemExit's message) for a small conversion at seq-len 64."""
+    """convert_dataset.main's exit code, argparse's exit as its code's text, a refusal as ``"error: MESSAGE"``, for a
+    small conversion at seq-len 64."""
     try:
         return convert_dataset.main(["--input", *map(str, inputs), *BASE_ARGS[:4], "--seq-len", "64",
                                      "--out-root", str(out_root), *args])
     except SystemExit as error:
         return str(error.code)
+    except Refused as error:
+        return f"error: {error}"
 
 
 def test_a_part_whose_upload_broke_off_is_uploaded_again(tmp_path, monkeypatch):
@@ -875,7 +879,7 @@ def test_a_dataset_saved_with_save_to_disk_converts_as_its_rows_do(tmp_path):
         assert ShardMetadata.read(tmp_path / f"from_{name}").totals["documents read"] == 60
     arrow = next((tmp_path / "saved").glob("*.arrow"))  # an .arrow file given alone
     same_samples(read_samples(convert(tmp_path / "from_arrow", inputs=[arrow]), tmp_path), want)
-    with pytest.raises(SystemExit, match=r"has no split 'validation'; --split one of test, train"):
+    with pytest.raises(Refused, match=r"has no split 'validation'; --split one of test, train"):
         convert_dataset.main(["--input", str(tmp_path / "saved_dict"), "--split", "validation", *BASE_ARGS,
                               "--out-root", str(tmp_path / "nothing")])
 
@@ -898,12 +902,12 @@ def test_a_text_template_makes_the_text_of_several_fields_and_counts_records_wit
     assert texts["qa.jsonl"] == texts["qa.parquet"] == texts["saved"]
     assert f"Problem 3 (#3)\n\n{records[3]['body'][:40]}" in texts["qa.jsonl"]
     # A field no record has: nothing converts, nothing is published, and the summary says why.
-    with pytest.raises(SystemExit, match="nothing published .* only 0 of 60 documents converted .* missing field of "
+    with pytest.raises(Refused, match="nothing published .* only 0 of 60 documents converted .* missing field of "
                                          "the text template 'titel': 60"):
         convert_dataset.main(["--input", str(tmp_path / "qa.jsonl"), "--text-template", "{titel}\\n{body}",
                               *BASE_ARGS, "--out-root", str(tmp_path / "typo")])
     assert not (tmp_path / "typo" / "index.json").exists()
-    with pytest.raises(SystemExit, match="names no field"):
+    with pytest.raises(Refused, match="names no field"):
         convert_dataset.main(["--input", str(tmp_path / "qa.jsonl"), "--text-template", "plain", *BASE_ARGS,
                               "--out-root", str(tmp_path / "none")])
 
@@ -919,7 +923,7 @@ def test_a_hub_dataset_is_read_by_its_configuration_or_its_data_files(tmp_path):
                                       "- config_name: hard\n  data_files: hard/*.jsonl\n---\n")
     hard = convert(tmp_path / "hard", "--subset", "hard", inputs=[folder])
     assert ShardMetadata.read(hard).totals["documents read"] == 40
-    with pytest.raises(SystemExit, match=r"no configuration 'medium'; --subset one of: easy, hard"):
+    with pytest.raises(Refused, match=r"no configuration 'medium'; --subset one of: easy, hard"):
         convert_dataset.main(["--input", str(folder), "--subset", "medium", *BASE_ARGS, "--out-root",
                               str(tmp_path / "medium")])
     files = convert(tmp_path / "files", "--data-files", str(folder / "easy" / "train.jsonl"), inputs=["json"])
@@ -959,12 +963,12 @@ def test_inputs_in_an_object_store_convert_as_the_same_files_on_disk_and_a_chang
         assert ShardMetadata.read(tmp_path / name).totals["documents read"] == 500
     # The objects' content is their fingerprint: a rerun after one changed names it and stops.
     put("corpus/b.jsonl", b"".join(lines[250:400]))
-    with pytest.raises(SystemExit, match=f"{scheme}://runs/corpus/b.jsonl"):
+    with pytest.raises(Refused, match=f"{scheme}://runs/corpus/b.jsonl"):
         convert(f"{scheme}://runs/shards-folder", "--docs-per-part", "100", "--local-root", str(tmp_path / "folder"),
                 inputs=[f"{scheme}://runs/corpus/"])
-    with pytest.raises(SystemExit, match=f"input {scheme}://no-such-bucket/corpus/: the object store can't be read"):
+    with pytest.raises(Refused, match=f"input {scheme}://no-such-bucket/corpus/: the object store can't be read"):
         convert(tmp_path / "none", inputs=[f"{scheme}://no-such-bucket/corpus/"])
-    with pytest.raises(SystemExit, match=rf"input {scheme}://runs/corpus/\*.txt: no .jsonl"):
+    with pytest.raises(Refused, match=rf"input {scheme}://runs/corpus/\*.txt: no .jsonl"):
         convert(tmp_path / "none", inputs=[f"{scheme}://runs/corpus/*.txt"])
     assert not list((tmp_path / "none").rglob("*.json"))  # inputs that can't be read leave nothing on the out-root
 
@@ -984,7 +988,7 @@ def test_an_object_store_input_at_a_buckets_root_a_glob_within_one_folder_and_a_
         assert ShardMetadata.read(tmp_path / name).totals["documents read"] == documents, uri
     # An object named like a folder (its key ends in '/') is no file to download: refused by name, nothing written.
     client.put_object(Bucket="whole", Key="deeper/c.jsonl/", Body=b"".join(lines[:40]))
-    with pytest.raises(SystemExit, match=r"^error: s3://whole/deeper/c.jsonl/: refused: its object key's last part ''"):
+    with pytest.raises(Refused, match=r"^s3://whole/deeper/c.jsonl/: refused: its object key's last part ''"):
         convert(tmp_path / "refused", inputs=["s3://whole/deeper/"])
     assert not list((tmp_path / "refused").rglob("*.json"))
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import forked
 import pytest
 import torch
-from helpers import bucket_keys as keys
+from helpers import bucket_keys as keys, ends
 
 from vocagno.training.checkpoint import BadCheckpoint, repair
 from vocagno.export import main as export_main
@@ -319,7 +319,7 @@ def test_no_path_that_builds_or_loads_a_bf16_model_narrows_its_rotary_frequencie
 
 
 def refused(args, capsys, *, names):
-    assert export_main([str(a) for a in args]) == 2
+    assert ends(export_main, [str(a) for a in args]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and names in err, err
     return err

@@ -21,6 +21,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from conversion import convert_dataset
 from tests.test_algorithm import Capture, tiny
 from vocagno import score
+from vocagno.errors import Refused
 from vocagno.algorithms.vocagno_lm import VocAgnoLM
 from vocagno.data.dataset import TeacherGuidedCollator, TeacherGuidedDataset
 from vocagno.data.outroots import Output
@@ -188,7 +189,7 @@ def test_a_remote_out_root_gets_the_dataset_and_another_teacher_cannot_resume_it
     score.score(str(scored / "shards"), Output(str(remote), str(work)), teacher, "cpu", 640)
     same_samples(read(remote), read(scored / "scored"))
     other = score.Teacher(tiny(Qwen2Config, Qwen2ForCausalLM, 152064), "another", "float32", 1024)
-    with pytest.raises(SystemExit, match="scored_by differ"):
+    with pytest.raises(Refused, match="scored_by differ"):
         score.score(str(scored / "shards"), Output(str(remote), str(tmp_path / "work2")), other, "cpu", 640)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import forked
 import numpy as np
 import pytest
-from helpers import Reached, reached
+from helpers import Reached, reached, ends
 
 from conversion import convert_dataset
 from vocagno import selection
@@ -207,8 +207,8 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(heldout, tmp_path, cap
     for flag in base:
         if flag not in arguments:
             arguments = [flag, base[flag], *arguments]
-    code = selection.main([*arguments, "--dtype", "float32", "--json", str(tmp_path / "out.json"),
-                           "--html", str(tmp_path / "out.html")])
+    code = ends(selection.main, [*arguments, "--dtype", "float32", "--json", str(tmp_path / "out.json"),
+                                 "--html", str(tmp_path / "out.html")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("error: ")
     assert re.search(message, err[0]), err[0]
@@ -240,7 +240,7 @@ def test_two_ranks_share_the_scoring_and_rank_0_alone_reports_and_writes_files(h
     assert (tmp_path / "page.html").exists()
     monkeypatch.delenv("RANK")
     monkeypatch.delenv("WORLD_SIZE")
-    assert selection.main([*arguments, "--seed", "1"]) == 2  # other rows
+    assert ends(selection.main, [*arguments, "--seed", "1"]) == 2  # other rows
     assert "made with other settings (seed differ)" in capsys.readouterr().err
 
 
@@ -302,8 +302,8 @@ def test_rows_a_work_folder_already_holds_unfinished_are_refused_in_one_line_and
         (work / "rows").symlink_to(victim)
     else:
         (work / "rows").mkdir()
-    assert selection.main(["--shards", str(heldout), "--teacher", "tiny-math-teacher", "--samples", "8",
-                           "--device", "cpu", "--work", str(work)]) == 2
+    assert ends(selection.main, ["--shards", str(heldout), "--teacher", "tiny-math-teacher", "--samples", "8",
+                                 "--device", "cpu", "--work", str(work)]) == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1] == (f"error: {work / 'rows'}: something stands there that no selection "
                                             "finished (no index.json): remove it, or give another --work"), err

@@ -19,6 +19,7 @@ from conversion import convert_dataset
 from tests.helpers import Capture
 from tests.test_algorithm import tiny
 from vocagno import score
+from vocagno.errors import Refused
 from vocagno.algorithms.vocagno_lm import VocAgnoLM, teacher_guided_loss
 from vocagno.data.dataset import TeacherGuidedCollator, TeacherGuidedDataset, batch_key
 from vocagno.core.loss import guided_loss, reference_loss
@@ -225,10 +226,10 @@ def test_bad_teacher_sets_are_refused_naming_the_problem(teachers, combine, mess
 
 
 def test_the_scoring_pass_refuses_a_second_teacher_without_a_name(shards, scored_twice):
-    with pytest.raises(SystemExit, match=r"already scored \(by .*mistral\): a further teacher .* \(--name NAME"):
+    with pytest.raises(Refused, match=r"already scored \(by .*mistral\): a further teacher .* \(--name NAME"):
         score.main(["--shards", str(scored_twice), "--teacher", str(shards / "mistral"), "--out", str(shards / "x"),
                     "--device", "cpu"])
-    with pytest.raises(SystemExit, match="already scored by a teacher named 'qwen'"):
+    with pytest.raises(Refused, match="already scored by a teacher named 'qwen'"):
         score.main(["--shards", str(scored_twice), "--teacher", str(shards / "qwen"), "--name", "qwen", "--out",
                     str(shards / "y"), "--device", "cpu"])
     assert json.loads((scored_twice / "vocagno.json").read_text())["also_scored_by"].keys() == {"qwen"}
@@ -303,7 +304,7 @@ def test_a_pickled_column_in_shards_is_refused_before_anything_is_unpickled(shar
     StreamingDataset(local=str(tmp_path / "evil"), batch_size=1, allow_unsafe_types=True)[0]  # what reading does
     assert witness.exists()
     witness.unlink()
-    with pytest.raises(SystemExit, match="column 'extra' .*pkl.*: vocagno shards hold"):
+    with pytest.raises(Refused, match="column 'extra' .*pkl.*: vocagno shards hold"):
         score.main(["--shards", str(tmp_path / "evil"), "--teacher", str(shards / "qwen"), "--name", "qwen",
                     "--dtype", "float32", "--out", str(tmp_path / "out"), "--device", "cpu"])
     with pytest.raises(ValueError, match="column 'extra' .*pkl.*: vocagno shards hold"):
@@ -351,7 +352,7 @@ def test_a_further_teachers_scoring_pass_resumed_with_another_tokenizer_is_refus
     for published in ("index.json", "vocagno.json"):  # as a kill before the merge leaves it
         (out / published).unlink()
     shutil.rmtree(out / "part-00001")
-    with pytest.raises(SystemExit, match="settings"):
+    with pytest.raises(Refused, match="settings"):
         score.main([*args, "--teacher-tokenizer", "deepseek-llm"])
     assert not (out / "index.json").exists()
 
@@ -386,5 +387,5 @@ def test_a_yaml_teachers_entry_is_named_when_it_lacks_a_tokenizer():
     cfg = train.load_config(two, ["teachers.latex.tokenizer=null"])
     with pytest.raises(ValueError, match="teachers.latex: needs its tokenizer"):
         train.build_algorithms(cfg, None)
-    with pytest.raises(SystemExit, match="teachers.latex needs its tokenizer"):
+    with pytest.raises(Refused, match="teachers.latex needs its tokenizer"):
         score.Teacher.from_config(cfg, two, "latex")

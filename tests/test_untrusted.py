@@ -17,12 +17,14 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from helpers import ends
 import torch
 from test_conversion import convert, converts, small_corpus
 from test_selection import TEXT
 from test_selection import convert as convert_texts
 
 from vocagno import score
+from vocagno.errors import Refused
 from vocagno.training.checkpoint import BadCheckpoint, repair
 from vocagno.eval.__main__ import main as eval_main
 from vocagno.export import main as export_main
@@ -124,10 +126,10 @@ def store(s3, monkeypatch):
 def readers(heldout: Path, text: Path):
     """Every entry point that reads a checkpoint, as a user calls it: ``(name, call(checkpoint) -> exit code)``."""
     return {
-        "export": lambda checkpoint, out: export_main([str(checkpoint), str(out)]),
-        "eval --model": lambda checkpoint, out: eval_main(["--model", str(checkpoint), "--bpb", str(text),
-                                                             "--device", "cpu"]),
-        "selection --student": lambda checkpoint, out: selection_main([
+        "export": lambda checkpoint, out: ends(export_main, [str(checkpoint), str(out)]),
+        "eval --model": lambda checkpoint, out: ends(eval_main, ["--model", str(checkpoint), "--bpb", str(text),
+                                                                 "--device", "cpu"]),
+        "selection --student": lambda checkpoint, out: ends(selection_main, [
             "--shards", str(heldout), "--teacher", "tiny-math-teacher", "--dtype", "float32", "--student",
             str(checkpoint), "--samples", "4", "--json", str(out / "report.json")]),
     }
@@ -298,7 +300,7 @@ def test_a_shard_name_leaving_its_folder_is_refused_locally_and_in_a_store(name,
     prefix = f"{tmp_path.name}/ep0-ba1"
     for path in checkpoint.iterdir():
         client.upload_file(str(path), "runs", f"{prefix}/{path.name}")
-    assert export_main([f"s3://runs/{prefix}", str(tmp_path / "remote-out")]) == 2
+    assert ends(export_main, [f"s3://runs/{prefix}", str(tmp_path / "remote-out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and reason in err[0], err
     assert not Path("/tmp/vocagno-outside.distcp").exists() and not (tmp_path.parent / "outside.distcp").exists()
@@ -331,7 +333,7 @@ def test_a_latest_link_in_a_store_naming_a_parent_is_refused(store, tmp_path, ca
     client = store
     client.put_object(Bucket="runs", Key="dots/..", Body=b"not a checkpoint")
     client.put_object(Bucket="runs", Key="dots/latest-rank0.pt.symlink", Body=b"dots/..")
-    assert export_main(["s3://runs/dots", str(tmp_path / "out")]) == 2
+    assert ends(export_main, ["s3://runs/dots", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "'..' is not a plain file name" in err[0], err
     assert sorted(p.name for p in tmp_path.iterdir()) == []
@@ -426,10 +428,10 @@ def test_an_input_index_naming_a_shard_outside_its_folder_is_refused_by_name(hel
     index = json.loads((shards / "index.json").read_text())
     index["shards"][0][column]["basename"] = basename
     (shards / "index.json").write_text(json.dumps(index))
-    with pytest.raises(SystemExit) as error:
+    with pytest.raises(Refused) as error:
         score.main(["--shards", str(shards), "--teacher", "tiny-math-teacher", "--dtype", "float32",
                     "--device", "cpu", "--out", str(tmp_path / "scored")])
-    assert str(error.value.code) == (f"error: {shards / 'index.json'}: refused: its shard name {basename!r} is not a "
+    assert f"error: {error.value}" == (f"error: {shards / 'index.json'}: refused: its shard name {basename!r} is not a "
                                      "relative path inside its folder (an absolute path, '..', an empty part, a "
                                      "backslash or a NUL)")
     assert not outside.exists() and not (tmp_path / "outside").exists()
@@ -518,7 +520,7 @@ def test_a_latest_file_or_link_in_a_save_folder_is_checked_or_refused(tmp_path):
     with pytest.raises(BadCheckpoint, match=r"latest-rank0.pt: refused: its link target '/.*' is not a plain file"):
         repair(str(linked))
     # export of that save folder into the folder its latest points at would delete the real checkpoint
-    assert export_main([str(linked), str(outside), "--overwrite"]) == 2
+    assert ends(export_main, [str(linked), str(outside), "--overwrite"]) == 2
     assert (outside / "ep0-ba1-rank0.pt").exists() and not marker.exists()
 
 
@@ -543,7 +545,7 @@ def test_a_recipe_that_reads_the_environment_is_refused(tmp_path, capsys, monkey
     state["state"]["callbacks"] = {"RunRecipe": {"yaml": om.to_yaml({"run_name": "${oc.env:VOCAGNO_TEST_SECRET}"})}}
     torch.save(state, tmp_path / "ep0-ba1-rank0.pt")
     assert load_checkpoint(str(tmp_path / "ep0-ba1-rank0.pt"))  # a plain checkpoint, read
-    assert export_main([str(tmp_path / "ep0-ba1-rank0.pt"), str(tmp_path / "out")]) == 2
+    assert ends(export_main, [str(tmp_path / "ep0-ba1-rank0.pt"), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "refused: its recipe holds interpolations (run_name)" in err and "hunter2" not in err
     assert not (tmp_path / "out").exists()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import forked
 import pytest
+from helpers import ends
 import torch
 from test_untrusted import RunsACommand, dcp_save, gadgets, store, whole_with  # noqa: F401 (store: a fixture)
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -142,8 +143,8 @@ def test_a_config_far_larger_than_its_weights_is_refused_before_it_is_built(conf
     checkpoint = saved(state, tmp_path / "run" / "ep0-ba1-rank0.pt", config)
     text = tmp_path / "text.txt"
     text.write_text("Natalia sold clips to 48 of her friends in April.")
-    for read in (lambda: export_main([str(checkpoint), str(tmp_path / "out")]),
-                 lambda: eval_main(["--model", str(checkpoint), "--bpb", str(text), "--device", "cpu"])):
+    for read in (lambda: ends(export_main, [str(checkpoint), str(tmp_path / "out")]),
+                 lambda: ends(eval_main, ["--model", str(checkpoint), "--bpb", str(text), "--device", "cpu"])):
         started = time.monotonic()
         assert read() == 2
         assert time.monotonic() - started < 10
@@ -163,7 +164,7 @@ def test_a_config_far_larger_than_its_weights_is_refused_before_it_is_built(conf
 def test_a_checkpoint_config_naming_code_is_refused(field, state, tmp_path, capsys):
     checkpoint = saved(state, tmp_path / "run" / "ep0-ba1-rank0.pt", field)
     before = snapshot(tmp_path)
-    assert export_main([str(checkpoint), str(tmp_path / "out")]) == 2
+    assert ends(export_main, [str(checkpoint), str(tmp_path / "out")]) == 2
     one_error_line(capsys, checkpoint.name, "names code to load", next(iter(field)))
     assert snapshot(tmp_path) == before
 
@@ -181,7 +182,7 @@ def test_a_checkpoint_tokenizer_naming_a_file_outside_it_is_refused_and_nothing_
     target = outside / "tokenizer.json"
     target.write_text(json.dumps(content))
     checkpoint = saved(state, tmp_path / "run" / "ep0-ba1-rank0.pt", tokenizer_config={key: str(target)})
-    assert export_main([str(checkpoint), str(tmp_path / "out")]) == 2
+    assert ends(export_main, [str(checkpoint), str(tmp_path / "out")]) == 2
     one_error_line(capsys, checkpoint.name, key, "not a plain file name")
     assert not (tmp_path / "out").exists()
     if key != "tokenizer_file":
@@ -245,7 +246,7 @@ def test_eval_of_a_model_folder_naming_its_own_code_runs_nothing_and_asks_nothin
     text.write_text("Natalia sold clips to 48 of her friends in April.")
     answer = io.StringIO("y\n")  # what a user at the terminal might type to transformers' question
     monkeypatch.setattr(sys, "stdin", answer)
-    assert eval_main(["--model", str(folder), "--bpb", str(text), "--device", "cpu"]) == 2
+    assert ends(eval_main, ["--model", str(folder), "--bpb", str(text), "--device", "cpu"]) == 2
     one_error_line(capsys, "config.json", "names code to load", "auto_map")
     assert not marker.exists() and answer.tell() == 0, "the folder's code ran, or transformers asked"
     # the tokenizer a shards' vocagno.json names is loaded the same way
@@ -273,7 +274,7 @@ def test_a_checkpoint_that_is_a_fifo_or_holds_one_is_refused_without_waiting_on_
         name.unlink()
         os.mkfifo(name)
     with within(seconds=20, memory=1 << 30):
-        assert export_main([str(checkpoint), str(tmp_path / "model")]) != 0
+        assert ends(export_main, [str(checkpoint), str(tmp_path / "model")]) != 0
     one_error_line(capsys, f"{name}: refused: a FIFO")
     assert not (tmp_path / "model").exists()
 
@@ -299,7 +300,7 @@ def test_a_model_folders_config_looping_past_its_weights_is_refused_before_it_is
     capsys.readouterr()
     (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 10_000_000}))
     with within(seconds=20, memory=1 << 30):
-        assert eval_main(["--model", str(folder), "--bpb", str(tmp_path / "t.txt"), "--device", "cpu"]) == 2
+        assert ends(eval_main, ["--model", str(folder), "--bpb", str(tmp_path / "t.txt"), "--device", "cpu"]) == 2
     one_error_line(capsys, f"{folder / 'config.json'}: refused: its model config says num_hidden_layers=10000000")
 
 
@@ -354,7 +355,7 @@ def test_a_model_folder_whose_config_describes_more_than_its_weights_hold_is_ref
     reason = craft(folder, how)
     (tmp_path / "t.txt").write_text("1 + 1 = 2\n")
     with within(seconds=30, memory=1 << 30):
-        assert eval_main(["--model", str(folder), "--bpb", str(tmp_path / "t.txt"), "--device", "cpu"]) == 2
+        assert ends(eval_main, ["--model", str(folder), "--bpb", str(tmp_path / "t.txt"), "--device", "cpu"]) == 2
     one_error_line(capsys, f"{folder / 'config.json'}: refused: ", reason)
 
 
@@ -388,7 +389,7 @@ def test_a_model_folder_of_pickled_weights_is_checked_by_their_shapes_and_loads_
     capsys.readouterr()
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "intermediate_size": 4096}))  # 16 times its MLPs
-    assert eval_main(["--model", str(folder), "--bpb", str(tmp_path / "t.txt"), "--device", "cpu"]) == 2
+    assert ends(eval_main, ["--model", str(folder), "--bpb", str(tmp_path / "t.txt"), "--device", "cpu"]) == 2
     one_error_line(capsys, f"{folder / 'config.json'}: refused: its model config describes 7,902,048 parameters, "
                            "and its weights hold 3,478,368 numbers")
 
@@ -397,7 +398,7 @@ def test_a_config_looping_past_the_layers_cap_is_refused_and_the_cap_can_be_rais
     folder = _model_folder(tmp_path)
     (tmp_path / "t.txt").write_text("1 + 1 = 2\n")
     monkeypatch.setenv("VOCAGNO_MAX_LAYERS", "3")
-    assert eval_main(["--model", str(folder), "--bpb", str(tmp_path / "t.txt"), "--device", "cpu"]) == 2
+    assert ends(eval_main, ["--model", str(folder), "--bpb", str(tmp_path / "t.txt"), "--device", "cpu"]) == 2
     one_error_line(capsys, f"{folder / 'config.json'}: refused: its model config says num_hidden_layers=4, more than "
                            "the 3 allowed (raise VOCAGNO_MAX_LAYERS if it is right)")
     monkeypatch.setenv("VOCAGNO_MAX_LAYERS", "4")
@@ -468,7 +469,7 @@ def test_a_model_folder_is_checked_as_transformers_will_read_it(craft, tmp_path,
     reason = craft(folder, tmp_path)
     (tmp_path / "t.txt").write_text("1 + 1 = 2\n")
     with within(seconds=30, memory=2 << 30):
-        assert eval_main(["--model", str(folder), "--bpb", str(tmp_path / "t.txt"), "--device", "cpu"]) == 2
+        assert ends(eval_main, ["--model", str(folder), "--bpb", str(tmp_path / "t.txt"), "--device", "cpu"]) == 2
     one_error_line(capsys, f"{folder}", "refused: ", reason)
 
 
@@ -501,7 +502,7 @@ def test_a_checkpoint_whose_zip_holds_a_compressed_record_is_refused_before_torc
         for info in source.infolist():
             out.writestr(info.filename, source.read(info),
                          zipfile.ZIP_DEFLATED if info.filename.endswith("data.pkl") else zipfile.ZIP_STORED)
-    assert export_main([str(crafted), str(tmp_path / "out")]) == 2
+    assert ends(export_main, [str(crafted), str(tmp_path / "out")]) == 2
     one_error_line(capsys, "ep0-ba2-rank0.pt: refused: its record ", "data.pkl' is compressed")
     assert not (tmp_path / "out").exists()
 
@@ -518,7 +519,7 @@ def test_a_model_folders_weight_index_naming_a_file_outside_it_is_refused(tmp_pa
     (folder / "model.safetensors.index.json").write_text(json.dumps(
         {"metadata": {}, "weight_map": {name: "../../private/weights.safetensors" for name in names}}))
     (tmp_path / "t.txt").write_text("1 + 1 = 2\n")
-    assert eval_main(["--model", str(folder), "--bpb", str(tmp_path / "t.txt"), "--device", "cpu"]) == 2
+    assert ends(eval_main, ["--model", str(folder), "--bpb", str(tmp_path / "t.txt"), "--device", "cpu"]) == 2
     one_error_line(capsys, f"{folder / 'model.safetensors.index.json'}: refused: ",
                    "'../../private/weights.safetensors' is not a relative path inside its folder")
 
@@ -532,7 +533,7 @@ def test_composers_latest_link_is_followed_to_the_checkpoint_beside_it_and_no_fu
     (save / "latest-rank0.pt").unlink()
     (save / "latest-rank0.pt").symlink_to(tmp_path / "elsewhere.pt")
     capsys.readouterr()
-    assert export_main([str(save / "latest-rank0.pt"), str(tmp_path / "model2")]) != 0
+    assert ends(export_main, [str(save / "latest-rank0.pt"), str(tmp_path / "model2")]) != 0
     one_error_line(capsys, "latest-rank0.pt: refused: its link target")
 
 
@@ -544,7 +545,7 @@ def test_a_latest_link_is_followed_one_hop_and_a_loop_of_them_is_refused_in_one_
     saved(state, save / "ep0-ba1-rank0.pt")
     for name, target in links.items():
         (save / name).symlink_to(target)
-    assert export_main([str(save / "latest-rank0.pt"), str(tmp_path / "model")]) == 2
+    assert ends(export_main, [str(save / "latest-rank0.pt"), str(tmp_path / "model")]) == 2
     one_error_line(capsys, "latest-rank0.pt: refused: its link target ", "is itself a link")
     assert not (tmp_path / "model").exists()
 
@@ -567,7 +568,7 @@ def test_a_sharded_checkpoint_whose_metadata_claims_more_than_its_shards_hold_is
     item.size = torch.Size([10**6, 10**6])
     (folder / ".metadata").write_bytes(pickle.dumps(metadata))
     with within(seconds=30, memory=2 << 30):
-        assert export_main([str(folder), str(tmp_path / "model")]) != 0
+        assert ends(export_main, [str(folder), str(tmp_path / "model")]) != 0
     one_error_line(capsys, "ep0-ba1/.metadata: refused: its tensors claim more bytes than its shards hold")
 
 

@@ -5,6 +5,7 @@ file's size or its cap."""
 import lzma
 
 import pytest
+from helpers import ends
 
 from vocagno.align import main as align_main
 from vocagno.eval.benchmarks import read_test_split
@@ -96,8 +97,8 @@ def test_eval_refuses_a_bpb_file_without_text_or_a_data_folder_file_it_cant_trus
         capsys.readouterr().err.strip().splitlines()[-1]
     (tmp_path / "data" / "gsm8k").mkdir(parents=True)
     (tmp_path / "data" / "gsm8k" / "test.jsonl").symlink_to("/dev/zero")
-    assert eval_main(["--gold", "--benchmarks", "gsm8k", "--data-dir", str(tmp_path / "data"),
-                      "--output", str(tmp_path / "out")]) == 2
+    assert ends(eval_main, ["--gold", "--benchmarks", "gsm8k", "--data-dir", str(tmp_path / "data"),
+                            "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: --data-dir {tmp_path / 'data' / 'gsm8k' / 'test.jsonl'}: refused: a symbolic link: vocagno "
                    "reads regular files only, and follows no link (copy the file itself there)"]
@@ -111,8 +112,8 @@ def test_a_linked_benchmark_folder_leads_nowhere_and_a_cap_set_wrong_is_one_line
     (tmp_path / "outside" / "test.jsonl").write_text('{"question": "secret", "answer": "1"}\n')
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "gsm8k").symlink_to(tmp_path / "outside")
-    assert eval_main(["--gold", "--benchmarks", "gsm8k", "--data-dir", str(tmp_path / "data"),
-                      "--output", str(tmp_path / "out")]) == 2
+    assert ends(eval_main, ["--gold", "--benchmarks", "gsm8k", "--data-dir", str(tmp_path / "data"),
+                            "--output", str(tmp_path / "out")]) == 2
     assert "follows no link" in capsys.readouterr().err
     monkeypatch.setenv("VOCAGNO_MAX_DOCUMENT_BYTES", "1k")
     (tmp_path / "t.txt").write_text("x")

@@ -25,6 +25,7 @@ from test_selection import convert
 from vocagno import inspect, score, selection
 from vocagno.data.dataset import TeacherGuidedDataset
 from vocagno.doors.untrusted import UntrustedFile
+from helpers import ends
 
 REPO = Path(__file__).resolve().parents[1]
 TEXT = REPO / "vocagno" / "assets" / "text"
@@ -96,10 +97,9 @@ def test_the_dataset_refuses_a_remote_index_naming_a_download_out_of_local_befor
 def test_inspect_refuses_a_shard_name_out_of_the_folder_in_one_line(shards, tmp_path, capsys):
     folder = crafted(shards, tmp_path / "shards", _outside)
     (tmp_path / "outside").mkdir()
-    with pytest.raises(SystemExit) as exit:
-        inspect.main(["--shards", str(folder), "--max-samples", "2"])
-    assert str(exit.value.code).startswith(f"error: {folder}/index.json: refused: its shard name '../outside/")
-    assert len(str(exit.value.code).splitlines()) == 1
+    assert ends(inspect.main, ["--shards", str(folder), "--max-samples", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {folder}/index.json: refused: its shard name '../outside/")
     assert not list((tmp_path / "outside").iterdir())
 
 
@@ -119,19 +119,19 @@ def _unknown_hash(info, folder):
     (_negative, "shard 0 says it holds -3 samples: its 52,376 bytes hold 1 to 13,092"),
     (_unknown_hash, "shard 0's raw_data has no xxh3_64 hash"),
 ], ids=["negative-count", "unknown-hash"])
-def test_score_refuses_an_index_it_cannot_check_and_publishes_nothing(shards, tmp_path, change, message):
+def test_score_refuses_an_index_it_cannot_check_and_publishes_nothing(shards, tmp_path, change, message, capsys):
     folder = crafted(shards, tmp_path / "shards", change)
-    with pytest.raises(SystemExit) as exit:
-        score.main(["--shards", str(folder), "--teacher", "tiny-math-teacher", "--out", str(tmp_path / "scored"),
-                    "--dtype", "float32", "--device", "cpu"])
-    assert exit.value.code.startswith(f"error: {folder}/index.json: refused: {message}")
+    assert ends(score.main, ["--shards", str(folder), "--teacher", "tiny-math-teacher", "--out",
+                             str(tmp_path / "scored"), "--dtype", "float32", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {folder}/index.json: refused: {message}")
     assert not (tmp_path / "scored" / "index.json").exists()
 
 
 def test_selection_refuses_shards_whose_index_names_an_unknown_hash_in_one_line(shards, tmp_path, capsys):
     folder = crafted(shards, tmp_path / "shards", _unknown_hash)
-    code = selection.main(["--shards", str(folder), "--teacher", "tiny-math-teacher", "--samples", "4", "--dtype",
-                           "float32", "--json", str(tmp_path / "out.json")])
+    code = ends(selection.main, ["--shards", str(folder), "--teacher", "tiny-math-teacher", "--samples", "4",
+                                 "--dtype", "float32", "--json", str(tmp_path / "out.json")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1
     assert err[0] == f"error: {folder}/index.json: refused: shard 0's raw_data has no xxh3_64 hash: vocagno checks " \
@@ -144,6 +144,7 @@ def test_selection_refuses_shards_whose_index_names_an_unknown_hash_in_one_line(
 RUNNER = textwrap.dedent('''
     import json, os, resource, signal, sys, time, traceback
     import vocagno.data.dataset, vocagno.inspect, vocagno.score  # what the cases import, before the cap
+    from vocagno.entry import run
 
     def dataset(local, remote=None):  # as an entry point: an UntrustedFile is one line, exit 1
         from vocagno.doors.untrusted import UntrustedFile
@@ -168,9 +169,9 @@ RUNNER = textwrap.dedent('''
             resource.setrlimit(resource.RLIMIT_AS, (size + (2 << 30), size + (2 << 30)))
             code = 1
             try:
-                code = ENTRIES[entry](args) or 0
+                run(lambda: ENTRIES[entry](args))  # as the command line ends: one line and exit 2 for a refusal
             except SystemExit as error:
-                code = error.code if isinstance(error.code, int) else (print(error.code, file=sys.stderr) or 1)
+                code = error.code
             except BaseException:
                 traceback.print_exc()
             sys.stdout.flush()

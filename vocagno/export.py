@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -191,11 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true", help="replace OUT when it exists")
     parser.add_argument("--eval", dest="eval_dir", help="a vocagno.eval --output folder: its results go in the card")
     args = parser.parse_args(argv)
-    try:
-        out = export(args.checkpoint, args.out, args.dtype, args.overwrite, args.eval_dir)
-    except BadCheckpoint as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    out = export(args.checkpoint, args.out, args.dtype, args.overwrite, args.eval_dir)
     print(f"exported {args.checkpoint} to {out}")
     return 0
 

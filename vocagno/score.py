@@ -48,6 +48,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from vocagno.errors import Refused
 from vocagno.memory import keep_freed_memory
 from vocagno.data.outroots import (
     PART_STATS, OwnedLock, Output, all_jobs_done, check_or_write_settings, job_marker, merge_once, publish_dataset,
@@ -98,18 +99,18 @@ class Teacher:
         where, section = "teacher", cfg.get("teacher")
         if cfg.get("teachers") is not None:
             if set_name not in cfg.teachers:
-                raise SystemExit(f"error: {source} has teachers: {', '.join(cfg.teachers)}: name the one to score "
+                raise Refused(f"{source} has teachers: {', '.join(cfg.teachers)}: name the one to score "
                                  "(--name)" if set_name is None else f"error: {source} has no teachers.{set_name}")
             where, section = f"teachers.{set_name}", cfg.teachers[set_name]
         if section is None:
-            raise SystemExit(f"error: {source} has no teacher: section")
+            raise Refused(f"{source} has no teacher: section")
         if set_name is not None:  # a yaml's key becomes a column and a folder name
             try:
                 check_teacher_name(set_name)
             except ValueError as error:
-                raise SystemExit(f"error: {source}: {error}") from None
+                raise Refused(f"{source}: {error}") from None
             if not section.get("tokenizer"):  # which of the set reads the shards' tokens depends on it
-                raise SystemExit(f"error: {source}: teachers.{set_name} needs its tokenizer")
+                raise Refused(f"{source}: teachers.{set_name} needs its tokenizer")
         chunk_size = section.get("chunk_size") or 1024
         tokenizer = section.get("tokenizer")
         if section.get("name_or_path"):  # loaded as VocAgnoLM loads a teacher it is given by name
@@ -141,10 +142,10 @@ class Teacher:
         if self.set_name is None:
             why = (f"is already scored (by {metadata.scored_by['name']})" if reads else
                    f"holds {metadata.teacher.name!r}'s teacher tokens, not this teacher's")
-            raise SystemExit(f"error: {source} {why}: a further teacher of a set goes beside it under its name "
+            raise Refused(f"{source} {why}: a further teacher of a set goes beside it under its name "
                              "(--name NAME, its name in the run's teachers:)")
         if self.set_name in (metadata.also_scored_by or {}):
-            raise SystemExit(f"error: {source} is already scored by a teacher named {self.set_name!r} "
+            raise Refused(f"{source} is already scored by a teacher named {self.set_name!r} "
                              f"({metadata.also_scored_by[self.set_name]['name']})")
         return self.set_name
 
@@ -168,7 +169,7 @@ class Teacher:
         try:  # the name the shards record may load another vocabulary here
             metadata.check_tokenizers(student=describe_tokenizer(student, "student"))
         except ValueError as error:
-            raise SystemExit(f"error: {error}") from None
+            raise Refused(str(error)) from None
         return TeacherSide(student, self.loaded_tokenizer())
 
 
@@ -198,7 +199,7 @@ def score(shards: str, output: Output, teacher: Teacher, device: str, batch_toke
     marker = job_marker(rank, world)
     lock = OwnedLock(output.local / f"{marker}.lock", f"rank {rank} of {world} scoring into {output}")
     if not lock.acquire():
-        raise SystemExit(f"error: another scoring pass is running rank {rank} of {world} into {output}")
+        raise Refused(f"another scoring pass is running rank {rank} of {world} into {output}")
     try:
         mine = [i for i in range(len(index["shards"])) if i % world == rank]
         for i in mine:  # what a kill left unfinished (earlier versions' names too)
@@ -257,14 +258,14 @@ def read_shard(shards_root: Path, info: dict) -> list[dict]:
     try:
         check_columns(dict(zip(info["column_names"], info["column_encodings"])), index)
     except ValueError as error:
-        raise SystemExit(f"error: {error}") from None
+        raise Refused(str(error)) from None
     stored = info.get("zip_data") or info["raw_data"]
     path = inside(shards_root, stored["basename"], index, "shard name")
     data = read_bytes(stored["basename"], stored["bytes"], shards_root, "shard_bytes")
     if len(data) != stored["bytes"]:
         raise UntrustedFile(f"{path}: refused: {len(data):,} bytes, its index says {stored['bytes']:,}")
     if get_hash(SHARD_HASH, data) != stored["hashes"][SHARD_HASH]:
-        raise SystemExit(f"error: {path} does not match its {SHARD_HASH} hash")
+        raise Refused(f"{path} does not match its {SHARD_HASH} hash")
     if info.get("zip_data"):
         data = decompress(info["compression"], data, info["raw_data"]["bytes"], str(path))
     samples = info["samples"]
@@ -355,7 +356,7 @@ def _score_part(shards_root: Path, info: dict, final: Path, scorer: TeacherScore
 def _merge(output: Output, parts: list[str], metadata: ShardMetadata, scorer: str) -> None:
     missing = unfinished_parts(output, parts)
     if missing:
-        raise SystemExit(f"error: cannot merge {output}: parts not scored there: {missing}")
+        raise Refused(f"cannot merge {output}: parts not scored there: {missing}")
     publish_dataset(output, parts, metadata)
     print(f"complete: {output} ({len(parts)} parts, scored by {scorer})", flush=True)
 
@@ -398,10 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     if device == "cpu":  # the teacher's logits and log-softmax reused, not faulted in again each batch
         keep_freed_memory()
     rank, world = rank_and_world()
-    try:
-        samples = score(args.shards, Output(args.out, args.local_root), chosen, device, args.batch_tokens, rank, world)
-    except UntrustedFile as error:  # an index.json or shard, the input's or a part's on --out, that is not what it says
-        raise SystemExit(f"error: {error}") from None
+    samples = score(args.shards, Output(args.out, args.local_root), chosen, device, args.batch_tokens, rank, world)
     print(f"rank {rank} of {world}: {samples} samples scored with {chosen.scored_by['name']} into {args.out}")
     return 0
 

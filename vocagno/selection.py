@@ -62,7 +62,6 @@ import math
 import os
 import pickle
 import random
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -73,6 +72,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from vocagno.errors import Refused
 from vocagno.core.alignment import check_alignment, chunk_align
 from vocagno.memory import keep_freed_memory
 from vocagno.diagnostics.canaries import CLEAN, NOISE, Canaries, clean_documents, mix, pack
@@ -80,7 +80,6 @@ from vocagno.core.loss import (check_options, excess_loss, next_token_cross_entr
                           select_top)
 from vocagno.data.shards import (COLUMNS, METADATA_FILE, SHARD_HASH, TEACHER_NAME, ShardMetadata, align_column,
                             check_teacher_name, describe_tokenizer, loss_column)
-from vocagno.doors.untrusted import UntrustedFile
 from vocagno.doors.writing import make_readable, publish, remove, staging, write_atomically
 
 __all__ = ["Settings", "Report", "measure", "main"]
@@ -88,9 +87,6 @@ __all__ = ["Settings", "Report", "measure", "main"]
 CHUNKS = (1, 4, 16)
 BINS = 10  # of the per-document kept fraction's histogram
 
-
-class BadInput(Exception):
-    """An input the command refuses: one line naming the problem, exit 2, nothing written."""
 
 
 @dataclass(frozen=True)
@@ -454,7 +450,7 @@ def write_rows(canaries: Canaries, metadata: ShardMetadata, folder: Path) -> Non
     from streaming import MDSWriter
 
     if os.path.lexists(folder):  # rows are written once, by a run that then finds their index.json
-        raise BadInput(f"{folder}: something stands there that no selection finished (no index.json): remove it, "
+        raise Refused(f"{folder}: something stands there that no selection finished (no index.json): remove it, "
                        "or give another --work")
     built = staging(folder)  # a fresh private folder: nothing planted at a known name is written through
     try:
@@ -541,7 +537,7 @@ def run(shards: str | dict[str, str], teacher, settings: Settings, *, student: t
         metadata.check_tokenizers(describe_tokenizer(student_tok, "student"),
                                   describe_tokenizer(teacher_tok, "teacher"))
     except (ValueError, OSError) as error:
-        raise BadInput(f"the shards' tokenizers ({metadata.student.name}, {metadata.teacher.name}) can't be loaded "
+        raise Refused(f"the shards' tokenizers ({metadata.student.name}, {metadata.teacher.name}) can't be loaded "
                        f"as they were made: {str(error).splitlines()[0]}") from error
     temporary = work is None
     folder = Path(tempfile.mkdtemp(prefix="vocagno-selection-") if temporary else work)
@@ -552,10 +548,7 @@ def run(shards: str | dict[str, str], teacher, settings: Settings, *, student: t
                   "noise": list(noise), "seed": seed, "teacher": teachers[0].scored_by}
         if len(teachers) > 1:
             wanted["teachers"] = {t.set_name: t.scored_by for t in teachers}
-        try:
-            check_or_write_settings(Output(str(folder), None), "selection.json", wanted, "selection run", "--work")
-        except SystemExit as error:  # a --work folder of another run
-            raise _bad_input(error) from error
+        check_or_write_settings(Output(str(folder), None), "selection.json", wanted, "selection run", "--work")
         parts = []
         for name, source in sources.items():  # each source as a run on it alone draws, mixes and packs it
             clean = [doc for row in sample_rows(source, samples, seed)
@@ -563,7 +556,7 @@ def run(shards: str | dict[str, str], teacher, settings: Settings, *, student: t
             parts.append(pack(mix(clean, canaries, list(noise), seed), student_tok, teacher_tok, metadata))
             if not parts[-1].samples:
                 of = f" of source {name!r}" if len(sources) > 1 else ""
-                raise BadInput(f"the {samples} sampled rows{of} and their canaries make no row of {metadata.seq_len} "
+                raise Refused(f"the {samples} sampled rows{of} and their canaries make no row of {metadata.seq_len} "
                                "tokens: raise --samples")
         made, source_of = _interleave(parts)
         if rank == 0 and not (folder / "rows" / "index.json").exists():
@@ -574,11 +567,8 @@ def run(shards: str | dict[str, str], teacher, settings: Settings, *, student: t
             if i:
                 _wait_for(folder / scored_into / "index.json")  # published by the rank that finished it last
                 previous, scored_into = scored_into, f"{scored_into}+{each.set_name}"
-            try:
-                score(str(folder / previous), Output(str(folder / scored_into), None), each, device, batch_tokens,
-                      rank, world)
-            except SystemExit as error:  # a refusal of the scoring pass: one line, and a run's report skipped
-                raise _bad_input(error) from error
+            score(str(folder / previous), Output(str(folder / scored_into), None), each, device, batch_tokens,
+                  rank, world)
         untrained = teachers[0].at_initialization(seed)
         score(str(folder / "rows"), Output(str(folder / "untrained"), None), untrained, device, batch_tokens, rank,
               world)
@@ -616,11 +606,11 @@ def _same_sources(metadata: dict[str, ShardMetadata]) -> ShardMetadata:
     for name, other in others:
         for side in ("student", "teacher"):
             if not getattr(one, side).same_vocabulary(getattr(other, side)):
-                raise BadInput(f"source {name!r} was made with the {side} tokenizer {getattr(other, side).name!r}, "
+                raise Refused(f"source {name!r} was made with the {side} tokenizer {getattr(other, side).name!r}, "
                                f"source {first!r} with {getattr(one, side).name!r}: every source must share the "
                                "tokenizers")
         if other.seq_len != one.seq_len:
-            raise BadInput(f"source {name!r} holds samples of {other.seq_len} student tokens, source {first!r} of "
+            raise Refused(f"source {name!r} holds samples of {other.seq_len} student tokens, source {first!r} of "
                            f"{one.seq_len}: convert every source with the same --seq-len")
     return one
 
@@ -655,11 +645,11 @@ def _reader_first(teachers: list, metadata: ShardMetadata) -> list:
         return teachers
     names = [t.set_name for t in teachers]
     if None in names or len({n.lower() for n in names}) < len(names):
-        raise BadInput(f"several teachers need distinct names, got {names}")
+        raise Refused(f"several teachers need distinct names, got {names}")
     for i, each in enumerate(teachers):
         if each.tokenizer is None or metadata.teacher.same_vocabulary(each.tokenizer_info()):
             return [each, *teachers[:i], *teachers[i + 1:]]
-    raise BadInput(f"none of the teachers {', '.join(names)} reads the shards' teacher tokens (tokenizer "
+    raise Refused(f"none of the teachers {', '.join(names)} reads the shards' teacher tokens (tokenizer "
                    f"{metadata.teacher.name!r}): one of the set must have that vocabulary")
 
 
@@ -667,7 +657,7 @@ def _wait_for(path: Path, timeout: float = 3600) -> None:
     deadline = time.time() + timeout
     while not path.exists():
         if time.time() > deadline:
-            raise SystemExit(f"error: {path} did not appear within {timeout:.0f} s: did rank 0 fail?")
+            raise Refused(f"{path} did not appear within {timeout:.0f} s: did rank 0 fail?")
         time.sleep(1.0)
 
 
@@ -705,11 +695,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-tokens", type=int, default=16384, help="padded teacher tokens per scoring batch")
     parser.add_argument("--device", help="default: this rank's GPU (LOCAL_RANK), else the CPU")
     args = parser.parse_args(argv)
-    try:
-        report = _main(args)
-    except (BadInput, UntrustedFile) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    report = _main(args)
     if report is None:
         return 0
     print(report.table())
@@ -729,17 +715,17 @@ def _main(args: argparse.Namespace) -> Report | None:
     from vocagno.core.tokenization import load_tokenizer
 
     if args.samples < 1:
-        raise BadInput(f"--samples must be at least 1, got {args.samples}")
+        raise Refused(f"--samples must be at least 1, got {args.samples}")
     if args.canaries is not None and not 0 < args.canaries < 1:
-        raise BadInput(f"--canaries is the fraction of noise documents, in (0, 1), got {args.canaries}")
+        raise Refused(f"--canaries is the fraction of noise documents, in (0, 1), got {args.canaries}")
     noise = tuple(k for k in args.noise.split(",") if k)
     if not noise or set(noise) - set(NOISE):
-        raise BadInput(f"--noise takes kinds of {', '.join(NOISE)}, got {args.noise!r}")
+        raise Refused(f"--noise takes kinds of {', '.join(NOISE)}, got {args.noise!r}")
     if args.overrides and not args.config:
-        raise BadInput(f"overrides {args.overrides} need --config")
+        raise Refused(f"overrides {args.overrides} need --config")
     rank, world = rank_and_world()
     if world > 1 and args.work is None:
-        raise BadInput(f"{world} ranks need one --work folder they all reach")
+        raise Refused(f"{world} ranks need one --work folder they all reach")
     cfg = None
     if args.config:
         from vocagno.training.config import load_config
@@ -747,7 +733,7 @@ def _main(args: argparse.Namespace) -> Report | None:
         try:
             cfg = load_config(args.config, args.overrides)
         except (ValueError, OSError, KeyError) as error:
-            raise BadInput(f"{error.__class__.__name__}: {str(error).splitlines()[0] if str(error) else ''}") from error
+            raise Refused(f"{error.__class__.__name__}: {str(error).splitlines()[0] if str(error) else ''}") from error
     sources = _sources(args.shards, cfg, args.config)
     metadata = _same_sources({name: _read_shards(folder, name if len(sources) > 1 else None)
                               for name, folder in sources.items()})
@@ -764,7 +750,7 @@ def _main(args: argparse.Namespace) -> Report | None:
                 teacher_tokenizer = cfg.teacher.tokenizer
         elif len(args.teacher) > 1:
             if args.teacher_tokenizer:
-                raise BadInput("--teacher-tokenizer is for one --teacher: several take each one's folder's tokenizer")
+                raise Refused("--teacher-tokenizer is for one --teacher: several take each one's folder's tokenizer")
             settings = Settings()
             named = _named_teachers(args.teacher)
             chosen = _reader_first([Teacher(load_teacher(model, args.dtype), model, args.dtype, 1024, model, name)
@@ -782,7 +768,7 @@ def _main(args: argparse.Namespace) -> Report | None:
             try:
                 check_teacher_reads(other.scorer.model, own)
             except ValueError as error:
-                raise BadInput(f"teacher {other.set_name!r}: {error}") from None
+                raise Refused(f"teacher {other.set_name!r}: {error}") from None
         student, student_name = None, ""
         if args.student:
             from vocagno.training.checkpoint import BadCheckpoint
@@ -791,11 +777,11 @@ def _main(args: argparse.Namespace) -> Report | None:
             try:
                 student, tokenizer = load_model(args.student, "cpu")
             except BadCheckpoint as error:  # it names the file and what is wrong with it
-                raise BadInput(f"--student {error}") from error
+                raise Refused(f"--student {error}") from error
             metadata.check_tokenizers(student=describe_tokenizer(tokenizer, "student"))
             student_name = args.student
     except (ValueError, OSError, KeyError, RuntimeError, pickle.UnpicklingError) as error:
-        raise BadInput(f"{error.__class__.__name__}: {str(error).splitlines()[0] if str(error) else ''}") from error
+        raise Refused(f"{error.__class__.__name__}: {str(error).splitlines()[0] if str(error) else ''}") from error
     device = args.device or (f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu")
     if device == "cpu":  # the models' logits and log-softmax reused, not faulted in again each batch
         keep_freed_memory()
@@ -806,23 +792,12 @@ def _main(args: argparse.Namespace) -> Report | None:
 
 
 def config_teachers(cfg, source: str):
-    """A training config's teacher (``vocagno.score.Teacher``), or its ``teachers:`` as a list; the scoring pass's
-    refusal of one (a bad name, no tokenizer) as ``BadInput``."""
+    """A training config's teacher (``vocagno.score.Teacher``), or its ``teachers:`` as a list."""
     from vocagno.score import Teacher
 
-    try:
-        if cfg.get("teachers") is not None:
-            return [Teacher.from_config(cfg, source, name) for name in cfg.teachers]
-        return Teacher.from_config(cfg, source)
-    except SystemExit as error:
-        raise _bad_input(error) from error
-
-
-def _bad_input(error: SystemExit) -> BadInput:
-    """A one-line refusal (``SystemExit("error: ...")``) as this tool's ``BadInput``; any other exit goes on."""
-    if not isinstance(error.code, str):
-        raise error
-    return BadInput(error.code.removeprefix("error: "))
+    if cfg.get("teachers") is not None:
+        return [Teacher.from_config(cfg, source, name) for name in cfg.teachers]
+    return Teacher.from_config(cfg, source)
 
 
 def _split_teacher(value: str) -> tuple[str | None, str]:
@@ -842,9 +817,9 @@ def _named_teachers(values: list[str]) -> dict[str, str]:
         try:
             check_teacher_name(name, "--teacher")
         except ValueError as error:
-            raise BadInput(f"{error} (give it one: --teacher NAME={model})") from error
+            raise Refused(f"{error} (give it one: --teacher NAME={model})") from error
         if name.lower() in {n.lower() for n in named}:
-            raise BadInput(f"two teachers are named {name!r}: name them apart (--teacher NAME=MODEL)")
+            raise Refused(f"two teachers are named {name!r}: name them apart (--teacher NAME=MODEL)")
         named[name] = model
     return named
 
@@ -858,18 +833,18 @@ def _sources(shards: list[str] | None, cfg, config: str | None) -> dict[str, Pat
     else:
         streams = None if cfg is None else ((cfg.get("train_loader") or {}).get("dataset") or {}).get("streams")
         if not streams:
-            raise BadInput("--shards is needed" + (f": {config} has no train_loader.dataset.streams to take as sources"
+            raise Refused("--shards is needed" + (f": {config} has no train_loader.dataset.streams to take as sources"
                                                     if config else ""))
         named = []
         for name, stream in streams.items():
             if not stream or not stream.get("local"):
-                raise BadInput(f"{config}: stream {name!r} has no local folder to read (download it, or give --shards)")
+                raise Refused(f"{config}: stream {name!r} has no local folder to read (download it, or give --shards)")
             named.append((str(name), Path(stream.local) / stream.split if stream.get("split") else Path(stream.local)))
     sources = {}
     for name, folder in named:
         same = [n for n in sources if n.lower() == name.lower()]
         if same:
-            raise BadInput(f"two sources are named {name!r} ({sources[same[0]]} and {folder}): each --shards source is "
+            raise Refused(f"two sources are named {name!r} ({sources[same[0]]} and {folder}): each --shards source is "
                            "named by its folder's last part: give folders of distinct names")
         sources[name] = folder
     return sources
@@ -880,24 +855,24 @@ def _read_shards(folder: Path, source: str | None = None) -> ShardMetadata:
     if source is not None:
         try:
             return _read_shards(folder)
-        except BadInput as error:
-            raise BadInput(f"source {source!r}: {error}") from None
+        except Refused as error:
+            raise Refused(f"source {source!r}: {error}") from None
     if not (folder / "index.json").exists():
-        raise BadInput(f"--shards {folder} holds no index.json: not a shard folder")
+        raise Refused(f"--shards {folder} holds no index.json: not a shard folder")
     if not (folder / METADATA_FILE).exists():
-        raise BadInput(f"--shards {folder} holds no {METADATA_FILE}: not vocagno shards (a token MDS has no text or "
+        raise Refused(f"--shards {folder} holds no {METADATA_FILE}: not vocagno shards (a token MDS has no text or "
                        "offsets to align; convert the corpus with conversion/convert_dataset.py)")
     from vocagno.data.dataset import read_index
 
     index = read_index(folder)  # every count and name checked before the shards are read
     missing = sorted(set(COLUMNS) - {c for info in index["shards"][:1] for c in info.get("column_names", [])})
     if missing or not index["shards"]:
-        raise BadInput(f"--shards {folder}: its shards lack the columns {', '.join(missing) or 'of any sample'}: "
+        raise Refused(f"--shards {folder}: its shards lack the columns {', '.join(missing) or 'of any sample'}: "
                        "convert the corpus with conversion/convert_dataset.py")
     try:
         return ShardMetadata.read(folder)
     except ValueError as error:
-        raise BadInput(str(error)) from error
+        raise Refused(str(error)) from error
 
 
 _PAGE = """<!doctype html>

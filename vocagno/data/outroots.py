@@ -38,6 +38,7 @@ from typing import Callable, TypeVar
 
 from streaming.base.hashing import get_hash
 
+from vocagno.errors import Refused
 from vocagno.data.shards import METADATA_FILE, SHARD_HASH
 from vocagno.doors.untrusted import UntrustedFile, check_index, inside, read_bytes, read_json
 from vocagno.doors.writing import move_inside, write_atomically, write_inside
@@ -232,11 +233,11 @@ def check_or_write_settings(output: Output, name: str, wanted: dict, what: str, 
             raise UntrustedFile(f"{output.local / name}: refused: not the settings a {what} records (a JSON object)")
         changed = sorted(k for k in set(wanted) | set(earlier) if wanted.get(k) != earlier.get(k))
         if changed:
-            raise SystemExit(f"error: {output} holds a {what} made with other settings ({', '.join(changed)} differ); "
+            raise Refused(f"{output} holds a {what} made with other settings ({', '.join(changed)} differ); "
                              f"use another {flag}, or delete it to start over")
         return
     if output.fetch("index.json"):
-        raise SystemExit(f"error: {output} holds a dataset (index.json) that no {what} made: it "
+        raise Refused(f"{output} holds a dataset (index.json) that no {what} made: it "
                          f"would be overwritten; use another {flag}")
     write_atomically(output.local / name, json.dumps(wanted, indent=1, ensure_ascii=False))
     output.publish(name)
@@ -264,7 +265,7 @@ def publish_dataset(output: Output, parts: list[str], metadata) -> None:
     ``index.json``, atomically and in that order, and publish them."""
     problems = verify_shards(output, parts)
     if problems:
-        raise SystemExit(f"error: cannot merge {output}: {len(problems)} shard(s) on it are not as written: "
+        raise Refused(f"cannot merge {output}: {len(problems)} shard(s) on it are not as written: "
                          + "; ".join(problems[:10]) + ". Delete those parts there and run the same command again.")
     metadata.write(output.local)
     write_atomically(output.local / "index.json", json.dumps(merged_index(output.local, parts)))

@@ -41,13 +41,15 @@ import numpy as np
 import torch
 from torch.torch_version import TorchVersion
 
+from vocagno.errors import Refused
+
 __all__ = ["CAPS", "CHECKPOINT_GLOBALS", "CODE_FIELDS", "UntrustedFile", "build_on_meta", "cap", "check_config",
            "check_folder", "check_index", "check_loops", "check_mds", "check_model_fits", "decompress",
            "from_pretrained", "inside", "load_torch", "mds_header_bytes", "open_regular", "plain_name", "read_bytes",
            "read_dcp_metadata", "read_json", "reason", "saved_shapes"]
 
 
-class UntrustedFile(ValueError):
+class UntrustedFile(Refused):
     """A file from elsewhere that is refused; the message names it and says why, in one line."""
 
 

@@ -23,7 +23,8 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from vocagno.training.checkpoint import BadCheckpoint, is_checkpoint
+from vocagno.errors import Refused
+from vocagno.training.checkpoint import is_checkpoint
 from vocagno.training.checkpoint import load_model as load_checkpoint_model
 from vocagno.eval.benchmarks import (
     BENCHMARKS, MAX_NEW_TOKENS, SHIPPED_DATA, STOP_SEQUENCES, TITLES, BenchmarkUnavailable, Example, load_benchmark,
@@ -177,9 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.model:
         try:
             model, tokenizer = load_model(args.model, args.device)
-        except (BadCheckpoint, UntrustedFile) as error:  # it names the file and what is wrong with it
-            print(f"error: --model {error}", file=sys.stderr)
-            return 2
+        except Refused as error:  # it names the file and what is wrong with it
+            raise Refused(f"--model {error}") from None
     results: dict[str, Any] = {}
     if args.bpb:
         from vocagno.training.metrics import bits_per_byte
@@ -197,8 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             examples = load_benchmark(name, args.data_dir)
         except UntrustedFile as error:  # a data folder's file that is refused: no score is made of it
-            print(f"error: --data-dir {error}", file=sys.stderr)
-            return 2
+            raise Refused(f"--data-dir {error}") from None
         except BenchmarkUnavailable as error:
             results[name] = f"unavailable: {error}"
             print(f"{TITLES[name]}: NOT EVALUATED, {results[name]}", file=sys.stderr)

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 from omegaconf import OmegaConf as om
 
+from vocagno.errors import Refused
 from vocagno.doors.untrusted import (
     UntrustedFile, build_on_meta, check_config, check_folder, check_loops, from_pretrained, inside, load_torch,
     open_regular, plain_name, read_bytes, read_dcp_metadata,
@@ -44,7 +45,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 RUN_DTYPES = {"amp_bf16": "bfloat16", "amp_fp16": "float16", "fp32": "float32"}
 
 
-class BadCheckpoint(ValueError):
+class BadCheckpoint(Refused):
     """A location that holds no usable checkpoint; the message names it and says what is wrong, in one line."""
 
 
