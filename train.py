@@ -47,6 +47,7 @@ from vocagno.training.checkpoint import BadCheckpoint, check_load_path, repair  
 from vocagno.training.loggers import ConsoleLine, JSONLinesLogger, Narration, RunPicture, RunRecipe, SampleLog  # noqa: E402
 from vocagno.training.metrics import BitsPerByte  # noqa: E402
 from vocagno.core.tokenization import load_tokenizer  # noqa: E402
+from vocagno.core.loss import CHUNK_SIZE  # noqa: E402
 
 ALGORITHM_GROUP = "llmfoundry_algorithms"  # the entry points llm-foundry's registry reads; vocagno registers there
 # vocagno's own entry points (pyproject.toml's), found also where the package runs from a checkout pip never installed
@@ -270,7 +271,7 @@ def teacher_kwargs(section: DictConfig, teacher_tok, takes: tuple[str, ...], see
         "teacher_tokenizer": teacher_tok,
         "teacher_dtype": section.get("dtype") or "bfloat16",
         "teacher_placement": section.get("placement") or "auto",
-        "chunk_size": section.get("chunk_size") or 1024,
+        "chunk_size": section.get("chunk_size") or CHUNK_SIZE,
         "trust_remote_code": section.get("trust_remote_code", False),
     }
     if section.get("placement") is not None and "teacher_placement" not in takes:

@@ -180,11 +180,11 @@ def test_batch_scope_selects_the_same_tokens_and_takes_the_same_steps_however_th
         assert len(split.losses) == 2 * 8 // microbatch
         for one, other in zip(whole.batches, split.batches):
             assert torch.equal(one["vocagno_selected"], other["vocagno_selected"])
-            torch.testing.assert_close(one["vocagno_teacher_loss"], other["vocagno_teacher_loss"], equal_nan=True)
+            torch.testing.assert_close(one["teacher_loss"], other["teacher_loss"], equal_nan=True)
         for p, q in zip(student.parameters(), split_student.parameters()):
             torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
     selected = whole.batches[0]["vocagno_selected"]
-    mapped = torch.isfinite(whole.batches[0]["vocagno_teacher_loss"]).any()  # the teacher scored something
+    mapped = torch.isfinite(whole.batches[0]["teacher_loss"]).any()  # the teacher scored something
     assert mapped and selected.sum() == math.ceil(0.4 * (whole.losses[0]["mapped_fraction"] * 8 * 63).round())
     # The selection is over the batch: sequences keep different shares of their tokens.
     assert selected.sum(1).float().std() > 0
@@ -347,7 +347,7 @@ def test_random_selection_keeps_as_many_tokens_drawn_by_a_seed_however_the_batch
     assert chosen.sum() == topk.batches[0]["vocagno_selected"].sum()
     assert not torch.equal(chosen, topk.batches[0]["vocagno_selected"])
     assert not torch.equal(chosen, other.batches[0]["vocagno_selected"])
-    assert torch.isfinite(whole.batches[0]["vocagno_teacher_loss"]).any()
+    assert torch.isfinite(whole.batches[0]["teacher_loss"]).any()
     torch.testing.assert_close(whole.losses[0]["kept_fraction"], topk.losses[0]["kept_fraction"])
 
 

@@ -263,7 +263,7 @@ def test_bad_shapes_are_refused():
     with pytest.raises(ValueError, match="expected student_logits"):
         guided_loss(torch.zeros(1, 3, 5), torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 4),
                     torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 2, dtype=torch.long))
-    with pytest.raises(ValueError, match="expected teacher_token_loss"):
+    with pytest.raises(ValueError, match="expected teacher_loss"):
         guided_loss(torch.zeros(2, 2, 5), torch.zeros(2, 2, dtype=torch.long), torch.zeros(1, 4),
                     torch.zeros(2, 2, dtype=torch.long), torch.zeros(2, 2, dtype=torch.long))
 

@@ -166,4 +166,4 @@ def test_cached_losses_are_checked_in_every_stream_naming_the_one_that_differs(s
                                          "is 'another-teacher'"):
         mixture_fit(scored, ("one", "two"), "another-teacher", teacher_losses="cached")
     logged, capture = mixture_fit(scored, ("one", "two"), teacher, teacher_losses="cached")
-    assert "teacher_token_loss" in capture.batches[0] and 0.3 < logged["vocagno/kept_fraction/two"][0][1] < 0.8
+    assert "teacher_loss" in capture.batches[0] and 0.3 < logged["vocagno/kept_fraction/two"][0][1] < 0.8

@@ -310,3 +310,21 @@ def test_rows_a_work_folder_already_holds_unfinished_are_refused_in_one_line_and
     assert "Traceback" not in err
     assert not [p.name for p in work.iterdir() if p.name.startswith(".")]  # no staging folder left
     assert list(victim.iterdir()) == []
+
+
+def test_the_report_measures_by_default_the_selection_a_run_makes_by_default():
+    """Settings (the report's), VocAgnoLM's options and guided_loss take each default from one place: changing one
+    there changes all three."""
+    import inspect
+
+    from vocagno.algorithms import VocAgnoLM
+    from vocagno.core.loss import guided_loss
+
+    report = selection.Settings()
+    trained = inspect.signature(VocAgnoLM).parameters
+    computed = inspect.signature(guided_loss).parameters
+    for option in ("topk_ratio", "aggregation", "unmapped", "selection", "alignment", "num_chunks",
+                   "selection_scope"):
+        assert getattr(report, option) == trained[option].default, option
+        if option in computed:
+            assert computed[option].default == trained[option].default, option

@@ -6,6 +6,7 @@ import json
 import shutil
 
 import pytest
+from helpers import ends
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -119,7 +120,8 @@ def test_a_set_the_command_cannot_use_is_one_line_exit_2(setup, tmp_path, capsys
         for key, path in paths.items():
             value = value.replace(key, path)
         arguments += ["--teacher", value]
-    code = selection.main(["--shards", str(shards), *arguments, *SAMPLES, "--json", str(tmp_path / "out.json")])
+    code = ends(selection.main, ["--shards", str(shards), *arguments, *SAMPLES, "--json",
+                                 str(tmp_path / "out.json")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and re.search(message, err[0]), err
     assert not (tmp_path / "out.json").exists()
@@ -209,8 +211,8 @@ def test_sources_the_command_cannot_mix_are_one_line_exit_2(setup, train_source,
                              ([shards, tmp_path / "qwen_source"], "source 'qwen_source' was made with the teacher "
                                                                    "tokenizer 'qwen2.5'")]:
         arguments = [a for folder in sources for a in ("--shards", str(folder))]
-        code = selection.main([*arguments, "--teacher", str(root / "math"), *SAMPLES,
-                               "--json", str(tmp_path / "out.json")])
+        code = ends(selection.main, [*arguments, "--teacher", str(root / "math"), *SAMPLES,
+                                     "--json", str(tmp_path / "out.json")])
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(err) == 1 and message in err[0], err
         assert not (tmp_path / "out.json").exists()
@@ -234,9 +236,9 @@ def test_every_teacher_of_a_set_is_checked_before_any_scoring(setup, tmp_path, c
     for file in (root / "qwen").iterdir():  # its tokenizer
         if file.name not in {"config.json", "generation_config.json", "model.safetensors"}:
             shutil.copy(file, tmp_path / "short")
-    code = selection.main(["--shards", str(shards), "--teacher", f"math={root / 'math'}", "--teacher",
-                           f"short={tmp_path / 'short'}", *SAMPLES, "--work", str(tmp_path / "work"),
-                           "--json", str(tmp_path / "out.json")])
+    code = ends(selection.main, ["--shards", str(shards), "--teacher", f"math={root / 'math'}", "--teacher",
+                                 f"short={tmp_path / 'short'}", *SAMPLES, "--work", str(tmp_path / "work"),
+                                 "--json", str(tmp_path / "out.json")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and re.search(message, err[0]), err
     assert not (tmp_path / "work").exists() or not any((tmp_path / "work").iterdir())
@@ -269,8 +271,8 @@ teachers:
   math: {{name_or_path: {root / 'math'}, tokenizer: {root / 'math'}, dtype: float32}}
   "../../escaped": {{name_or_path: {root / 'qwen'}, tokenizer: {root / 'qwen'}, dtype: float32}}
 """)
-    code = selection.main(["--shards", str(shards), "--config", str(yaml), *SAMPLES, "--work",
-                           str(tmp_path / "a" / "work")])
+    code = ends(selection.main, ["--shards", str(shards), "--config", str(yaml), *SAMPLES, "--work",
+                                 str(tmp_path / "a" / "work")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "a teacher's name must be" in err[0], err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["evil.yaml"]

@@ -21,13 +21,14 @@ from tests.test_algorithm import tiny
 from vocagno import score
 from vocagno.errors import Refused
 from vocagno.algorithms.vocagno_lm import VocAgnoLM, teacher_guided_loss
-from vocagno.data.dataset import TeacherGuidedCollator, TeacherGuidedDataset, batch_key
+from vocagno.data.dataset import TeacherGuidedCollator, TeacherGuidedDataset
 from vocagno.core.loss import guided_loss, reference_loss
 from vocagno.teacher.model import TeacherScorer
 from vocagno.data.shards import ShardMetadata
 from vocagno.teacher.several import made_side
 from vocagno.teacher.side import TeacherSide
 from vocagno.core.tokenization import ASSETS
+from vocagno.data.batch import ALIGN_END, ALIGN_START, SELECTED, TEACHER_ATTENTION_MASK, TEACHER_INPUT_IDS, teacher_key
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -116,8 +117,8 @@ def test_two_teachers_online_train_on_the_combination_of_each_ones_own_alignment
     piece = {k: v[:4] for k, v in batch.items()}
     logits = student(input_ids=piece["input_ids"], attention_mask=piece["attention_mask"]).logits
     want = teacher_guided_loss(
-        logits, piece["labels"], piece, mistral(piece["teacher_input_ids"], piece["teacher_attention_mask"]),
-        others={"qwen": qwen(piece[batch_key("qwen", "input_ids")], piece[batch_key("qwen", "attention_mask")])})
+        logits, piece["labels"], piece, mistral(piece[TEACHER_INPUT_IDS], piece[TEACHER_ATTENTION_MASK]),
+        others={"qwen": qwen(piece[teacher_key("qwen", "input_ids")], piece[teacher_key("qwen", "attention_mask")])})
     got = capture.losses[0]
     for key in ("total", "kept_fraction", "mapped_fraction", "teacher_loss", "score"):
         torch.testing.assert_close(got[key], want[key], rtol=1e-4, atol=1e-5)
@@ -130,9 +131,9 @@ def test_the_global_selection_of_two_teachers_does_not_depend_on_the_microbatch_
             for size in (2, 8) for combine in ("min", "mean")]
     for one, other in ((runs[0], runs[2]), (runs[1], runs[3])):
         for a, b in zip(one.batches, other.batches):
-            assert torch.equal(a["vocagno_selected"], b["vocagno_selected"])
-            torch.testing.assert_close(a["vocagno_teacher_loss.qwen"], b["vocagno_teacher_loss.qwen"], equal_nan=True)
-    assert not torch.equal(runs[0].batches[0]["vocagno_selected"], runs[1].batches[0]["vocagno_selected"])
+            assert torch.equal(a[SELECTED], b[SELECTED])
+            torch.testing.assert_close(a["teachers.qwen.teacher_loss"], b["teachers.qwen.teacher_loss"], equal_nan=True)
+    assert not torch.equal(runs[0].batches[0][SELECTED], runs[1].batches[0][SELECTED])
 
 
 def test_each_teachers_share_of_the_kept_tokens_is_logged_every_step(shards, tokenizers):
@@ -169,13 +170,13 @@ def test_a_further_teachers_scoring_pass_keeps_the_shards_and_adds_its_losses_an
     for i in range(0, len(dataset), max(1, len(dataset) // 5)):
         sample = dataset[i]
         made = made_side(side, "qwen", {"input_ids": sample["student_ids"][None]})
-        length = int(made[batch_key("qwen", "attention_mask")].sum())
-        ids = made[batch_key("qwen", "input_ids")][:, :length]
+        length = int(made[teacher_key("qwen", "attention_mask")].sum())
+        ids = made[teacher_key("qwen", "input_ids")][:, :length]
         np.testing.assert_allclose(sample["teacher_loss.qwen"], qwen(ids, torch.ones_like(ids))[0].half().numpy(),
                                    rtol=2e-3, atol=2e-3)
         align = sample["align.qwen"].reshape(-1, 2)
-        assert np.array_equal(align[:, 0], made[batch_key("qwen", "align_start")][0].numpy())
-        assert np.array_equal(align[:, 1], made[batch_key("qwen", "align_end")][0].numpy())
+        assert np.array_equal(align[:, 0], made[teacher_key("qwen", ALIGN_START)][0].numpy())
+        assert np.array_equal(align[:, 1], made[teacher_key("qwen", ALIGN_END)][0].numpy())
 
 
 def test_cached_losses_of_two_teachers_give_their_online_training_without_a_teacher(shards, scored_twice, tokenizers,
@@ -186,7 +187,7 @@ def test_cached_losses_of_two_teachers_give_their_online_training_without_a_teac
     monkeypatch.setattr(TeacherScorer, "forward", lambda self, *a: online_forward(self, *a).half().float())
     _, online = fit(shards / "shards", tokenizers, teachers=teachers_of(shards))
     for one, other in zip(online.batches, cached.batches):
-        assert torch.equal(one["vocagno_selected"], other["vocagno_selected"])
+        assert torch.equal(one[SELECTED], other[SELECTED])
     for one, other in zip(online.losses, cached.losses):
         torch.testing.assert_close(one["total"], other["total"])
 

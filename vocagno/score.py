@@ -61,6 +61,8 @@ from vocagno.data.shards import (
 )
 from vocagno.doors.untrusted import UntrustedFile, check_mds, decompress, inside, read_bytes
 from vocagno.doors.writing import make_readable, publish, remove, staging, write_atomically
+from vocagno.core.loss import CHUNK_SIZE
+from vocagno.data.batch import ALIGN_END, ALIGN_START, teacher_key
 
 __all__ = ["Teacher", "score", "main"]
 
@@ -111,7 +113,7 @@ class Teacher:
                 raise Refused(f"{source}: {error}") from None
             if not section.get("tokenizer"):  # which of the set reads the shards' tokens depends on it
                 raise Refused(f"{source}: teachers.{set_name} needs its tokenizer")
-        chunk_size = section.get("chunk_size") or 1024
+        chunk_size = section.get("chunk_size") or CHUNK_SIZE
         tokenizer = section.get("tokenizer")
         if section.get("name_or_path"):  # loaded as VocAgnoLM loads a teacher it is given by name
             dtype = section.get("dtype") or "bfloat16"
@@ -294,15 +296,14 @@ def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
 def _other_teacher_rows(samples: list[dict], side) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """A further teacher's tokens of each sample, and its alignment ``[N, 2]``, made by ``side`` from the student's
     tokens exactly as training makes them (``vocagno.teacher.several.made_side``)."""
-    from vocagno.data.dataset import batch_key
     from vocagno.teacher.several import made_side
 
     rows, aligns = [], []
     for sample in samples:
         ids = torch.from_numpy(np.asarray(sample["student_ids"], dtype=np.int64))[None]
         made = made_side(side, "scored", {"input_ids": ids})
-        row, start, end = (made[batch_key("scored", what)][0] for what in ("input_ids", "align_start", "align_end"))
-        rows.append(row[: int(made[batch_key("scored", "attention_mask")].sum())].numpy())
+        row, start, end = (made[teacher_key("scored", what)][0] for what in ("input_ids", ALIGN_START, ALIGN_END))
+        rows.append(row[: int(made[teacher_key("scored", "attention_mask")].sum())].numpy())
         aligns.append(torch.stack([start, end], 1).numpy())
     return rows, aligns
 
@@ -371,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="the scored shards' out-root: a folder, or a remote (s3://...)")
     parser.add_argument("--local-root", help="the local working folder for a remote --out")
     parser.add_argument("--dtype", default="bfloat16", help="the --teacher's dtype (a yaml's says its own)")
-    parser.add_argument("--chunk-size", type=int, default=1024, help="the --teacher's tokens per chunk of its LM head")
+    parser.add_argument("--chunk-size", type=int, default=CHUNK_SIZE,
+                        help="the --teacher's tokens per chunk of its LM head")
     parser.add_argument("--batch-tokens", type=int, default=16384, help="padded teacher tokens per scoring batch")
     parser.add_argument("--device", help="default: this rank's GPU (LOCAL_RANK), else the CPU")
     parser.add_argument("--name", help="the teacher's name in a set of teachers (the run's teachers:); with --config, "

@@ -73,14 +73,15 @@ import torch
 from tqdm import tqdm
 
 from vocagno.errors import Refused
-from vocagno.core.alignment import check_alignment, chunk_align
+from vocagno.core.alignment import ALIGNMENT, NUM_CHUNKS, check_alignment, chunk_align
 from vocagno.memory import keep_freed_memory
 from vocagno.diagnostics.canaries import CLEAN, NOISE, Canaries, clean_documents, mix, pack
-from vocagno.core.loss import (check_options, excess_loss, next_token_cross_entropy, reference_loss, select_random,
-                          select_top)
+from vocagno.core.loss import (AGGREGATION, COMBINE, SELECTION, SELECTION_SCOPE, TOPK_RATIO, UNMAPPED, check_options,
+    excess_loss, next_token_cross_entropy, reference_loss, select_random, select_top)
 from vocagno.data.shards import (COLUMNS, METADATA_FILE, SHARD_HASH, TEACHER_NAME, ShardMetadata, align_column,
                             check_teacher_name, describe_tokenizer, loss_column)
 from vocagno.doors.writing import make_readable, publish, remove, staging, write_atomically
+from vocagno.data.batch import ALIGN_END, ALIGN_START, TEACHER_ATTENTION_MASK, TEACHER_LOSS, teacher_key
 
 __all__ = ["Settings", "Report", "measure", "main"]
 
@@ -94,14 +95,14 @@ class Settings:
     """The selection that training would make: ``VocAgnoLM``'s options, and how many rows one top-k ranks together
     (a global batch for the ``batch`` scope, a microbatch for ``microbatch``)."""
 
-    topk_ratio: float = 0.4
-    aggregation: str = "max"
-    unmapped: str = "include"
-    selection_scope: str = "batch"
+    topk_ratio: float = TOPK_RATIO
+    aggregation: str = AGGREGATION
+    unmapped: str = UNMAPPED
+    selection_scope: str = SELECTION_SCOPE
     rows_per_selection: int = 8
-    selection: str = "topk"
-    alignment: str = "token"
-    num_chunks: int = 1
+    selection: str = SELECTION
+    alignment: str = ALIGNMENT
+    num_chunks: int = NUM_CHUNKS
 
     def __post_init__(self):
         check_options(self.topk_ratio, self.aggregation, self.unmapped, self.selection_scope, self.selection)
@@ -127,7 +128,7 @@ class Settings:
 
 # ------------------------------------------------------------------------------------------------- the measurement
 def choose(student_loss: torch.Tensor, labels: torch.Tensor, teacher_loss, start, end, settings: Settings,
-           aggregation: str, random_draw: torch.Generator | None = None, combine: str = "min"):
+           aggregation: str, random_draw: torch.Generator | None = None, combine: str = COMBINE):
     """Which predicted tokens a selection keeps, as ``VocAgnoLM`` keeps them: ``(selected, mapped, teacher)``, each
     ``[R, N - 1]``: the top-k (or a random draw, given ``random_draw``) of the mapped tokens, over each group of
     ``rows_per_selection`` rows or per row (``sequence``); the mapped tokens; the aggregated teacher loss (with
@@ -255,13 +256,13 @@ def _mean(values: torch.Tensor, where: torch.Tensor) -> float:
 
 def measure(rows: dict[str, torch.Tensor], canaries: Canaries, teacher_losses: dict[str, torch.Tensor],
             student_loss: torch.Tensor, settings: Settings, seed: int, names: dict[str, str],
-            page_rows: int = 12, pieces=None, teacher_names: list[str] | tuple = (), combine: str = "min",
+            page_rows: int = 12, pieces=None, teacher_names: list[str] | tuple = (), combine: str = COMBINE,
             sources: tuple[list[str], torch.Tensor] | None = None) -> Report:
     """The report for collated ``rows`` (``TeacherGuidedCollator``'s keys) labelled by ``canaries``, with the teacher
     losses ``{"teacher": [R, M], "untrained_teacher": [R, M]}`` and the student's ``[R, N - 1]``.
 
     Several teachers (``teacher_names``, the first the one whose losses are ``teacher_losses["teacher"]``; the
-    others' losses and alignment in ``rows`` under ``batch_key(NAME, ...)``): every variant but ``untrained_teacher``
+    others' losses and alignment in ``rows`` under ``teacher_key(NAME, ...)``): every variant but ``untrained_teacher``
     (the first teacher's) selects on their ``combine``, and ``Report.teachers`` gives each teacher's top-k alone and
     its share of the combination's kept tokens.
 
@@ -269,7 +270,6 @@ def measure(rows: dict[str, torch.Tensor], canaries: Canaries, teacher_losses: d
     source, its rows, mapped tokens and clean share, the teacher's mean loss per kind, and the figures above (the
     combination's top-k, each teacher's alone and share) over its tokens; every top-k still ranks the rows of all
     sources together, as a mixture's batch does."""
-    from vocagno.data.dataset import batch_key
 
     labels = rows["labels"][:, 1:]
     kind = torch.from_numpy(np.stack(canaries.kind))[:, 1:]
@@ -279,11 +279,11 @@ def measure(rows: dict[str, torch.Tensor], canaries: Canaries, teacher_losses: d
     several = len(teacher_names) > 1
     # each teacher's losses [R, M_t], its alignment over the predicted tokens, and its tokens per row
     own = {teacher_names[0] if several else "teacher": (
-        teacher_losses["teacher"], rows["align_start"][:, 1:], rows["align_end"][:, 1:],
-        rows["teacher_attention_mask"].sum(1))}
+        teacher_losses["teacher"], rows[ALIGN_START][:, 1:], rows[ALIGN_END][:, 1:],
+        rows[TEACHER_ATTENTION_MASK].sum(1))}
     for name in teacher_names[1:]:
-        loss = rows[batch_key(name, "token_loss")]
-        own[name] = (loss, rows[batch_key(name, "align_start")][:, 1:], rows[batch_key(name, "align_end")][:, 1:],
+        loss = rows[teacher_key(name, TEACHER_LOSS)]
+        own[name] = (loss, rows[teacher_key(name, ALIGN_START)][:, 1:], rows[teacher_key(name, ALIGN_END)][:, 1:],
                      _token_counts(loss))
 
     def aligned(chunks: int | None, who: list[str]) -> tuple[list, list, list]:
@@ -511,7 +511,7 @@ def run(shards: str | dict[str, str], teacher, settings: Settings, *, student: t
         student_name: str = "",
         samples: int = 64, canaries: float = 0.5, noise: tuple[str, ...] = tuple(NOISE), seed: int = 0,
         device: str = "cpu", work: str | None = None, batch_tokens: int = 16384, rank: int = 0, world: int = 1,
-        page_rows: int = 12, combine: str = "min") -> Report | None:
+        page_rows: int = 12, combine: str = COMBINE) -> Report | None:
     """Measure what ``teacher`` (a ``vocagno.score.Teacher``, or a list of several, each with its ``set_name``,
     selecting on their ``combine``) keeps of ``shards`` with canaries; None on ranks other than 0 (rank 0 waits for
     the others' scores and reports). ``work`` holds the rows and their scores; unset, a temporary folder (one process
@@ -582,8 +582,8 @@ def run(shards: str | dict[str, str], teacher, settings: Settings, *, student: t
         collate = TeacherGuidedCollator(student_pad_id=metadata.student.separator_id,
                                         teacher_pad_id=metadata.teacher.separator_id)
         rows = collate(scored["teacher"])
-        losses = {"teacher": rows["teacher_token_loss"],
-                  "untrained_teacher": collate(scored["untrained"])["teacher_token_loss"]}
+        losses = {"teacher": rows[TEACHER_LOSS],
+                  "untrained_teacher": collate(scored["untrained"])[TEACHER_LOSS]}
         student_loss = student_losses(rows, student, metadata.student.vocab_size, 16, device)
         several = [t.set_name for t in teachers] if len(teachers) > 1 else []
         names = {"teacher": " + ".join(f"{t.set_name} ({t.scored_by['name']})" for t in teachers) + f", {combine}"

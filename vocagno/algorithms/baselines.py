@@ -23,6 +23,8 @@ from vocagno.core.distill import kld_loss, uld_loss
 from vocagno.teacher.model import check_teacher_options, load_teacher
 from vocagno.teacher.several import teacher_label
 from vocagno.core.tokenization import as_tokenizer
+from vocagno.core.loss import CHUNK_SIZE
+from vocagno.data.batch import ALIGN_END, ALIGN_START, TEACHER_ATTENTION_MASK, TEACHER_INPUT_IDS
 
 __all__ = ["ULD", "KLD"]
 
@@ -30,7 +32,7 @@ __all__ = ["ULD", "KLD"]
 class _Distillation(Algorithm):
     """What ULD and KLD share: the frozen teacher, and the student's loss replaced by the baseline's."""
 
-    def __init__(self, teacher: str | nn.Module, teacher_dtype: str = "bfloat16", chunk_size: int = 1024,
+    def __init__(self, teacher: str | nn.Module, teacher_dtype: str = "bfloat16", chunk_size: int = CHUNK_SIZE,
                  trust_remote_code: bool = False):
         check_teacher_options(teacher_dtype, trust_remote_code)
         self.teacher, self.teacher_dtype = teacher, teacher_dtype
@@ -105,15 +107,15 @@ class ULD(_Distillation):
                             teacher_temperature=teacher_temperature, skip_student_eos=skip_student_eos)
 
     def _teacher_inputs(self, batch):
-        if "teacher_input_ids" not in batch:
+        if TEACHER_INPUT_IDS not in batch:
             raise KeyError("ULD needs the teacher's own tokens of the text: batches from "
                            "vocagno.data.dataset.TeacherGuidedCollator (teacher_input_ids, teacher_attention_mask)")
-        return batch["teacher_input_ids"], batch["teacher_attention_mask"]
+        return batch[TEACHER_INPUT_IDS], batch[TEACHER_ATTENTION_MASK]
 
     def _distill(self, logits, labels, batch, hidden, head, mask):
         aligned = None
         if self.pairing == "alignment":  # student position i predicts token i + 1: pair it with the teacher
-            start, end = batch["align_start"][:, 1:], batch["align_end"][:, 1:]  # the position predicting
+            start, end = batch[ALIGN_START][:, 1:], batch[ALIGN_END][:, 1:]  # the position predicting
             aligned = torch.where(end > start, start - 1, -1)  # that token's first teacher token (-1: unmapped)
         return uld_loss(logits, labels, hidden, head, mask, aligned_teacher_positions=aligned,
                         chunk_size=self.chunk_size, **self.options)

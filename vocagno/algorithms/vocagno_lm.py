@@ -50,16 +50,17 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
-from vocagno.core.alignment import check_alignment, chunk_align
-from vocagno.data.dataset import TeacherGuidedCollator, batch_key
-from vocagno.core.loss import (
-    check_options, excess_loss, guided_loss, next_token_cross_entropy, select_random, select_top,
-)
+from vocagno.core.alignment import ALIGNMENT, NUM_CHUNKS, check_alignment, chunk_align
+from vocagno.data.dataset import TeacherGuidedCollator
+from vocagno.core.loss import (AGGREGATION, CHUNK_SIZE, COMBINE, SELECTION, SELECTION_SCOPE, TOPK_RATIO, UNMAPPED,
+    check_options, excess_loss, guided_loss, next_token_cross_entropy, select_random, select_top)
 from vocagno.teacher.model import TeacherScorer, check_teacher_options, check_teacher_reads, load_teacher, shard_teacher
 from vocagno.teacher.side import TeacherSide, WithTeacherSide, unpack_teacher_side
 from vocagno.teacher.several import (OtherTeachers, TeacherSpec, WithOtherTeachers, check_scored_by_teacher, checked_teacher,
                               reading_teacher, teacher_label, teacher_shares, teacher_specs)
 from vocagno.core.tokenization import as_tokenizer
+from vocagno.data.batch import (ALIGN_END, ALIGN_START, SELECTED, TEACHER_ATTENTION_MASK, TEACHER_INPUT_IDS,
+    TEACHER_LOSS, teacher_key)
 
 __all__ = ["teacher_guided_loss", "VocAgnoLM"]
 
@@ -84,12 +85,12 @@ def teacher_guided_loss(
     ``token_counts`` (``guided_loss``'s), when given, are per predicted token already. ``others``: the token losses of
     a set's other teachers by name (``vocagno.teacher.several``), aligned by the batch's ``teachers.NAME.align_*``.
     """
-    losses, starts, ends = teacher_loss, _shift_left(batch["align_start"], 0), _shift_left(batch["align_end"], 0)
+    losses, starts, ends = teacher_loss, _shift_left(batch[ALIGN_START], 0), _shift_left(batch[ALIGN_END], 0)
     if others:
         losses, starts, ends = [losses, *others.values()], [starts], [ends]
         for name in others:
-            starts.append(_shift_left(batch[batch_key(name, "align_start")], 0))
-            ends.append(_shift_left(batch[batch_key(name, "align_end")], 0))
+            starts.append(_shift_left(batch[teacher_key(name, ALIGN_START)], 0))
+            ends.append(_shift_left(batch[teacher_key(name, ALIGN_END)], 0))
     return guided_loss(
         student_logits, _shift_left(labels, -100), losses, starts, ends,
         selected=None if selected is None else F.pad(selected, (0, 1), value=False),
@@ -156,30 +157,30 @@ class VocAgnoLM(Algorithm):
     def __init__(
         self,
         teacher: str | nn.Module | None = None,
-        topk_ratio: float = 0.4,
-        aggregation: str = "max",
-        unmapped: str = "include",
-        selection_scope: str = "batch",
-        selection: str = "topk",
+        topk_ratio: float = TOPK_RATIO,
+        aggregation: str = AGGREGATION,
+        unmapped: str = UNMAPPED,
+        selection_scope: str = SELECTION_SCOPE,
+        selection: str = SELECTION,
         seed: int = 0,
-        alignment: str = "token",
-        num_chunks: int = 1,
+        alignment: str = ALIGNMENT,
+        num_chunks: int = NUM_CHUNKS,
         teacher_losses: str = "online",
         check_scored_by: bool = True,
         teacher_tokenizer: Any = None,
         student_tokenizer: Any = None,
         teacher_dtype: str = "bfloat16",
         teacher_placement: str = "auto",
-        chunk_size: int = 1024,
+        chunk_size: int = CHUNK_SIZE,
         trust_remote_code: bool = False,
         teachers: Mapping[str, Any] | None = None,
-        combine: str = "min",
+        combine: str = COMBINE,
     ):
         check_options(topk_ratio, aggregation, unmapped, selection_scope, selection, combine)
         if (teacher is None) == (teachers is None):
             raise ValueError("VocAgnoLM: give teacher (one) or teachers (several, by name), not both")
         single = {"teacher_tokenizer": teacher_tokenizer is not None, "teacher_dtype": teacher_dtype != "bfloat16",
-                  "teacher_placement": teacher_placement != "auto", "chunk_size": chunk_size != 1024,
+                  "teacher_placement": teacher_placement != "auto", "chunk_size": chunk_size != CHUNK_SIZE,
                   "trust_remote_code": trust_remote_code is not False}
         for option in (option for option, given in single.items() if given and teachers is not None):
             raise ValueError(f"{option} is a single teacher's option: give it in each teachers: entry (tokenizer, "
@@ -269,7 +270,7 @@ class VocAgnoLM(Algorithm):
                                   lambda scorer, spec: self._place(scorer, state, spec.placement))
         elif event == Event.AFTER_DATALOADER:
             state.batch = unpack_teacher_side(state.batch)  # as loader workers send it
-            if "teacher_input_ids" not in state.batch:  # a loader without workers: made here
+            if TEACHER_INPUT_IDS not in state.batch:  # a loader without workers: made here
                 state.batch = WithTeacherSide(_as_it_is, self._make_teacher_side(state), _loader_name(state))(
                     state.batch)
             self.others.add_sides(state.batch, self._student_tokenizer(state))
@@ -278,8 +279,8 @@ class VocAgnoLM(Algorithm):
                 ids = batch["input_ids"]
                 lengths = batch["attention_mask"].sum(1) if "attention_mask" in batch else \
                     torch.full(ids.shape[:1], ids.shape[1], device=ids.device)
-                batch["align_start"], batch["align_end"] = chunk_align(
-                    lengths, batch["teacher_attention_mask"].sum(1), self.num_chunks, ids.shape[1])
+                batch[ALIGN_START], batch[ALIGN_END] = chunk_align(
+                    lengths, batch[TEACHER_ATTENTION_MASK].sum(1), self.num_chunks, ids.shape[1])
             if self.selection == "random":  # on the batch's device, which Composer has moved it to
                 if self._generator is None:
                     self._generator = torch.Generator(device=state.batch["input_ids"].device)
@@ -299,9 +300,9 @@ class VocAgnoLM(Algorithm):
             if self.selection_scope == "batch":
                 share = state.batch["input_ids"].shape[0] / self._global_samples
                 self._loss = teacher_guided_loss(
-                    logits, self._labels, state.batch, state.batch["vocagno_teacher_loss"],
-                    selected=state.batch["vocagno_selected"],
-                    others={name: state.batch[f"vocagno_teacher_loss.{name}"] for name in self.others.names},
+                    logits, self._labels, state.batch, state.batch[TEACHER_LOSS],
+                    selected=state.batch[SELECTED],
+                    others={name: state.batch[teacher_key(name, TEACHER_LOSS)] for name in self.others.names},
                     token_counts={k: v * share for k, v in self._global_counts.items()},
                     row_counts=self._stream_counts is not None, **self.options,
                 )
@@ -429,12 +430,12 @@ class VocAgnoLM(Algorithm):
 
     def _teacher_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.cached:
-            if "teacher_token_loss" not in batch:
-                raise KeyError("teacher_losses: cached, but the batch has no teacher_token_loss: train on shards "
+            if TEACHER_LOSS not in batch:
+                raise KeyError("teacher_losses: cached, but the batch has no teacher_loss: train on shards "
                                "scored by python -m vocagno.score")
-            return batch["teacher_token_loss"].float()
+            return batch[TEACHER_LOSS].float()
         begin = time.perf_counter()
-        teacher_loss = self.scorer(batch["teacher_input_ids"], batch["teacher_attention_mask"])
+        teacher_loss = self.scorer(batch[TEACHER_INPUT_IDS], batch[TEACHER_ATTENTION_MASK])
         if teacher_loss.is_cuda:
             torch.cuda.synchronize()  # so that the time is the teacher's forward, not its launch
         self._teacher_seconds += time.perf_counter() - begin
@@ -464,8 +465,8 @@ class VocAgnoLM(Algorithm):
             score, _ = excess_loss(
                 next_token_cross_entropy(logits, piece["labels"]), piece["labels"][:, 1:],
                 [teacher_loss, *others.values()],
-                [piece[key][:, 1:] for key in ("align_start", *(batch_key(n, "align_start") for n in names))],
-                [piece[key][:, 1:] for key in ("align_end", *(batch_key(n, "align_end") for n in names))],
+                [piece[key][:, 1:] for key in (ALIGN_START, *(teacher_key(n, ALIGN_START) for n in names))],
+                [piece[key][:, 1:] for key in (ALIGN_END, *(teacher_key(n, ALIGN_END) for n in names))],
                 self.options["aggregation"], combine=self.options["combine"],
             )
             teacher_losses.append([teacher_loss, *others.values()])
@@ -491,8 +492,8 @@ class VocAgnoLM(Algorithm):
         kept = n_selected + (n_labeled - n_mapped if self.options["unmapped"] == "include" else 0)
         self._global_counts = {"labeled": n_labeled, "mapped": n_mapped, "kept": kept}
         self._global_samples = int(n_samples)
-        batch["vocagno_selected"] = selected
-        for t, key in enumerate(["vocagno_teacher_loss", *(f"vocagno_teacher_loss.{n}" for n in self.others.names)]):
+        batch[SELECTED] = selected
+        for t, key in enumerate([TEACHER_LOSS, *(teacher_key(n, TEACHER_LOSS) for n in self.others.names)]):
             batch[key] = torch.cat([losses[t] for losses in teacher_losses])
 
     def _build_scorer(self, state: State) -> TeacherScorer:

@@ -221,9 +221,13 @@ def _chunk_size(length, num_chunks: int):
     return (length + num_chunks - 1) // num_chunks
 
 
+ALIGNMENTS = ("token", "chunk")  # student tokens to teacher tokens by their text, or chunk to chunk (Table 2)
+ALIGNMENT, NUM_CHUNKS = "token", 1  # the defaults
+
+
 def check_alignment(alignment: str, num_chunks: int) -> None:
     """Refuse alignment options ``VocAgnoLM`` doesn't know (``token``; ``chunk``, in ``num_chunks``), naming them."""
-    if alignment not in ("token", "chunk"):
+    if alignment not in ALIGNMENTS:
         raise ValueError(f"alignment must be 'token' or 'chunk', got {alignment!r}")
     if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 1:
         raise ValueError(f"num_chunks must be a positive integer, got {num_chunks!r}")

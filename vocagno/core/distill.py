@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from vocagno.core.loss import next_token_cross_entropy
+from vocagno.core.loss import CHUNK_SIZE, next_token_cross_entropy
 
 __all__ = ["uld_loss", "kld_loss"]
 
@@ -37,7 +37,7 @@ def uld_loss(
     teacher_temperature: float = 1.0,
     skip_student_eos: bool = True,
     aligned_teacher_positions: torch.Tensor | None = None,
-    chunk_size: int = 1024,
+    chunk_size: int = CHUNK_SIZE,
 ) -> dict[str, torch.Tensor]:
     """Universal Logit Distillation (Boizard et al.), as the reference code computes it, applied to pretraining rows.
 
@@ -86,7 +86,7 @@ def kld_loss(
     teacher_head: Callable[[torch.Tensor], torch.Tensor],
     *,
     kd_ratio: float = 0.5,
-    chunk_size: int = 1024,
+    chunk_size: int = CHUNK_SIZE,
 ) -> dict[str, torch.Tensor]:
     """Same-vocabulary logit distillation, MiniPLM's pretraining recipe: ``(1 - kd_ratio) x CE + kd_ratio x soft CE``
     against the teacher (- sum_v p_T log p_S, temperature 1), both means over the labeled next tokens. The teacher

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "AGGREGATIONS", "COMBINES", "SELECTION_SCOPES", "SELECTIONS", "check_options", "token_cross_entropy",
+    "AGGREGATION", "AGGREGATIONS", "CHUNK_SIZE", "COMBINE", "COMBINES", "SELECTION", "SELECTION_SCOPE",
+    "SELECTION_SCOPES", "SELECTIONS", "TOPK_RATIO", "UNMAPPED", "check_options", "token_cross_entropy",
     "next_token_cross_entropy", "teacher_token_loss", "aggregate_ranges", "reference_loss", "excess_loss", "select_top",
     "select_random", "guided_loss",
 ]
@@ -27,10 +28,21 @@ SELECTION_SCOPES = ("batch", "microbatch", "sequence")
 # Which tokens are kept: the top-k by score, or (a control) as many drawn uniformly at random among the mapped ones.
 SELECTIONS = ("topk", "random")
 
+# The defaults of every option above, the paper's: VocAgnoLM, the selection report and the functions here take them
+# from these names.
+TOPK_RATIO = 0.4  # the share of mapped student tokens kept by score
+AGGREGATION = "max"
+UNMAPPED = "include"  # student tokens without teacher tokens (specials) are trained on
+SELECTION_SCOPE = "batch"
+SELECTION = "topk"
+COMBINE = "min"
+CHUNK_SIZE = 1024  # teacher tokens per chunk of an LM head and its cross-entropy: its logits are never held whole
+
 
 def check_options(
-    topk_ratio: float = 0.4, aggregation: str = "max", unmapped: str = "include", selection_scope: str = "batch",
-    selection: str = "topk", combine: str = "min",
+    topk_ratio: float = TOPK_RATIO, aggregation: str = AGGREGATION, unmapped: str = UNMAPPED,
+    selection_scope: str = SELECTION_SCOPE,
+    selection: str = SELECTION, combine: str = COMBINE,
 ) -> None:
     """Refuse options ``guided_loss`` doesn't know, naming the option (callers check them before training starts)."""
     if combine not in COMBINES:
@@ -67,7 +79,7 @@ def teacher_token_loss(
     output_layer: Callable[[torch.Tensor], torch.Tensor],
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
-    chunk_size: int = 1024,
+    chunk_size: int = CHUNK_SIZE,
 ) -> torch.Tensor:
     """Loss of each teacher token given the tokens before it: ``[B, M]`` fp32, NaN where undefined.
 
@@ -96,7 +108,8 @@ def teacher_token_loss(
     return loss
 
 
-def aggregate_ranges(values: torch.Tensor, start: torch.Tensor, end: torch.Tensor, how: str = "max") -> torch.Tensor:
+def aggregate_ranges(values: torch.Tensor, start: torch.Tensor, end: torch.Tensor,
+                     how: str = AGGREGATION) -> torch.Tensor:
     """Reduce ``values[b, start[b, i]:end[b, i]]`` for every ``(b, i)``, ignoring NaN: ``[B, M]`` -> ``[B, N]``.
 
     NaN where the range is empty or holds no defined value. Vectorized with no host sync and no shape that depends
@@ -144,11 +157,11 @@ def aggregate_ranges(values: torch.Tensor, start: torch.Tensor, end: torch.Tenso
 
 
 def reference_loss(
-    teacher_token_losses: Sequence[torch.Tensor],
+    losses: Sequence[torch.Tensor],
     starts: Sequence[torch.Tensor],
     ends: Sequence[torch.Tensor],
-    aggregation: str = "max",
-    combine: str = "min",
+    aggregation: str = AGGREGATION,
+    combine: str = COMBINE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each student token's reference loss from one or several teachers, and which teachers gave it.
 
@@ -158,11 +171,11 @@ def reference_loss(
     ``min``, the one teacher whose loss is the reference (the first on ties), for ``mean`` every teacher that maps it.
     """
     check_options(aggregation=aggregation, combine=combine)
-    if not len(teacher_token_losses) == len(starts) == len(ends) or not teacher_token_losses:
+    if not len(losses) == len(starts) == len(ends) or not losses:
         raise ValueError(f"expected as many teacher losses, starts and ends (at least one), got "
-                         f"{len(teacher_token_losses)}, {len(starts)}, {len(ends)}")
+                         f"{len(losses)}, {len(starts)}, {len(ends)}")
     each = torch.stack([aggregate_ranges(loss.detach().float(), start, end, aggregation)
-                        for loss, start, end in zip(teacher_token_losses, starts, ends)])
+                        for loss, start, end in zip(losses, starts, ends)])
     maps = ~torch.isnan(each)
     if len(each) == 1:
         return each[0], maps
@@ -177,30 +190,30 @@ def reference_loss(
 def excess_loss(
     student_loss: torch.Tensor,
     labels: torch.Tensor,
-    teacher_token_loss: torch.Tensor | Sequence[torch.Tensor],
+    teacher_loss: torch.Tensor | Sequence[torch.Tensor],
     start: torch.Tensor | Sequence[torch.Tensor],
     end: torch.Tensor | Sequence[torch.Tensor],
-    aggregation: str = "max",
+    aggregation: str = AGGREGATION,
     ignore_index: int = -100,
-    combine: str = "min",
+    combine: str = COMBINE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The score that selection ranks, and the reference loss of each student token: both ``[B, N]``.
 
     score = student loss - the reference: the teacher losses over the token's range, aggregated; with several
-    teachers (``teacher_token_loss``, ``start`` and ``end`` sequences, one entry per teacher), their combination
+    teachers (``teacher_loss``, ``start`` and ``end`` sequences, one entry per teacher), their combination
     (``reference_loss``). ``-inf`` where the token is not *mapped* (no label, or no defined teacher loss in its
     range), so a token is mapped exactly when its score is finite.
     """
-    reference, _ = reference_loss(*_per_teacher(teacher_token_loss, start, end), aggregation, combine)
+    reference, _ = reference_loss(*_per_teacher(teacher_loss, start, end), aggregation, combine)
     mapped = (labels != ignore_index) & ~torch.isnan(reference)
     return torch.where(mapped, student_loss.detach() - reference, float("-inf")), reference
 
 
-def _per_teacher(teacher_token_loss, start, end) -> tuple[list, list, list]:
+def _per_teacher(teacher_loss, start, end) -> tuple[list, list, list]:
     """One teacher's tensors, or several teachers' sequences, as sequences."""
-    if isinstance(teacher_token_loss, torch.Tensor):
-        return [teacher_token_loss], [start], [end]
-    return list(teacher_token_loss), list(start), list(end)
+    if isinstance(teacher_loss, torch.Tensor):
+        return [teacher_loss], [start], [end]
+    return list(teacher_loss), list(start), list(end)
 
 
 def select_top(score: torch.Tensor, ratio: float, per_sequence: bool = False) -> torch.Tensor:
@@ -229,16 +242,16 @@ def select_random(
 def guided_loss(
     student_logits: torch.Tensor,
     labels: torch.Tensor,
-    teacher_token_loss: torch.Tensor | Sequence[torch.Tensor],
+    teacher_loss: torch.Tensor | Sequence[torch.Tensor],
     start: torch.Tensor | Sequence[torch.Tensor],
     end: torch.Tensor | Sequence[torch.Tensor],
     *,
-    topk_ratio: float = 0.4,
-    aggregation: str = "max",
-    unmapped: str = "include",
-    combine: str = "min",
+    topk_ratio: float = TOPK_RATIO,
+    aggregation: str = AGGREGATION,
+    unmapped: str = UNMAPPED,
+    combine: str = COMBINE,
     per_sequence: bool = False,
-    selection: str = "topk",
+    selection: str = SELECTION,
     generator: torch.Generator | None = None,
     selected: torch.Tensor | None = None,
     token_counts: dict[str, torch.Tensor] | None = None,
@@ -259,7 +272,7 @@ def guided_loss(
     ``token_counts``: the ``labeled``, ``mapped`` and ``kept`` token counts to divide by instead of this piece's own,
     so that the pieces' results add up to the whole batch's means.
 
-    Several teachers: ``teacher_token_loss``, ``start`` and ``end`` are sequences (one entry per teacher, each with its
+    Several teachers: ``teacher_loss``, ``start`` and ``end`` are sequences (one entry per teacher, each with its
     own teacher positions) and a token's reference is their ``combine`` (``reference_loss``); the result has also
     ``teacher_counts`` ``[T + 1]``: the kept mapped tokens whose reference teacher t gave (``reference_loss``'s
     ``gave``), then all kept mapped tokens.
@@ -271,7 +284,7 @@ def guided_loss(
     streams); not a scalar, so not for a trainer to log as it is (nor is ``teacher_counts``).
     """
     check_options(topk_ratio, aggregation, unmapped, selection=selection, combine=combine)
-    losses, starts, ends = _per_teacher(teacher_token_loss, start, end)
+    losses, starts, ends = _per_teacher(teacher_loss, start, end)
     for start, end in zip(starts, ends):
         if student_logits.shape[:-1] != labels.shape or labels.shape != start.shape or start.shape != end.shape:
             raise ValueError(
@@ -280,15 +293,15 @@ def guided_loss(
             )
     for loss in losses:
         if loss.dim() != 2 or loss.shape[0] != labels.shape[0]:
-            raise ValueError(f"expected teacher_token_loss [B, M], got {tuple(loss.shape)}")
+            raise ValueError(f"expected teacher_loss [B, M], got {tuple(loss.shape)}")
     if selected is not None and selected.shape != labels.shape:
         raise ValueError(f"expected selected {tuple(labels.shape)}, got {tuple(selected.shape)}")
 
     student_loss = token_cross_entropy(student_logits, labels, ignore_index)
     has_label = labels != ignore_index
-    teacher_loss, gave = reference_loss(losses, starts, ends, aggregation, combine)
-    mapped = has_label & ~torch.isnan(teacher_loss)
-    score = torch.where(mapped, student_loss.detach() - teacher_loss, float("-inf"))
+    reference, gave = reference_loss(losses, starts, ends, aggregation, combine)
+    mapped = has_label & ~torch.isnan(reference)
+    score = torch.where(mapped, student_loss.detach() - reference, float("-inf"))
     if selected is None:
         selected = (select_top(score, topk_ratio, per_sequence) if selection == "topk"
                     else select_random(score, topk_ratio, per_sequence, generator))
@@ -309,7 +322,7 @@ def guided_loss(
         "kept_fraction": kept_f.sum() / n_labeled,
         "mapped_fraction": mapped_f.sum() / n_labeled,
         "student_loss": (student_loss.detach() * labeled_f).sum() / n_labeled,
-        "teacher_loss": torch.where(mapped, teacher_loss, 0).sum() / n_mapped,
+        "teacher_loss": torch.where(mapped, reference, 0).sum() / n_mapped,
         "score": torch.where(mapped, score, 0).sum() / n_mapped,
         **rows,
     }

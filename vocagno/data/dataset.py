@@ -9,7 +9,7 @@ tokenizers) and ``TeacherGuidedCollator`` turns samples into a batch:
     token_bytes                        [B, N]  UTF-8 bytes of the text each student token is the first to cover
     special_tokens                     [B, N]  True at specials (BOS, separators: empty spans), which hold no text
     teacher_input_ids, teacher_attention_mask  [B, M]  teacher tokens, padded to the batch's longest (or a fixed M)
-    teacher_token_loss                 [B, M]  scored shards only: the teacher's loss of each of its tokens (NaN: none)
+    teacher_loss                       [B, M]  scored shards only: the teacher's loss of each of its tokens (NaN: none)
     stream                             [B]     a mixture's (``streams``) only: the stream each row was drawn from
 
 Every student tensor is per input position, as Hugging Face models and Composer's ``HuggingFaceModel`` expect; the
@@ -51,6 +51,8 @@ from vocagno.doors.untrusted import (
     UntrustedFile, check_index, check_mds, decompress, mds_header_bytes, open_regular, read_bytes, read_json, reason,
 )
 from vocagno.doors.writing import PrivateFolder, move_inside, own_temporary, write_atomically, write_inside
+from vocagno.data.batch import (ALIGN_END, ALIGN_START, SPECIAL_TOKENS, TEACHER_ATTENTION_MASK, TEACHER_INPUT_IDS,
+    TEACHER_LOSS, TOKEN_BYTES, teacher_key)
 
 __all__ = ["TeacherGuidedDataset", "TeacherGuidedCollator", "teacher_guided_loader", "read_metadata", "token_bytes",
            "clean_leaked_shared_memory", "CheckedStream", "read_index"]
@@ -797,8 +799,8 @@ class TeacherGuidedDataset(StreamingDataset):
             # Decoded arrays view the shard's memory: copy before handing them to torch.
             out = {name: torch.from_numpy(np.array(sample[name], dtype=np.int64)) for name in ARRAY_COLUMNS}
             out["text"] = sample["text"]
-            if "teacher_loss" in sample:  # scored shards (python -m vocagno.score)
-                out["teacher_loss"] = torch.from_numpy(np.array(sample["teacher_loss"], dtype=np.float32))
+            if TEACHER_LOSS in sample:  # scored shards (python -m vocagno.score)
+                out[TEACHER_LOSS] = torch.from_numpy(np.array(sample[TEACHER_LOSS], dtype=np.float32))
             for name in self.metadata.also_scored_by or ():  # other teachers' (vocagno.teacher.several)
                 for column in (loss_column(name), align_column(name)):
                     out[column] = np.array(sample[column])
@@ -887,12 +889,12 @@ class TeacherGuidedCollator:
             "input_ids": torch.full((batch, n), self.student_pad_id, dtype=torch.long),
             "attention_mask": torch.zeros(batch, n, dtype=torch.long),
             "labels": torch.full((batch, n), self.ignore_index, dtype=torch.long),
-            "align_start": torch.zeros(batch, n, dtype=torch.long),
-            "align_end": torch.zeros(batch, n, dtype=torch.long),
-            "token_bytes": torch.zeros(batch, n, dtype=torch.long),
-            "special_tokens": torch.zeros(batch, n, dtype=torch.bool),
-            "teacher_input_ids": torch.full((batch, m), self.teacher_pad_id, dtype=torch.long),
-            "teacher_attention_mask": torch.zeros(batch, m, dtype=torch.long),
+            ALIGN_START: torch.zeros(batch, n, dtype=torch.long),
+            ALIGN_END: torch.zeros(batch, n, dtype=torch.long),
+            TOKEN_BYTES: torch.zeros(batch, n, dtype=torch.long),
+            SPECIAL_TOKENS: torch.zeros(batch, n, dtype=torch.bool),
+            TEACHER_INPUT_IDS: torch.full((batch, m), self.teacher_pad_id, dtype=torch.long),
+            TEACHER_ATTENTION_MASK: torch.zeros(batch, m, dtype=torch.long),
         }
         for b, sample in enumerate(samples):
             ids, teacher_ids = sample["student_ids"], sample["teacher_ids"]
@@ -912,15 +914,15 @@ class TeacherGuidedCollator:
                 cut = end > m
                 start[cut], end[cut] = 0, 0
                 teacher_ids = teacher_ids[:m]
-            out["align_start"][b, :length] = torch.from_numpy(start)
-            out["align_end"][b, :length] = torch.from_numpy(end)
-            out["token_bytes"][b, :length] = torch.from_numpy(token_bytes(sample["text"], offsets))
-            out["special_tokens"][b, :length] = torch.from_numpy(offsets[:, 0] == offsets[:, 1])
-            out["teacher_input_ids"][b, : len(teacher_ids)] = teacher_ids
-            out["teacher_attention_mask"][b, : len(teacher_ids)] = 1
-            if "teacher_loss" in sample:
-                cached = out.setdefault("teacher_token_loss", torch.full((batch, m), float("nan")))
-                cached[b, : len(teacher_ids)] = sample["teacher_loss"][: len(teacher_ids)]
+            out[ALIGN_START][b, :length] = torch.from_numpy(start)
+            out[ALIGN_END][b, :length] = torch.from_numpy(end)
+            out[TOKEN_BYTES][b, :length] = torch.from_numpy(token_bytes(sample["text"], offsets))
+            out[SPECIAL_TOKENS][b, :length] = torch.from_numpy(offsets[:, 0] == offsets[:, 1])
+            out[TEACHER_INPUT_IDS][b, : len(teacher_ids)] = teacher_ids
+            out[TEACHER_ATTENTION_MASK][b, : len(teacher_ids)] = 1
+            if TEACHER_LOSS in sample:
+                cached = out.setdefault(TEACHER_LOSS, torch.full((batch, m), float("nan")))
+                cached[b, : len(teacher_ids)] = sample[TEACHER_LOSS][: len(teacher_ids)]
         others = [column[len(loss_column("")):] for column in samples[0] if column.startswith(loss_column(""))]
         if others:  # shards scored by other teachers of a set
             out.update(_collate_other_teachers(samples, others, n))
@@ -966,10 +968,6 @@ def teacher_guided_loader(
     return DataLoader(shards, batch_size=batch_size, collate_fn=collate, **loader_kwargs)
 
 
-def batch_key(name: str, what: str) -> str:
-    """Where teacher ``name`` of a set (``vocagno.teacher.several``) keeps ``what`` of its side in a batch."""
-    return f"teachers.{name}.{what}"
-
 
 def _collate_other_teachers(samples: list[dict[str, Any]], names: list[str], width: int) -> dict[str, torch.Tensor]:
     """Other teachers' cached losses and alignment (columns ``teacher_loss.NAME``, ``align.NAME``), padded: losses
@@ -990,6 +988,6 @@ def _collate_other_teachers(samples: list[dict[str, Any]], names: list[str], wid
                                  "tokens: the shards are damaged or not vocagno's")
             start[b, : len(align)] = torch.from_numpy(align[:, 0].copy())
             end[b, : len(align)] = torch.from_numpy(align[:, 1].copy())
-        out.update({batch_key(name, "token_loss"): loss, batch_key(name, "align_start"): start,
-                    batch_key(name, "align_end"): end})
+        out.update({teacher_key(name, TEACHER_LOSS): loss, teacher_key(name, ALIGN_START): start,
+                    teacher_key(name, ALIGN_END): end})
     return out

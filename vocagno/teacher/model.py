@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from vocagno.core.fsdp import decoder_layer_classes
-from vocagno.core.loss import teacher_token_loss
+from vocagno.core.loss import CHUNK_SIZE, teacher_token_loss
 from vocagno.data.shards import describe_tokenizer
 from vocagno.core.tokenization import resolve_shipped
 from vocagno.doors.untrusted import from_pretrained
@@ -27,7 +27,7 @@ __all__ = ["TeacherScorer", "load_teacher", "weights_fingerprint", "check_teache
 class TeacherScorer(nn.Module):
     """A frozen Hugging Face causal LM that returns the loss of each of its tokens: ``[B, M]``, NaN where undefined."""
 
-    def __init__(self, model: nn.Module, chunk_size: int = 1024):
+    def __init__(self, model: nn.Module, chunk_size: int = CHUNK_SIZE):
         super().__init__()
         self.model = model.eval().requires_grad_(False)
         self.chunk_size = chunk_size

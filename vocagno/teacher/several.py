@@ -5,11 +5,11 @@ Each teacher is aligned to the student's tokens on its own (its tokenizer, its o
 loss combines the teachers' aggregated losses (``vocagno.core.loss.reference_loss``: ``min``, the best teacher's, or
 ``mean``). One teacher of the set, the *first* whose vocabulary is the shards' teacher vocabulary (else the first),
 reads the batch's teacher side as a single teacher does (``teacher_input_ids``, ``align_start``, ``align_end`` and,
-cached, ``teacher_token_loss``): ``VocAgnoLM`` treats it as its ``teacher``. Every *other* teacher's tokens and
+cached, ``teacher_loss``): ``VocAgnoLM`` treats it as its ``teacher``. Every *other* teacher's tokens and
 alignment are made from the student's tokens (``vocagno.teacher.side.TeacherSide``, in the training loader's workers
 when it has some) into the batch keys ``teachers.NAME.input_ids``, ``.attention_mask``, ``.align_start`` and
 ``.align_end``; cached, its losses and alignment come from the shards' columns ``teacher_loss.NAME`` and
-``align.NAME`` (``python -m vocagno.score ... --name NAME``) as ``teachers.NAME.token_loss`` and its alignment.
+``align.NAME`` (``python -m vocagno.score ... --name NAME``) as ``teachers.NAME.teacher_loss`` and its alignment.
 """
 
 from __future__ import annotations
@@ -21,16 +21,18 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from vocagno.data.dataset import batch_key
 from vocagno.data.shards import check_teacher_name, describe_tokenizer, loss_column
 from vocagno.teacher.side import TeacherSide
 from vocagno.core.tokenization import as_tokenizer
+from vocagno.core.loss import CHUNK_SIZE
+from vocagno.data.batch import (ALIGN_END, ALIGN_START, TEACHER_ATTENTION_MASK, TEACHER_INPUT_IDS, TEACHER_LOSS,
+    teacher_key)
 
 __all__ = ["TeacherSpec", "teacher_specs", "OtherTeachers", "WithOtherTeachers", "made_side", "check_scored_by_teacher",
            "reading_teacher", "checked_teacher", "teacher_shares", "teacher_label"]
 
 SPEC_KEYS = ("teacher", "tokenizer", "dtype", "placement", "chunk_size", "trust_remote_code")
-SIDE_KEYS = ("input_ids", "attention_mask", "align_start", "align_end")
+SIDE_KEYS = ("input_ids", "attention_mask", ALIGN_START, ALIGN_END)
 
 
 @dataclass
@@ -44,7 +46,7 @@ class TeacherSpec:
     tokenizer: Any = None
     dtype: str = "bfloat16"
     placement: str = "auto"
-    chunk_size: int = 1024
+    chunk_size: int = CHUNK_SIZE
     trust_remote_code: bool = False
     _loaded: Any = field(default=None, init=False, repr=False, compare=False)  # the tokenizer, once loaded
 
@@ -103,8 +105,8 @@ def teacher_specs(teachers: Mapping[str, Any]) -> list[TeacherSpec]:
 def made_side(side: TeacherSide, name: str, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
     """Teacher ``name``'s side of a batch of student tokens, made by ``side``, under its own keys."""
     made = side({key: batch[key] for key in ("input_ids", "attention_mask") if key in batch})
-    return {batch_key(name, what): made[key] for what, key in zip(SIDE_KEYS, (
-        "teacher_input_ids", "teacher_attention_mask", "align_start", "align_end"))}
+    return {teacher_key(name, what): made[key] for what, key in zip(SIDE_KEYS, (
+        TEACHER_INPUT_IDS, TEACHER_ATTENTION_MASK, ALIGN_START, ALIGN_END))}
 
 
 def reading_teacher(specs: list[TeacherSpec], metadata) -> TeacherSpec | None:
@@ -187,7 +189,7 @@ class WithOtherTeachers:
     def __call__(self, samples: list) -> dict[str, Any]:
         batch = self.collate_fn(samples)
         for name, side in self.sides.items():
-            if batch_key(name, "input_ids") not in batch:
+            if teacher_key(name, "input_ids") not in batch:
                 try:
                     batch.update(made_side(side, name, batch))
                 except ValueError as error:
@@ -222,7 +224,7 @@ class OtherTeachers:
         if self.cached:
             return
         for name, side in self.make_sides(student_tokenizer).items():
-            if batch_key(name, "input_ids") not in batch:
+            if teacher_key(name, "input_ids") not in batch:
                 batch.update({k: v.to(batch["input_ids"].device) for k, v in made_side(side, name, batch).items()})
 
     def build(self, load, place) -> None:
@@ -253,14 +255,15 @@ class OtherTeachers:
         out = {}
         for name in self.names:
             if self.cached:
-                key = batch_key(name, "token_loss")
+                key = teacher_key(name, TEACHER_LOSS)
                 if key not in batch:
                     raise KeyError(f"teacher_losses: cached, but the batch has no {key}: train on shards scored by "
                                    f"python -m vocagno.score ... --name {name}")
                 out[name] = batch[key].float()
                 continue
             begin = time.perf_counter()
-            out[name] = self.scorers[name](batch[batch_key(name, "input_ids")], batch[batch_key(name, "attention_mask")])
+            out[name] = self.scorers[name](batch[teacher_key(name, "input_ids")],
+                                           batch[teacher_key(name, "attention_mask")])
             if out[name].is_cuda:
                 torch.cuda.synchronize()  # so that the time is the teacher's forward, not its launch
             self.seconds[name] += time.perf_counter() - begin

@@ -38,6 +38,8 @@ from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
 from vocagno.data.dataset import TeacherGuidedCollator
 from vocagno.data.shards import document_separator, tokenizer_info, vocabulary
 from vocagno.core.tokenization import has_dummy_prefix, text_tokenizers
+from vocagno.data.batch import (ALIGN_END, ALIGN_START, SPECIAL_TOKENS, TEACHER_ATTENTION_MASK, TEACHER_INPUT_IDS,
+    TOKEN_BYTES)
 
 __all__ = ["StudentText", "TeacherSide", "WithTeacherSide", "unpack_teacher_side"]
 
@@ -214,7 +216,7 @@ class WithTeacherSide:
 
     def __call__(self, samples: list) -> dict[str, Any]:
         batch = self.collate_fn(samples)
-        if not isinstance(batch, dict) or "teacher_input_ids" in batch:
+        if not isinstance(batch, dict) or TEACHER_INPUT_IDS in batch:
             return batch
         if "input_ids" not in batch:
             raise ValueError(f"the training loader ({self.loader}) gives batches with {sorted(batch)}: VocAgnoLM "
@@ -230,8 +232,8 @@ class WithTeacherSide:
 # descriptor each, ~0.25 ms apiece on a CPU): the teacher side's tensors travel as one, row-aligned (every row of
 # each has the batch's rows), and ``unpack_teacher_side`` makes them views again at AFTER_DATALOADER.
 PACKED = "vocagno_teacher_side"
-PACKED_KEYS = ("align_start", "align_end", "token_bytes", "special_tokens", "teacher_input_ids",
-               "teacher_attention_mask")
+PACKED_KEYS = (ALIGN_START, ALIGN_END, TOKEN_BYTES, SPECIAL_TOKENS, TEACHER_INPUT_IDS,
+               TEACHER_ATTENTION_MASK)
 
 
 def _pack(batch: dict[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from composer.loggers import Logger, LoggerDestination
 from composer.utils import dist
 
 from vocagno.doors.writing import append
+from vocagno.data.batch import SELECTED
 
 __all__ = ["ConsoleLine", "JSONLinesLogger", "Narration", "RunPicture", "RunRecipe", "SampleLog"]
 
@@ -216,8 +217,8 @@ class SampleLog(Callback):
 
     def after_dataloader(self, state: State, logger: Logger) -> None:
         row = {"batch": int(state.timestamp.batch), "samples": state.batch["input_ids"][:, : self.prefix].tolist()}
-        if "vocagno_selected" in state.batch:
-            row["selected"] = [torch.nonzero(kept).flatten().tolist() for kept in state.batch["vocagno_selected"]]
+        if SELECTED in state.batch:
+            row["selected"] = [torch.nonzero(kept).flatten().tolist() for kept in state.batch[SELECTED]]
         append(_rank_path(self.path), json.dumps(row) + "\n")
 
 

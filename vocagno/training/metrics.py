@@ -13,6 +13,7 @@ from torchmetrics import Metric
 
 from vocagno.core.loss import token_cross_entropy
 from vocagno.data.shards import document_separator
+from vocagno.data.batch import SPECIAL_TOKENS, TOKEN_BYTES
 
 __all__ = ["BitsPerByte", "bits_per_byte"]
 
@@ -78,9 +79,9 @@ class BitsPerByte(Metric):
     def update(self, batch: dict, outputs: torch.Tensor, labels: torch.Tensor) -> None:
         logits = outputs.logits if hasattr(outputs, "logits") else outputs
         token_bytes = torch.zeros_like(labels)
-        token_bytes[:, :-1] = batch["token_bytes"][:, 1:].to(labels.device)  # the bytes of token i + 1
+        token_bytes[:, :-1] = batch[TOKEN_BYTES][:, 1:].to(labels.device)  # the bytes of token i + 1
         special = torch.ones_like(labels, dtype=torch.bool)
-        special[:, :-1] = batch["special_tokens"][:, 1:].to(labels.device)
+        special[:, :-1] = batch[SPECIAL_TOKENS][:, 1:].to(labels.device)
         scored = (labels != self.ignore_index) & ~special
         self.nats += token_cross_entropy(logits, labels.masked_fill(~scored, self.ignore_index), self.ignore_index
                                          ).double().sum()
