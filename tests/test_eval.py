@@ -10,7 +10,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from vocagno.eval.__main__ import load_model, main
+from vocagno.eval.__main__ import main
+from vocagno.training.models import load_model
 from vocagno.eval.benchmarks import BENCHMARKS, load_benchmark, SHIPPED_DATA
 from vocagno.eval.grading import extract_answer, extract_choice, is_equivalent, normalize_answer
 from vocagno.training.metrics import BitsPerByte, bits_per_byte

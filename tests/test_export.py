@@ -214,7 +214,7 @@ def test_the_student_is_wrapped_per_decoder_layer_and_each_rank_holds_half(shard
 
 @pytest.mark.distributed  # the sharded checkpoint is written by 2 gloo processes
 def test_eval_reads_a_sharded_save_folder_as_its_export(sharded_run, tmp_path, capsys):
-    from vocagno.eval.__main__ import load_model
+    from vocagno.training.models import load_model
     from vocagno.eval.__main__ import main as eval_main
     from vocagno.training.metrics import bits_per_byte
 
@@ -263,7 +263,7 @@ def few_shot_prompt(min_tokens: int = 1024) -> str:
 def test_a_bf16_checkpoint_evaluates_exactly_as_its_export_on_a_few_shot_prompt(kind, request, tmp_path):
     """Loaded by ``vocagno.eval``, a checkpoint of an amp_bf16 run and its export give the same logits to the last
     bit over a 1,000+-token prompt: RoPE's frequencies stay float32 in both, as transformers computes them."""
-    from vocagno.eval.__main__ import load_model
+    from vocagno.training.models import load_model
 
     checkpoint = request.getfixturevalue("whole_bf16_run" if kind == "whole" else "sharded_run")
     assert export_main([str(checkpoint), str(tmp_path / "model")]) == 0
@@ -288,9 +288,9 @@ def test_no_path_that_builds_or_loads_a_bf16_model_narrows_its_rotary_frequencie
                                                                                   tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from vocagno.training.checkpoint import load_model as load_checkpoint_model
+    from vocagno.training.checkpoint import model_from_checkpoint
     from vocagno.training.config import build_causal_lm, load_config
-    from vocagno.eval.__main__ import load_model as eval_load_model
+    from vocagno.training.models import load_model
     from vocagno.score import Teacher
     from vocagno.teacher.model import load_teacher
     from vocagno.core.tokenization import load_tokenizer
@@ -303,13 +303,13 @@ def test_no_path_that_builds_or_loads_a_bf16_model_narrows_its_rotary_frequencie
         "teacher of the scoring pass, by name": Teacher.from_config(tiny, "tiny.yaml").scorer.model,
         "teacher of the scoring pass, from a config": Teacher.from_config(qwen, "tiny_qwen.yaml").scorer.model,
         "student of train.py": build_causal_lm(tiny.model, len(load_tokenizer(tiny.tokenizer.name)), tiny.seed),
-        "whole checkpoint": load_checkpoint_model(str(whole_bf16_run))[0],
-        "sharded checkpoint": load_checkpoint_model(str(sharded_run))[0],
+        "whole checkpoint": model_from_checkpoint(str(whole_bf16_run))[0],
+        "sharded checkpoint": model_from_checkpoint(str(sharded_run))[0],
         "export": AutoModelForCausalLM.from_pretrained(tmp_path / "model", torch_dtype="auto"),
-        # vocagno.selection --student loads with vocagno.eval's load_model too.
-        "eval and selection --student, a sharded checkpoint": eval_load_model(str(sharded_run), "cpu")[0],
-        "eval and selection --student, a whole checkpoint": eval_load_model(str(whole_bf16_run), "cpu")[0],
-        "eval and selection --student, an export": eval_load_model(str(tmp_path / "model"), "cpu")[0],
+        # vocagno.selection --student loads with vocagno.training.models.load_model too.
+        "eval and selection --student, a sharded checkpoint": load_model(str(sharded_run), "cpu")[0],
+        "eval and selection --student, a whole checkpoint": load_model(str(whole_bf16_run), "cpu")[0],
+        "eval and selection --student, an export": load_model(str(tmp_path / "model"), "cpu")[0],
     }
     for where, model in models.items():
         assert next(model.parameters()).dtype == torch.bfloat16, where

@@ -22,7 +22,7 @@ from typing import Any
 from omegaconf import OmegaConf as om
 
 from vocagno.algorithms.vocagno_lm import VocAgnoLM
-from vocagno.training.checkpoint import DTYPES, BadCheckpoint, fetch, load_model, recipe, recipe_config
+from vocagno.training.checkpoint import DTYPES, BadCheckpoint, fetch, model_from_checkpoint, recipe, recipe_config
 from vocagno.doors.untrusted import UntrustedFile, read_json
 from vocagno.doors.writing import make_readable, publish, remove, staging, write_atomically
 
@@ -38,7 +38,7 @@ def export(checkpoint: str, out: str, dtype: str | None = None, overwrite: bool 
                                                  os.path.realpath(fetch(checkpoint, os.devnull))}
     _check_out(sources, out_path, overwrite)
     results = _eval_results(eval_dir) if eval_dir else None
-    model, tokenizer, state = load_model(checkpoint, "cpu", dtype)
+    model, tokenizer, state = model_from_checkpoint(checkpoint, "cpu", dtype)
     _fill_generation_config(model, tokenizer)
 
     # Built in a fresh private folder of this run's own (never one found at a fixed name: a link planted there would

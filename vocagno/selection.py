@@ -772,7 +772,7 @@ def _main(args: argparse.Namespace) -> Report | None:
         student, student_name = None, ""
         if args.student:
             from vocagno.training.checkpoint import BadCheckpoint
-            from vocagno.eval.__main__ import load_model
+            from vocagno.training.models import load_model
 
             try:
                 student, tokenizer = load_model(args.student, "cpu")

@@ -24,32 +24,17 @@ import torch
 from tqdm import tqdm
 
 from vocagno.errors import Refused
-from vocagno.training.checkpoint import is_checkpoint
-from vocagno.training.checkpoint import load_model as load_checkpoint_model
+from vocagno.training.models import load_model
 from vocagno.eval.benchmarks import (
     BENCHMARKS, MAX_NEW_TOKENS, SHIPPED_DATA, STOP_SEQUENCES, TITLES, BenchmarkUnavailable, Example, load_benchmark,
 )
 from vocagno.eval.grading import is_equivalent
-from vocagno.doors.untrusted import UntrustedFile, from_pretrained, read_bytes
+from vocagno.doors.untrusted import UntrustedFile, read_bytes
 from vocagno.doors.writing import write_atomically
 
 # results.json's keys besides the benchmarks': why a score is partial (by benchmark), the --bpb figure.
 PARTIAL, BITS_PER_BYTE = "partial", "bits_per_byte"
 
-
-def load_model(name_or_path: str, device: str):
-    """An HF causal LM and its tokenizer from a name or folder, or from a checkpoint of train.py in any form
-    ``vocagno.export`` reads (whole or sharded, local or in an object store, a save folder's latest)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    if is_checkpoint(name_or_path):
-        model, tokenizer, _ = load_checkpoint_model(name_or_path, device)
-        return model, tokenizer
-    # trust_remote_code off, said explicitly: left unset, transformers asks on the terminal and runs a folder's code
-    # on "y". A local folder is checked first (its files regular, no links, its configs naming no code).
-    tokenizer = from_pretrained(AutoTokenizer, name_or_path)
-    model = from_pretrained(AutoModelForCausalLM, name_or_path, torch_dtype="auto")
-    return model.to(device).eval(), tokenizer
 
 
 @torch.no_grad()

@@ -30,7 +30,7 @@ from vocagno.doors.untrusted import (
 from vocagno.doors.writing import remove
 
 __all__ = ["BadCheckpoint", "IncompleteCheckpoint", "check_load_path", "check_objects", "fetch", "is_checkpoint",
-           "load_checkpoint", "load_model", "read_state", "recipe_config", "repair", "tokenizer_from_state"]
+           "load_checkpoint", "model_from_checkpoint", "read_state", "recipe_config", "repair", "tokenizer_from_state"]
 
 LATEST = "latest-rank0.pt"  # Composer's latest_filename for rank 0, the rank that saves a sharded run's symlink
 METADATA = ".metadata"  # torch.distributed.checkpoint's index of a sharded checkpoint, written after every shard
@@ -552,7 +552,7 @@ def model_from_state(state: dict[str, Any], name: str, dtype: str | None = None)
     return model.eval(), tokenizer
 
 
-def load_model(location: str, device: str = "cpu", dtype: str | None = None):
+def model_from_checkpoint(location: str, device: str = "cpu", dtype: str | None = None):
     """The model and tokenizer of the checkpoint at ``location`` (any kind ``fetch`` finds), in ``dtype`` or the
     dtype the run computed in (``RUN_DTYPES``, from its recipe; else the checkpoint's), and its state's other
     parts (timestamp, the run's recipe). Every reader of a ``train.py`` checkpoint loads its model here."""
