@@ -353,7 +353,7 @@ def convert(args: argparse.Namespace, output: Output, tokenizers: tuple) -> dict
     lock = OwnedLock(output.local / f"{marker}.lock", f"job {args.job_index} of {args.num_jobs} into {output}")
     if not lock.acquire():
         raise Refused(f"another conversion is running job {args.job_index} into {output}: wait for it, "
-                         "or give this one another --out-root")
+                      "or give this one another --out-root")
     try:
         settings = {**config.__dict__, "student": student.__dict__, "teacher": teacher.__dict__}
         _start_afresh_after_a_refusal(output, args, settings)

@@ -422,7 +422,7 @@ def local_sources(inputs: list[str], text_of: TextOf, split: str = "train") -> l
             if not (path / split).is_dir():
                 splits = sorted(p.name for p in path.iterdir() if p.is_dir())
                 raise Refused(f"{path} (a saved DatasetDict) has no split {split!r}; --split one of "
-                                 f"{', '.join(splits)}")
+                              f"{', '.join(splits)}")
             path = path / split
         if path.is_dir():
             given = path.resolve()
@@ -544,7 +544,7 @@ def remote_sources(pattern: str, text_of: TextOf) -> list[Source]:
             keys = CloudUploader.get((scratch, f"{scheme}://{bucket}"), exist_ok=True).list_objects(prefix) or []
     except Exception as error:  # each client raises its own errors: all mean the store can't be read
         raise Refused(f"input {pattern}: the object store can't be read: {type(error).__name__}: "
-                         f"{str(error).splitlines()[0] if str(error) else ''}") from error
+                      f"{str(error).splitlines()[0] if str(error) else ''}") from error
     if globbed:
         keys = [k for k in keys if _glob_matches(k, key)]
     elif key in keys:

@@ -390,3 +390,13 @@ def test_a_yaml_teachers_entry_is_named_when_it_lacks_a_tokenizer():
         train.build_algorithms(cfg, None)
     with pytest.raises(Refused, match="teachers.latex needs its tokenizer"):
         score.Teacher.from_config(cfg, two, "latex")
+
+
+def test_the_scoring_pass_names_the_set_its_yaml_has_in_one_plain_line():
+    """A yaml with teachers: and --name of none of them: one line naming the set or the missing name, and no
+    ``error: `` inside it (vocagno.entry.run adds that once)."""
+    two = str(REPO / "yamls" / "tiny_two_teachers.yaml")
+    for name, message in ((None, f"{two} has teachers: "), ("nobody", f"{two} has no teachers.nobody")):
+        with pytest.raises(Refused) as refused:
+            score.Teacher.from_yaml(two, [], name)
+        assert str(refused.value).startswith(message) and "error" not in str(refused.value), str(refused.value)

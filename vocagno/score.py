@@ -102,7 +102,7 @@ class Teacher:
         if cfg.get("teachers") is not None:
             if set_name not in cfg.teachers:
                 raise Refused(f"{source} has teachers: {', '.join(cfg.teachers)}: name the one to score "
-                                 "(--name)" if set_name is None else f"error: {source} has no teachers.{set_name}")
+                              "(--name)" if set_name is None else f"{source} has no teachers.{set_name}")
             where, section = f"teachers.{set_name}", cfg.teachers[set_name]
         if section is None:
             raise Refused(f"{source} has no teacher: section")
@@ -145,10 +145,10 @@ class Teacher:
             why = (f"is already scored (by {metadata.scored_by['name']})" if reads else
                    f"holds {metadata.teacher.name!r}'s teacher tokens, not this teacher's")
             raise Refused(f"{source} {why}: a further teacher of a set goes beside it under its name "
-                             "(--name NAME, its name in the run's teachers:)")
+                          "(--name NAME, its name in the run's teachers:)")
         if self.set_name in (metadata.also_scored_by or {}):
             raise Refused(f"{source} is already scored by a teacher named {self.set_name!r} "
-                             f"({metadata.also_scored_by[self.set_name]['name']})")
+                          f"({metadata.also_scored_by[self.set_name]['name']})")
         return self.set_name
 
     def loaded_tokenizer(self):

@@ -451,7 +451,7 @@ def write_rows(canaries: Canaries, metadata: ShardMetadata, folder: Path) -> Non
 
     if os.path.lexists(folder):  # rows are written once, by a run that then finds their index.json
         raise Refused(f"{folder}: something stands there that no selection finished (no index.json): remove it, "
-                       "or give another --work")
+                      "or give another --work")
     built = staging(folder)  # a fresh private folder: nothing planted at a known name is written through
     try:
         # Small shards: the scoring pass gives each rank whole shards.
@@ -538,7 +538,7 @@ def run(shards: str | dict[str, str], teacher, settings: Settings, *, student: t
                                   describe_tokenizer(teacher_tok, "teacher"))
     except (ValueError, OSError) as error:
         raise Refused(f"the shards' tokenizers ({metadata.student.name}, {metadata.teacher.name}) can't be loaded "
-                       f"as they were made: {str(error).splitlines()[0]}") from error
+                      f"as they were made: {str(error).splitlines()[0]}") from error
     temporary = work is None
     folder = Path(tempfile.mkdtemp(prefix="vocagno-selection-") if temporary else work)
     try:
@@ -557,7 +557,7 @@ def run(shards: str | dict[str, str], teacher, settings: Settings, *, student: t
             if not parts[-1].samples:
                 of = f" of source {name!r}" if len(sources) > 1 else ""
                 raise Refused(f"the {samples} sampled rows{of} and their canaries make no row of {metadata.seq_len} "
-                               "tokens: raise --samples")
+                              "tokens: raise --samples")
         made, source_of = _interleave(parts)
         if rank == 0 and not (folder / "rows" / "index.json").exists():
             write_rows(made, metadata, folder / "rows")
@@ -607,11 +607,11 @@ def _same_sources(metadata: dict[str, ShardMetadata]) -> ShardMetadata:
         for side in ("student", "teacher"):
             if not getattr(one, side).same_vocabulary(getattr(other, side)):
                 raise Refused(f"source {name!r} was made with the {side} tokenizer {getattr(other, side).name!r}, "
-                               f"source {first!r} with {getattr(one, side).name!r}: every source must share the "
-                               "tokenizers")
+                              f"source {first!r} with {getattr(one, side).name!r}: every source must share the "
+                              "tokenizers")
         if other.seq_len != one.seq_len:
             raise Refused(f"source {name!r} holds samples of {other.seq_len} student tokens, source {first!r} of "
-                           f"{one.seq_len}: convert every source with the same --seq-len")
+                          f"{one.seq_len}: convert every source with the same --seq-len")
     return one
 
 
@@ -650,7 +650,7 @@ def _reader_first(teachers: list, metadata: ShardMetadata) -> list:
         if each.tokenizer is None or metadata.teacher.same_vocabulary(each.tokenizer_info()):
             return [each, *teachers[:i], *teachers[i + 1:]]
     raise Refused(f"none of the teachers {', '.join(names)} reads the shards' teacher tokens (tokenizer "
-                   f"{metadata.teacher.name!r}): one of the set must have that vocabulary")
+                  f"{metadata.teacher.name!r}): one of the set must have that vocabulary")
 
 
 def _wait_for(path: Path, timeout: float = 3600) -> None:
@@ -845,7 +845,7 @@ def _sources(shards: list[str] | None, cfg, config: str | None) -> dict[str, Pat
         same = [n for n in sources if n.lower() == name.lower()]
         if same:
             raise Refused(f"two sources are named {name!r} ({sources[same[0]]} and {folder}): each --shards source is "
-                           "named by its folder's last part: give folders of distinct names")
+                          "named by its folder's last part: give folders of distinct names")
         sources[name] = folder
     return sources
 
@@ -861,14 +861,14 @@ def _read_shards(folder: Path, source: str | None = None) -> ShardMetadata:
         raise Refused(f"--shards {folder} holds no index.json: not a shard folder")
     if not (folder / METADATA_FILE).exists():
         raise Refused(f"--shards {folder} holds no {METADATA_FILE}: not vocagno shards (a token MDS has no text or "
-                       "offsets to align; convert the corpus with conversion/convert_dataset.py)")
+                      "offsets to align; convert the corpus with conversion/convert_dataset.py)")
     from vocagno.data.dataset import read_index
 
     index = read_index(folder)  # every count and name checked before the shards are read
     missing = sorted(set(COLUMNS) - {c for info in index["shards"][:1] for c in info.get("column_names", [])})
     if missing or not index["shards"]:
         raise Refused(f"--shards {folder}: its shards lack the columns {', '.join(missing) or 'of any sample'}: "
-                       "convert the corpus with conversion/convert_dataset.py")
+                      "convert the corpus with conversion/convert_dataset.py")
     try:
         return ShardMetadata.read(folder)
     except ValueError as error:

@@ -234,11 +234,11 @@ def check_or_write_settings(output: Output, name: str, wanted: dict, what: str, 
         changed = sorted(k for k in set(wanted) | set(earlier) if wanted.get(k) != earlier.get(k))
         if changed:
             raise Refused(f"{output} holds a {what} made with other settings ({', '.join(changed)} differ); "
-                             f"use another {flag}, or delete it to start over")
+                          f"use another {flag}, or delete it to start over")
         return
     if output.fetch("index.json"):
         raise Refused(f"{output} holds a dataset (index.json) that no {what} made: it "
-                         f"would be overwritten; use another {flag}")
+                      f"would be overwritten; use another {flag}")
     write_atomically(output.local / name, json.dumps(wanted, indent=1, ensure_ascii=False))
     output.publish(name)
 
@@ -266,7 +266,7 @@ def publish_dataset(output: Output, parts: list[str], metadata) -> None:
     problems = verify_shards(output, parts)
     if problems:
         raise Refused(f"cannot merge {output}: {len(problems)} shard(s) on it are not as written: "
-                         + "; ".join(problems[:10]) + ". Delete those parts there and run the same command again.")
+                      + "; ".join(problems[:10]) + ". Delete those parts there and run the same command again.")
     metadata.write(output.local)
     write_atomically(output.local / "index.json", json.dumps(merged_index(output.local, parts)))
     output.publish(METADATA_FILE, "index.json")
