@@ -41,7 +41,8 @@ from streaming import Stream, StreamingDataset  # noqa: E402
 from vocagno.memory import keep_freed_memory  # noqa: E402
 from vocagno.training.config import build_causal_lm, check_names, keyword_names, load_config  # noqa: E402
 from vocagno.entry import INTERRUPTED_EXIT, run  # noqa: E402
-from vocagno.data.dataset import clean_leaked_shared_memory, teacher_guided_loader  # noqa: E402
+from vocagno.data.dataset import teacher_guided_loader  # noqa: E402
+from vocagno.data.streaming import clean_leaked_shared_memory  # noqa: E402
 from vocagno.core.fsdp import wrap_per_decoder_layer  # noqa: E402
 from vocagno.training.checkpoint import BadCheckpoint, check_load_path, repair  # noqa: E402
 from vocagno.training.loggers import ConsoleLine, JSONLinesLogger, Narration, RunPicture, RunRecipe, SampleLog  # noqa: E402

@@ -427,7 +427,7 @@ def _page_rows(canaries: Canaries, kind, teacher, student_loss, selected, mapped
 # --------------------------------------------------------------------------------------------------- the command
 def sample_rows(shards: Path, count: int, seed: int) -> list[dict]:
     """``count`` rows drawn at random (without replacement, all when there are fewer) from a vocagno shard folder."""
-    from vocagno.data.dataset import read_index
+    from vocagno.data.streaming import read_index
     from vocagno.score import read_shard
 
     index = read_index(shards)
@@ -469,7 +469,7 @@ def write_rows(canaries: Canaries, metadata: ShardMetadata, folder: Path) -> Non
 
 def read_scored(folder: Path) -> list[dict]:
     """The scored rows of ``folder``, in order, as ``TeacherGuidedDataset`` hands samples to the collator."""
-    from vocagno.data.dataset import read_index
+    from vocagno.data.streaming import read_index
     from vocagno.score import read_shard
 
     rows = []
@@ -862,7 +862,7 @@ def _read_shards(folder: Path, source: str | None = None) -> ShardMetadata:
     if not (folder / METADATA_FILE).exists():
         raise Refused(f"--shards {folder} holds no {METADATA_FILE}: not vocagno shards (a token MDS has no text or "
                       "offsets to align; convert the corpus with conversion/convert_dataset.py)")
-    from vocagno.data.dataset import read_index
+    from vocagno.data.streaming import read_index
 
     index = read_index(folder)  # every count and name checked before the shards are read
     missing = sorted(set(COLUMNS) - {c for info in index["shards"][:1] for c in info.get("column_names", [])})
