@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import ctypes
 import json
 import multiprocessing
 import os
@@ -64,6 +63,7 @@ from vocagno.core.tokenization import load_tokenizer  # noqa: E402
 from vocagno.doors.untrusted import UntrustedFile, plain_name, read_json  # noqa: E402
 from vocagno.entry import run  # noqa: E402
 from vocagno.doors.writing import make_readable, publish, remove, staging, write_atomically  # noqa: E402
+from vocagno.memory import return_freed_memory  # noqa: E402
 
 DEFAULT_INPUT = "open-web-math/open-web-math"
 CONFIG_FILE = "conversion.json"
@@ -169,23 +169,11 @@ def _worker_init(student: str, teacher: str) -> None:
     """Load the tokenizers in a spawned worker (a forked one inherits the parent's encoder), and make the worker
     exit when the converting process is gone (``kill -9`` leaves no orphans holding gigabytes)."""
     global _encoder
-    _return_freed_memory()
+    return_freed_memory()
     if _encoder is None:
         _encoder = Encoder(load_tokenizer(student), load_tokenizer(teacher))
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
 
-
-def _return_freed_memory() -> None:
-    """Keep glibc from holding on to freed memory. Its mmap threshold rises to the largest block freed (a long
-    document's token arrays: tens of MB), after which such blocks come from the heap, which fragments and grows
-    with every group encoded (peak RSS 2.2 GB for a 20 MB document). A fixed threshold keeps big blocks in mmap,
-    returned to the system when freed (1.1 GB). Other allocators (macOS, musl) don't hold memory this way."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return
-    m_mmap_threshold = -3
-    libc.mallopt(m_mmap_threshold, 1 << 20)
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -368,7 +356,7 @@ def convert(args: argparse.Namespace, output: Output, tokenizers: tuple) -> dict
         print(f"{len(sources)} source file(s); this job (#{args.job_index} of {args.num_jobs}) converts {len(mine)}")
         global _encoder
         _encoder = Encoder(student_tok, teacher_tok)
-        _return_freed_memory()  # before the workers fork: they inherit it
+        return_freed_memory()  # before the workers fork: they inherit it
         done_parts = _convert_parts(args, output, mine, config.__dict__, (student, teacher))
         unreadable = {s.name: s.error for _, s in mine if s.error}
         write_atomically(output.local / f"{marker}.json",

@@ -29,7 +29,7 @@ FILE_SECONDS = {
     "test_score.py": 86, "test_llmfoundry.py": 70, "test_algorithm.py": 61, "test_miniature.py": 39,
     "test_gpu_check.py": 33, "test_shared_memory.py": 30, "test_mixtures.py": 28, "test_selection.py": 27,
     "test_teacher_side.py": 18, "test_untrusted.py": 17, "test_eval.py": 16, "test_alignment_real.py": 16,
-    "test_cli.py": 15, "test_allocator.py": 10, "test_latex_teacher.py": 8, "test_launch.py": 8,
+    "test_cli.py": 15, "test_memory.py": 10, "test_latex_teacher.py": 8, "test_launch.py": 8,
     "test_tokenization.py": 7, "test_report.py": 5, "test_helpers.py": 4, "test_alignment.py": 3,
     "test_fuzz_files.py": 30, "test_untrusted_checkpoints.py": 28, "test_untrusted_shards.py": 18,
     "test_untrusted_conversion.py": 14, "test_untrusted_inputs.py": 3, "test_doors.py": 3,

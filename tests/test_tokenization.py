@@ -3,7 +3,6 @@
 import errno
 import json
 import os
-from collections import OrderedDict
 
 import pytest
 
@@ -115,7 +114,7 @@ def test_vocabulary_fingerprints_stay_what_existing_shards_record(tokenizers):
         "qwen2.5": "0bcfe76c695a7b4b", "deepseek-llm": "e2903b87c944f85e"}
 
 
-def test_a_tokenizers_description_follows_tokens_added_to_it(monkeypatch):
+def test_a_tokenizers_description_follows_tokens_added_to_it():
     """vocagno.data.shards.tokenizer_info keeps a tokenizer's vocabulary digest between calls: a token added since
     changes the size and fingerprint it reports, as a tokenizer loaded afresh does."""
     from vocagno.data import shards
@@ -129,7 +128,7 @@ def test_a_tokenizers_description_follows_tokens_added_to_it(monkeypatch):
     assert after.vocab_size == before.vocab_size + 1 and after.fingerprint != before.fingerprint
     fresh = load_tokenizer("mistral")
     fresh.add_tokens(["<step>"])
-    monkeypatch.setattr(shards, "_VOCABULARIES_BY_CONTENT", OrderedDict())  # computed afresh, not taken from `after`
+    shards._by_content.cache_clear()  # computed afresh, not taken from `after`
     assert after == tokenizer_info(fresh, "mistral")
 
 
@@ -259,3 +258,20 @@ def test_text_copies_are_kept_for_the_latest_tokenizers_only():
     assert _text_copies.cache_info().currsize == kept == 4
     assert text_tokenizers(later.backend_tokenizer) is text_tokenizers(later.backend_tokenizer)  # the latest kept
     assert text_tokenizers(first.backend_tokenizer) is not copies  # the first was let go: made again
+
+
+def test_the_vocabulary_cache_keeps_no_tokenizer_alive():
+    """The cache by content keeps vocabularies, not the tokenizers they were read from (a 151K tokenizer is large)."""
+    import gc
+    import weakref
+
+    from vocagno.data.shards import _by_content, vocabulary
+
+    _by_content.cache_clear()
+    tokenizer = load_tokenizer("qwen2.5")
+    vocabulary(tokenizer)
+    assert _by_content.cache_info().currsize == 1
+    gone = weakref.ref(tokenizer)
+    del tokenizer
+    gc.collect()
+    assert gone() is None

@@ -578,7 +578,7 @@ def test_a_run_cleans_what_a_killed_run_left_in_shared_memory_and_not_what_a_liv
 
 
 def test_a_cpu_run_keeps_the_large_blocks_its_steps_free_from_its_start(monkeypatch):
-    """vocagno.memory on a CPU (tests/test_allocator.py shows what it changes): set before anything is built."""
+    """vocagno.memory on a CPU (tests/test_memory.py shows what it changes): set before anything is built."""
     import train
 
     monkeypatch.setattr(train, "keep_freed_memory", reached)

@@ -24,12 +24,12 @@ shards whose fingerprints differ from its tokenizers'.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
 import re
 import weakref
-from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from json.encoder import encode_basestring
 from pathlib import Path
@@ -126,11 +126,6 @@ class TokenizerInfo:
 
 
 _VOCABULARIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# vocabulary's results by the SHA-256 of the backend tokenizer's serialization and its vocabulary's size: each load of a
-# tokenizer is a new object, and a process that converts or scores again loads the same one again. The latest few,
-# only of vocabularies without two tokens of one id (the serialization keeps one of them).
-_VOCABULARIES_BY_CONTENT: OrderedDict[tuple[str, int], tuple[dict[str, int], str]] = OrderedDict()
-_VOCABULARIES_KEPT = 4
 
 
 def vocabulary(tokenizer) -> tuple[dict[str, int], str]:
@@ -145,21 +140,43 @@ def vocabulary(tokenizer) -> tuple[dict[str, int], str]:
             content = hashlib.sha256(backend.to_str().encode()).hexdigest(), backend.get_vocab_size()
         except Exception:  # a component defined in Python can't be serialized: read the vocabulary itself
             content = None
-        computed = _VOCABULARIES_BY_CONTENT.pop(content, None)  # None is never a key
-        if computed is None:
-            vocab = tokenizer.get_vocab()
-            # json.dumps(sorted(vocab.items()), ensure_ascii=False), built in a third less time: tokens are unique, so
-            # sorting them alone sorts the pairs.
-            pairs = ", ".join([f"[{encode_basestring(token)}, {vocab[token]}]" for token in sorted(vocab)])
-            computed = vocab, hashlib.sha256(f"[{pairs}]".encode("utf-8")).hexdigest()
-            if content and len(set(vocab.values())) < len(vocab):
-                content = None
-        if content:
-            _VOCABULARIES_BY_CONTENT[content] = computed
-            while len(_VOCABULARIES_BY_CONTENT) > _VOCABULARIES_KEPT:
-                _VOCABULARIES_BY_CONTENT.popitem(last=False)
-        known = _VOCABULARIES[tokenizer] = (added, *computed)
+        computed = _by_content(_Content(content, tokenizer)) if content else None
+        if computed is None or computed[2]:
+            computed = _read_vocabulary(tokenizer)
+        known = _VOCABULARIES[tokenizer] = (added, *computed[:2])
     return known[1], known[2]
+
+
+class _Content:
+    """A tokenizer keyed by its content (the SHA-256 of its backend's serialization, its vocabulary's size): each load
+    of a tokenizer is a new object, and a process that converts or scores again loads the same one again."""
+
+    def __init__(self, content: tuple[str, int], tokenizer):
+        self.content, self.tokenizer = content, tokenizer
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _Content) and other.content == self.content
+
+    def __hash__(self) -> int:
+        return hash(self.content)
+
+
+@functools.lru_cache(maxsize=4)
+def _by_content(key: _Content) -> tuple[dict[str, int], str, bool]:
+    """``_read_vocabulary`` of the latest few contents."""
+    read = _read_vocabulary(key.tokenizer)
+    key.tokenizer = None  # the cache keeps this key: its vocabulary, not the whole tokenizer
+    return read
+
+
+def _read_vocabulary(tokenizer) -> tuple[dict[str, int], str, bool]:
+    """The vocabulary, its SHA-256, and whether two of its tokens share an id (the serialization keeps one of them:
+    its content does not tell such vocabularies apart, and is not trusted for them)."""
+    vocab = tokenizer.get_vocab()
+    # json.dumps(sorted(vocab.items()), ensure_ascii=False), built in a third less time: tokens are unique, so sorting
+    # them alone sorts the pairs.
+    pairs = ", ".join([f"[{encode_basestring(token)}, {vocab[token]}]" for token in sorted(vocab)])
+    return vocab, hashlib.sha256(f"[{pairs}]".encode("utf-8")).hexdigest(), len(set(vocab.values())) < len(vocab)
 
 
 def document_separator(tokenizer) -> str:

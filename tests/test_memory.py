@@ -35,3 +35,34 @@ def test_steps_after_the_first_fault_no_pages_in_once_freed_memory_is_kept():
     assert faults["default"] > 10 * pages // 2, faults  # given back and faulted in again every step
     # Mostly reused: at most 2 steps' worth of tensors faulted in again, in a CI run beside the other tests' processes.
     assert faults["kept"] < faults["default"] // 3, faults
+
+
+DOCUMENTS = """
+import resource, sys
+from vocagno.memory import return_freed_memory
+if sys.argv[1] == "returned":
+    assert return_freed_memory()
+def document():  # a long document's arrays: a 20 MB block, written, then freed
+    block = bytearray(20 << 20)
+    block[:: 4096] = b"x" * len(block[:: 4096])
+for _ in range(2):  # the first one freed raises glibc's own threshold to its size
+    document()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(10):
+    document()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_the_converters_setting_gives_every_large_block_back_as_it_is_freed():
+    """return_freed_memory (the converter's): glibc's own threshold would keep a freed 20 MB block in the heap, reused
+    without faults and never given back; with it, each block is mapped afresh and given back when freed."""
+    faults = {}
+    for mode in ("default", "returned"):
+        result = subprocess.run([sys.executable, "-c", DOCUMENTS, mode], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr[-2000:]
+        faults[mode] = int(result.stdout)
+    pages = (20 << 20) // resource.getpagesize()
+    assert faults["returned"] > 10 * pages // 2, faults  # mapped afresh and faulted in every time
+    assert faults["default"] < faults["returned"] // 3, faults
