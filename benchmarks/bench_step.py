@@ -48,7 +48,7 @@ from composer.loggers import LoggerDestination  # noqa: E402
 from composer.models import HuggingFaceModel  # noqa: E402
 
 import train  # noqa: E402
-from vocagno import score  # noqa: E402
+from vocagno.teacher import scoring  # noqa: E402
 from vocagno.training import config  # noqa: E402
 from vocagno.data.outroots import Output  # noqa: E402
 from vocagno.core.tokenization import load_tokenizer  # noqa: E402
@@ -201,10 +201,10 @@ def score_once(cfg, shards: str, scored: str) -> dict:
     """Score ``shards`` into ``scored`` with the yaml's teacher (the weights its runs build): the pass's teacher
     tokens/s on one device, and the shards' bytes per student token before and after."""
     free_earlier_runs()
-    teacher = score.Teacher.from_config(cfg, "bench_step")
+    teacher = scoring.Teacher.from_config(cfg, "bench_step")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     begin = time.perf_counter()
-    score.score(shards, Output(scored, None), teacher, device)
+    scoring.score(shards, Output(scored, None), teacher, device)
     if device == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - begin

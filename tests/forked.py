@@ -39,8 +39,8 @@ EXEC_POPEN = subprocess.Popen
 PREIMPORTED = ["torch", "transformers", "streaming", "composer", "composer.cli.launcher", "omegaconf",
                "vocagno.algorithms.vocagno_lm", "vocagno.algorithms.baselines", "vocagno.training.config",
                "vocagno.data.dataset", "vocagno.data.streaming", "vocagno.training.checkpoint",
-               "vocagno.training.loggers", "vocagno.training.metrics", "vocagno.core.fsdp", "vocagno.score",
-               "vocagno.selection"]
+               "vocagno.training.loggers", "vocagno.training.metrics", "vocagno.core.fsdp", "vocagno.teacher.scoring",
+               "vocagno.score", "vocagno.selection"]
 context = multiprocessing.get_context("forkserver")
 context.set_forkserver_preload(PREIMPORTED)  # at_once's processes come from the same server
 _live: set["Forked"] = set()

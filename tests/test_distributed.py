@@ -197,7 +197,7 @@ def test_the_scoring_pass_under_torchrun_on_two_cpu_processes_writes_the_one_pro
     import numpy as np
 
     from conversion import convert_dataset
-    from vocagno.score import read_shard
+    from vocagno.teacher.scoring import read_shard
 
     assert convert_dataset.main(["--input", str(REPO / "vocagno" / "assets" / "text" / "gsm8k_heldout_100.jsonl"),
                                  "--student-tokenizer", "llama2", "--teacher-tokenizer", "mistral", "--seq-len", "128",

@@ -291,7 +291,7 @@ def test_no_path_that_builds_or_loads_a_bf16_model_narrows_its_rotary_frequencie
     from vocagno.training.checkpoint import model_from_checkpoint
     from vocagno.training.config import build_causal_lm, load_config
     from vocagno.training.models import load_model
-    from vocagno.score import Teacher
+    from vocagno.teacher.scoring import Teacher
     from vocagno.teacher.model import load_teacher
     from vocagno.core.tokenization import load_tokenizer
 

@@ -197,7 +197,7 @@ def test_the_teacher_sharded_over_two_nodes_and_cached_losses_train_as_on_one_no
     # The scoring pass on 2 nodes x 2 ranks writes what one process writes; the last rank to finish publishes once.
     # Its shards: 120 documents in 4 parts, a part for each rank to score.
     from conversion import convert_dataset
-    from vocagno.score import read_shard
+    from vocagno.teacher.scoring import read_shard
 
     assert convert_dataset.main(["--input", str(first_documents(tmp_path, 120)), "--student-tokenizer", "llama2",
                                  "--teacher-tokenizer", "mistral", "--seq-len", "128", "--docs-per-part", "30",

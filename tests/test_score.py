@@ -21,6 +21,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from conversion import convert_dataset
 from tests.test_algorithm import Capture, tiny
 from vocagno import score
+from vocagno.teacher import scoring
 from vocagno.errors import Refused
 from vocagno.algorithms.vocagno_lm import VocAgnoLM
 from vocagno.data.dataset import TeacherGuidedCollator, TeacherGuidedDataset
@@ -113,7 +114,7 @@ def test_the_scoring_pass_and_the_selection_report_start_without_composer():
 
 def test_length_batches_hold_similar_lengths_within_the_token_budget():
     lengths = [130, 10, 500, 70, 64, 129, 700]
-    batches = score.length_batches(lengths, batch_tokens=512)
+    batches = scoring.length_batches(lengths, batch_tokens=512)
     assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
     assert batches == [[1, 4, 3], [5, 0], [2], [6]]  # 3 x 128 <= 512 up to 70; 129 and 130 pad to 192: 2 x 192
     for batch in batches:
@@ -184,13 +185,13 @@ def test_ranks_score_their_own_parts_and_the_last_to_finish_publishes(scored, tm
 
 
 def test_a_remote_out_root_gets_the_dataset_and_another_teacher_cannot_resume_it(scored, tmp_path):
-    teacher = score.Teacher(tiny(Qwen2Config, Qwen2ForCausalLM, 152064), str(scored / "teacher"), "float32", 1024)
+    teacher = scoring.Teacher(tiny(Qwen2Config, Qwen2ForCausalLM, 152064), str(scored / "teacher"), "float32", 1024)
     remote, work = tmp_path / "remote", tmp_path / "work"
-    score.score(str(scored / "shards"), Output(str(remote), str(work)), teacher, "cpu", 640)
+    scoring.score(str(scored / "shards"), Output(str(remote), str(work)), teacher, "cpu", 640)
     same_samples(read(remote), read(scored / "scored"))
-    other = score.Teacher(tiny(Qwen2Config, Qwen2ForCausalLM, 152064), "another", "float32", 1024)
+    other = scoring.Teacher(tiny(Qwen2Config, Qwen2ForCausalLM, 152064), "another", "float32", 1024)
     with pytest.raises(Refused, match="scored_by differ"):
-        score.score(str(scored / "shards"), Output(str(remote), str(tmp_path / "work2")), other, "cpu", 640)
+        scoring.score(str(scored / "shards"), Output(str(remote), str(tmp_path / "work2")), other, "cpu", 640)
 
 
 def test_kill_and_resume_gives_the_uninterrupted_scores(scored, tmp_path):

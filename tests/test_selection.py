@@ -14,7 +14,7 @@ from helpers import Reached, reached, ends
 from conversion import convert_dataset
 from vocagno import selection
 from vocagno.diagnostics.canaries import CLEAN, NOISE, clean_documents, mix, pack
-from vocagno.score import read_shard
+from vocagno.teacher.scoring import read_shard
 from vocagno.data.shards import ShardMetadata
 
 REPO = Path(__file__).resolve().parent.parent

@@ -19,6 +19,7 @@ from conversion import convert_dataset
 from tests.helpers import Capture
 from tests.test_algorithm import tiny
 from vocagno import score
+from vocagno.teacher import scoring
 from vocagno.errors import Refused
 from vocagno.algorithms.vocagno_lm import VocAgnoLM, teacher_guided_loss
 from vocagno.data.dataset import TeacherGuidedCollator, TeacherGuidedDataset
@@ -284,7 +285,7 @@ def test_a_pickled_column_in_shards_is_refused_before_anything_is_unpickled(shar
     column are refused by the scoring pass and by the dataset, before any sample is read."""
     from streaming import MDSWriter
 
-    from vocagno.score import read_shard
+    from vocagno.teacher.scoring import read_shard
 
     source = shards / "shards"
     info = json.loads((source / "index.json").read_text())["shards"][0]
@@ -389,7 +390,7 @@ def test_a_yaml_teachers_entry_is_named_when_it_lacks_a_tokenizer():
     with pytest.raises(ValueError, match="teachers.latex: needs its tokenizer"):
         train.build_algorithms(cfg, None)
     with pytest.raises(Refused, match="teachers.latex needs its tokenizer"):
-        score.Teacher.from_config(cfg, two, "latex")
+        scoring.Teacher.from_config(cfg, two, "latex")
 
 
 def test_the_scoring_pass_names_the_set_its_yaml_has_in_one_plain_line():
@@ -398,5 +399,5 @@ def test_the_scoring_pass_names_the_set_its_yaml_has_in_one_plain_line():
     two = str(REPO / "yamls" / "tiny_two_teachers.yaml")
     for name, message in ((None, f"{two} has teachers: "), ("nobody", f"{two} has no teachers.nobody")):
         with pytest.raises(Refused) as refused:
-            score.Teacher.from_yaml(two, [], name)
+            scoring.Teacher.from_yaml(two, [], name)
         assert str(refused.value).startswith(message) and "error" not in str(refused.value), str(refused.value)

@@ -428,7 +428,7 @@ def _page_rows(canaries: Canaries, kind, teacher, student_loss, selected, mapped
 def sample_rows(shards: Path, count: int, seed: int) -> list[dict]:
     """``count`` rows drawn at random (without replacement, all when there are fewer) from a vocagno shard folder."""
     from vocagno.data.streaming import read_index
-    from vocagno.score import read_shard
+    from vocagno.teacher.scoring import read_shard
 
     index = read_index(shards)
     sizes = [info["samples"] for info in index["shards"]]
@@ -470,7 +470,7 @@ def write_rows(canaries: Canaries, metadata: ShardMetadata, folder: Path) -> Non
 def read_scored(folder: Path) -> list[dict]:
     """The scored rows of ``folder``, in order, as ``TeacherGuidedDataset`` hands samples to the collator."""
     from vocagno.data.streaming import read_index
-    from vocagno.score import read_shard
+    from vocagno.teacher.scoring import read_shard
 
     rows = []
     for info in read_index(folder)["shards"]:
@@ -512,8 +512,8 @@ def run(shards: str | dict[str, str], teacher, settings: Settings, *, student: t
         samples: int = 64, canaries: float = 0.5, noise: tuple[str, ...] = tuple(NOISE), seed: int = 0,
         device: str = "cpu", work: str | None = None, batch_tokens: int = 16384, rank: int = 0, world: int = 1,
         page_rows: int = 12, combine: str = COMBINE) -> Report | None:
-    """Measure what ``teacher`` (a ``vocagno.score.Teacher``, or a list of several, each with its ``set_name``,
-    selecting on their ``combine``) keeps of ``shards`` with canaries; None on ranks other than 0 (rank 0 waits for
+    """Measure what ``teacher`` (a ``vocagno.teacher.scoring.Teacher``, or a list of several, each with its
+    ``set_name``, selecting on their ``combine``) keeps of ``shards`` with canaries; None on ranks other than 0 (rank 0 waits for
     the others' scores and reports). ``work`` holds the rows and their scores; unset, a temporary folder (one process
     only). Several teachers score as ``vocagno.score`` does: the first whose vocabulary is the shards' teacher
     vocabulary into ``teacher_loss`` (``work/teacher``), each other one the previous output under its name
@@ -524,7 +524,7 @@ def run(shards: str | dict[str, str], teacher, settings: Settings, *, student: t
     their own, their rows interleaved (one row of each source in turn) and scored together; the report gives each
     source's figures (``Report.sources``)."""
     from vocagno.data.outroots import Output, check_or_write_settings
-    from vocagno.score import score
+    from vocagno.teacher.scoring import score
     from vocagno.core.tokenization import load_tokenizer
 
     begin = time.perf_counter()
@@ -710,7 +710,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace) -> Report | None:
-    from vocagno.score import Teacher, rank_and_world
+    from vocagno.teacher.scoring import Teacher, rank_and_world
     from vocagno.teacher.model import check_teacher_reads, load_teacher
     from vocagno.core.tokenization import load_tokenizer
 
@@ -792,8 +792,8 @@ def _main(args: argparse.Namespace) -> Report | None:
 
 
 def config_teachers(cfg, source: str):
-    """A training config's teacher (``vocagno.score.Teacher``), or its ``teachers:`` as a list."""
-    from vocagno.score import Teacher
+    """A training config's teacher (``vocagno.teacher.scoring.Teacher``), or its ``teachers:`` as a list."""
+    from vocagno.teacher.scoring import Teacher
 
     if cfg.get("teachers") is not None:
         return [Teacher.from_config(cfg, source, name) for name in cfg.teachers]

@@ -1,0 +1,337 @@
+"""The scoring pass: shards written again with a teacher's loss of each of its tokens (``python -m vocagno.score``
+is its command line).
+
+How it runs, as the converter does (``vocagno/data/outroots.py``):
+- Each input shard becomes one part (``part-NNNNN/``, one shard of the same samples in the same order), so the
+  scored dataset has the input's shards, sample for sample: a shuffled run sees the samples in the same order.
+- Rank r of W (``RANK``/``WORLD_SIZE``, as ``torchrun`` and ``composer`` set them) scores the parts i with
+  i % W == r on its own GPU; no process group is needed. Within a part, samples are scored in batches of similar
+  length (sorted by teacher tokens, ``--batch-tokens`` per batch) and written in their order.
+- A part is written beside its place and renamed into it when complete: after a kill, the same command scores only
+  what is missing. Settings that change the losses (input, teacher, chunk size) must be the same to resume.
+- ``--out`` may be a remote Streaming can write (``s3://...``), through ``--local-root``. The last rank to finish
+  verifies every shard there and publishes ``vocagno.json`` and ``index.json``, ``index.json`` last.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from vocagno.errors import Refused
+from vocagno.data.outroots import (
+    PART_STATS, OwnedLock, Output, all_jobs_done, check_or_write_settings, job_marker, merge_once, publish_dataset,
+    unfinished_parts,
+)
+from vocagno.teacher.model import TeacherScorer, load_teacher, weights_fingerprint
+from vocagno.data.shards import (SCORED_COLUMNS, SHARD_HASH, ShardMetadata, align_column, check_columns,
+    check_teacher_name, compact, describe_tokenizer, loss_column)
+from vocagno.doors.untrusted import UntrustedFile, check_mds, decompress, inside, read_bytes
+from vocagno.doors.writing import make_readable, publish, remove, staging, write_atomically
+from vocagno.core.loss import CHUNK_SIZE
+from vocagno.data.batch import ALIGN_END, ALIGN_START, teacher_key
+
+__all__ = ["Teacher", "length_batches", "rank_and_world", "read_shard", "score"]
+
+SETTINGS_FILE = "score.json"
+PAD_TO = 64  # rows padded to a multiple of 64 tokens, as the training collator pads them
+
+
+class Teacher:
+    """The scoring teacher and what ``scored_by`` records of it."""
+
+    def __init__(self, model: torch.nn.Module, name: str, dtype: str, chunk_size: int, tokenizer=None,
+                 set_name: str | None = None):
+        self.scorer = TeacherScorer(model, chunk_size)
+        self.scored_by = {"name": name, "fingerprint": weights_fingerprint(model), "dtype": dtype}
+        self.chunk_size = chunk_size
+        self.tokenizer = tokenizer  # a name, folder or tokenizer; None: the shards' teacher tokens are its own
+        self._loaded = None  # the tokenizer, once loaded
+        self.set_name = set_name  # its name in a set of teachers (vocagno.teacher.several), when it has one
+
+    @classmethod
+    def from_yaml(cls, path: str, overrides: list[str], set_name: str | None = None) -> "Teacher":
+        """The teacher of a training yaml's ``teacher:`` section, or its ``teachers:`` named ``set_name``
+        (``from_config``)."""
+        from vocagno.training.config import load_config
+
+        return cls.from_config(load_config(path, overrides), path, set_name)
+
+    @classmethod
+    def from_config(cls, cfg, source: str, set_name: str | None = None) -> "Teacher":
+        """The teacher of a loaded training config's ``teacher:`` section (or of its ``teachers:``, ``set_name``'s),
+        built as ``train.py`` builds it: a config-built (random) one gets the same weights from the config's seed.
+        Named by its ``name_or_path``, or else by ``source`` (the yaml)."""
+        from vocagno.training.config import build_causal_lm
+        from vocagno.core.tokenization import load_tokenizer
+
+        where, section = "teacher", cfg.get("teacher")
+        if cfg.get("teachers") is not None:
+            if set_name not in cfg.teachers:
+                raise Refused(f"{source} has teachers: {', '.join(cfg.teachers)}: name the one to score "
+                              "(--name)" if set_name is None else f"{source} has no teachers.{set_name}")
+            where, section = f"teachers.{set_name}", cfg.teachers[set_name]
+        if section is None:
+            raise Refused(f"{source} has no teacher: section")
+        if set_name is not None:  # a yaml's key becomes a column and a folder name
+            try:
+                check_teacher_name(set_name)
+            except ValueError as error:
+                raise Refused(f"{source}: {error}") from None
+            if not section.get("tokenizer"):  # which of the set reads the shards' tokens depends on it
+                raise Refused(f"{source}: teachers.{set_name} needs its tokenizer")
+        chunk_size = section.get("chunk_size") or CHUNK_SIZE
+        tokenizer = section.get("tokenizer")
+        if section.get("name_or_path"):  # loaded as VocAgnoLM loads a teacher it is given by name
+            dtype = section.get("dtype") or "bfloat16"
+            model = load_teacher(section.name_or_path, dtype, section.get("trust_remote_code", False))
+            return cls(model, section.name_or_path, dtype, chunk_size, tokenizer, set_name)
+        model = build_causal_lm(section, len(load_tokenizer(tokenizer)), cfg.seed)
+        name = f"{source}: {where} (config, seed {cfg.seed})"
+        return cls(model, name, section.get("dtype") or "float32", chunk_size, tokenizer, set_name)
+
+    def at_initialization(self, seed: int) -> "Teacher":
+        """The same architecture with fresh random weights (from ``seed``): a control whose losses know nothing."""
+        from transformers import AutoModelForCausalLM
+
+        model = self.scorer.model
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            fresh = AutoModelForCausalLM.from_config(model.config, torch_dtype=next(model.parameters()).dtype)
+        name = f"{self.scored_by['name']} at initialization (seed {seed})"
+        return Teacher(fresh, name, self.scored_by["dtype"], self.chunk_size, self.tokenizer, self.set_name)
+
+    def column(self, metadata: ShardMetadata, source: str) -> str | None:
+        """Where this teacher's losses go in ``metadata``'s shards: None for ``teacher_loss`` (the shards' own
+        teacher, not yet scored), else its name in the set (``teacher_loss.NAME``); refused, in one line, when that
+        place is taken or unnamed."""
+        reads = self.tokenizer is None or metadata.teacher.same_vocabulary(self.tokenizer_info())
+        if reads and metadata.scored_by is None:
+            return None
+        if self.set_name is None:
+            why = (f"is already scored (by {metadata.scored_by['name']})" if reads else
+                   f"holds {metadata.teacher.name!r}'s teacher tokens, not this teacher's")
+            raise Refused(f"{source} {why}: a further teacher of a set goes beside it under its name "
+                          "(--name NAME, its name in the run's teachers:)")
+        if self.set_name in (metadata.also_scored_by or {}):
+            raise Refused(f"{source} is already scored by a teacher named {self.set_name!r} "
+                          f"({metadata.also_scored_by[self.set_name]['name']})")
+        return self.set_name
+
+    def loaded_tokenizer(self):
+        """Its tokenizer, loaded once (``tokenizer`` may be a name or folder)."""
+        from vocagno.core.tokenization import as_tokenizer
+
+        if self._loaded is None:
+            self._loaded = as_tokenizer(self.tokenizer)
+        return self._loaded
+
+    def tokenizer_info(self):
+        return describe_tokenizer(self.loaded_tokenizer(), "teacher")
+
+    def side(self, metadata: ShardMetadata):
+        """The ``TeacherSide`` that makes this teacher's tokens of the shards' student tokens, as training does."""
+        from vocagno.teacher.side import TeacherSide
+        from vocagno.core.tokenization import load_tokenizer
+
+        student = load_tokenizer(metadata.student.name)
+        try:  # the name the shards record may load another vocabulary here
+            metadata.check_tokenizers(student=describe_tokenizer(student, "student"))
+        except ValueError as error:
+            raise Refused(str(error)) from None
+        return TeacherSide(student, self.loaded_tokenizer())
+
+
+def rank_and_world() -> tuple[int, int]:
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def score(shards: str, output: Output, teacher: Teacher, device: str, batch_tokens: int = 16384,
+          rank: int = 0, world: int = 1) -> int:
+    """Score this rank's parts of ``shards`` into ``output``; the last rank to finish publishes the dataset.
+    Return the number of samples this rank has scored (now or in an earlier, interrupted run)."""
+    from vocagno.data.streaming import read_index
+
+    shards_root = Path(shards)
+    index = read_index(shards_root)  # every count and name checked before anything is allocated or read from it
+    metadata = ShardMetadata.read(shards_root)
+    column = teacher.column(metadata, shards)
+    # A resumed pass must score as the interrupted one did: the same input shards (by their index: names, sizes and
+    # hashes, wherever the folder is now), teacher and chunk size; a further teacher's tokenizer too (it makes its
+    # tokens and alignment).
+    settings = {"input_index": _digest(index), "scored_by": teacher.scored_by, "chunk_size": teacher.chunk_size,
+                "column": column}
+    if column is not None:
+        settings["tokenizer"] = asdict(teacher.tokenizer_info())
+    check_or_write_settings(output, SETTINGS_FILE, settings, "scoring pass", "--out")
+    side = None if column is None else teacher.side(metadata)
+    marker = job_marker(rank, world)
+    lock = OwnedLock(output.local / f"{marker}.lock", f"rank {rank} of {world} scoring into {output}")
+    if not lock.acquire():
+        raise Refused(f"another scoring pass is running rank {rank} of {world} into {output}")
+    try:
+        mine = [i for i in range(len(index["shards"])) if i % world == rank]
+        for i in mine:  # what a kill left unfinished (earlier versions' names too)
+            for stale in [*output.local.glob(f".{_part(i)}.staging-*"), output.local / f".tmp-{_part(i)}",
+                          output.local / f".scratch-{_part(i)}"]:
+                remove(stale)
+        scorer = teacher.scorer.to(device)
+        progress = tqdm(total=sum(index["shards"][i]["samples"] for i in mine), unit="sample", desc="scoring",
+                        dynamic_ncols=True, mininterval=1.0, disable=rank != 0)
+        begin, tokens, samples = time.perf_counter(), 0, 0
+        for i in mine:
+            name = _part(i)
+            done_there = output.pull(f"{name}/{PART_STATS}")
+            if not done_there and not (output.local / name / PART_STATS).exists():
+                tokens += _score_part(shards_root, index["shards"][i], output.local / name, scorer, device,
+                                      batch_tokens, column, side)
+            if not done_there:  # scored now, or scored here before an upload broke off
+                output.publish_part(name)
+            samples += index["shards"][i]["samples"]
+            progress.update(index["shards"][i]["samples"])
+            progress.set_postfix_str(f"{tokens / (time.perf_counter() - begin):,.0f} teacher tok/s per device")
+        progress.close()
+        write_atomically(output.local / f"{marker}.json", json.dumps({"parts": [_part(i) for i in mine]}))
+        output.publish(f"{marker}.json")
+    finally:
+        lock.release()
+    if all_jobs_done(output, world):
+        parts = [_part(i) for i in range(len(index["shards"]))]
+        scored = replace(metadata, scored_by=teacher.scored_by) if column is None else replace(
+            metadata, also_scored_by={**(metadata.also_scored_by or {}), column: {
+                **teacher.scored_by, "tokenizer": asdict(teacher.tokenizer_info())}})
+        merge_once(output, lambda: _merge(output, parts, scored, teacher.scored_by["name"]))
+    else:
+        print(f"rank {rank} of {world} done; the last rank to finish publishes {output}")
+    return samples
+
+
+def _part(i: int) -> str:
+    return f"part-{i:05d}"
+
+
+def _digest(value: dict) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def read_shard(shards_root: Path, info: dict) -> list[dict]:
+    """The samples of one input shard of ``shards_root``, in order; ``info`` is its entry of the index as
+    ``vocagno.data.streaming.read_index`` checked it. The shard is read through the one way in (a regular file, reached
+    through no link, of the size the index says), checked against its hash, decompressed into exactly the raw size the
+    index says (``untrusted.decompress``), and decoded in memory: the input folder is only read, and nothing is written. A
+    shard that is not what its index says is refused (``UntrustedFile``)."""
+    from streaming.base.format import reader_from_json
+    from streaming.base.hashing import get_hash
+
+    index = str(shards_root / "index.json")
+    try:
+        check_columns(dict(zip(info["column_names"], info["column_encodings"])), index)
+    except ValueError as error:
+        raise Refused(str(error)) from None
+    stored = info.get("zip_data") or info["raw_data"]
+    path = inside(shards_root, stored["basename"], index, "shard name")
+    data = read_bytes(stored["basename"], stored["bytes"], shards_root, "shard_bytes")
+    if len(data) != stored["bytes"]:
+        raise UntrustedFile(f"{path}: refused: {len(data):,} bytes, its index says {stored['bytes']:,}")
+    if get_hash(SHARD_HASH, data) != stored["hashes"][SHARD_HASH]:
+        raise Refused(f"{path} does not match its {SHARD_HASH} hash")
+    if info.get("zip_data"):
+        data = decompress(info["compression"], data, info["raw_data"]["bytes"], str(path))
+    samples = info["samples"]
+    offsets = check_mds(data, samples, len(data), str(path))
+    reader = reader_from_json(str(shards_root), None, info)
+    return [reader.decode_sample(data[offsets[i]:offsets[i + 1]]) for i in range(samples)]
+
+
+def _padded(length: int) -> int:
+    return -(-length // PAD_TO) * PAD_TO
+
+
+def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    """Sample indices in batches of similar length: sorted by length, each batch as many as fit ``batch_tokens``
+    padded tokens (at least one)."""
+    batches: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        padded = _padded(lengths[i])  # the longest so far: sorted
+        if batches and (len(batches[-1]) + 1) * padded <= batch_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def _other_teacher_rows(samples: list[dict], side) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """A further teacher's tokens of each sample, and its alignment ``[N, 2]``, made by ``side`` from the student's
+    tokens exactly as training makes them (``vocagno.teacher.several.made_side``)."""
+    from vocagno.teacher.several import made_side
+
+    rows, aligns = [], []
+    for sample in samples:
+        ids = torch.from_numpy(np.asarray(sample["student_ids"], dtype=np.int64))[None]
+        made = made_side(side, "scored", {"input_ids": ids})
+        row, start, end = (made[teacher_key("scored", what)][0] for what in ("input_ids", ALIGN_START, ALIGN_END))
+        rows.append(row[: int(made[teacher_key("scored", "attention_mask")].sum())].numpy())
+        aligns.append(torch.stack([start, end], 1).numpy())
+    return rows, aligns
+
+
+@torch.no_grad()
+def _score_part(shards_root: Path, info: dict, final: Path, scorer: TeacherScorer, device: str,
+                batch_tokens: int, column: str | None = None, side=None) -> int:
+    """Score one input shard into the part ``final``; return its teacher tokens. ``column``: a further teacher of a
+    set, whose tokens ``side`` makes (``Teacher.column``)."""
+    from streaming import MDSWriter
+
+    begin = time.perf_counter()
+    samples = read_shard(shards_root, info)
+    if column is None:
+        rows = [np.asarray(sample["teacher_ids"], dtype=np.int64) for sample in samples]
+    else:
+        rows, aligns = _other_teacher_rows(samples, side)
+    losses: list[np.ndarray] = [np.empty(0)] * len(rows)
+    for batch in length_batches([len(row) for row in rows], batch_tokens):
+        width = _padded(max(len(rows[i]) for i in batch))
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for b, i in enumerate(batch):
+            ids[b, : len(rows[i])] = torch.from_numpy(rows[i])
+            mask[b, : len(rows[i])] = 1
+        scored = scorer(ids.to(device), mask.to(device)).float().cpu().numpy()
+        for b, i in enumerate(batch):
+            losses[i] = scored[b, : len(rows[i])].astype(np.float16)
+    # One shard per part (no size limit): the scored dataset's shards hold the input's samples, shard for shard.
+    kept = dict(zip(info["column_names"], info["column_encodings"]))  # earlier passes' columns too (checked)
+    columns = {**kept, **(SCORED_COLUMNS if column is None else {loss_column(column): "ndarray",
+                                                                 align_column(column): "ndarray"})}
+    built = staging(final)  # a fresh private folder: nothing planted at a known name is written through
+    try:
+        with MDSWriter(out=str(built), columns=columns, compression=info.get("compression"), hashes=[SHARD_HASH],
+                       size_limit=None) as writer:
+            for i, (sample, loss) in enumerate(zip(samples, losses)):
+                scored = {"teacher_loss": loss} if column is None else {loss_column(column): loss,
+                                                                        align_column(column): compact(aligns[i])}
+                writer.write({**{name: sample[name] for name in kept}, **scored})
+        stats = {"samples": len(samples), "teacher tokens": int(sum(map(len, rows))),
+                 "seconds": round(time.perf_counter() - begin, 3)}
+        write_atomically(built / PART_STATS, json.dumps(stats))
+        make_readable(built)
+        publish(built, final, replace=True)  # a part no run finished (its part.json) is scored again
+    finally:
+        remove(built)  # gone once published; its private outer folder goes either way
+    return stats["teacher tokens"]
+
+
+def _merge(output: Output, parts: list[str], metadata: ShardMetadata, scorer: str) -> None:
+    missing = unfinished_parts(output, parts)
+    if missing:
+        raise Refused(f"cannot merge {output}: parts not scored there: {missing}")
+    publish_dataset(output, parts, metadata)
+    print(f"complete: {output} ({len(parts)} parts, scored by {scorer})", flush=True)
