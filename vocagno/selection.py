@@ -513,9 +513,9 @@ def run(shards: str | dict[str, str], teacher, settings: Settings, *, student: t
         device: str = "cpu", work: str | None = None, batch_tokens: int = 16384, rank: int = 0, world: int = 1,
         page_rows: int = 12, combine: str = COMBINE) -> Report | None:
     """Measure what ``teacher`` (a ``vocagno.teacher.scoring.Teacher``, or a list of several, each with its
-    ``set_name``, selecting on their ``combine``) keeps of ``shards`` with canaries; None on ranks other than 0 (rank 0 waits for
-    the others' scores and reports). ``work`` holds the rows and their scores; unset, a temporary folder (one process
-    only). Several teachers score as ``vocagno.score`` does: the first whose vocabulary is the shards' teacher
+    ``set_name``, selecting on their ``combine``) keeps of ``shards`` with canaries; None on ranks other than 0 (rank 0
+    waits for the others' scores and reports). ``work`` holds the rows and their scores; unset, a temporary folder (one
+    process only). Several teachers score as ``vocagno.score`` does: the first whose vocabulary is the shards' teacher
     vocabulary into ``teacher_loss`` (``work/teacher``), each other one the previous output under its name
     (``work/teacher+NAME``, ``work/teacher+NAME+NAME2``, ...); the control at initialization is the first's.
 
