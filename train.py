@@ -48,7 +48,8 @@ from vocagno.training.checkpoint import BadCheckpoint, check_load_path, repair  
 from vocagno.training.loggers import ConsoleLine, JSONLinesLogger, Narration, RunPicture, RunRecipe, SampleLog  # noqa: E402
 from vocagno.training.metrics import BitsPerByte  # noqa: E402
 from vocagno.core.tokenization import load_tokenizer  # noqa: E402
-from vocagno.core.loss import CHUNK_SIZE  # noqa: E402
+from vocagno.core.loss import CHUNK_SIZE, COMBINE  # noqa: E402
+from vocagno.errors import Refused  # noqa: E402
 
 ALGORITHM_GROUP = "llmfoundry_algorithms"  # the entry points llm-foundry's registry reads; vocagno registers there
 # vocagno's own entry points (pyproject.toml's), found also where the package runs from a checkout pip never installed
@@ -531,7 +532,7 @@ def report_selection(cfg: DictConfig, trainer: Trainer, sharded: bool) -> None:
     """The yaml's ``selection_report``: what the run's teacher (or teachers, on their ``combine``) keeps of held-out
     shards (``shards``, default the eval loader's) with canaries, the student just trained ranking with it
     (``vocagno.selection``), printed."""
-    from vocagno.selection import BadInput, Settings, config_teachers, run
+    from vocagno.selection import Settings, config_teachers, run
 
     section = cfg.selection_report
     shards = section.get("shards") or om.select(cfg, "eval_loader.dataset.local")
@@ -542,14 +543,14 @@ def report_selection(cfg: DictConfig, trainer: Trainer, sharded: bool) -> None:
         print(f"selection_report skipped: {skipped}", flush=True)
         return
     student = trainer.state.model.model
-    combine = ((cfg.get("algorithms") or {}).get("vocagno") or {}).get("combine", "min")
+    combine = ((cfg.get("algorithms") or {}).get("vocagno") or {}).get("combine", COMBINE)
     try:
         report = run(shards, config_teachers(cfg, "the run's yaml"), Settings.from_config(cfg), student=student,
                      combine=combine,
                      student_name=f"{cfg.run_name} after {int(trainer.state.timestamp.batch)} batches",
                      samples=section.get("samples") or 64, canaries=section.get("canaries") or 0.5, seed=cfg.seed,
                      device=str(next(student.parameters()).device))
-    except BadInput as error:  # the run itself is done and saved: say why there is no report, and end as it would
+    except (Refused, OSError) as error:  # the run itself is done and saved: say why there is no report, and end as it would
         print(f"selection_report skipped: {error}", flush=True)
         return
     print("\n" + report.table(), flush=True)

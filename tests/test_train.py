@@ -168,6 +168,22 @@ def test_the_default_run_ends_by_showing_what_its_teacher_keeps(tiny_run):
     assert precision["untrained_teacher"] < clean_share < precision["topk"], (precision, clean_share)
 
 
+def test_a_selection_report_the_shards_cannot_make_is_skipped_saying_why(tmp_path, capsys):
+    """The run is done and saved when its selection_report starts: a refusal of the report (here a folder that holds
+    no shards) is one line saying why it is skipped, and the run ends as it would."""
+    from types import SimpleNamespace
+
+    import torch
+
+    cfg = train.load_config(str(REPO / "yamls" / "tiny.yaml"), [f"selection_report.shards={tmp_path}"])
+    student = torch.nn.Linear(2, 2)
+    trainer = SimpleNamespace(state=SimpleNamespace(model=SimpleNamespace(model=student),
+                                                    timestamp=SimpleNamespace(batch=3)))
+    train.report_selection(cfg, trainer, sharded=False)
+    out = capsys.readouterr().out
+    assert out.startswith(f"selection_report skipped: {tmp_path} holds no shards") and len(out.splitlines()) == 1, out
+
+
 def test_the_student_model_shifts_labels_without_importing_every_causal_lm_class(monkeypatch, tokenizers):
     """Composer's HuggingFaceModel asks transformers' whole causal-LM mapping whether the student is in it (every
     model class imported, 1.0-1.4 s of CPU at each rank's start); train.py gives shift_labels, so that question is
