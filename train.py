@@ -532,7 +532,8 @@ def report_selection(cfg: DictConfig, trainer: Trainer, sharded: bool) -> None:
     """The yaml's ``selection_report``: what the run's teacher (or teachers, on their ``combine``) keeps of held-out
     shards (``shards``, default the eval loader's) with canaries, the student just trained ranking with it
     (``vocagno.selection``), printed."""
-    from vocagno.selection import Settings, config_teachers, run
+    from vocagno.diagnostics.selection import Settings, run
+    from vocagno.teacher.scoring import teachers_of_config
 
     section = cfg.selection_report
     shards = section.get("shards") or om.select(cfg, "eval_loader.dataset.local")
@@ -545,7 +546,7 @@ def report_selection(cfg: DictConfig, trainer: Trainer, sharded: bool) -> None:
     student = trainer.state.model.model
     combine = ((cfg.get("algorithms") or {}).get("vocagno") or {}).get("combine", COMBINE)
     try:
-        report = run(shards, config_teachers(cfg, "the run's yaml"), Settings.from_config(cfg), student=student,
+        report = run(shards, teachers_of_config(cfg, "the run's yaml"), Settings.from_config(cfg), student=student,
                      combine=combine,
                      student_name=f"{cfg.run_name} after {int(trainer.state.timestamp.batch)} batches",
                      samples=section.get("samples") or 64, canaries=section.get("canaries") or 0.5, seed=cfg.seed,

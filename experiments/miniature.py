@@ -204,7 +204,7 @@ def precision(heldout_shards: Path, teacher: score.Teacher, cfg, student, method
               seed: int) -> float:
     """What ``method`` keeps of held-out text with canaries of the corpus's kind and fraction, ranked with its
     trained student: the precision of its selection variant."""
-    from vocagno.selection import Settings, run
+    from vocagno.diagnostics.selection import Settings, run
 
     report = run(str(heldout_shards), teacher, Settings.from_config(cfg), student=student,
                  student_name=f"{method} seed {seed}", samples=size["selection_samples"], canaries=args.junk,

@@ -13,6 +13,7 @@ from helpers import Reached, reached, ends
 
 from conversion import convert_dataset
 from vocagno import selection
+from vocagno.diagnostics.selection import Report, Settings
 from vocagno.diagnostics.canaries import CLEAN, NOISE, clean_documents, mix, pack
 from vocagno.teacher.scoring import read_shard
 from vocagno.data.shards import ShardMetadata
@@ -267,8 +268,8 @@ def test_the_topk_row_selects_as_the_yaml_says_its_alignment_and_selection_inclu
 def test_the_json_report_is_strict_json_a_mean_over_no_tokens_is_null():
     """A kind whose tokens all fell in the dropped tail has no mean loss: NaN in the terminal, null in --json (strict
     parsers refuse NaN)."""
-    report = selection.Report(
-        kinds=["clean", "shuffled_words"], settings=selection.Settings(), teacher="t", student="s", rows=1, tokens=10,
+    report = Report(
+        kinds=["clean", "shuffled_words"], settings=Settings(), teacher="t", student="s", rows=1, tokens=10,
         mapped=8, clean_share=1.0, canaries=0.5,
         variants={"topk": {"precision": 1.0, "recall": 0.5, "kept_share": {"clean": 0.5, "shuffled_words": 0.0}}},
         losses={"teacher": {"clean": 2.5, "shuffled_words": float("nan")}},
@@ -320,7 +321,7 @@ def test_the_report_measures_by_default_the_selection_a_run_makes_by_default():
     from vocagno.algorithms import VocAgnoLM
     from vocagno.core.loss import guided_loss
 
-    report = selection.Settings()
+    report = Settings()
     trained = inspect.signature(VocAgnoLM).parameters
     computed = inspect.signature(guided_loss).parameters
     for option in ("topk_ratio", "aggregation", "unmapped", "selection", "alignment", "num_chunks",

@@ -39,7 +39,7 @@ from vocagno.doors.writing import make_readable, publish, remove, staging, write
 from vocagno.core.loss import CHUNK_SIZE
 from vocagno.data.batch import ALIGN_END, ALIGN_START, teacher_key
 
-__all__ = ["Teacher", "length_batches", "rank_and_world", "read_shard", "score"]
+__all__ = ["Teacher", "length_batches", "rank_and_world", "read_shard", "score", "teachers_of_config"]
 
 SETTINGS_FILE = "score.json"
 PAD_TO = 64  # rows padded to a multiple of 64 tokens, as the training collator pads them
@@ -148,6 +148,13 @@ class Teacher:
         except ValueError as error:
             raise Refused(str(error)) from None
         return TeacherSide(student, self.loaded_tokenizer())
+
+
+def teachers_of_config(cfg, source: str) -> "Teacher | list[Teacher]":
+    """A training config's teacher, or its ``teachers:`` as a list, each built as ``train.py`` builds it."""
+    if cfg.get("teachers") is not None:
+        return [Teacher.from_config(cfg, source, name) for name in cfg.teachers]
+    return Teacher.from_config(cfg, source)
 
 
 def rank_and_world() -> tuple[int, int]:
