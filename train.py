@@ -39,7 +39,8 @@ from omegaconf import OmegaConf as om  # noqa: E402
 from streaming import Stream, StreamingDataset  # noqa: E402
 
 from vocagno.memory import keep_freed_memory  # noqa: E402
-from vocagno.training.config import build_causal_lm, check_names, keyword_names, load_config  # noqa: E402
+from vocagno.training.config import (  # noqa: E402
+    build_causal_lm, check_names, keyword_names, load_config, scoring_teachers)
 from vocagno.entry import INTERRUPTED_EXIT, run  # noqa: E402
 from vocagno.data.dataset import teacher_guided_loader  # noqa: E402
 from vocagno.data.streaming import clean_leaked_shared_memory  # noqa: E402
@@ -533,7 +534,6 @@ def report_selection(cfg: DictConfig, trainer: Trainer, sharded: bool) -> None:
     shards (``shards``, default the eval loader's) with canaries, the student just trained ranking with it
     (``vocagno.selection``), printed."""
     from vocagno.diagnostics.selection import Settings, run
-    from vocagno.teacher.scoring import teachers_of_config
 
     section = cfg.selection_report
     shards = section.get("shards") or om.select(cfg, "eval_loader.dataset.local")
@@ -546,7 +546,7 @@ def report_selection(cfg: DictConfig, trainer: Trainer, sharded: bool) -> None:
     student = trainer.state.model.model
     combine = ((cfg.get("algorithms") or {}).get("vocagno") or {}).get("combine", COMBINE)
     try:
-        report = run(shards, teachers_of_config(cfg, "the run's yaml"), Settings.from_config(cfg), student=student,
+        report = run(shards, scoring_teachers(cfg, "the run's yaml"), Settings.from_config(cfg), student=student,
                      combine=combine,
                      student_name=f"{cfg.run_name} after {int(trainer.state.timestamp.batch)} batches",
                      samples=section.get("samples") or 64, canaries=section.get("canaries") or 0.5, seed=cfg.seed,

@@ -201,7 +201,7 @@ def score_once(cfg, shards: str, scored: str) -> dict:
     """Score ``shards`` into ``scored`` with the yaml's teacher (the weights its runs build): the pass's teacher
     tokens/s on one device, and the shards' bytes per student token before and after."""
     free_earlier_runs()
-    teacher = scoring.Teacher.from_config(cfg, "bench_step")
+    teacher = config.scoring_teacher(cfg, "bench_step")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     begin = time.perf_counter()
     scoring.score(shards, Output(scored, None), teacher, device)

@@ -34,7 +34,8 @@ from composer.models import HuggingFaceModel  # noqa: E402
 from omegaconf import OmegaConf as om  # noqa: E402
 
 import train  # noqa: E402
-from vocagno import score  # noqa: E402
+from vocagno.teacher.scoring import score  # noqa: E402
+from vocagno.training.config import scoring_teacher  # noqa: E402
 from vocagno.data.outroots import Output  # noqa: E402
 from vocagno.core.tokenization import load_tokenizer  # noqa: E402
 
@@ -98,9 +99,8 @@ def main() -> None:
                 f"forward_share/{name}": round(statistics.median(seconds[WARMUP:]) / step, 3)
                 for name, seconds in timer.per_teacher.items()}}), flush=True)
         two.algorithms.vocagno.selection_scope = one.algorithms.vocagno.selection_scope
-        score.score(f"{tmp}/train", Output(f"{tmp}/scored1", None), score.Teacher.from_config(one, "bench"), "cpu")
-        score.score(f"{tmp}/scored1", Output(f"{tmp}/scored2", None),
-                    score.Teacher.from_config(two, "bench", "mistral"), "cpu")
+        score(f"{tmp}/train", Output(f"{tmp}/scored1", None), scoring_teacher(one, "bench"), "cpu")
+        score(f"{tmp}/scored1", Output(f"{tmp}/scored2", None), scoring_teacher(two, "bench", "mistral"), "cpu")
         for cfg, folder in ((one, "scored1"), (two, "scored2")):
             cfg.train_loader.dataset.local = f"{tmp}/{folder}"
             cfg.algorithms.vocagno.teacher_losses = "cached"

@@ -49,6 +49,8 @@ from vocagno import score  # noqa: E402
 from vocagno.diagnostics.canaries import NOISE  # noqa: E402
 from vocagno.training.metrics import bits_per_byte  # noqa: E402
 from vocagno.teacher.model import load_teacher  # noqa: E402
+from vocagno.teacher.scoring import Teacher  # noqa: E402
+from vocagno.core.loss import CHUNK_SIZE  # noqa: E402
 from vocagno.core.tokenization import ASSETS, load_tokenizer  # noqa: E402
 
 YAML = str(REPO / "yamls" / "miniature.yaml")
@@ -166,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (scored / "index.json").exists():
         score.main(["--shards", str(shards), "--teacher", teacher_name, "--dtype", "float32", "--out", str(scored),
                     "--device", args.device])
-    teacher = score.Teacher(load_teacher(teacher_name, "float32"), teacher_name, "float32", 1024)  # loaded once
+    teacher = Teacher(load_teacher(teacher_name, "float32"), teacher_name, "float32", CHUNK_SIZE)  # loaded once
     teacher_model = teacher.scorer.to(args.device).model
     student_tok = load_tokenizer("llama2")
     result = {
@@ -200,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def precision(heldout_shards: Path, teacher: score.Teacher, cfg, student, method: str, args, size: dict,
+def precision(heldout_shards: Path, teacher: Teacher, cfg, student, method: str, args, size: dict,
               seed: int) -> float:
     """What ``method`` keeps of held-out text with canaries of the corpus's kind and fraction, ranked with its
     trained student: the precision of its selection variant."""

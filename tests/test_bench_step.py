@@ -19,7 +19,6 @@ def test_every_random_init_model_of_a_run_and_of_its_scoring_pass_is_built_on_th
     the teacher that train.py builds, and the scoring pass's teacher (vocagno.score). Each build records the device
     torch makes tensors on ("meta" stands in for the GPU) and builds its tiny model on the CPU."""
     import train
-    from vocagno.teacher import scoring
     from vocagno.training import config
 
     build, devices = config.build_causal_lm, []
@@ -36,7 +35,7 @@ def test_every_random_init_model_of_a_run_and_of_its_scoring_pass_is_built_on_th
     cfg = OmegaConf.create({"seed": 0, "teacher": {**OmegaConf.to_container(section), "tokenizer": "llama2"}})
     with bench_step.random_init_on("meta"):
         train.build_causal_lm(section, 300)
-        scoring.Teacher.from_config(cfg, "bench")
+        config.scoring_teacher(cfg, "bench")
     train.build_causal_lm(section, 300)
     assert devices == ["meta", "meta", "cpu"]  # inside it, and only there
 

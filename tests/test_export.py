@@ -14,6 +14,7 @@ import torch
 from helpers import bucket_keys as keys, ends
 
 from vocagno.training.checkpoint import BadCheckpoint, repair
+from vocagno.training.config import scoring_teacher
 from vocagno.export import main as export_main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -291,7 +292,6 @@ def test_no_path_that_builds_or_loads_a_bf16_model_narrows_its_rotary_frequencie
     from vocagno.training.checkpoint import model_from_checkpoint
     from vocagno.training.config import build_causal_lm, load_config
     from vocagno.training.models import load_model
-    from vocagno.teacher.scoring import Teacher
     from vocagno.teacher.model import load_teacher
     from vocagno.core.tokenization import load_tokenizer
 
@@ -300,8 +300,8 @@ def test_no_path_that_builds_or_loads_a_bf16_model_narrows_its_rotary_frequencie
     qwen = load_config(str(REPO / "yamls" / "tiny_qwen.yaml"), ["teacher.dtype=bfloat16"])
     models = {
         "teacher online (VocAgnoLM's load_teacher)": load_teacher("tiny-math-teacher", "bfloat16"),
-        "teacher of the scoring pass, by name": Teacher.from_config(tiny, "tiny.yaml").scorer.model,
-        "teacher of the scoring pass, from a config": Teacher.from_config(qwen, "tiny_qwen.yaml").scorer.model,
+        "teacher of the scoring pass, by name": scoring_teacher(tiny, "tiny.yaml").scorer.model,
+        "teacher of the scoring pass, from a config": scoring_teacher(qwen, "tiny_qwen.yaml").scorer.model,
         "student of train.py": build_causal_lm(tiny.model, len(load_tokenizer(tiny.tokenizer.name)), tiny.seed),
         "whole checkpoint": model_from_checkpoint(str(whole_bf16_run))[0],
         "sharded checkpoint": model_from_checkpoint(str(sharded_run))[0],

@@ -19,7 +19,6 @@ from conversion import convert_dataset
 from tests.helpers import Capture
 from tests.test_algorithm import tiny
 from vocagno import score
-from vocagno.teacher import scoring
 from vocagno.errors import Refused
 from vocagno.algorithms.vocagno_lm import VocAgnoLM, teacher_guided_loss
 from vocagno.data.dataset import TeacherGuidedCollator, TeacherGuidedDataset
@@ -30,6 +29,7 @@ from vocagno.teacher.several import made_side
 from vocagno.teacher.side import TeacherSide
 from vocagno.core.tokenization import ASSETS
 from vocagno.data.batch import ALIGN_END, ALIGN_START, SELECTED, TEACHER_ATTENTION_MASK, TEACHER_INPUT_IDS, teacher_key
+from vocagno.training.config import scoring_teacher
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -390,7 +390,7 @@ def test_a_yaml_teachers_entry_is_named_when_it_lacks_a_tokenizer():
     with pytest.raises(ValueError, match="teachers.latex: needs its tokenizer"):
         train.build_algorithms(cfg, None)
     with pytest.raises(Refused, match="teachers.latex needs its tokenizer"):
-        scoring.Teacher.from_config(cfg, two, "latex")
+        scoring_teacher(cfg, two, "latex")
 
 
 def test_the_scoring_pass_names_the_set_its_yaml_has_in_one_plain_line():
@@ -399,5 +399,5 @@ def test_the_scoring_pass_names_the_set_its_yaml_has_in_one_plain_line():
     two = str(REPO / "yamls" / "tiny_two_teachers.yaml")
     for name, message in ((None, f"{two} has teachers: "), ("nobody", f"{two} has no teachers.nobody")):
         with pytest.raises(Refused) as refused:
-            scoring.Teacher.from_yaml(two, [], name)
+            scoring_teacher(train.load_config(two, []), two, name)
         assert str(refused.value).startswith(message) and "error" not in str(refused.value), str(refused.value)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import html
-import json
 from collections import Counter
 
 import numpy as np
@@ -21,6 +20,7 @@ from vocagno.core.alignment import align, alignment_quality, vocab_overlap
 from vocagno.data.dataset import TeacherGuidedDataset
 from vocagno.core.tokenization import load_tokenizer
 from vocagno.doors.writing import write_atomically
+from vocagno.diagnostics.pages import script_json
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,13 +104,6 @@ class SampleView:
         payload = script_json({"text": self.text, **tokens})
         return _PAGE.replace("__TITLE__", html.escape(f"sample {index}: {title}")).replace("__DATA__", payload)
 
-
-def script_json(value) -> str:
-    """``value`` as JSON to put inside a page's script element. No "<", ">" or "&" there: "</script>" or "<!--<script>"
-    in a document would end the element or switch the HTML parser's state; JSON's \\u escapes give JavaScript the
-    same characters."""
-    payload = json.dumps(value, ensure_ascii=False)
-    return payload.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def _cut(text: str, offsets: np.ndarray) -> str:

@@ -39,6 +39,7 @@ from vocagno.data.shards import METADATA_FILE, check_teacher_name
 from vocagno.memory import keep_freed_memory
 from vocagno.teacher.model import load_teacher
 from vocagno.teacher.scoring import Teacher, rank_and_world, score
+from vocagno.training.config import load_config, scoring_teacher
 
 __all__ = ["main"]
 
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (Path(args.shards) / METADATA_FILE).exists() or not (Path(args.shards) / "index.json").exists():
         parser.error(f"--shards {args.shards} holds no {METADATA_FILE} and index.json: not vocagno shards")
     if args.config:
-        chosen = Teacher.from_yaml(args.config, args.overrides, args.name)
+        chosen = scoring_teacher(load_config(args.config, args.overrides), args.config, args.name)
     else:
         # A single teacher scores the shards' own teacher tokens (no tokenizer needed); a set's further teacher makes
         # its tokens from the student's, with its tokenizer.

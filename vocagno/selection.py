@@ -73,7 +73,7 @@ from vocagno.doors.writing import write_atomically
 from vocagno.diagnostics.selection.report import Report
 from vocagno.diagnostics.selection.settings import Settings
 from vocagno.diagnostics.selection.run import reader_first, run, same_sources
-from vocagno.teacher.scoring import teachers_of_config
+from vocagno.training.config import scoring_teachers
 from vocagno.core.loss import CHUNK_SIZE
 
 __all__ = ["main"]
@@ -159,7 +159,7 @@ def _main(args: argparse.Namespace) -> Report | None:
         combine = args.combine or "min"
         if cfg is not None:
             settings = Settings.from_config(cfg)
-            chosen = teachers_of_config(cfg, args.config)
+            chosen = scoring_teachers(cfg, args.config)
             if isinstance(chosen, list):
                 chosen = reader_first(chosen, metadata)
                 combine = args.combine or ((cfg.get("algorithms") or {}).get("vocagno") or {}).get("combine", "min")

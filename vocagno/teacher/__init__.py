@@ -1,3 +1,3 @@
-"""The frozen teacher: loading and scoring it (``model``), the teacher side of a batch of student tokens (``side``),
-several teachers at once (``several``).
-"""
+"""The frozen teacher: ``model`` (``TeacherScorer``: loading, sharding, its loss per teacher token), ``side``
+(``TeacherSide``: a teacher's tokens and alignment made from the student's), ``several`` (a set of teachers:
+``TeacherSpec``, ``OtherTeachers``), ``scoring`` (the scoring pass: a ``Teacher`` and what ``scored_by`` records)."""

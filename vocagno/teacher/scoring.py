@@ -31,15 +31,14 @@ from vocagno.data.outroots import (
     PART_STATS, OwnedLock, Output, all_jobs_done, check_or_write_settings, job_marker, merge_once, publish_dataset,
     unfinished_parts,
 )
-from vocagno.teacher.model import TeacherScorer, load_teacher, weights_fingerprint
-from vocagno.data.shards import (SCORED_COLUMNS, SHARD_HASH, ShardMetadata, align_column, check_columns,
-    check_teacher_name, compact, describe_tokenizer, loss_column)
+from vocagno.teacher.model import TeacherScorer, weights_fingerprint
+from vocagno.data.shards import (SCORED_COLUMNS, SHARD_HASH, ShardMetadata, align_column, check_columns, compact,
+    describe_tokenizer, loss_column)
 from vocagno.doors.untrusted import UntrustedFile, check_mds, decompress, inside, read_bytes
 from vocagno.doors.writing import make_readable, publish, remove, staging, write_atomically
-from vocagno.core.loss import CHUNK_SIZE
 from vocagno.data.batch import ALIGN_END, ALIGN_START, teacher_key
 
-__all__ = ["Teacher", "length_batches", "rank_and_world", "read_shard", "score", "teachers_of_config"]
+__all__ = ["Teacher", "length_batches", "rank_and_world", "read_shard", "score"]
 
 SETTINGS_FILE = "score.json"
 PAD_TO = 64  # rows padded to a multiple of 64 tokens, as the training collator pads them
@@ -56,47 +55,6 @@ class Teacher:
         self.tokenizer = tokenizer  # a name, folder or tokenizer; None: the shards' teacher tokens are its own
         self._loaded = None  # the tokenizer, once loaded
         self.set_name = set_name  # its name in a set of teachers (vocagno.teacher.several), when it has one
-
-    @classmethod
-    def from_yaml(cls, path: str, overrides: list[str], set_name: str | None = None) -> "Teacher":
-        """The teacher of a training yaml's ``teacher:`` section, or its ``teachers:`` named ``set_name``
-        (``from_config``)."""
-        from vocagno.training.config import load_config
-
-        return cls.from_config(load_config(path, overrides), path, set_name)
-
-    @classmethod
-    def from_config(cls, cfg, source: str, set_name: str | None = None) -> "Teacher":
-        """The teacher of a loaded training config's ``teacher:`` section (or of its ``teachers:``, ``set_name``'s),
-        built as ``train.py`` builds it: a config-built (random) one gets the same weights from the config's seed.
-        Named by its ``name_or_path``, or else by ``source`` (the yaml)."""
-        from vocagno.training.config import build_causal_lm
-        from vocagno.core.tokenization import load_tokenizer
-
-        where, section = "teacher", cfg.get("teacher")
-        if cfg.get("teachers") is not None:
-            if set_name not in cfg.teachers:
-                raise Refused(f"{source} has teachers: {', '.join(cfg.teachers)}: name the one to score "
-                              "(--name)" if set_name is None else f"{source} has no teachers.{set_name}")
-            where, section = f"teachers.{set_name}", cfg.teachers[set_name]
-        if section is None:
-            raise Refused(f"{source} has no teacher: section")
-        if set_name is not None:  # a yaml's key becomes a column and a folder name
-            try:
-                check_teacher_name(set_name)
-            except ValueError as error:
-                raise Refused(f"{source}: {error}") from None
-            if not section.get("tokenizer"):  # which of the set reads the shards' tokens depends on it
-                raise Refused(f"{source}: teachers.{set_name} needs its tokenizer")
-        chunk_size = section.get("chunk_size") or CHUNK_SIZE
-        tokenizer = section.get("tokenizer")
-        if section.get("name_or_path"):  # loaded as VocAgnoLM loads a teacher it is given by name
-            dtype = section.get("dtype") or "bfloat16"
-            model = load_teacher(section.name_or_path, dtype, section.get("trust_remote_code", False))
-            return cls(model, section.name_or_path, dtype, chunk_size, tokenizer, set_name)
-        model = build_causal_lm(section, len(load_tokenizer(tokenizer)), cfg.seed)
-        name = f"{source}: {where} (config, seed {cfg.seed})"
-        return cls(model, name, section.get("dtype") or "float32", chunk_size, tokenizer, set_name)
 
     def at_initialization(self, seed: int) -> "Teacher":
         """The same architecture with fresh random weights (from ``seed``): a control whose losses know nothing."""
@@ -148,13 +106,6 @@ class Teacher:
         except ValueError as error:
             raise Refused(str(error)) from None
         return TeacherSide(student, self.loaded_tokenizer())
-
-
-def teachers_of_config(cfg, source: str) -> "Teacher | list[Teacher]":
-    """A training config's teacher, or its ``teachers:`` as a list, each built as ``train.py`` builds it."""
-    if cfg.get("teachers") is not None:
-        return [Teacher.from_config(cfg, source, name) for name in cfg.teachers]
-    return Teacher.from_config(cfg, source)
 
 
 def rank_and_world() -> tuple[int, int]:

@@ -16,7 +16,11 @@ import torch
 from omegaconf import DictConfig
 from omegaconf import OmegaConf as om
 
-__all__ = ["SCHEMA", "load_config", "build_causal_lm", "check_names", "keyword_names"]
+from vocagno.core.loss import CHUNK_SIZE
+from vocagno.errors import Refused
+
+__all__ = ["SCHEMA", "load_config", "build_causal_lm", "check_names", "keyword_names", "scoring_teacher",
+           "scoring_teachers"]
 
 # The keys a yaml may hold; a nested dict names the keys of that section, None leaves a section free-form.
 MODEL_KEYS = {"name_or_path": None, "config": None, "dtype": None, "trust_remote_code": None, "tokenizer": None}
@@ -281,3 +285,45 @@ def build_causal_lm(section: DictConfig, vocab_size: int, seed: int | None = Non
         if seed is not None:
             torch.manual_seed(seed)
         return AutoModelForCausalLM.from_config(config, torch_dtype=dtype, trust_remote_code=trust is True)
+
+
+def scoring_teacher(cfg: DictConfig, source: str, set_name: str | None = None):
+    """The scoring pass's ``Teacher`` of a loaded training config's ``teacher:`` section (or of its ``teachers:``,
+    ``set_name``'s), built as ``train.py`` builds it: a config-built (random) one gets the same weights from the
+    config's seed. Named by its ``name_or_path``, or else by ``source`` (the yaml)."""
+    from vocagno.core.tokenization import load_tokenizer
+    from vocagno.data.shards import check_teacher_name
+    from vocagno.teacher.model import load_teacher
+    from vocagno.teacher.scoring import Teacher
+
+    where, section = "teacher", cfg.get("teacher")
+    if cfg.get("teachers") is not None:
+        if set_name not in cfg.teachers:
+            raise Refused(f"{source} has teachers: {', '.join(cfg.teachers)}: name the one to score "
+                          "(--name)" if set_name is None else f"{source} has no teachers.{set_name}")
+        where, section = f"teachers.{set_name}", cfg.teachers[set_name]
+    if section is None:
+        raise Refused(f"{source} has no teacher: section")
+    if set_name is not None:  # a yaml's key becomes a column and a folder name
+        try:
+            check_teacher_name(set_name)
+        except ValueError as error:
+            raise Refused(f"{source}: {error}") from None
+        if not section.get("tokenizer"):  # which of the set reads the shards' tokens depends on it
+            raise Refused(f"{source}: teachers.{set_name} needs its tokenizer")
+    chunk_size = section.get("chunk_size") or CHUNK_SIZE
+    tokenizer = section.get("tokenizer")
+    if section.get("name_or_path"):  # loaded as VocAgnoLM loads a teacher it is given by name
+        dtype = section.get("dtype") or "bfloat16"
+        model = load_teacher(section.name_or_path, dtype, section.get("trust_remote_code", False))
+        return Teacher(model, section.name_or_path, dtype, chunk_size, tokenizer, set_name)
+    model = build_causal_lm(section, len(load_tokenizer(tokenizer)), cfg.seed)
+    name = f"{source}: {where} (config, seed {cfg.seed})"
+    return Teacher(model, name, section.get("dtype") or "float32", chunk_size, tokenizer, set_name)
+
+
+def scoring_teachers(cfg: DictConfig, source: str):
+    """A training config's scoring ``Teacher``, or its ``teachers:`` as a list (``scoring_teacher``)."""
+    if cfg.get("teachers") is not None:
+        return [scoring_teacher(cfg, source, name) for name in cfg.teachers]
+    return scoring_teacher(cfg, source)

@@ -100,7 +100,7 @@ class Report:
         return "\n".join(lines)
 
     def page(self, title: str) -> str:
-        from vocagno.inspect import script_json
+        from vocagno.diagnostics.pages import script_json
 
         data = {"kinds": self.kinds, "rows": self.page_rows,
                 "variants": {k: {"precision": v["precision"], "recall": v["recall"], "kept_share": v["kept_share"]}

@@ -1,0 +1,46 @@
+"""The layout docs/development.md draws: each package of vocagno imports only the packages on floors below it, and
+the core imports no training framework."""
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# Lowest first: a module may import its own package and any package on a lower floor (the commands, vocagno/*.py,
+# stand above them all).
+FLOORS = [("errors", "entry", "memory"), ("doors",), ("core",), ("data",), ("teacher",), ("algorithms",),
+          ("training",), ("diagnostics", "eval")]
+FLOOR = {name: level for level, names in enumerate(FLOORS) for name in names}
+
+
+def imported(path: Path) -> set[str]:
+    """Every module ``path`` imports, at its top or inside a function."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+    return names
+
+
+def test_each_package_imports_only_the_floors_below_it():
+    upward = []
+    for path in sorted((REPO / "vocagno").rglob("*.py")):
+        parts = path.relative_to(REPO / "vocagno").with_suffix("").parts
+        if len(parts) == 1 and parts[0] not in FLOOR:
+            continue  # a command: python -m vocagno.NAME
+        mine = FLOOR[parts[0]]
+        for module in imported(path):
+            if not module.startswith("vocagno."):
+                continue
+            theirs = module.split(".")[1]
+            if theirs != parts[0] and FLOOR.get(theirs, len(FLOORS)) >= mine:
+                upward.append(f"{path.relative_to(REPO)} imports {module}")
+    assert not upward, upward
+
+
+def test_the_core_needs_no_training_framework():
+    frameworks = ("composer", "streaming", "llmfoundry")
+    found = [f"{path.relative_to(REPO)} imports {module}" for path in sorted((REPO / "vocagno" / "core").rglob("*.py"))
+             for module in imported(path) if module.split(".")[0] in frameworks]
+    assert not found, found
