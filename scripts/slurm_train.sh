@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Guided training on N nodes x 8 GPUs with Slurm: sbatch --nodes=4 scripts/slurm_train.sh
 # Every node runs `python -m vocagno.launch ... train` with its own node rank; the line is the one
-# tests/test_multinode.py rehearses. Set, in the environment or below:
+# tests/distributed/test_multinode.py rehearses. Set, in the environment or below:
 #   SHARDS       the training shards, where every node reads them (s3://bucket/owm, or a shared file system)
 #   SAVE_FOLDER  checkpoints, where every node reaches them (s3://bucket/runs/{run_name}, or a shared file system)
 #   CACHE        a folder on each node's own disk for Streaming's local copies (default: /tmp/vocagno-$SLURM_JOB_ID)

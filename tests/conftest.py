@@ -1,7 +1,12 @@
 import json
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+# The tests' shared helpers (tests/support/) import as top-level modules: `import forked`, `from helpers import ...`.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 # Tests never reach the Hugging Face hub: everything they load ships in the repo.
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -14,26 +19,15 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
     torch.set_num_threads(1)
 
+from schedule import Schedule  # noqa: E402
+
 from vocagno.memory import keep_freed_memory  # noqa: E402
 from vocagno.core.tokenization import ASSETS, SHIPPED_TOKENIZERS, load_tokenizer  # noqa: E402
 
 keep_freed_memory()  # the tests' in-process training and scoring, as a CPU run of train.py does
 
 
-# Seconds each file took under `pytest -n 2 --dist loadfile` (2 cores, 2026-11-27: each worker's wall per test, summed
-# by file), the slowest first: the workers take files in this order, so the long ones start at once and the short
-# ones fill the end (longest first). A file not listed goes last; update the figures when a file's time changes much.
-FILE_SECONDS = {
-    "test_conversion.py": 187, "test_train.py": 162, "test_export.py": 150, "test_s3.py": 114,
-    "test_distributed.py": 105, "test_teachers.py": 96, "test_multinode.py": 87, "test_selection_teachers.py": 87,
-    "test_score.py": 86, "test_llmfoundry.py": 70, "test_algorithm.py": 61, "test_miniature.py": 39,
-    "test_gpu_check.py": 33, "test_shared_memory.py": 30, "test_mixtures.py": 28, "test_selection.py": 27,
-    "test_teacher_side.py": 18, "test_untrusted.py": 17, "test_eval.py": 16, "test_alignment_real.py": 16,
-    "test_cli.py": 15, "test_memory.py": 10, "test_latex_teacher.py": 8, "test_launch.py": 8,
-    "test_tokenization.py": 7, "test_report.py": 5, "test_helpers.py": 4, "test_alignment.py": 3,
-    "test_fuzz_files.py": 30, "test_untrusted_checkpoints.py": 28, "test_untrusted_shards.py": 18,
-    "test_untrusted_conversion.py": 14, "test_untrusted_inputs.py": 3, "test_doors.py": 3,
-}
+_schedule = Schedule(Path(__file__).resolve().parent / "durations.json")  # the files, longest first: schedule.py
 
 
 def pytest_configure(config):
@@ -41,8 +35,16 @@ def pytest_configure(config):
         config.option.loadscopereorder = False
 
 
-def pytest_collection_modifyitems(items):
-    items.sort(key=lambda item: -FILE_SECONDS.get(item.path.name, 0))  # stable: each file's own order stays
+def pytest_collection_modifyitems(config, items):
+    _schedule.order(config, items)
+
+
+def pytest_runtest_logreport(report):
+    _schedule.record(report)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _schedule.write(session, exitstatus)
 
 
 @pytest.fixture(scope="session", autouse=True)

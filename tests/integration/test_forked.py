@@ -1,4 +1,4 @@
-"""tests/forked.py: a run forked from its server is, to its script, the process `python ...` would start."""
+"""tests/support/forked.py: a run forked from its server is, to its script, the process `python ...` would start."""
 
 import json
 import os
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import forked
 
-TESTS = str(Path(__file__).resolve().parent)
+SUPPORT = str(Path(__file__).resolve().parents[1] / "support")  # on the pytest worker's sys.path
 
 REPORT = """import json, multiprocessing, os, signal, sys
 print(json.dumps({"path": sys.path[:2], "tests": any(p.rstrip("/") == %r for p in sys.path), "argv": sys.argv,
@@ -21,7 +21,7 @@ print(json.dumps({"path": sys.path[:2], "tests": any(p.rstrip("/") == %r for p i
 
 def test_a_forked_run_sees_what_a_fresh_interpreter_sees(tmp_path):
     script = tmp_path / "report.py"
-    script.write_text(REPORT % TESTS)
+    script.write_text(REPORT % SUPPORT)
     result = forked.run([sys.executable, str(script), "a", "b"], cwd=tmp_path,
                         env={**os.environ, "PYTHONPATH": "/elsewhere"}, timeout=120)
     assert result.returncode == 0, result.stderr

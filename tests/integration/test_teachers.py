@@ -31,7 +31,7 @@ from vocagno.core.tokenization import ASSETS
 from vocagno.data.batch import ALIGN_END, ALIGN_START, SELECTED, TEACHER_ATTENTION_MASK, TEACHER_INPUT_IDS, teacher_key
 from vocagno.training.config import scoring_teacher
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 NAN = float("nan")
 

@@ -1,5 +1,5 @@
 """The launch of a run over several nodes: the Slurm scripts run ``python -m vocagno.launch`` on every node, and it
-gives the command ``tests/test_multinode.py`` rehearses (``node_command``); what it refuses."""
+gives the command ``tests/distributed/test_multinode.py`` rehearses (``node_command``); what it refuses."""
 
 import os
 import shlex
@@ -11,7 +11,7 @@ import pytest
 
 from vocagno.launch import main, node_command
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def slurm(script: str, nodes: int, env: dict, tmp_path: Path, *args: str) -> list[list[str]]:

@@ -30,7 +30,7 @@ from vocagno.launch import node_command
 
 pytestmark = pytest.mark.distributed
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TEXT = REPO / "vocagno" / "assets" / "text"
 TRAIN = ["eval_loader=null", "loggers.console=null", "loggers.picture=null", "selection_report=null",
          "progress_bar=false", "device_train_microbatch_size=2", "callbacks.sample_log.prefix=32"]
@@ -53,7 +53,7 @@ def _mount_namespaces():
     why = private_shm_works()
     if why:
         pytest.skip(f"multi-node rehearsal needs a mount namespace per node (unshare -m, as root): {why}; run "
-                    "pytest tests/test_multinode.py as root (docs/many-nodes.md)")
+                    "pytest tests/distributed/test_multinode.py as root (docs/many-nodes.md)")
 
 
 def free_port() -> int:

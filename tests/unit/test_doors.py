@@ -1,6 +1,6 @@
 """The one way in (``vocagno.doors.untrusted``) and the one way out (``vocagno.doors.writing``) on their own: what they open, what
 they refuse before reading, what they never write through. The entry points' attacker tests use them through the
-real commands (tests/test_untrusted.py)."""
+real commands (tests/integration/test_untrusted.py)."""
 
 import bz2
 import gzip

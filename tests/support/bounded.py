@@ -152,7 +152,7 @@ def inspect_shards(folder) -> None:
 def convert(arguments) -> None:
     import sys
 
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     from conversion import convert_dataset
 
     code = convert_dataset.main(arguments)

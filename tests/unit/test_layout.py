@@ -4,7 +4,7 @@ the core imports no training framework."""
 import ast
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # Lowest first: a module may import its own package and any package on a lower floor (the commands, vocagno/*.py,
 # stand above them all).
 FLOORS = [("errors", "entry", "memory"), ("doors",), ("core",), ("data",), ("teacher",), ("algorithms",),

@@ -30,7 +30,7 @@ from vocagno.teacher.model import TeacherScorer, weights_fingerprint
 from vocagno.data.shards import ShardMetadata
 from vocagno.core.tokenization import ASSETS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PARTS = 20  # input shards, one per converter part of 5 documents
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import forked
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import gpu_check  # noqa: E402

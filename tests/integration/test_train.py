@@ -18,7 +18,7 @@ from vocagno.algorithms.vocagno_lm import VocAgnoLM
 from vocagno.algorithms.baselines import KLD, ULD
 from vocagno.data.shards import ShardMetadata
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "yamls" / "tiny.yaml")
 
 
@@ -313,7 +313,7 @@ def test_fewer_samples_than_one_global_batch_is_refused_at_start(tmp_path):
 def test_every_yaml_loads_and_validates(yaml):
     """Every yaml of train.py, the table variants (a base: plus overrides) too, loads and builds its algorithm without
     downloading anything (a named teacher is loaded when training starts). yamls/llm-foundry/ holds llm-foundry's
-    (tests/test_llmfoundry.py)."""
+    (tests/integration/test_llmfoundry.py)."""
     cfg = train.load_config(str(yaml), [])
     if cfg.get("teachers") is not None:  # several teachers: one VocAgnoLM with the set, in the yaml's order
         [algorithm] = train.build_algorithms(cfg, teacher_tok=None)
@@ -594,7 +594,7 @@ def test_a_run_cleans_what_a_killed_run_left_in_shared_memory_and_not_what_a_liv
 
 
 def test_a_cpu_run_keeps_the_large_blocks_its_steps_free_from_its_start(monkeypatch):
-    """vocagno.memory on a CPU (tests/test_memory.py shows what it changes): set before anything is built."""
+    """vocagno.memory on a CPU (tests/integration/test_memory.py shows what it changes): set before anything is built."""
     import train
 
     monkeypatch.setattr(train, "keep_freed_memory", reached)

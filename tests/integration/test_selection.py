@@ -18,7 +18,7 @@ from vocagno.diagnostics.canaries import CLEAN, NOISE, clean_documents, mix, pac
 from vocagno.teacher.scoring import read_shard
 from vocagno.data.shards import ShardMetadata
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TEXT = REPO / "vocagno" / "assets" / "text"
 
 

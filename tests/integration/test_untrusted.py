@@ -2,7 +2,7 @@
 every reader (export, eval --model, selection --student, autoresume's repair) as crafted pickles, names that leave
 their folder, symlinks, oversized and truncated files; shards and out-roots reach the scoring pass and the
 converter's merge with names that leave their folder; a corpus folder reaches the converter with a truncated file,
-a loop and a dangling link (object-store keys that are no file name: tests/test_conversion.py). Each ends in one line naming the file and the reason, with a
+a loop and a dangling link (object-store keys that are no file name: tests/integration/test_conversion.py). Each ends in one line naming the file and the reason, with a
 non-zero exit (or a BadCheckpoint, for the library's repair); nothing runs, nothing is written outside the output,
 nothing is deleted. The crafted files are made here, never shipped."""
 
@@ -30,7 +30,7 @@ from vocagno.eval.__main__ import main as eval_main
 from vocagno.export import main as export_main
 from vocagno.selection import main as selection_main
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def calls(module: str, name: str, *args) -> bytes:

@@ -95,7 +95,7 @@ def test_the_shipped_teacher_is_a_hugging_face_folder_that_has_learned_gsm8k_tex
     assert load_tokenizer("tiny-math-teacher").get_vocab() == tokenizers["mistral"].get_vocab()
     teacher = load_teacher("tiny-math-teacher", "float32")
     assert teacher.config.model_type == "mistral" and teacher.num_parameters() * 2 <= 8 * 2**20  # <= 8 MB in bf16
-    heldout = [json.loads(line)["text"] for line in open(os.path.join(os.path.dirname(__file__), "..", "vocagno",
+    heldout = [json.loads(line)["text"] for line in open(os.path.join(os.path.dirname(__file__), "..", "..", "vocagno",
                                                                       "assets", "text", "gsm8k_heldout_100.jsonl"))]
     torch.manual_seed(0)
     untrained = AutoModelForCausalLM.from_config(teacher.config)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import forked
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "yamls" / "tiny.yaml")
 
 

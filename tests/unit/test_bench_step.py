@@ -8,7 +8,7 @@ import torch
 from helpers import Reached, reached
 from omegaconf import OmegaConf
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import bench_step  # noqa: E402

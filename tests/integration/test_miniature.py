@@ -8,7 +8,7 @@ from pathlib import Path
 
 import forked
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 METHODS = ("plain", "vocagno_40", "vocagno_clean", "random_40", "chunk_1", "chunk_16")
 
 

@@ -1,9 +1,9 @@
 """Bounded fuzzing of files from elsewhere: a real ``index.json`` and an out-root's real state files, each mutated by
 hypothesis (a value anywhere in them replaced by what an attacker would write: huge, negative or non-integer numbers,
 names that leave the folder, devices, other encodings) and fed to the real readers in a process with a memory and
-time ceiling (tests/bounded.py); and so are a real checkpoint's embedded model and tokenizer configs. Whatever the
+time ceiling (tests/support/bounded.py); and so are a real checkpoint's embedded model and tokenizer configs. Whatever the
 mutation, no reader writes outside its folders, runs code, allocates past its ceiling or hangs; what it refuses, it
-refuses in one line. (Pickles in checkpoints: tests/test_untrusted.py.)"""
+refuses in one line. (Pickles in checkpoints: tests/integration/test_untrusted.py.)"""
 
 import contextlib
 import copy

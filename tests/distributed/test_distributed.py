@@ -13,7 +13,7 @@ from helpers import first_documents
 
 from vocagno.data.shards import ShardMetadata
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.distributed
 
 TEACHERS = {  # tiny random-init teachers of two families, as a yaml's teacher.config builds them

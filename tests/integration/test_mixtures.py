@@ -22,7 +22,7 @@ from vocagno.algorithms.vocagno_lm import VocAgnoLM
 from vocagno.data.dataset import TeacherGuidedDataset, teacher_guided_loader
 from vocagno.core.tokenization import ASSETS
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TEXT = ASSETS / "text"
 
 

@@ -28,7 +28,7 @@ from vocagno.core.tokenization import ASSETS, encode_with_offsets, load_tokenize
 SAMPLE = str(ASSETS / "text" / "gsm8k_train_500.jsonl")
 SEQ_LEN = 128
 BASE_ARGS = ["--student-tokenizer", "llama2", "--teacher-tokenizer", "qwen2.5", "--seq-len", str(SEQ_LEN)]
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def convert(out_root, *args, inputs=(SAMPLE,)):

@@ -1,6 +1,6 @@
-"""Run by tests/test_llmfoundry.py with the Python of a venv holding llm-foundry 0.22 and vocagno (one resolve).
+"""Run by tests/integration/test_llmfoundry.py with the Python of a venv holding llm-foundry 0.22 and vocagno (one resolve).
 
-    python tests/llmfoundry_run.py WORKDIR
+    python tests/support/llmfoundry_run.py WORKDIR
 
 Builds a tiny random-init Llama student (TinyLlama's tokenizer) and Qwen2 teacher (Qwen2.5's tokenizer) as Hugging
 Face folders, makes a token MDS with llm-foundry's own ``convert_dataset_json`` and vocagno shards with
@@ -24,7 +24,7 @@ from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `conversion` is a folder of the repo
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `conversion` is a folder of the repo
 
 import torch  # noqa: E402
 from composer.loggers import InMemoryLogger  # noqa: E402
@@ -40,7 +40,7 @@ from vocagno import score  # noqa: E402
 from vocagno.algorithms.vocagno_lm import VocAgnoLM  # noqa: E402
 from vocagno.core.tokenization import ASSETS, load_tokenizer  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SEQ_LEN = 128
 TEXT = ASSETS / "text" / "gsm8k_train_500.jsonl"
 

@@ -17,7 +17,7 @@ from vocagno.training.checkpoint import BadCheckpoint, repair
 from vocagno.training.config import scoring_teacher
 from vocagno.export import main as export_main
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 OVERRIDES = ["selection_report=null", "eval_loader=null", "loggers.console=null", "loggers.picture=null",
              "progress_bar=false"]
 

@@ -24,7 +24,7 @@ from unittest import mock
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 DOCS = sorted((REPO / "docs").glob("*.md"))
 PAGES = [README, *DOCS, REPO / "scripts" / "README.md"]
@@ -321,12 +321,12 @@ def check_command(words: list[str]) -> None:
         return checks[word](args)
     if word == "sbatch":
         return check_sbatch(args, env)
-    assert (REPO / words[0]).is_file(), f"unknown command {words[0]!r}: teach tests/test_docs.py how to check it"
+    assert (REPO / words[0]).is_file(), f"unknown command {words[0]!r}: teach tests/unit/test_docs.py how to check it"
 
 
 def check_llmfoundry(args: list[str]) -> None:
     """``llmfoundry train YAML [key=value ...]``: an llm-foundry yaml of the repository that omegaconf reads, with
-    vocagno's algorithm in it (tests/test_llmfoundry.py runs it in llm-foundry's venv)."""
+    vocagno's algorithm in it (tests/integration/test_llmfoundry.py runs it in llm-foundry's venv)."""
     from omegaconf import OmegaConf
 
     assert args[:1] == ["train"] and len(args) >= 2, f"llmfoundry {args}: only `llmfoundry train YAML` is documented"

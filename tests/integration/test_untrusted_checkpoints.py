@@ -25,7 +25,7 @@ from vocagno.export import main as export_main
 from vocagno.core.tokenization import load_tokenizer
 from vocagno.doors.untrusted import UntrustedFile
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 VOCAB = 32001  # llama2's 32,000 tokens and one a tokenizer from elsewhere may add
 
 

@@ -27,7 +27,7 @@ from vocagno.data.dataset import TeacherGuidedDataset
 from vocagno.doors.untrusted import UntrustedFile
 from helpers import ends
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TEXT = REPO / "vocagno" / "assets" / "text"
 BOMB_BYTES = 4 << 30  # what the crafted zstd shard (128 KiB) expands to
 CASE_SECONDS = 30  # a case past it hangs (a FIFO opened for reading waits for a writer)

@@ -1,0 +1,58 @@
+"""The order the test files run in, kept up to date by the runs themselves.
+
+Each whole run that passes (every test under the testpaths: no file named, no -k, -m or --lf) writes the seconds each
+file took (each worker's wall per test, summed by file) to ``durations.json``, where the figures moved by more than a
+quarter (and 5 s) or files came or went; the next run sorts the files longest first, so that with
+``pytest -n 2 --dist loadfile`` the long ones start at once and the short ones fill the end. A file not listed yet
+goes last. Commit ``durations.json`` when it changes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+__all__ = ["Schedule"]
+
+
+class Schedule:
+    """The hooks of a conftest.py whose folder holds ``durations.json`` (paths relative to that folder)."""
+
+    def __init__(self, durations: Path):
+        self.durations = durations
+        self.spent: dict[str, float] = {}
+
+    def seconds(self) -> dict[str, int]:
+        try:
+            return json.loads(self.durations.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def file_of(self, config, nodeid: str) -> str:
+        """A test's file relative to the durations' folder (``unit/test_loss.py``), from its node id."""
+        path = Path(config.rootpath, nodeid.split("::")[0]).resolve()
+        return path.relative_to(self.durations.parent.resolve()).as_posix()
+
+    def order(self, config, items) -> None:
+        seconds = self.seconds()
+        items.sort(key=lambda item: -seconds.get(self.file_of(config, item.nodeid), 0))  # stable within a file
+
+    def record(self, report) -> None:
+        nodeid = report.nodeid.split("::")[0]
+        self.spent[nodeid] = self.spent.get(nodeid, 0.0) + report.duration
+
+    def write(self, session, exitstatus) -> None:
+        config = session.config
+        whole = (config.args_source == pytest.Config.ArgsSource.TESTPATHS and not config.option.keyword
+                 and not config.option.markexpr and not getattr(config.option, "lf", False))
+        if hasattr(config, "workerinput") or not whole or exitstatus != 0 or not self.spent:
+            return  # a worker (xdist's controller sees every report), or not a whole run that passed
+        seconds = {self.file_of(config, nodeid): round(spent) for nodeid, spent in self.spent.items()}
+        earlier = self.seconds()
+        moved = set(seconds) != set(earlier) or any(
+            abs(seconds[name] - earlier[name]) > max(5, earlier[name] / 4) for name in seconds)
+        if moved:
+            ordered = dict(sorted(seconds.items(), key=lambda item: -item[1]))
+            self.durations.write_text(json.dumps(ordered, indent=1) + "\n")

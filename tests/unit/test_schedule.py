@@ -1,0 +1,47 @@
+"""tests/support/schedule.py on a project of its own: a whole run that passes writes each file's seconds, the next
+run starts with the longest file, and a partial or failed run writes nothing."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SUPPORT = Path(__file__).resolve().parents[1] / "support"
+CONFTEST = f"""
+import sys
+from pathlib import Path
+sys.path.insert(0, {str(SUPPORT)!r})
+from schedule import Schedule
+_schedule = Schedule(Path(__file__).resolve().parent / "durations.json")
+def pytest_collection_modifyitems(config, items):
+    _schedule.order(config, items)
+def pytest_runtest_logreport(report):
+    _schedule.record(report)
+def pytest_sessionfinish(session, exitstatus):
+    _schedule.write(session, exitstatus)
+"""
+
+
+def pytest_in(folder: Path, *args: str) -> list[str]:
+    done = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "no:randomly",
+                           *args], cwd=folder, capture_output=True, text=True, timeout=120)
+    return [line.split("::")[0] for line in done.stdout.splitlines() if "::" in line and "PASSED" in line]
+
+
+def test_the_longest_file_runs_first_once_a_whole_run_measured_it(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[tool.pytest.ini_options]\ntestpaths = ["tests"]\n')
+    tests = tmp_path / "tests"
+    (tests / "unit").mkdir(parents=True)
+    (tests / "conftest.py").write_text(CONFTEST)
+    (tests / "unit" / "test_a_quick.py").write_text("def test_quick():\n    pass\n")
+    (tests / "unit" / "test_b_slow.py").write_text("import time\n\ndef test_slow():\n    time.sleep(1.2)\n")
+    durations = tests / "durations.json"
+    assert pytest_in(tmp_path, "-k", "quick") == ["tests/unit/test_a_quick.py"] and not durations.exists()  # partial
+    assert pytest_in(tmp_path) == ["tests/unit/test_a_quick.py", "tests/unit/test_b_slow.py"]  # nothing known yet
+    seconds = json.loads(durations.read_text())
+    assert list(seconds) == ["unit/test_b_slow.py", "unit/test_a_quick.py"] and seconds["unit/test_b_slow.py"] >= 1
+    assert pytest_in(tmp_path) == ["tests/unit/test_b_slow.py", "tests/unit/test_a_quick.py"]  # the longest first
+    (tests / "unit" / "test_a_quick.py").write_text("def test_quick():\n    assert False\n")
+    durations.write_text("{}")
+    pytest_in(tmp_path)
+    assert durations.read_text() == "{}"  # a failed run writes nothing
