@@ -98,7 +98,7 @@ def test_jobs_of_a_node_opening_datasets_at_once_each_get_their_own_shared_memor
 def test_processes_started_at_once_do_not_inherit_the_locks_the_test_process_holds(sample_shards, tmp_path):
     """The processes of the tests above start from a clean server, not as forks of this process: a lock held here
     (as a thread of an earlier test may hold one at the fork), here the one around Streaming's memories, does not hang
-    them inside the registration lock (seen in CI: four forks killed after 120 s, the registration lock held)."""
+    them inside the registration lock."""
     from vocagno.data.streaming import _replacing_lock, clean_leaked_shared_memory
 
     locals_ = [str(tmp_path / f"local{job}") for job in range(4)]

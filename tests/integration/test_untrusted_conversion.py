@@ -98,7 +98,7 @@ def test_a_parts_index_with_samples_no_shard_holds_is_refused_before_the_merge_u
 
 def test_a_link_planted_at_a_parts_staging_name_is_not_written_through(tmp_path, monkeypatch):
     """A part is built under a fresh private name of the converter's own: a link someone planted at the name the next
-    part used to be built under (.tmp-part-...), while the job runs, leads nowhere the converter writes."""
+    part was once built under (.tmp-part-...), while the job runs, leads nowhere the converter writes."""
     from vocagno.data.outroots import Output
 
     victim = tmp_path / "victim"

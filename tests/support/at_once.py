@@ -1,7 +1,7 @@
 """Several processes let go at the same moment, as the ranks or jobs of one node start: each forked from
 ``forked``'s server, not from the pytest worker. A fork of the worker inherits the threads and locks that the tests it
 ran before left (Streaming's threads, torch's, execnet's): a lock some thread held at the fork stays held in the child
-for good, and the CI run at 9dd6544 saw all four children of one call hang."""
+for good, and the child hangs on it."""
 
 from forked import context as _context
 

@@ -13,7 +13,7 @@ run's script as each spawned process would.
 
 The server is multiprocessing's forkserver, a clean interpreter, not the pytest worker: a fork of the worker
 inherits the threads and locks its earlier tests left, and a lock some thread held at the fork stays held in the
-child (the CI run at 9dd6544 saw four such children hang). What only a fresh interpreter shows (what a module
+child for good. What only a fresh interpreter shows (what a module
 imports, ``torchrun``) keeps ``subprocess``."""
 
 import atexit
