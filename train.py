@@ -212,9 +212,10 @@ def check_sections(cfg: DictConfig) -> None:
 
 
 def _algorithm(name: str):
-    """The class registered as algorithm ``name``: vocagno's own, or an entry point of llm-foundry's group."""
-    available = {name: EntryPoint(name, value, ALGORITHM_GROUP) for name, value in OWN_ALGORITHMS.items()}
-    available.update({ep.name: ep for ep in entry_points(group=ALGORITHM_GROUP)})
+    """The class registered as algorithm ``name``: vocagno's own (over what an install's metadata may still name), or
+    an entry point of llm-foundry's group."""
+    available = {ep.name: ep for ep in entry_points(group=ALGORITHM_GROUP)}
+    available.update({name: EntryPoint(name, value, ALGORITHM_GROUP) for name, value in OWN_ALGORITHMS.items()})
     if name not in available:
         close = difflib.get_close_matches(name, list(available), n=1)
         hint = f" (did you mean algorithms.{close[0]}?)" if close else ""
@@ -394,7 +395,7 @@ def check_loaded_checkpoint(cfg: DictConfig) -> None:
     try:
         check_load_path(location)
     except BadCheckpoint as error:  # it names the checkpoint and why
-        sys.exit(f"error: callbacks.load_checkpoint.load_path: {error}")
+        raise Refused(f"callbacks.load_checkpoint.load_path: {error}") from None
 
 
 def main(cfg: DictConfig) -> Trainer:
@@ -460,7 +461,7 @@ def main(cfg: DictConfig) -> Trainer:
         try:
             repair(format_name_with_dist(save_folder, cfg.run_name))
         except BadCheckpoint as error:  # it names the checkpoint and why; nothing was deleted
-            sys.exit(f"error: autoresume: {error}")
+            raise Refused(f"autoresume: {error}") from None
     dist.barrier()
     loggers, callbacks = build_loggers(cfg)
     console = _plain(cfg, "loggers").get("console") is not None
@@ -564,7 +565,7 @@ def _interrupt(signum, frame) -> None:
 def cli() -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     if len(sys.argv) < 2:
-        sys.exit("usage: composer train.py YAML [key=value ...]")
+        raise Refused("usage: composer train.py YAML [key=value ...]")
     main(load_config(sys.argv[1], sys.argv[2:]))
     return 0
 

@@ -115,4 +115,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from vocagno import entry
+
+    entry.run(main)  # a refusal: one line, exit 2

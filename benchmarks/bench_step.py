@@ -217,4 +217,6 @@ def score_once(cfg, shards: str, scored: str) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from vocagno import entry
+
+    entry.run(main)  # a refusal: one line, exit 2

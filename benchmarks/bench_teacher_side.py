@@ -183,4 +183,6 @@ def end_to_end(seq_len: int = 512, batch_size: int = 8, batches: int = 12) -> di
 
 
 if __name__ == "__main__":
-    main()
+    from vocagno import entry
+
+    entry.run(main)  # a refusal: one line, exit 2

@@ -97,7 +97,7 @@ def steps(python: str, gpus: int, out: Path, dry: bool) -> list[dict]:
 def gpu_test_files() -> list[str]:
     """The test files that hold ``gpu`` tests: collecting the others would import what a GPU image may lack (moto,
     boto3, datasets, llm-foundry), and their collection errors would count as failed gpu tests."""
-    files = [str(path) for path in sorted((REPO / "tests").glob("test_*.py")) if "pytest.mark.gpu" in path.read_text()]
+    files = [str(path) for path in sorted((REPO / "tests").rglob("test_*.py")) if "pytest.mark.gpu" in path.read_text()]
     if not files:  # pytest given no file would collect the whole suite
         raise SystemExit("error: no file under tests/ marks a test pytest.mark.gpu")
     return files

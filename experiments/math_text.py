@@ -75,4 +75,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from vocagno import entry
+
+    entry.run(main)  # a refusal: one line, exit 2

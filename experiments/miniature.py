@@ -215,4 +215,6 @@ def precision(heldout_shards: Path, teacher: Teacher, cfg, student, method: str,
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from vocagno import entry
+
+    entry.run(main)  # a refusal: one line, exit 2

@@ -177,7 +177,7 @@ def _main(args: argparse.Namespace) -> Report | None:
         else:
             settings = Settings()
             model = _split_teacher(args.teacher[0])[1]
-            chosen = Teacher(load_teacher(model, args.dtype), model, args.dtype, 1024)
+            chosen = Teacher(load_teacher(model, args.dtype), model, args.dtype, CHUNK_SIZE)
             teacher_tokenizer = args.teacher_tokenizer or model
         reader = chosen[0] if isinstance(chosen, list) else chosen  # the teacher of the shards' teacher tokens
         check_teacher_reads(reader.scorer.model, metadata, load_tokenizer(teacher_tokenizer))
@@ -198,6 +198,8 @@ def _main(args: argparse.Namespace) -> Report | None:
                 raise Refused(f"--student {error}") from error
             metadata.check_tokenizers(student=describe_tokenizer(tokenizer, "student"))
             student_name = args.student
+    except Refused:
+        raise  # one line already
     except (ValueError, OSError, KeyError, RuntimeError, pickle.UnpicklingError) as error:
         raise Refused(f"{error.__class__.__name__}: {str(error).splitlines()[0] if str(error) else ''}") from error
     device = args.device or (f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu")

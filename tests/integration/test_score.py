@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from conversion import convert_dataset
-from tests.test_algorithm import Capture, tiny
+from test_algorithm import Capture, tiny
 from vocagno import score
 from vocagno.teacher import scoring
 from vocagno.errors import Refused

@@ -10,7 +10,7 @@ from helpers import ends
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from tests.test_selection import REPO, TEXT, convert
+from test_selection import REPO, TEXT, convert
 from vocagno import selection
 from vocagno.core.tokenization import resolve_shipped
 
@@ -123,7 +123,7 @@ def test_a_set_the_command_cannot_use_is_one_line_exit_2(setup, tmp_path, capsys
     code = ends(selection.main, ["--shards", str(shards), *arguments, *SAMPLES, "--json",
                                  str(tmp_path / "out.json")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and re.search(message, err[0]), err
+    assert code == 2 and len(err) == 1 and re.match(f"error: {message}", err[0]), err
     assert not (tmp_path / "out.json").exists()
 
 
@@ -240,7 +240,7 @@ def test_every_teacher_of_a_set_is_checked_before_any_scoring(setup, tmp_path, c
                                  f"short={tmp_path / 'short'}", *SAMPLES, "--work", str(tmp_path / "work"),
                                  "--json", str(tmp_path / "out.json")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and re.search(message, err[0]), err
+    assert code == 2 and len(err) == 1 and re.match(f"error: {message}", err[0]), err
     assert not (tmp_path / "work").exists() or not any((tmp_path / "work").iterdir())
     assert not (tmp_path / "out.json").exists()
 
@@ -274,7 +274,8 @@ teachers:
     code = ends(selection.main, ["--shards", str(shards), "--config", str(yaml), *SAMPLES, "--work",
                                  str(tmp_path / "a" / "work")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and "a teacher's name must be" in err[0], err
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"error: {yaml}: "), err
+    assert "a teacher's name must be" in err[0], err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["evil.yaml"]
 
 

@@ -16,8 +16,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralFo
 
 import train
 from conversion import convert_dataset
-from tests.helpers import Capture
-from tests.test_algorithm import tiny
+from helpers import Capture
+from test_algorithm import tiny
 from vocagno import score
 from vocagno.errors import Refused
 from vocagno.algorithms.vocagno_lm import VocAgnoLM, teacher_guided_loss

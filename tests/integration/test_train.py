@@ -621,3 +621,13 @@ def test_a_run_names_its_cpu_for_composer_without_a_subprocess(tiny_run, monkeyp
 
     monkeypatch.setattr(processes, "Popen", no_subprocess)
     assert collect_env.get_cpu_model() == name
+
+
+def test_vocagnos_own_algorithms_win_over_an_installs_stale_entry_points(monkeypatch):
+    """An environment whose installed metadata predates a move of the code (an old `pip install -e .`, or an image
+    with the code on PYTHONPATH) still names the old module: train.py takes vocagno's own classes, not that."""
+    from importlib.metadata import EntryPoint
+
+    stale = [EntryPoint("vocagno", "vocagno.algorithm:VocAgnoLM", train.ALGORITHM_GROUP)]
+    monkeypatch.setattr(train, "entry_points", lambda group: stale)
+    assert train._algorithm("vocagno") is VocAgnoLM

@@ -86,7 +86,7 @@ def test_a_gadget_given_as_load_path_to_train_py_runs_nothing(tmp_path):
     assert not marker.exists(), "the checkpoint's pickle ran"
     # one line, the last (torch may warn before it about the pickle's protocol), and no traceback
     err = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert result.returncode != 0 and len(err) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.returncode == 2 and len(err) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert result.stderr.rstrip().endswith(err[0])
     assert err[0].startswith("error: callbacks.load_checkpoint.load_path: ") and checkpoint.name in err[0], err
     assert "refused to load" in err[0]

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from vocagno.doors.writing import write_atomically
+
 __all__ = ["Schedule"]
 
 
@@ -25,10 +27,18 @@ class Schedule:
         self.spent: dict[str, float] = {}
 
     def seconds(self) -> dict[str, int]:
+        """The figures of the last whole run; none where the file is missing, not a regular file or not a mapping of
+        test files to seconds (it only orders the run: a bad one is ignored, and the next whole run writes it)."""
+        from vocagno.doors.untrusted import read_json
+
         try:
-            return json.loads(self.durations.read_text())
+            seconds = read_json(self.durations.name, folder=self.durations.parent)
         except (OSError, ValueError):
             return {}
+        figures = seconds.items() if isinstance(seconds, dict) else [(None, None)]
+        if not all(isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in figures):
+            return {}
+        return seconds
 
     def file_of(self, config, nodeid: str) -> str:
         """A test's file relative to the durations' folder (``unit/test_loss.py``), from its node id."""
@@ -55,4 +65,4 @@ class Schedule:
             abs(seconds[name] - earlier[name]) > max(5, earlier[name] / 4) for name in seconds)
         if moved:
             ordered = dict(sorted(seconds.items(), key=lambda item: -item[1]))
-            self.durations.write_text(json.dumps(ordered, indent=1) + "\n")
+            write_atomically(self.durations, json.dumps(ordered, indent=1) + "\n")  # never through a link

@@ -45,3 +45,20 @@ def test_the_longest_file_runs_first_once_a_whole_run_measured_it(tmp_path):
     durations.write_text("{}")
     pytest_in(tmp_path)
     assert durations.read_text() == "{}"  # a failed run writes nothing
+
+
+def test_a_durations_file_that_is_a_link_or_no_mapping_orders_nothing_and_is_replaced(tmp_path):
+    """Whatever stands at durations.json only orders the run: a link is neither followed when read nor written
+    through, and a file that is not a mapping of files to seconds is ignored."""
+    (tmp_path / "pyproject.toml").write_text('[tool.pytest.ini_options]\ntestpaths = ["tests"]\n')
+    tests = tmp_path / "tests"
+    (tests / "unit").mkdir(parents=True)
+    (tests / "conftest.py").write_text(CONFTEST)
+    (tests / "unit" / "test_a.py").write_text("def test_a():\n    pass\n")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("kept")
+    (tests / "durations.json").symlink_to(victim)
+    assert pytest_in(tmp_path) == ["tests/unit/test_a.py"]
+    assert victim.read_text() == "kept" and not (tests / "durations.json").is_symlink()
+    (tests / "durations.json").write_text('["unit/test_a.py"]')
+    assert pytest_in(tmp_path) == ["tests/unit/test_a.py"]  # collected and run, not an AttributeError

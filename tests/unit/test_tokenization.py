@@ -275,3 +275,18 @@ def test_the_vocabulary_cache_keeps_no_tokenizer_alive():
     del tokenizer
     gc.collect()
     assert gone() is None
+
+
+def test_a_vocabulary_with_two_tokens_of_one_id_is_read_for_its_tokenizer_and_kept_for_no_other():
+    """Two tokens of one id: the tokenizer's serialization keeps one of them, so its content does not identify the
+    vocabulary. It is read for the tokenizer asked about, and another tokenizer of that content reads its own."""
+    from vocagno.data.shards import _by_content, vocabulary
+
+    _by_content.cache_clear()
+    odd = load_tokenizer("mistral")
+    read = odd.get_vocab()
+    odd.get_vocab = lambda: {**read, "<twin>": 5}  # a second token of id 5
+    vocab, _ = vocabulary(odd)
+    assert vocab["<twin>"] == 5 and _by_content.cache_info().currsize == 0
+    plain, _ = vocabulary(load_tokenizer("mistral"))
+    assert "<twin>" not in plain and _by_content.cache_info().currsize == 1

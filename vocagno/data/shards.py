@@ -140,10 +140,11 @@ def vocabulary(tokenizer) -> tuple[dict[str, int], str]:
             content = hashlib.sha256(backend.to_str().encode()).hexdigest(), backend.get_vocab_size()
         except Exception:  # a component defined in Python can't be serialized: read the vocabulary itself
             content = None
-        computed = _by_content(_Content(content, tokenizer)) if content else None
-        if computed is None or computed[2]:
-            computed = _read_vocabulary(tokenizer)
-        known = _VOCABULARIES[tokenizer] = (added, *computed[:2])
+        try:
+            computed = _by_content(_Content(content, tokenizer)) if content else _read_vocabulary(tokenizer)
+        except _Ambiguous as ambiguous:  # read for this tokenizer, and not kept for others of its content
+            computed = ambiguous.read
+        known = _VOCABULARIES[tokenizer] = (added, *computed)
     return known[1], known[2]
 
 
@@ -161,22 +162,32 @@ class _Content:
         return hash(self.content)
 
 
+class _Ambiguous(Exception):
+    """A vocabulary in which two tokens share an id: its tokenizer's serialization keeps one of them, so its content
+    does not tell such vocabularies apart. Raised out of the cache (which keeps no exception) with what was read."""
+
+    def __init__(self, read: tuple[dict[str, int], str]):
+        super().__init__("two tokens share an id")
+        self.read = read
+
+
 @functools.lru_cache(maxsize=4)
-def _by_content(key: _Content) -> tuple[dict[str, int], str, bool]:
+def _by_content(key: _Content) -> tuple[dict[str, int], str]:
     """``_read_vocabulary`` of the latest few contents."""
     read = _read_vocabulary(key.tokenizer)
     key.tokenizer = None  # the cache keeps this key: its vocabulary, not the whole tokenizer
+    if len(set(read[0].values())) < len(read[0]):
+        raise _Ambiguous(read)
     return read
 
 
-def _read_vocabulary(tokenizer) -> tuple[dict[str, int], str, bool]:
-    """The vocabulary, its SHA-256, and whether two of its tokens share an id (the serialization keeps one of them:
-    its content does not tell such vocabularies apart, and is not trusted for them)."""
+def _read_vocabulary(tokenizer) -> tuple[dict[str, int], str]:
+    """The vocabulary and its SHA-256."""
     vocab = tokenizer.get_vocab()
     # json.dumps(sorted(vocab.items()), ensure_ascii=False), built in a third less time: tokens are unique, so sorting
     # them alone sorts the pairs.
     pairs = ", ".join([f"[{encode_basestring(token)}, {vocab[token]}]" for token in sorted(vocab)])
-    return vocab, hashlib.sha256(f"[{pairs}]".encode("utf-8")).hexdigest(), len(set(vocab.values())) < len(vocab)
+    return vocab, hashlib.sha256(f"[{pairs}]".encode("utf-8")).hexdigest()
 
 
 def document_separator(tokenizer) -> str:
