@@ -27,24 +27,12 @@ from vocagno.core.tokenization import ASSETS, SHIPPED_TOKENIZERS, load_tokenizer
 keep_freed_memory()  # the tests' in-process training and scoring, as a CPU run of train.py does
 
 
-_schedule = Schedule(Path(__file__).resolve().parent / "durations.json")  # the files, longest first: schedule.py
+globals().update(Schedule(Path(__file__).resolve().parent / "durations.json").hooks())  # the longest files first
 
 
 def pytest_configure(config):
     if hasattr(config.option, "loadscopereorder"):  # xdist's own order (most tests first) would start multinode last
         config.option.loadscopereorder = False
-
-
-def pytest_collection_modifyitems(config, items):
-    _schedule.order(config, items)
-
-
-def pytest_runtest_logreport(report):
-    _schedule.record(report)
-
-
-def pytest_sessionfinish(session, exitstatus):
-    _schedule.write(session, exitstatus)
 
 
 @pytest.fixture(scope="session", autouse=True)

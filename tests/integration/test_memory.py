@@ -24,13 +24,20 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
-def test_steps_after_the_first_fault_no_pages_in_once_freed_memory_is_kept():
+
+def minor_faults(script: str, *modes: str) -> dict[str, int]:
+    """The page faults ``script`` counts (its last line) in a fresh interpreter, for each mode given as its argument."""
     faults = {}
-    for mode in ("default", "kept"):
-        result = subprocess.run([sys.executable, "-c", STEP, mode], capture_output=True, text=True, timeout=120)
+    for mode in modes:
+        result = subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stderr[-2000:]
         faults[mode] = int(result.stdout)
+    return faults
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_steps_after_the_first_fault_no_pages_in_once_freed_memory_is_kept():
+    faults = minor_faults(STEP, "default", "kept")
     pages = 2 * 8 * 128 * 32000 * 4 // resource.getpagesize()  # two 131 MB tensors a step
     assert faults["default"] > 10 * pages // 2, faults  # given back and faulted in again every step
     # Mostly reused: at most 2 steps' worth of tensors faulted in again, in a CI run beside the other tests' processes.
@@ -58,11 +65,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 def test_the_converters_setting_gives_every_large_block_back_as_it_is_freed():
     """return_freed_memory (the converter's): glibc's own threshold would keep a freed 20 MB block in the heap, reused
     without faults and never given back; with it, each block is mapped afresh and given back when freed."""
-    faults = {}
-    for mode in ("default", "returned"):
-        result = subprocess.run([sys.executable, "-c", DOCUMENTS, mode], capture_output=True, text=True, timeout=120)
-        assert result.returncode == 0, result.stderr[-2000:]
-        faults[mode] = int(result.stdout)
+    faults = minor_faults(DOCUMENTS, "default", "returned")
     pages = (20 << 20) // resource.getpagesize()
     assert faults["returned"] > 10 * pages // 2, faults  # mapped afresh and faulted in every time
     assert faults["default"] < faults["returned"] // 3, faults

@@ -53,6 +53,11 @@ class Schedule:
         nodeid = report.nodeid.split("::")[0]
         self.spent[nodeid] = self.spent.get(nodeid, 0.0) + report.duration
 
+    def hooks(self) -> dict:
+        """The pytest hooks a conftest.py takes from it: ``globals().update(Schedule(path).hooks())``."""
+        return {"pytest_collection_modifyitems": self.order, "pytest_runtest_logreport": self.record,
+                "pytest_sessionfinish": self.write}
+
     def write(self, session, exitstatus) -> None:
         config = session.config
         whole = (config.args_source == pytest.Config.ArgsSource.TESTPATHS and not config.option.keyword

@@ -12,13 +12,7 @@ import sys
 from pathlib import Path
 sys.path.insert(0, {str(SUPPORT)!r})
 from schedule import Schedule
-_schedule = Schedule(Path(__file__).resolve().parent / "durations.json")
-def pytest_collection_modifyitems(config, items):
-    _schedule.order(config, items)
-def pytest_runtest_logreport(report):
-    _schedule.record(report)
-def pytest_sessionfinish(session, exitstatus):
-    _schedule.write(session, exitstatus)
+globals().update(Schedule(Path(__file__).resolve().parent / "durations.json").hooks())
 """
 
 
