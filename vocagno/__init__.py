@@ -1,11 +1,12 @@
 """vocagno: teacher guided language modeling across vocabularies (VocAgnoLM, Shin et al., ICML 2025).
 
-- ``vocagno.core.alignment``: token-level lexical alignment of two tokenizations (numpy and batched torch).
-- ``vocagno.core.loss``: the teacher guided loss (plain torch).
-- ``vocagno.core.tokenization``: loading tokenizers, the shipped offline copies included.
-- ``vocagno.data.shards`` / ``vocagno.data.dataset``: the MDS shard format, the streaming dataset and the collator.
-- ``vocagno.algorithms.vocagno_lm``: ``VocAgnoLM``, the Composer algorithm.
-- ``vocagno.training.metrics`` / ``vocagno.eval``: bits per byte and the math benchmarks.
+- ``vocagno.core``: the method without a framework: token alignment (``alignment``), the teacher guided loss
+  (``loss``), tokenization.
+- ``vocagno.data``: the MDS shards, the streaming dataset and its collator, the batch's keys.
+- ``vocagno.teacher``: the frozen teacher, its side of a batch, several teachers, the scoring pass.
+- ``vocagno.algorithms``: ``VocAgnoLM`` and the ULD and KLD baselines (Composer algorithms).
+- ``vocagno.training``: what ``train.py`` builds on; ``vocagno.eval``: the math benchmarks; ``vocagno.diagnostics``:
+  what a teacher keeps. ``vocagno.doors``: the one way in for files from elsewhere, the one way out.
 """
 
 __version__ = "0.1.0"
