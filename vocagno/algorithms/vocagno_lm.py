@@ -53,7 +53,7 @@ from torch.utils.data import DataLoader
 from vocagno.core.alignment import ALIGNMENT, NUM_CHUNKS, check_alignment, chunk_align
 from vocagno.data.dataset import TeacherGuidedCollator
 from vocagno.core.loss import (AGGREGATION, CHUNK_SIZE, COMBINE, SELECTION, SELECTION_SCOPE, TOPK_RATIO, UNMAPPED,
-    check_options, excess_loss, guided_loss, next_token_cross_entropy, select_random, select_top)
+    check_options, excess_loss, guided_loss, next_token_cross_entropy)
 from vocagno.teacher.model import TeacherScorer, check_teacher_options, check_teacher_reads, load_teacher, shard_teacher
 from vocagno.teacher.side import TeacherSide, WithTeacherSide, unpack_teacher_side
 from vocagno.teacher.several import (OtherTeachers, TeacherSpec, WithOtherTeachers, check_scored_by_teacher, checked_teacher,
@@ -61,6 +61,7 @@ from vocagno.teacher.several import (OtherTeachers, TeacherSpec, WithOtherTeache
 from vocagno.core.tokenization import as_tokenizer
 from vocagno.data.batch import (ALIGN_END, ALIGN_START, SELECTED, TEACHER_ATTENTION_MASK, TEACHER_INPUT_IDS,
     TEACHER_LOSS, teacher_key)
+from vocagno.algorithms.global_selection import select_over_ranks
 
 __all__ = ["teacher_guided_loss", "VocAgnoLM"]
 
@@ -443,8 +444,9 @@ class VocAgnoLM(Algorithm):
 
     @torch.no_grad()
     def _select_over_global_batch(self, state: State) -> None:
-        """The scoring pass of ``selection_scope="batch"``: put ``vocagno_selected`` (the top-k over the scores of all
-        ranks' batches) and ``vocagno_teacher_loss`` into this rank's batch, and count the global batch's tokens.
+        """The scoring pass of ``selection_scope="batch"``: this rank's rows scored piece by piece (a microbatch at a
+        time: the student's forward without gradients, each teacher's losses), the selection made over every rank's
+        scores (``select_over_ranks``), and ``SELECTED`` and each teacher's ``TEACHER_LOSS`` put into the batch.
 
         Composer weights each microbatch's loss by its share of the rank's samples and averages gradients over ranks;
         dividing each microbatch's sums by the global counts times its share of the global samples makes the step's
@@ -472,27 +474,10 @@ class VocAgnoLM(Algorithm):
             teacher_losses.append([teacher_loss, *others.values()])
             scores.append(score)
         score = torch.cat(scores)
-        # Every rank's scores in rank order (rows padded to the longest rank's with -inf: never selected).
-        rows = torch.tensor([size], device=score.device)
-        dist.all_reduce(rows, reduce_operation="MAX")
-        padded = torch.full((int(rows), score.shape[1]), float("-inf"), device=score.device)
-        padded[:size] = score
-        everything = torch.cat(list(dist.all_gather(padded)))
-        rank = dist.get_global_rank()
-        ratio = self.options["topk_ratio"]
-        choose = select_top(everything, ratio) if self.selection == "topk" else \
-            select_random(everything, ratio, generator=self._generator)  # seeded alike on every rank: the same draw
-        selected = choose[rank * int(rows) : rank * int(rows) + size]
-
-        labeled = batch["labels"][:, 1:].to(score.device) != -100
-        mapped = torch.isfinite(score)
-        counts = torch.stack([labeled.sum(), mapped.sum(), selected.sum(), torch.tensor(size, device=score.device)])
-        dist.all_reduce(counts, reduce_operation="SUM")
-        n_labeled, n_mapped, n_selected, n_samples = counts.float()
-        kept = n_selected + (n_labeled - n_mapped if self.options["unmapped"] == "include" else 0)
-        self._global_counts = {"labeled": n_labeled, "mapped": n_mapped, "kept": kept}
-        self._global_samples = int(n_samples)
-        batch[SELECTED] = selected
+        chosen = select_over_ranks(score, batch["labels"][:, 1:].to(score.device) != -100, self.options["topk_ratio"],
+                                   self.options["unmapped"], self.selection, self._generator)
+        self._global_counts, self._global_samples = chosen.counts, chosen.samples
+        batch[SELECTED] = chosen.selected
         for t, key in enumerate([TEACHER_LOSS, *(teacher_key(n, TEACHER_LOSS) for n in self.others.names)]):
             batch[key] = torch.cat([losses[t] for losses in teacher_losses])
 

@@ -1,0 +1,46 @@
+"""The top-k over a global batch: every rank's scores gathered, one selection made alike on every rank, and the
+global batch's token counts that make each microbatch's loss a share of the global mean (``VocAgnoLM``'s ``batch``
+scope). On one process it is ``select_top`` (or ``select_random``) over that process's rows."""
+
+from __future__ import annotations
+
+import torch
+from composer.utils import dist
+
+from vocagno.core.loss import SELECTION, TOPK_RATIO, UNMAPPED, select_random, select_top
+
+__all__ = ["GlobalSelection", "select_over_ranks"]
+
+
+class GlobalSelection:
+    """This rank's ``selected`` ``[rows, N - 1]``, the global batch's ``counts`` (labeled, mapped and kept tokens)
+    and its number of ``samples``."""
+
+    def __init__(self, selected: torch.Tensor, counts: dict[str, torch.Tensor], samples: int):
+        self.selected, self.counts, self.samples = selected, counts, samples
+
+
+@torch.no_grad()
+def select_over_ranks(score: torch.Tensor, labeled: torch.Tensor, topk_ratio: float = TOPK_RATIO,
+                      unmapped: str = UNMAPPED, selection: str = SELECTION,
+                      generator: torch.Generator | None = None) -> GlobalSelection:
+    """Select over the scores ``[rows, N - 1]`` of every rank (``-inf``: unmapped or unlabeled, never selected;
+    ``labeled``: which predicted tokens have a label). Ranks may hold different numbers of rows: each is padded to the
+    longest with ``-inf``. A random selection draws alike on every rank from ``generator``, seeded alike."""
+    size = score.shape[0]
+    rows = torch.tensor([size], device=score.device)
+    dist.all_reduce(rows, reduce_operation="MAX")
+    padded = torch.full((int(rows), score.shape[1]), float("-inf"), device=score.device)
+    padded[:size] = score
+    everything = torch.cat(list(dist.all_gather(padded)))  # every rank's scores, in rank order
+    rank = dist.get_global_rank()
+    chosen = (select_top(everything, topk_ratio) if selection == "topk"
+              else select_random(everything, topk_ratio, generator=generator))
+    selected = chosen[rank * int(rows) : rank * int(rows) + size]
+
+    mapped = torch.isfinite(score)
+    counts = torch.stack([labeled.sum(), mapped.sum(), selected.sum(), torch.tensor(size, device=score.device)])
+    dist.all_reduce(counts, reduce_operation="SUM")
+    n_labeled, n_mapped, n_selected, n_samples = counts.float()
+    kept = n_selected + (n_labeled - n_mapped if unmapped == "include" else 0)
+    return GlobalSelection(selected, {"labeled": n_labeled, "mapped": n_mapped, "kept": kept}, int(n_samples))
