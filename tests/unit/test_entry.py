@@ -1,0 +1,49 @@
+"""vocagno.entry.run, how every command ends: a refusal is one line and exit 2, Ctrl-C is 'interrupted' and 130, a
+bug keeps its traceback, and VOCAGNO_TRACEBACK=1 shows a refusal's too."""
+
+import pytest
+
+from vocagno.entry import run
+from vocagno.errors import Refused
+
+
+def ended(main) -> int:
+    with pytest.raises(SystemExit) as exit:
+        run(main)
+    return exit.value.code
+
+
+def refuse():
+    raise Refused("error: --shards x holds no index.json\n  convert a corpus into it first")
+
+
+def test_a_refusal_is_one_line_and_exit_2(capsys, monkeypatch):
+    monkeypatch.delenv("VOCAGNO_TRACEBACK", raising=False)
+    assert ended(refuse) == 2
+    assert capsys.readouterr().err == "error: --shards x holds no index.json convert a corpus into it first\n"
+    assert ended(lambda: 0) == 0 and ended(lambda: None) == 0 and ended(lambda: 3) == 3
+
+
+def test_ctrl_c_is_one_line_and_exit_130(capsys, monkeypatch):
+    monkeypatch.delenv("VOCAGNO_TRACEBACK", raising=False)
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    assert ended(interrupted) == 130 and capsys.readouterr().err == "\ninterrupted\n"
+    monkeypatch.setenv("VOCAGNO_TRACEBACK", "1")
+    with pytest.raises(KeyboardInterrupt):
+        run(interrupted)
+
+
+def test_a_bug_keeps_its_traceback_and_vocagno_traceback_shows_a_refusals(monkeypatch):
+    monkeypatch.delenv("VOCAGNO_TRACEBACK", raising=False)
+
+    def bug():
+        raise KeyError("not a mistake of the user's")
+
+    with pytest.raises(KeyError):
+        run(bug)
+    monkeypatch.setenv("VOCAGNO_TRACEBACK", "1")
+    with pytest.raises(Refused):
+        run(refuse)
