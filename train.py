@@ -46,7 +46,8 @@ from vocagno.data.dataset import teacher_guided_loader  # noqa: E402
 from vocagno.data.streaming import clean_leaked_shared_memory  # noqa: E402
 from vocagno.core.fsdp import wrap_per_decoder_layer  # noqa: E402
 from vocagno.training.checkpoint import BadCheckpoint, check_load_path, repair  # noqa: E402
-from vocagno.training.loggers import ConsoleLine, JSONLinesLogger, Narration, RunPicture, RunRecipe, SampleLog  # noqa: E402
+from vocagno.training.loggers import (  # noqa: E402
+    ConsoleLine, JSONLinesLogger, Narration, RunPicture, RunRecipe, SampleLog)
 from vocagno.training.metrics import BitsPerByte  # noqa: E402
 from vocagno.core.tokenization import load_tokenizer  # noqa: E402
 from vocagno.core.loss import CHUNK_SIZE, COMBINE  # noqa: E402
@@ -552,7 +553,7 @@ def report_selection(cfg: DictConfig, trainer: Trainer, sharded: bool) -> None:
                      student_name=f"{cfg.run_name} after {int(trainer.state.timestamp.batch)} batches",
                      samples=section.get("samples") or 64, canaries=section.get("canaries") or 0.5, seed=cfg.seed,
                      device=str(next(student.parameters()).device))
-    except (Refused, OSError) as error:  # the run itself is done and saved: say why there is no report, and end as it would
+    except (Refused, OSError) as error:  # the run is done and saved: say why there is no report, end as it would
         print(f"selection_report skipped: {error}", flush=True)
         return
     print("\n" + report.table(), flush=True)

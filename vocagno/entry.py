@@ -1,7 +1,7 @@
 """How every command line of vocagno ends: its exit code, or one line ``error: ...`` and exit code 2 for a mistake in
 what it was given (a ValueError or OSError: the library's ``Refused``, ``UntrustedFile`` and ``BadCheckpoint`` among
-them), or ``interrupted`` and exit code 130 for Ctrl-C. Anything else is a bug and ends
-in its traceback. ``VOCAGNO_TRACEBACK=1`` shows the traceback of a mistake too.
+them), or ``interrupted`` and exit code 130 for Ctrl-C. Anything else is a bug and ends in its traceback.
+``VOCAGNO_TRACEBACK=1`` shows the traceback of a mistake too.
 
     if __name__ == "__main__":
         run(main)

@@ -74,7 +74,8 @@ def test_llmfoundry_trains_with_vocagno_on_its_own_text_loader_and_on_ours(found
     (f) docs/drop-in.md's yaml (``yamls/llm-foundry/tiny.yaml``: llm-foundry's MPT, the shipped teacher). All log
     ``loss/train/kept_fraction`` (tokenizers: TinyLlama's, Qwen2.5's, Mistral's; models: tiny random-init)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VOCAGNO_CACHE")}
-    result = _run([foundry_python, str(REPO / "tests" / "support" / "llmfoundry_run.py"), str(tmp_path)], 1200, cwd=tmp_path,
+    runner = REPO / "tests" / "support" / "llmfoundry_run.py"
+    result = _run([foundry_python, str(runner), str(tmp_path)], 1200, cwd=tmp_path,
                   env={**env, "VOCAGNO_CACHE": str(tmp_path / "cache")})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     runs = {r["run"]: r for r in map(json.loads, (line for line in result.stdout.splitlines() if line.startswith("{")))}

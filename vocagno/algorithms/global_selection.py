@@ -4,6 +4,8 @@ scope). On one process it is ``select_top`` (or ``select_random``) over that pro
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from composer.utils import dist
 
@@ -12,12 +14,14 @@ from vocagno.core.loss import SELECTION, TOPK_RATIO, UNMAPPED, select_random, se
 __all__ = ["GlobalSelection", "select_over_ranks"]
 
 
+@dataclass(frozen=True)
 class GlobalSelection:
     """This rank's ``selected`` ``[rows, N - 1]``, the global batch's ``counts`` (labeled, mapped and kept tokens)
     and its number of ``samples``."""
 
-    def __init__(self, selected: torch.Tensor, counts: dict[str, torch.Tensor], samples: int):
-        self.selected, self.counts, self.samples = selected, counts, samples
+    selected: torch.Tensor
+    counts: dict[str, torch.Tensor]
+    samples: int
 
 
 @torch.no_grad()

@@ -56,8 +56,9 @@ from vocagno.core.loss import (AGGREGATION, CHUNK_SIZE, COMBINE, SELECTION, SELE
     check_options, excess_loss, guided_loss, next_token_cross_entropy)
 from vocagno.teacher.model import TeacherScorer, check_teacher_options, check_teacher_reads, load_teacher, shard_teacher
 from vocagno.teacher.side import TeacherSide, WithTeacherSide, unpack_teacher_side
-from vocagno.teacher.several import (OtherTeachers, TeacherSpec, WithOtherTeachers, check_scored_by_teacher, checked_teacher,
-                              reading_teacher, teacher_label, teacher_shares, teacher_specs)
+from vocagno.teacher.several import (
+    OtherTeachers, TeacherSpec, WithOtherTeachers, check_scored_by_teacher, checked_teacher, reading_teacher,
+    teacher_label, teacher_shares, teacher_specs)
 from vocagno.core.tokenization import as_tokenizer
 from vocagno.data.batch import (ALIGN_END, ALIGN_START, SELECTED, TEACHER_ATTENTION_MASK, TEACHER_INPUT_IDS,
     TEACHER_LOSS, teacher_key)

@@ -70,7 +70,8 @@ COLUMNS = {
 }
 # Shards scored by ``python -m vocagno.score`` add each teacher token's loss (float16, NaN where undefined).
 SCORED_COLUMNS = {**COLUMNS, "teacher_loss": "ndarray"}
-# A set of teachers (vocagno.teacher.several): the other teachers' losses and alignment, scored, are columns named after them.
+# A set of teachers (vocagno.teacher.several): the other teachers' losses and alignment, scored, are columns named
+# after them.
 TEACHER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 METADATA_FILE = "vocagno.json"
 SHARD_HASH = "xxh3_64"  # every shard's hash in index.json: the merge checks it on the out-root, readers when they read

@@ -1,4 +1,5 @@
-"""What each selection variant keeps of scored canary rows, measured: precision, recall, losses per kind (``measure``)."""
+"""What each selection variant keeps of scored canary rows, measured: precision, recall, losses per kind
+(``measure``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""A selection run: rows drawn and mixed with canaries, scored by the teachers (as the scoring pass scores), measured (``run``)."""
+"""A selection run: rows drawn and mixed with canaries, scored by the teachers (as the scoring pass scores),
+measured (``run``)."""
 
 from __future__ import annotations
 
