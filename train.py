@@ -45,6 +45,7 @@ from vocagno.entry import INTERRUPTED_EXIT, run  # noqa: E402
 from vocagno.data.dataset import teacher_guided_loader  # noqa: E402
 from vocagno.data.streaming import clean_leaked_shared_memory  # noqa: E402
 from vocagno.core.fsdp import wrap_per_decoder_layer  # noqa: E402
+from vocagno.core.kernels import check_compile_config, use_kernels  # noqa: E402
 from vocagno.training.checkpoint import BadCheckpoint, check_load_path, repair  # noqa: E402
 from vocagno.training.loggers import (  # noqa: E402
     ConsoleLine, JSONLinesLogger, Narration, RunPicture, RunRecipe, SampleLog)
@@ -61,7 +62,7 @@ OWN_ALGORITHMS = {"vocagno": "vocagno.algorithms.vocagno_lm:VocAgnoLM", "uld": "
 # The algorithms that use the teacher: section, and which of its keyword arguments each takes.
 TEACHER_ALGORITHMS = {
     "vocagno": ("teacher", "teacher_tokenizer", "teacher_dtype", "teacher_placement", "chunk_size",
-                "trust_remote_code"),
+                "trust_remote_code", "teacher_kernels", "teacher_compile_config"),
     "uld": ("teacher", "teacher_dtype", "chunk_size", "trust_remote_code"),
     "kld": ("teacher", "teacher_tokenizer", "teacher_dtype", "chunk_size", "trust_remote_code"),
 }
@@ -264,7 +265,8 @@ def teacher_spec(name: str, section: DictConfig, seed: int) -> dict[str, Any]:
     kwargs = teacher_kwargs(section, load_tokenizer(section.tokenizer), TEACHER_ALGORITHMS["vocagno"], seed)
     return {"teacher": kwargs["teacher"], "tokenizer": kwargs["teacher_tokenizer"], "dtype": kwargs["teacher_dtype"],
             "placement": kwargs["teacher_placement"], "chunk_size": kwargs["chunk_size"],
-            "trust_remote_code": kwargs["trust_remote_code"]}
+            "trust_remote_code": kwargs["trust_remote_code"], "kernels": kwargs["teacher_kernels"],
+            "compile_config": kwargs["teacher_compile_config"]}
 
 
 def teacher_kwargs(section: DictConfig, teacher_tok, takes: tuple[str, ...], seed: int) -> dict[str, Any]:
@@ -278,9 +280,15 @@ def teacher_kwargs(section: DictConfig, teacher_tok, takes: tuple[str, ...], see
         "teacher_placement": section.get("placement") or "auto",
         "chunk_size": section.get("chunk_size") or CHUNK_SIZE,
         "trust_remote_code": section.get("trust_remote_code", False),
+        "teacher_kernels": section.get("kernels") or "torch",
+        "teacher_compile_config": _container(section.get("compile_config")),
     }
     if section.get("placement") is not None and "teacher_placement" not in takes:
         raise ValueError("teacher.placement: only algorithms.vocagno shards its teacher; the others replicate it")
+    for key in ("kernels", "compile_config"):
+        if section.get(key) is not None and f"teacher_{key}" not in takes:
+            raise ValueError(f"teacher.{key}: only algorithms.vocagno's teacher takes it; the others read its logits "
+                             "through PyTorch's own kernels")
     return {key: value for key, value in kwargs.items() if key in takes}
 
 
@@ -297,6 +305,11 @@ def student_flops_per_batch(student: torch.nn.Module):
         return rows * seq_len * (6 * params + 12 * layers * width * seq_len)
 
     return flops
+
+
+def _container(value: Any) -> Any:
+    """A yaml's mapping as a plain dict (what torch.compile's options must be); any other value as it is."""
+    return om.to_container(value) if isinstance(value, DictConfig) else value
 
 
 def _plain(cfg: DictConfig, key: str) -> dict[str, Any]:
@@ -445,6 +458,9 @@ def main(cfg: DictConfig) -> Trainer:
     if positions is not None and positions < seq_len:
         raise ValueError(f"the shards' samples hold {seq_len} student tokens, but the student (model) has "
                          f"max_position_embeddings={positions}: convert with --seq-len {positions} or less")
+    use_kernels(student, cfg.model.get("kernels") or "torch", "model.kernels")
+    compile_config = _container(cfg.get("compile_config"))  # Composer compiles the student's forward
+    check_compile_config(compile_config, "compile_config")
     model = student_model(wrap_per_decoder_layer(student), student_tok)
     model.flops_per_batch = student_flops_per_batch(student)  # SpeedMonitor's MFU
     algorithms = build_algorithms(cfg, teacher_tok)
@@ -479,6 +495,7 @@ def main(cfg: DictConfig) -> Trainer:
         max_duration=cfg.max_duration,
         device_train_microbatch_size=cfg.device_train_microbatch_size,
         precision=cfg.get("precision"),
+        compile_config=compile_config,
         parallelism_config={"fsdp": fsdp} if fsdp else None,
         save_folder=cfg.get("save_folder"),
         save_interval=cfg.get("save_interval", "1ep"),

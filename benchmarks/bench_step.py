@@ -1,6 +1,7 @@
 """Seconds per training step through Composer's Trainer, plain and guided by VocAgnoLM.
 
     python benchmarks/bench_step.py [--preset tiny|paper] [--steps 12] [--scopes batch,microbatch] [--no-cached]
+                                    [--scoring-batch-tokens 16384] [--profile DIR] [KEY=VALUE ...]
 
 Builds everything from ``yamls/tiny_qwen.yaml`` as ``train.py`` does (real llama2 / qwen2.5 tokenizers, the shipped
 GSM8K sample converted to shards under a temporary folder) with the preset's models:
@@ -13,13 +14,19 @@ Prints one JSON line per run: ``plain_step_s`` (no teacher), ``teacher_forward_s
 step), ``guided_step_s``, ``overhead`` = guided / (plain + teacher forward), ``student_tokens_per_s``, ``mfu`` (the
 student's training FLOPs as ``train.student_flops_per_batch`` counts them over the device's bf16 peak; null on a
 CPU), ``peak_gib`` (CUDA memory allocated at most; null on a CPU) and ``selection_scope``. Medians over the steps after
-two warm-up steps. ``batch`` scope adds a no-grad student forward per step (its scoring pass): the figure to compare
+two warm-up steps; on a GPU each step ends with ``torch.cuda.synchronize()``, so its time is its kernels' too. ``batch`` scope adds a no-grad student forward per step (its scoring pass): the figure to compare
 with ``microbatch``.
+
+``KEY=VALUE`` overrides the yaml after the preset, as on train.py's command line; the speed options among them:
+``model.kernels=liger`` and ``teacher.kernels=liger`` (Liger-Kernel's fused kernels, ``vocagno.core.kernels``),
+``compile_config={}`` (the student compiled by Composer) and ``teacher.compile_config={}`` (each of the teacher's
+decoder layers compiled). ``--profile DIR`` runs two more steps of the plain run and of each guided run under
+``torch.profiler`` (not timed) and writes their top kernels by device time to ``DIR/NAME.txt``.
 
 Then (unless ``--no-cached``) the shards are scored once with the same teacher (``vocagno.score``): one line with
 ``scoring_teacher_tokens_per_s`` (the scoring pass, one device) beside ``training_teacher_tokens_per_s`` (the
 teacher's forward inside a guided step) and the shards' ``bytes_per_student_token``, unscored and scored; and one
-line per scope trained from the cached losses: ``cached_step_s``, ``cached_over_plain`` (goal: at most 1.05; the
+line per scope trained from the cached losses: ``cached_step_s``, ``cached_over_plain`` (goal: at most 1.03; the
 ``batch`` scope keeps its scoring pass, a student forward, which cached losses do not remove).
 """
 
@@ -52,8 +59,10 @@ from vocagno.teacher import scoring  # noqa: E402
 from vocagno.training import config  # noqa: E402
 from vocagno.data.outroots import Output  # noqa: E402
 from vocagno.core.tokenization import load_tokenizer  # noqa: E402
+from vocagno.core.kernels import use_kernels  # noqa: E402
 
 WARMUP = 2
+PROFILED = 2  # steps under the profiler, after the timed ones
 H100_BF16_FLOPS = 989e12  # dense bf16 peak of an H100 SXM: the MFU's denominator
 
 # Overrides of yamls/tiny_qwen.yaml per preset: the paper's architectures (TinyLlama-1.1B; Qwen2.5-Math-7B), random init.
@@ -72,17 +81,35 @@ PRESETS = {
 
 class StepTimes(LoggerDestination):
     """Wall time of each step, from BEFORE_DATALOADER (so the collation and ``batch`` scope's scoring pass, which run
-    before BATCH_START, count) to BATCH_END, and the teacher forward seconds the algorithm logs."""
+    before BATCH_START, count) to BATCH_END, and the teacher forward seconds the algorithm logs. With ``profile``
+    (a path), the steps from ``profile_from`` on run under ``torch.profiler``, whose top kernels go to that file."""
 
-    def __init__(self):
+    def __init__(self, profile: Path | None = None, profile_from: int = 0):
         self.steps, self.teacher = [], []
         self._begin = 0.0
         self.flops, self.peak_bytes, self.teacher_tokens = 0, 0, []
+        self.profile, self.profile_from, self._profiler = profile, profile_from, None
 
     def before_dataloader(self, state, logger):
+        if self.profile is not None and len(self.steps) == self.profile_from:
+            self._profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU] + (
+                [torch.profiler.ProfilerActivity.CUDA] if torch.cuda.is_available() else []))
+            self._profiler.__enter__()
         self._begin = time.perf_counter()
 
+    def fit_end(self, state, logger):
+        if self._profiler is not None:
+            self._profiler.__exit__(None, None, None)
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            table = self._profiler.key_averages().table(sort_by="self_device_time_total" if device == "cuda" else "self_cpu_time_total", row_limit=25)
+            self.profile.parent.mkdir(parents=True, exist_ok=True)
+            self.profile.write_text(f"{len(self.steps) - self.profile_from} steps, top kernels by self {device} "
+                                    f"time\n{table}\n")
+            self._profiler = None
+
     def batch_end(self, state, logger):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         self.steps.append(time.perf_counter() - self._begin)
         self.flops = state.model.flops_per_batch(state.batch)  # the rank's batch, restored after microbatches
         self.teacher_tokens.append(int(state.batch["teacher_attention_mask"].sum()))
@@ -109,17 +136,18 @@ def random_init_on(device: str):
         yield
 
 
-def run(cfg, guided: bool, scope: str | None, steps: int) -> StepTimes:
+def run(cfg, guided: bool, scope: str | None, steps: int, profile: Path | None = None) -> StepTimes:
     free_earlier_runs()
     student_tok, teacher_tok = load_tokenizer(cfg.tokenizer.name), load_tokenizer(cfg.teacher.tokenizer)
     world_batch = cfg.global_train_batch_size
     loader = train.build_loader(cfg.train_loader, student_tok, teacher_tok, world_batch)
-    student = train.build_causal_lm(cfg.model, len(student_tok))
+    student = use_kernels(train.build_causal_lm(cfg.model, len(student_tok)), cfg.model.get("kernels") or "torch",
+                          "model.kernels")
     algorithms = []
     if guided:
         cfg.algorithms.vocagno.selection_scope = scope
         algorithms = train.build_algorithms(cfg, teacher_tok)
-    timer = StepTimes()
+    timer = StepTimes(profile, steps + WARMUP)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -127,7 +155,8 @@ def run(cfg, guided: bool, scope: str | None, steps: int) -> StepTimes:
     model.flops_per_batch = train.student_flops_per_batch(student)
     Trainer(
         model=model, train_dataloader=loader,
-        algorithms=algorithms, max_duration=f"{steps + WARMUP}ba", optimizers=train.build_optimizer(cfg, student),
+        algorithms=algorithms, max_duration=f"{steps + WARMUP + (PROFILED if profile else 0)}ba",
+        optimizers=train.build_optimizer(cfg, student), compile_config=train._container(cfg.get("compile_config")),
         device_train_microbatch_size=cfg.device_train_microbatch_size, precision=cfg.get("precision"),
         loggers=[timer], progress_bar=False, seed=cfg.seed,  # a logger destination gets every event too
     ).fit()
@@ -149,24 +178,30 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12, help="timed steps (after two warm-up steps)")
     parser.add_argument("--scopes", default="batch,microbatch,sequence")
     parser.add_argument("--no-cached", action="store_true", help="skip the scoring pass and the cached-losses rows")
+    parser.add_argument("--scoring-batch-tokens", type=int, default=scoring.BATCH_TOKENS,
+                        help="padded teacher tokens per batch of the scoring pass (vocagno.score --batch-tokens)")
+    parser.add_argument("--profile", type=Path, help="a folder for the top kernels of two profiled steps per run")
+    parser.add_argument("overrides", nargs="*", help="KEY=VALUE overrides of the yaml, after the preset's")
     args = parser.parse_args()
     scopes = args.scopes.split(",")
     cuda = torch.cuda.is_available()
     with tempfile.TemporaryDirectory() as tmp, random_init_on("cuda") if cuda else contextlib.nullcontext():
         overrides = [f"variables.data={tmp}/train", f"train_loader.convert_if_missing.input={TRAIN_TEXT}",
                      "eval_loader=null", "train_loader.dataset.shuffle=false",
-                     *PRESETS[args.preset]]
+                     *PRESETS[args.preset], *args.overrides]
         cfg = train.load_config(str(REPO / "yamls" / "tiny_qwen.yaml"), overrides)
-        plain_timer = run(cfg, False, None, args.steps)
-        plain = statistics.median(plain_timer.steps[WARMUP:])
+        profile = (lambda name: args.profile / f"{name}.txt") if args.profile else (lambda name: None)
+        timed = slice(WARMUP, WARMUP + args.steps)
+        plain_timer = run(cfg, False, None, args.steps, profile("plain"))
+        plain = statistics.median(plain_timer.steps[timed])
         online: dict[str, float] = {}
         for scope in scopes:
-            timer = run(cfg, True, scope, args.steps)
-            guided = online[scope] = statistics.median(timer.steps[WARMUP:])
-            teacher = statistics.median(timer.teacher[WARMUP:])
+            timer = run(cfg, True, scope, args.steps, profile(f"online_{scope}"))
+            guided = online[scope] = statistics.median(timer.steps[timed])
+            teacher = statistics.median(timer.teacher[timed])
             tokens = cfg.global_train_batch_size * cfg.variables.seq_len
             print(json.dumps({
-                "preset": args.preset, "selection_scope": scope, "plain_step_s": round(plain, 4),
+                "preset": args.preset, "overrides": args.overrides, "selection_scope": scope, "plain_step_s": round(plain, 4),
                 "teacher_forward_s": round(teacher, 4), "guided_step_s": round(guided, 4),
                 "overhead": round(guided / (plain + teacher), 3), "student_tokens_per_s": round(tokens / guided),
                 "mfu": round(plain_timer.flops / plain / H100_BF16_FLOPS, 3) if cuda else None,
@@ -176,16 +211,16 @@ def main() -> None:
             }), flush=True)
         if args.no_cached:
             return
-        scoring = score_once(cfg, f"{tmp}/train", f"{tmp}/scored")
-        in_training = sum(timer.teacher_tokens[WARMUP:]) / sum(timer.teacher[WARMUP:])  # the last guided run's
-        scoring["training_teacher_tokens_per_s"] = round(in_training)
-        print(json.dumps({"preset": args.preset, **scoring}), flush=True)
+        scored = score_once(cfg, f"{tmp}/train", f"{tmp}/scored", args.scoring_batch_tokens)
+        in_training = sum(timer.teacher_tokens[timed]) / sum(timer.teacher[timed])  # the last guided run's
+        scored["training_teacher_tokens_per_s"] = round(in_training)
+        print(json.dumps({"preset": args.preset, "overrides": args.overrides, **scored}), flush=True)
         cfg.train_loader.dataset.local = f"{tmp}/scored"
         cfg.algorithms.vocagno.teacher_losses = "cached"
         for scope in scopes:
-            cached = statistics.median(run(cfg, True, scope, args.steps).steps[WARMUP:])
+            cached = statistics.median(run(cfg, True, scope, args.steps, profile(f"cached_{scope}")).steps[timed])
             print(json.dumps({
-                "preset": args.preset, "selection_scope": scope, "teacher_losses": "cached",
+                "preset": args.preset, "overrides": args.overrides, "selection_scope": scope, "teacher_losses": "cached",
                 "plain_step_s": round(plain, 4), "online_step_s": round(online[scope], 4),
                 "cached_step_s": round(cached, 4), "cached_over_plain": round(cached / plain, 3),
             }), flush=True)
@@ -197,20 +232,20 @@ def shard_bytes_per_student_token(root: str) -> float:
     return stored / json.loads((Path(root) / "vocagno.json").read_text())["totals"]["student tokens"]
 
 
-def score_once(cfg, shards: str, scored: str) -> dict:
+def score_once(cfg, shards: str, scored: str, batch_tokens: int = scoring.BATCH_TOKENS) -> dict:
     """Score ``shards`` into ``scored`` with the yaml's teacher (the weights its runs build): the pass's teacher
     tokens/s on one device, and the shards' bytes per student token before and after."""
     free_earlier_runs()
     teacher = config.scoring_teacher(cfg, "bench_step")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     begin = time.perf_counter()
-    scoring.score(shards, Output(scored, None), teacher, device)
+    scoring.score(shards, Output(scored, None), teacher, device, batch_tokens)
     if device == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - begin
     tokens = sum(json.loads(part.read_text())["teacher tokens"] for part in Path(scored).glob("part-*/part.json"))
     return {
-        "scoring_s": round(seconds, 2), "scoring_teacher_tokens_per_s": round(tokens / seconds),
+        "scoring_s": round(seconds, 2), "scoring_batch_tokens": batch_tokens, "scoring_teacher_tokens_per_s": round(tokens / seconds),
         "bytes_per_student_token": {"unscored": round(shard_bytes_per_student_token(shards), 2),
                                     "scored": round(shard_bytes_per_student_token(scored), 2)},
     }

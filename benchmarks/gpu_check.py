@@ -19,9 +19,13 @@ reported as such and the others still run:
 5. ``miniature``: ``experiments/miniature.py --size gpu`` (its table: held-out bits per byte per method).
 
 Goals, each beside its figure in the report: ``microbatch`` overhead (guided / (plain + teacher forward)) at most
-1.10 and cached steps at most 1.05 x plain (paper preset); plain MFU at least 40%; the gpu tests passing. On one H200:
-bench_paper 72 s, fsdp_all_gpus 74 s, sharded_resume_export 169 s, gpu_tests 42 s; the miniature alone runs for longer
-than a 15-minute lease. With one GPU, Composer's FSDP falls back to NO_SHARD: steps 3 and 4 shard nothing there. The
+1.05 and cached steps at most 1.03 x plain (paper preset); plain MFU at least 40%; the scoring pass at least 29,000
+teacher tokens/s; the gpu tests passing (and ``speed_tests``: Liger's kernels against PyTorch's). The speed options'
+steps, ``bench_paper_torch``, ``bench_paper_liger`` and ``bench_paper_liger_compiled`` (``SPEED_VARIANTS``), run the
+paper preset's ``microbatch`` scope with each option, profiled (``OUT/profile_VARIANT/``). On one H200:
+bench_paper 72 s, fsdp_all_gpus 74 s, sharded_resume_export 169 s, gpu_tests 42 s; on one H100: speed_tests 43 s,
+bench_paper_torch 98 s, bench_paper_liger 82 s, bench_paper_liger_compiled over 287 s; the miniature alone runs for
+longer than a 15-minute lease. With one GPU, Composer's FSDP falls back to NO_SHARD: steps 3 and 4 shard nothing there. The
 report is rewritten after every step. Where Composer is missing (the GPU image of ``../shared/gpu/README.md``), the wheels in
 ``.whl/`` (``../shared/gpu/fetch-wheels.sh``) are installed into ``/tmp/site`` first, from no registry.
 """
@@ -77,6 +81,13 @@ def steps(python: str, gpus: int, out: Path, dry: bool) -> list[dict]:
          "parse": bench_figures},
         {"name": "bench_paper", "command": [python, "benchmarks/bench_step.py", "--preset", "paper"], "timeout": 360,
          "parse": bench_figures},
+        {"name": "speed_tests", "command": [python, "-m", "pytest", "-q", "-m", "gpu",
+                                            str(REPO / "tests" / "integration" / "test_speed_options.py")],
+         "timeout": 240, "parse": pytest_counts},
+        *[{"name": f"bench_paper_{variant}", "parse": bench_figures, "timeout": timeout,
+           "command": [python, "benchmarks/bench_step.py", "--preset", "paper", "--scopes", "microbatch", "--steps",
+                       "8", "--profile", str(out / f"profile_{variant}"), *options]}
+          for variant, options, timeout in SPEED_VARIANTS],
         {"name": "fsdp_all_gpus", "commands": [[*composer, "-n", "1", *tiny, logs["one_gpu"], "precision=amp_bf16"],
                                                [*composer, "-n", str(gpus), *tiny, *fsdp, logs["all_gpus"]]],
          "timeout": 240, "parse": fsdp_figures(out)},
@@ -92,6 +103,16 @@ def steps(python: str, gpus: int, out: Path, dry: bool) -> list[dict]:
                                           str(out / "miniature")], "timeout": 900,
          "parse": miniature_figures(out / "miniature")},
     ]
+
+
+# The paper preset's microbatch step and scoring pass with each speed option (vocagno.core.kernels): name, overrides,
+# seconds at most. PyTorch's own kernels first: the figures beside which the others count.
+SPEED_VARIANTS = [
+    ("torch", [], 200),
+    ("liger", ["model.kernels=liger", "teacher.kernels=liger"], 200),
+    ("liger_compiled", ["model.kernels=liger", "teacher.kernels=liger", "compile_config={}",
+                        "teacher.compile_config={}"], 360),
+]
 
 
 def gpu_test_files() -> list[str]:
@@ -179,12 +200,21 @@ def miniature_figures(folder: Path):
     return parse
 
 
+def bench_goals(step: str) -> list[tuple]:
+    return [
+        (step, "microbatch.overhead", "at most", 1.05, "microbatch overhead, guided / (plain + teacher forward)"),
+        (step, "microbatch_cached.cached_over_plain", "at most", 1.03, "cached step over plain step"),
+        (step, "mfu", "at least", 0.40, "plain MFU"),
+        (step, "scoring_teacher_tokens_per_s", "at least", 29000, "the scoring pass's teacher tokens/s"),
+    ]
+
+
 # (step, figure, at most / at least, target, what)
 GOALS = [
     ("gpu_tests", "failed", "at most", 0, "the gpu tests pass (the teacher's scoring memory among them)"),
-    ("bench_paper", "microbatch.overhead", "at most", 1.10, "microbatch overhead, guided / (plain + teacher forward)"),
-    ("bench_paper", "microbatch_cached.cached_over_plain", "at most", 1.05, "cached step over plain step"),
-    ("bench_paper", "mfu", "at least", 0.40, "plain MFU"),
+    ("speed_tests", "failed", "at most", 0, "Liger's kernels equal PyTorch's, per-token losses and gradients"),
+    *bench_goals("bench_paper"),
+    *[goal for variant, _, _ in SPEED_VARIANTS for goal in bench_goals(f"bench_paper_{variant}")],
     ("fsdp_all_gpus", "largest_relative_loss_difference", "at most", 0.02, "FSDP on all GPUs against one GPU (bf16)"),
     ("sharded_resume_export", "resumed_largest_relative_loss_difference", "at most", 0.02,
      "resumed from a sharded checkpoint against uninterrupted"),

@@ -33,12 +33,13 @@ from pathlib import Path
 
 import torch
 
+from vocagno.core.kernels import KERNELS
 from vocagno.core.loss import CHUNK_SIZE
 from vocagno.data.outroots import Output
 from vocagno.data.shards import METADATA_FILE, check_teacher_name
 from vocagno.memory import keep_freed_memory
 from vocagno.teacher.model import load_teacher
-from vocagno.teacher.scoring import Teacher, rank_and_world, score
+from vocagno.teacher.scoring import BATCH_TOKENS, Teacher, rank_and_world, score
 from vocagno.training.config import load_config, scoring_teacher
 
 __all__ = ["main"]
@@ -56,11 +57,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bfloat16", help="the --teacher's dtype (a yaml's says its own)")
     parser.add_argument("--chunk-size", type=int, default=CHUNK_SIZE,
                         help="the --teacher's tokens per chunk of its LM head")
-    parser.add_argument("--batch-tokens", type=int, default=16384, help="padded teacher tokens per scoring batch")
+    parser.add_argument("--batch-tokens", type=int, default=BATCH_TOKENS, help="padded teacher tokens per scoring batch")
     parser.add_argument("--device", help="default: this rank's GPU (LOCAL_RANK), else the CPU")
     parser.add_argument("--name", help="the teacher's name in a set of teachers (the run's teachers:); with --config, "
                                        "which of the yaml's teachers: to score")
     parser.add_argument("--teacher-tokenizer", help="the --teacher's tokenizer, when its folder has none")
+    parser.add_argument("--kernels", choices=KERNELS, default="torch",
+                        help="the --teacher's kernels: liger's fused ones need a CUDA GPU (a yaml's teacher.kernels)")
+    parser.add_argument("--compile", action="store_true",
+                        help="compile the --teacher's decoder layers (a yaml's teacher.compile_config)")
     args = parser.parse_args(argv)
     if args.name is not None:
         try:
@@ -69,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(error))
     if args.overrides and not args.config:
         parser.error(f"overrides {args.overrides} need --config")
+    if args.config and (args.kernels != "torch" or args.compile):
+        parser.error("--kernels and --compile are the --teacher's: with --config, give teacher.kernels=liger or "
+                     "teacher.compile_config={} as overrides")
     if not (Path(args.shards) / METADATA_FILE).exists() or not (Path(args.shards) / "index.json").exists():
         parser.error(f"--shards {args.shards} holds no {METADATA_FILE} and index.json: not vocagno shards")
     if args.config:
@@ -78,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         # its tokens from the student's, with its tokenizer.
         tokenizer = args.teacher_tokenizer or (args.teacher if args.name else None)
         chosen = Teacher(load_teacher(args.teacher, args.dtype), args.teacher, args.dtype, args.chunk_size, tokenizer,
-                         args.name)
+                         args.name, args.kernels, {} if args.compile else None)
     device = args.device or (f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu")
     if device == "cpu":  # the teacher's logits and log-softmax reused, not faulted in again each batch
         keep_freed_memory()

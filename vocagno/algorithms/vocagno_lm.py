@@ -51,6 +51,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
 from vocagno.core.alignment import ALIGNMENT, NUM_CHUNKS, check_alignment, chunk_align
+from vocagno.core.kernels import check_kernels
 from vocagno.data.dataset import TeacherGuidedCollator
 from vocagno.core.loss import (AGGREGATION, CHUNK_SIZE, COMBINE, SELECTION, SELECTION_SCOPE, TOPK_RATIO, UNMAPPED,
     check_options, excess_loss, guided_loss, next_token_cross_entropy)
@@ -154,6 +155,8 @@ class VocAgnoLM(Algorithm):
             (``fsdp`` when the run uses FSDP, else ``replicate``).
         chunk_size: teacher tokens per chunk of its LM head and cross-entropy.
         trust_remote_code: for a teacher loaded by name; off unless asked.
+        teacher_kernels: ``torch``, or ``liger`` (a CUDA GPU): ``vocagno.core.kernels``.
+        teacher_compile_config: torch.compile's options for each of the teacher's decoder layers; None: not compiled.
     """
 
     def __init__(
@@ -175,6 +178,8 @@ class VocAgnoLM(Algorithm):
         teacher_placement: str = "auto",
         chunk_size: int = CHUNK_SIZE,
         trust_remote_code: bool = False,
+        teacher_kernels: str = "torch",
+        teacher_compile_config: dict | None = None,
         teachers: Mapping[str, Any] | None = None,
         combine: str = COMBINE,
     ):
@@ -183,13 +188,14 @@ class VocAgnoLM(Algorithm):
             raise ValueError("VocAgnoLM: give teacher (one) or teachers (several, by name), not both")
         single = {"teacher_tokenizer": teacher_tokenizer is not None, "teacher_dtype": teacher_dtype != "bfloat16",
                   "teacher_placement": teacher_placement != "auto", "chunk_size": chunk_size != CHUNK_SIZE,
-                  "trust_remote_code": trust_remote_code is not False}
+                  "trust_remote_code": trust_remote_code is not False, "teacher_kernels": teacher_kernels != "torch",
+                  "teacher_compile_config": teacher_compile_config is not None}
         for option in (option for option, given in single.items() if given and teachers is not None):
             raise ValueError(f"{option} is a single teacher's option: give it in each teachers: entry (tokenizer, "
-                             "dtype, placement, chunk_size, trust_remote_code)")
+                             "dtype, placement, chunk_size, trust_remote_code, kernels, compile_config)")
         specs = teacher_specs(teachers) if teachers is not None else [
             TeacherSpec("teacher", teacher, teacher_tokenizer, teacher_dtype, teacher_placement, chunk_size,
-                        trust_remote_code)]
+                        trust_remote_code, teacher_kernels, teacher_compile_config)]
         if len(specs) > 1 and alignment == "chunk":
             raise ValueError("alignment: chunk takes one teacher (the paper's Table 2 baseline), not teachers")
         if teacher_losses not in ("online", "cached"):
@@ -200,6 +206,7 @@ class VocAgnoLM(Algorithm):
                 if spec.placement not in PLACEMENTS:
                     raise ValueError(f"teacher_placement must be one of {PLACEMENTS}, got {spec.placement!r}")
                 check_teacher_options(spec.dtype, spec.trust_remote_code)
+                check_kernels(spec.kernels, "teacher kernels")
             except ValueError as error:
                 raise ValueError(f"teachers.{spec.name}: {error}" if teachers is not None else str(error)) from None
         self.options = dict(topk_ratio=topk_ratio, aggregation=aggregation, unmapped=unmapped, combine=combine)
@@ -240,6 +247,7 @@ class VocAgnoLM(Algorithm):
         self.teacher_name, self.teacher, self.teacher_tokenizer = spec.name, spec.teacher, spec.tokenizer
         self.teacher_dtype, self.teacher_placement = spec.dtype, spec.placement
         self.chunk_size, self.trust_remote_code = spec.chunk_size, spec.trust_remote_code
+        self.teacher_kernels, self.teacher_compile_config = spec.kernels, spec.compile_config
         self.others = OtherTeachers([other for other in self.specs if other is not spec], self.cached)
 
     def __repr__(self) -> str:
@@ -487,7 +495,7 @@ class VocAgnoLM(Algorithm):
         if isinstance(teacher, str):
             teacher = load_teacher(teacher, self.teacher_dtype, self.trust_remote_code)
         self._check_teacher(teacher, state)
-        return TeacherScorer(teacher, self.chunk_size)
+        return TeacherScorer(teacher, self.chunk_size, self.teacher_kernels, self.teacher_compile_config)
 
     def _check_teacher(self, teacher: nn.Module, state: State) -> None:
         metadata = _shard_metadata(state)

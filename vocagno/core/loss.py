@@ -80,12 +80,15 @@ def teacher_token_loss(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
     chunk_size: int = CHUNK_SIZE,
+    linear_cross_entropy: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Loss of each teacher token given the tokens before it: ``[B, M]`` fp32, NaN where undefined.
 
     ``hidden_states`` are the teacher's last hidden states ``[B, M, H]`` and ``output_layer`` its LM head (for an HF
     model, ``model.get_output_embeddings()``). Logits are computed ``chunk_size`` tokens at a time, so fp32 logits over
     the whole vocabulary never exist for the whole batch (4 x 2048 tokens x 152K x 4 bytes would be 5 GB).
+    ``linear_cross_entropy`` (hidden ``[T, H]``, targets ``[T]`` -> losses ``[T]``), when given, does the LM head and
+    the cross-entropy at once instead (``vocagno.core.kernels.fused_token_loss``).
     Undefined: position 0 (nothing precedes it) and padding (``attention_mask == 0``) or a token after padding.
     """
     batch, length = input_ids.shape
@@ -99,10 +102,13 @@ def teacher_token_loss(
         predicted = predicted.masked_fill(~(real[:, 1:] & real[:, :-1]), -100)
     hidden = hidden_states[:, :-1].reshape(-1, hidden_states.shape[-1])
     targets = predicted.reshape(-1)
-    flat = torch.empty(targets.shape, device=input_ids.device, dtype=torch.float32)
-    for begin in range(0, targets.numel(), chunk_size):
-        chunk = slice(begin, begin + chunk_size)
-        flat[chunk] = token_cross_entropy(output_layer(hidden[chunk]), targets[chunk])
+    if linear_cross_entropy is not None:
+        flat = linear_cross_entropy(hidden, targets)
+    else:
+        flat = torch.empty(targets.shape, device=input_ids.device, dtype=torch.float32)
+        for begin in range(0, targets.numel(), chunk_size):
+            chunk = slice(begin, begin + chunk_size)
+            flat[chunk] = token_cross_entropy(output_layer(hidden[chunk]), targets[chunk])
     flat = flat.masked_fill(targets == -100, float("nan"))
     loss[:, 1:] = flat.view(batch, length - 1)
     return loss

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from vocagno.core.fsdp import decoder_layer_classes
+from vocagno.core.kernels import compile_layers, fused_token_loss, use_kernels
 from vocagno.core.loss import CHUNK_SIZE, teacher_token_loss
 from vocagno.data.shards import describe_tokenizer
 from vocagno.core.tokenization import resolve_shipped
@@ -27,10 +28,13 @@ __all__ = ["TeacherScorer", "load_teacher", "weights_fingerprint", "check_teache
 class TeacherScorer(nn.Module):
     """A frozen Hugging Face causal LM that returns the loss of each of its tokens: ``[B, M]``, NaN where undefined."""
 
-    def __init__(self, model: nn.Module, chunk_size: int = CHUNK_SIZE):
+    def __init__(self, model: nn.Module, chunk_size: int = CHUNK_SIZE, kernels: str = "torch",
+                 compile_config: dict | None = None):
         super().__init__()
-        self.model = model.eval().requires_grad_(False)
+        self.model = use_kernels(model.eval().requires_grad_(False), kernels, "teacher kernels")
         self.chunk_size = chunk_size
+        self.kernels = kernels
+        compile_layers(self.model, compile_config, decoder_layer_classes(self.model), "teacher compile_config")
 
     def train(self, mode: bool = True) -> "TeacherScorer":
         return super().train(False)  # always in eval mode, whatever the trainer asks of modules
@@ -42,9 +46,10 @@ class TeacherScorer(nn.Module):
         hidden = self.model.base_model(
             input_ids=input_ids, attention_mask=attention_mask, use_cache=False
         ).last_hidden_state
-        return teacher_token_loss(
-            hidden, self.model.get_output_embeddings(), input_ids, attention_mask, chunk_size=self.chunk_size
-        )
+        head = self.model.get_output_embeddings()
+        fused = (lambda flat, targets: fused_token_loss(flat, head, targets)) if self.kernels == "liger" else None
+        return teacher_token_loss(hidden, head, input_ids, attention_mask, chunk_size=self.chunk_size,
+                                  linear_cross_entropy=fused)
 
 
 def load_teacher(name_or_path: str, dtype: str = "bfloat16", trust_remote_code: bool = False) -> nn.Module:

@@ -38,18 +38,19 @@ from vocagno.doors.untrusted import UntrustedFile, check_mds, decompress, inside
 from vocagno.doors.writing import make_readable, publish, remove, staging, write_atomically
 from vocagno.data.batch import ALIGN_END, ALIGN_START, teacher_key
 
-__all__ = ["Teacher", "length_batches", "rank_and_world", "read_shard", "score"]
+__all__ = ["BATCH_TOKENS", "Teacher", "length_batches", "rank_and_world", "read_shard", "score"]
 
 SETTINGS_FILE = "score.json"
 PAD_TO = 64  # rows padded to a multiple of 64 tokens, as the training collator pads them
+BATCH_TOKENS = 16384  # padded teacher tokens per scoring batch: 8 rows of 2048
 
 
 class Teacher:
     """The scoring teacher and what ``scored_by`` records of it."""
 
     def __init__(self, model: torch.nn.Module, name: str, dtype: str, chunk_size: int, tokenizer=None,
-                 set_name: str | None = None):
-        self.scorer = TeacherScorer(model, chunk_size)
+                 set_name: str | None = None, kernels: str = "torch", compile_config: dict | None = None):
+        self.scorer = TeacherScorer(model, chunk_size, kernels, compile_config)
         self.scored_by = {"name": name, "fingerprint": weights_fingerprint(model), "dtype": dtype}
         self.chunk_size = chunk_size
         self.tokenizer = tokenizer  # a name, folder or tokenizer; None: the shards' teacher tokens are its own
@@ -65,7 +66,8 @@ class Teacher:
             torch.manual_seed(seed)
             fresh = AutoModelForCausalLM.from_config(model.config, torch_dtype=next(model.parameters()).dtype)
         name = f"{self.scored_by['name']} at initialization (seed {seed})"
-        return Teacher(fresh, name, self.scored_by["dtype"], self.chunk_size, self.tokenizer, self.set_name)
+        return Teacher(fresh, name, self.scored_by["dtype"], self.chunk_size, self.tokenizer, self.set_name,
+                       self.scorer.kernels)
 
     def column(self, metadata: ShardMetadata, source: str) -> str | None:
         """Where this teacher's losses go in ``metadata``'s shards: None for ``teacher_loss`` (the shards' own
@@ -112,7 +114,7 @@ def rank_and_world() -> tuple[int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
-def score(shards: str, output: Output, teacher: Teacher, device: str, batch_tokens: int = 16384,
+def score(shards: str, output: Output, teacher: Teacher, device: str, batch_tokens: int = BATCH_TOKENS,
           rank: int = 0, world: int = 1) -> int:
     """Score this rank's parts of ``shards`` into ``output``; the last rank to finish publishes the dataset.
     Return the number of samples this rank has scored (now or in an earlier, interrupted run)."""
@@ -123,10 +125,12 @@ def score(shards: str, output: Output, teacher: Teacher, device: str, batch_toke
     metadata = ShardMetadata.read(shards_root)
     column = teacher.column(metadata, shards)
     # A resumed pass must score as the interrupted one did: the same input shards (by their index: names, sizes and
-    # hashes, wherever the folder is now), teacher and chunk size; a further teacher's tokenizer too (it makes its
-    # tokens and alignment).
+    # hashes, wherever the folder is now), teacher, chunk size and kernels (Liger's losses differ in the last bits);
+    # a further teacher's tokenizer too (it makes its tokens and alignment).
     settings = {"input_index": _digest(index), "scored_by": teacher.scored_by, "chunk_size": teacher.chunk_size,
                 "column": column}
+    if teacher.scorer.kernels != "torch":  # PyTorch's own: no key, as before there was a choice
+        settings["kernels"] = teacher.scorer.kernels
     if column is not None:
         settings["tokenizer"] = asdict(teacher.tokenizer_info())
     check_or_write_settings(output, SETTINGS_FILE, settings, "scoring pass", "--out")

@@ -31,15 +31,16 @@ from vocagno.data.batch import (ALIGN_END, ALIGN_START, TEACHER_ATTENTION_MASK, 
 __all__ = ["TeacherSpec", "teacher_specs", "OtherTeachers", "WithOtherTeachers", "made_side", "check_scored_by_teacher",
            "reading_teacher", "checked_teacher", "teacher_shares", "teacher_label"]
 
-SPEC_KEYS = ("teacher", "tokenizer", "dtype", "placement", "chunk_size", "trust_remote_code")
+SPEC_KEYS = ("teacher", "tokenizer", "dtype", "placement", "chunk_size", "trust_remote_code", "kernels",
+             "compile_config")
 SIDE_KEYS = ("input_ids", "attention_mask", ALIGN_START, ALIGN_END)
 
 
 @dataclass
 class TeacherSpec:
     """One teacher of a set: ``teacher`` a Hugging Face name or folder (or shipped name), or a causal LM module; the
-    other fields as ``VocAgnoLM``'s ``teacher_tokenizer``, ``teacher_dtype``, ``teacher_placement``, ``chunk_size``
-    and ``trust_remote_code``."""
+    other fields as ``VocAgnoLM``'s ``teacher_tokenizer``, ``teacher_dtype``, ``teacher_placement``, ``chunk_size``,
+    ``trust_remote_code``, ``teacher_kernels`` and ``teacher_compile_config``."""
 
     name: str
     teacher: str | nn.Module
@@ -48,6 +49,8 @@ class TeacherSpec:
     placement: str = "auto"
     chunk_size: int = CHUNK_SIZE
     trust_remote_code: bool = False
+    kernels: str = "torch"
+    compile_config: dict | None = None
     _loaded: Any = field(default=None, init=False, repr=False, compare=False)  # the tokenizer, once loaded
 
     def __post_init__(self):
@@ -140,7 +143,7 @@ def checked_teacher(spec: TeacherSpec, metadata):
             check_teacher_reads(teacher, own)
         except ValueError as error:
             raise ValueError(f"teacher {spec.name!r}: {error}") from None
-    return TeacherScorer(teacher, spec.chunk_size)
+    return TeacherScorer(teacher, spec.chunk_size, spec.kernels, spec.compile_config)
 
 
 def teacher_label(teacher: str | nn.Module) -> str:

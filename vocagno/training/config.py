@@ -16,6 +16,7 @@ import torch
 from omegaconf import DictConfig
 from omegaconf import OmegaConf as om
 
+from vocagno.core.kernels import KERNELS
 from vocagno.core.loss import CHUNK_SIZE
 from vocagno.errors import Refused
 
@@ -23,7 +24,8 @@ __all__ = ["SCHEMA", "load_config", "build_causal_lm", "check_names", "keyword_n
            "scoring_teachers"]
 
 # The keys a yaml may hold; a nested dict names the keys of that section, None leaves a section free-form.
-MODEL_KEYS = {"name_or_path": None, "config": None, "dtype": None, "trust_remote_code": None, "tokenizer": None}
+MODEL_KEYS = {"name_or_path": None, "config": None, "dtype": None, "trust_remote_code": None, "tokenizer": None,
+              "kernels": None}
 LOADER_KEYS = {"dataset": None, "drop_last": None, "num_workers": None, "teacher_seq_len": None,
                "convert_if_missing": None}
 SCHEMA: dict[str, Any] = {
@@ -32,7 +34,7 @@ SCHEMA: dict[str, Any] = {
     "seed": None,
     "tokenizer": {"name": None},
     "model": MODEL_KEYS,
-    "teacher": {**MODEL_KEYS, "placement": None, "chunk_size": None},
+    "teacher": {**MODEL_KEYS, "placement": None, "chunk_size": None, "compile_config": None},
     "teachers": None,  # several teachers: NAME -> teacher:'s keys (checked by train.py's teacher_spec)
     "train_loader": LOADER_KEYS,
     "eval_loader": LOADER_KEYS,
@@ -40,6 +42,7 @@ SCHEMA: dict[str, Any] = {
     "scheduler": {"name": None, "t_warmup": None, "alpha_f": None},
     "algorithms": None,
     "precision": None,
+    "compile_config": None,  # torch.compile's options for the student (Composer's); null: not compiled
     "fsdp_config": None,
     "max_duration": None,
     "global_train_batch_size": None,
@@ -206,6 +209,8 @@ VALUE_CHECKS: dict[str, tuple[Any, str]] = {
     "train_loader.dataset.shuffle": (_is_bool, "true or false"),
     "model.dtype": (_is_dtype, "a torch dtype (float32, bfloat16, float16)"),
     "teacher.dtype": (_is_dtype, "a torch dtype (float32, bfloat16, float16)"),
+    "model.kernels": (lambda v: v in KERNELS, " or ".join(KERNELS)),
+    "teacher.kernels": (lambda v: v in KERNELS, " or ".join(KERNELS)),
     "optimizer.lr": (lambda v: _is_number(v) and v > 0, "a positive number"),
     "optimizer.weight_decay": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
     "global_train_batch_size": (_is_positive_int, "a positive integer"),
@@ -313,13 +318,17 @@ def scoring_teacher(cfg: DictConfig, source: str, set_name: str | None = None):
             raise Refused(f"{source}: teachers.{set_name} needs its tokenizer")
     chunk_size = section.get("chunk_size") or CHUNK_SIZE
     tokenizer = section.get("tokenizer")
+    compile_config = section.get("compile_config")
+    speed = {"kernels": section.get("kernels") or "torch",
+             "compile_config": om.to_container(compile_config) if isinstance(compile_config, DictConfig)
+             else compile_config}
     if section.get("name_or_path"):  # loaded as VocAgnoLM loads a teacher it is given by name
         dtype = section.get("dtype") or "bfloat16"
         model = load_teacher(section.name_or_path, dtype, section.get("trust_remote_code", False))
-        return Teacher(model, section.name_or_path, dtype, chunk_size, tokenizer, set_name)
+        return Teacher(model, section.name_or_path, dtype, chunk_size, tokenizer, set_name, **speed)
     model = build_causal_lm(section, len(load_tokenizer(tokenizer)), cfg.seed)
     name = f"{source}: {where} (config, seed {cfg.seed})"
-    return Teacher(model, name, section.get("dtype") or "float32", chunk_size, tokenizer, set_name)
+    return Teacher(model, name, section.get("dtype") or "float32", chunk_size, tokenizer, set_name, **speed)
 
 
 def scoring_teachers(cfg: DictConfig, source: str):

@@ -18,6 +18,7 @@ from vocagno.core.loss import COMBINE
 from vocagno.data.shards import COLUMNS, SHARD_HASH, ShardMetadata, align_column, describe_tokenizer, loss_column
 from vocagno.doors.writing import make_readable, publish, remove, staging
 from vocagno.data.batch import TEACHER_LOSS
+from vocagno.teacher.scoring import BATCH_TOKENS
 from vocagno.diagnostics.selection.settings import Settings
 from vocagno.diagnostics.selection.report import Report
 from vocagno.diagnostics.selection.measure import measure, student_losses
@@ -88,7 +89,7 @@ def read_scored(folder: Path) -> list[dict]:
 def run(shards: str | dict[str, str], teacher, settings: Settings, *, student: torch.nn.Module | None = None,
         student_name: str = "",
         samples: int = 64, canaries: float = 0.5, noise: tuple[str, ...] = tuple(NOISE), seed: int = 0,
-        device: str = "cpu", work: str | None = None, batch_tokens: int = 16384, rank: int = 0, world: int = 1,
+        device: str = "cpu", work: str | None = None, batch_tokens: int = BATCH_TOKENS, rank: int = 0, world: int = 1,
         page_rows: int = 12, combine: str = COMBINE) -> Report | None:
     """Measure what ``teacher`` (a ``vocagno.teacher.scoring.Teacher``, or a list of several, each with its
     ``set_name``, selecting on their ``combine``) keeps of ``shards`` with canaries; None on ranks other than 0 (rank 0

@@ -1,0 +1,181 @@
+"""The options that make a run faster without changing what it learns: torch.compile for the student (Composer's
+``compile_config``) and the teacher (``teacher.compile_config``, per decoder layer), and Liger-Kernel's fused kernels
+(``model.kernels`` / ``teacher.kernels: liger``, a CUDA GPU: checked against PyTorch's in the ``gpu`` tests)."""
+
+import pytest
+import torch
+from helpers import own_data, read_log
+
+import train
+from vocagno.core.kernels import LIGER_VERSION, check_kernels, fused_token_loss, use_kernels
+from vocagno.teacher.model import TeacherScorer
+from vocagno.training.config import build_causal_lm
+from vocagno.errors import Refused
+
+from test_train import TINY
+
+# A compiled step's float32 losses differ from the eager step's in the last bits (fused reductions sum in another
+# order); after a few optimizer steps the difference grows but stays far below what a change of method would make.
+COMPILED_REL = 1e-4
+
+
+def train_losses(tmp_path, name, *overrides):
+    cfg = train.load_config(TINY, [*own_data(TINY, f"{tmp_path}/shards/train", f"{tmp_path}/shards/heldout"),
+                                   "loggers.console=null", "loggers.picture=null", "eval_loader=null",
+                                   "selection_report=null", "max_duration=4ba", "progress_bar=false",
+                                   f"loggers.jsonl.path={tmp_path}/{name}.jsonl", *overrides])
+    train.main(cfg)
+    steps = read_log(tmp_path / f"{name}.jsonl")
+    return {step: steps[step]["loss/train/total"] for step in steps if "loss/train/total" in steps[step]}
+
+
+def test_a_compiled_student_and_teacher_train_the_losses_of_uncompiled_ones(tmp_path):
+    from torch._dynamo.utils import counters
+
+    eager = train_losses(tmp_path, "eager")
+    counters.clear()
+    compiled = train_losses(tmp_path, "compiled", "compile_config={}", "teacher.compile_config={}")
+    assert counters["frames"]["ok"] >= 2  # the student's forward and the teacher's decoder layer, at least
+    assert sorted(eager) == sorted(compiled) == [0, 1, 2, 3]
+    for step in eager:
+        assert compiled[step] == pytest.approx(eager[step], rel=COMPILED_REL), step
+    assert len(set(eager.values())) == 4  # it trained: every step's loss its own
+
+
+def tiny_qwen(tokenizers):
+    from omegaconf import OmegaConf as om
+
+    section = om.create({"config": {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 192,
+                                    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                    "max_position_embeddings": 256, "tie_word_embeddings": False}})
+    return build_causal_lm(section, len(tokenizers["qwen2.5"]), seed=0)
+
+
+def teacher_tokens(tokenizers):
+    """Two rows of real Qwen2.5 tokens of shipped text, the second padded on the right."""
+    from vocagno.core.tokenization import ASSETS
+
+    lines = (ASSETS / "text" / "gsm8k_heldout_100.jsonl").read_text(encoding="utf-8").splitlines()[:2]
+    import json
+
+    rows = [tokenizers["qwen2.5"](json.loads(line)["text"])["input_ids"][:96] for line in lines]
+    width = max(map(len, rows))
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, row in enumerate(rows):
+        ids[b, :len(row)], mask[b, :len(row)] = torch.tensor(row), 1
+    mask[1, width - 20:] = 0
+    return ids, mask
+
+
+def test_a_compiled_teacher_scores_its_tokens_as_the_uncompiled_one(tokenizers):
+    model = tiny_qwen(tokenizers)
+    ids, mask = teacher_tokens(tokenizers)
+    from torch._dynamo.utils import counters
+
+    eager = TeacherScorer(model)(ids, mask)
+    counters.clear()
+    compiled = TeacherScorer(model, compile_config={})(ids, mask)
+    assert counters["frames"]["ok"] >= 1
+    assert torch.equal(eager.isnan(), compiled.isnan()) and eager.isnan().sum() >= 21
+    torch.testing.assert_close(compiled.nan_to_num(), eager.nan_to_num(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"kernels": "triton"}, "teacher kernels must be one of torch, liger, got 'triton'"),
+    ({"compile_config": True}, "teacher compile_config: give torch.compile's options as a mapping"),
+    ({"compile_config": {"mod": "max-autotune"}}, "torch.compile has no option 'mod'"),
+])
+def test_speed_options_torch_cannot_take_are_refused_in_one_line(tokenizers, options, message):
+    with pytest.raises(Refused, match=message):
+        TeacherScorer(tiny_qwen(tokenizers), **options)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without CUDA")
+def test_liger_on_a_machine_without_cuda_is_refused_before_anything_loads(tmp_path):
+    with pytest.raises(Refused, match="model.kernels: liger runs Triton kernels on a CUDA GPU, and this machine has "
+                                      "none: use torch"):
+        check_kernels("liger", "model.kernels")
+    with pytest.raises(ValueError, match="model.kernels must be torch or liger, got 'fast'"):
+        train.load_config(TINY, ["model.kernels=fast"])
+
+
+def test_the_baselines_refuse_teacher_speed_options_they_would_not_use(tokenizers):
+    cfg = train.load_config(TINY.replace("tiny.yaml", "tiny_uld.yaml"), ["teacher.compile_config={}"])
+    with pytest.raises(ValueError, match="teacher.compile_config: only algorithms.vocagno's teacher takes it"):
+        train.build_algorithms(cfg, tokenizers[cfg.teacher.tokenizer])
+
+
+# Liger-Kernel against PyTorch on a GPU, in float32: bf16 would hide a wrong gradient in its rounding.
+
+def _with_liger_available():
+    from importlib import metadata
+
+    assert metadata.version("liger-kernel") == LIGER_VERSION
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen2"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_liger_kernels_give_the_per_token_losses_and_gradients_of_pytorchs(architecture, tokenizers):
+    from omegaconf import OmegaConf as om
+    from vocagno.core.loss import next_token_cross_entropy
+
+    _with_liger_available()
+    tokenizer = tokenizers["llama2" if architecture == "llama" else "qwen2.5"]
+    section = om.create({"config": {"model_type": architecture, "hidden_size": 128, "intermediate_size": 352,
+                                    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                    "max_position_embeddings": 256, "tie_word_embeddings": False}})
+    reference = build_causal_lm(section, len(tokenizer), seed=0).cuda()
+    fused = use_kernels(build_causal_lm(section, len(tokenizer), seed=0).cuda(), "liger")
+    ids = torch.tensor([tokenizer("Natalia sold clips to 48 of her friends in April, and then she sold half as many "
+                                  "clips in May. How many clips did Natalia sell altogether?")["input_ids"][:32]] * 2,
+                       device="cuda")
+    weights = torch.rand(ids.shape[0], ids.shape[1] - 1, device="cuda")  # a selection's uneven weights per token
+    losses = {}
+    for name, model in (("reference", reference), ("fused", fused)):
+        per_token = next_token_cross_entropy(model(input_ids=ids).logits, ids)
+        (per_token * weights).sum().backward()
+        losses[name] = per_token.detach()
+    torch.testing.assert_close(losses["fused"], losses["reference"], rtol=1e-4, atol=1e-4)
+    grads = dict(reference.named_parameters())
+    for name, parameter in fused.named_parameters():
+        torch.testing.assert_close(parameter.grad, grads[name].grad, rtol=1e-3, atol=1e-4, msg=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_ligers_fused_linear_cross_entropy_gives_per_token_losses_and_gradients_of_pytorchs():
+    """reduction="none" with an uneven gradient per token and ignored targets: the mode whose gradients liger-kernel
+    got wrong until 2026-07."""
+    from vocagno.core.loss import token_cross_entropy
+
+    _with_liger_available()
+    torch.manual_seed(0)
+    head = torch.nn.Linear(256, 151665, bias=False, device="cuda")
+    hidden = torch.randn(300, 256, device="cuda", requires_grad=True)
+    targets = torch.randint(0, 151665, (300,), device="cuda")
+    targets[::7] = -100
+    upstream = torch.rand(300, device="cuda")
+    results = {}
+    for name, loss in (("reference", lambda h, t: token_cross_entropy(head(h), t)),
+                       ("fused", lambda h, t: fused_token_loss(h, head, t))):
+        hidden.grad, head.weight.grad = None, None
+        per_token = loss(hidden, targets)
+        (per_token * upstream).sum().backward()
+        results[name] = per_token.detach(), hidden.grad.clone(), head.weight.grad.clone()
+    for ours, want, what in zip(results["fused"], results["reference"], ("losses", "hidden grad", "weight grad")):
+        torch.testing.assert_close(ours, want, rtol=1e-3, atol=1e-4, msg=what)
+    assert (results["fused"][0][::7] == 0).all() and results["fused"][1][::7].abs().max() == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_liger_teacher_scores_its_tokens_as_pytorchs_does(tokenizers):
+    _with_liger_available()
+    model = tiny_qwen(tokenizers).cuda()
+    ids, mask = (t.cuda() for t in teacher_tokens(tokenizers))
+    eager = TeacherScorer(model)(ids, mask)
+    fused = TeacherScorer(model, kernels="liger")(ids, mask)
+    assert torch.equal(eager.isnan(), fused.isnan())
+    torch.testing.assert_close(fused.nan_to_num(), eager.nan_to_num(), rtol=1e-4, atol=1e-4)

@@ -1,0 +1,124 @@
+"""Which kernels a model runs, and compiled or not: PyTorch's own (``torch``, the default) or Liger-Kernel's fused Triton kernels
+(``liger``, a CUDA GPU): RMSNorm and the SwiGLU MLP of every decoder layer, and the teacher's per-token losses as one
+fused linear cross-entropy that never holds its whole vocabulary's logits.
+
+Liger's own patchers (``liger_kernel.transformers.monkey_patch``) need transformers 5 and patch classes process-wide;
+vocagno's transformers is 4.5x, so the kernels are bound here to the one model's own modules, the same parameters
+under the same names (checkpoints don't change). Rotary embeddings stay PyTorch's: Hugging Face looks them up as a
+module-wide function, and replacing it would change every model of that type in the process.
+"""
+
+from __future__ import annotations
+
+import types
+from importlib import metadata
+
+import torch
+from torch import nn
+
+from vocagno.errors import Refused
+
+__all__ = ["KERNELS", "LIGER_VERSION", "check_kernels", "use_kernels", "fused_token_loss", "check_compile_config",
+           "compile_layers"]
+
+KERNELS = ("torch", "liger")
+# The version the gpu tests check, per-token losses and gradients both: liger-kernel's fused linear cross-entropy
+# returned wrong gradients with reduction="none" until its fix of 2026-07 (linkedin/Liger-Kernel#1298).
+LIGER_VERSION = "0.8.5"
+
+
+def check_kernels(kernels: str, where: str = "kernels") -> None:
+    """Refuse, in one line, kernels that are unknown or can't run here: Liger's need a CUDA GPU and liger-kernel
+    ``LIGER_VERSION`` (``pip install -e '.[kernels]'``)."""
+    if kernels not in KERNELS:
+        raise Refused(f"{where} must be one of {', '.join(KERNELS)}, got {kernels!r}")
+    if kernels == "torch":
+        return
+    if not torch.cuda.is_available():
+        raise Refused(f"{where}: liger runs Triton kernels on a CUDA GPU, and this machine has none: use torch")
+    try:
+        found = metadata.version("liger-kernel")
+    except metadata.PackageNotFoundError:
+        raise Refused(f"{where}: liger needs liger-kernel {LIGER_VERSION}: pip install -e '.[kernels]'") from None
+    if found != LIGER_VERSION:
+        raise Refused(f"{where}: liger is tested with liger-kernel {LIGER_VERSION}, found {found}: "
+                      "pip install -e '.[kernels]'")
+
+
+def use_kernels(model: nn.Module, kernels: str, where: str = "kernels") -> nn.Module:
+    """``model`` (a Hugging Face decoder: Llama, Mistral, Qwen2 and their kind) running ``kernels``, in place. Every
+    decoder layer must have the modules a kernel replaces (two RMSNorms, a SwiGLU MLP): a model of another shape is
+    refused, not half converted."""
+    check_kernels(kernels, where)
+    if kernels == "torch":
+        return model
+    from liger_kernel.ops import LigerRMSNormFunction, LigerSiLUMulFunction
+
+    def rms_norm(self, hidden_states):
+        return LigerRMSNormFunction.apply(hidden_states, self.weight, self.variance_epsilon, 0.0, "llama", False, None)
+
+    def swiglu(self, x):
+        return self.down_proj(LigerSiLUMulFunction.apply(self.gate_proj(x), self.up_proj(x)))
+
+    base = model.base_model
+    layers = getattr(base, "layers", None)
+    act = getattr(model.config, "hidden_act", None)
+    if layers is None or act not in ("silu", "swish") or not _is_rms_norm(getattr(base, "norm", None)):
+        raise Refused(f"{where}: liger replaces a Llama-like decoder's RMSNorm and SwiGLU MLP; "
+                      f"{type(model).__name__} (hidden_act {act!r}) is not one: use torch")
+    for number, layer in enumerate(layers):
+        norms = [getattr(layer, name, None) for name in ("input_layernorm", "post_attention_layernorm")]
+        mlp = getattr(layer, "mlp", None)
+        if not all(map(_is_rms_norm, norms)) or not all(hasattr(mlp, name) for name in ("gate_proj", "up_proj",
+                                                                                         "down_proj")):
+            raise Refused(f"{where}: decoder layer {number} of {type(model).__name__} has no RMSNorm pair and "
+                          "SwiGLU MLP for liger to replace: use torch")
+    for module in [base.norm, *(norm for layer in layers for norm in (layer.input_layernorm,
+                                                                       layer.post_attention_layernorm))]:
+        module.forward = types.MethodType(rms_norm, module)
+    for layer in layers:
+        layer.mlp.forward = types.MethodType(swiglu, layer.mlp)
+    return model
+
+
+def _is_rms_norm(module) -> bool:
+    return isinstance(module, nn.Module) and hasattr(module, "variance_epsilon") and \
+        isinstance(getattr(module, "weight", None), nn.Parameter) and getattr(module, "bias", None) is None
+
+
+def fused_token_loss(hidden: torch.Tensor, head: nn.Linear, targets: torch.Tensor) -> torch.Tensor:
+    """Per-token cross-entropy ``[T]`` (fp32; 0 where ``targets == -100``) of the logits ``head(hidden)``
+    (``hidden`` ``[T, H]``, ``head`` an LM head), by Liger's fused linear cross-entropy: the logits exist a chunk of
+    tokens at a time, and its gradients are per token (``reduction="none"``)."""
+    from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+    loss = LigerFusedLinearCrossEntropyLoss(reduction="none", ignore_index=-100)
+    return loss(head.weight, hidden.contiguous(), targets.contiguous(), head.bias).float()
+
+
+COMPILE_OPTIONS = ("fullgraph", "dynamic", "backend", "mode", "options", "disable")  # torch.compile's keywords
+
+
+def check_compile_config(compile_config, where: str = "compile_config") -> None:
+    """Refuse, in one line, what torch.compile would not take as its options (None: not compiled)."""
+    if compile_config is None:
+        return
+    if not isinstance(compile_config, dict):
+        raise Refused(f"{where}: give torch.compile's options as a mapping ({{}} for its defaults), "
+                      f"got {compile_config!r}")
+    for key in compile_config:
+        if key not in COMPILE_OPTIONS:
+            raise Refused(f"{where}: torch.compile has no option {key!r}; it takes {', '.join(COMPILE_OPTIONS)}")
+
+
+def compile_layers(model: nn.Module, compile_config: dict | None, layer_classes, where: str = "compile_config") -> None:
+    """Compile each of ``model``'s decoder layers (``layer_classes``) with ``torch.compile(**compile_config)``, in
+    place (None: none): one graph serves every layer of the same shape, and FSDP can wrap them as before."""
+    check_compile_config(compile_config, where)
+    if compile_config is None:
+        return
+    layers = [module for module in model.modules() if type(module) in set(layer_classes)]
+    if not layers:
+        raise Refused(f"{where}: {type(model).__name__} has no decoder layers to compile")
+    for layer in layers:
+        layer.compile(**compile_config)
