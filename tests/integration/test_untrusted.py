@@ -399,7 +399,7 @@ def test_a_read_error_is_no_proof_of_a_save_cut_short(tmp_path, monkeypatch):
     checkpoint stays (zipfile.is_zipfile, used before, answered False on any OSError, and the file was deleted)."""
     import errno
 
-    import vocagno.training.checkpoint
+    from vocagno.training.checkpoint import files
 
     save = tmp_path / "save"
     save.mkdir()
@@ -408,7 +408,7 @@ def test_a_read_error_is_no_proof_of_a_save_cut_short(tmp_path, monkeypatch):
     def hiccup(path):
         raise OSError(errno.EIO, "Input/output error", str(path))
 
-    monkeypatch.setattr(vocagno.training.checkpoint, "_zip_cut_short", hiccup)
+    monkeypatch.setattr(files, "_zip_cut_short", hiccup)
     with pytest.raises(BadCheckpoint, match="ep0-ba1-rank0.pt: can't be read: Input/output error: autoresume"):
         repair(str(save))
     assert (save / "ep0-ba1-rank0.pt").exists()
