@@ -45,7 +45,7 @@ from vocagno.entry import INTERRUPTED_EXIT, run  # noqa: E402
 from vocagno.data.dataset import teacher_guided_loader  # noqa: E402
 from vocagno.data.streaming import clean_leaked_shared_memory  # noqa: E402
 from vocagno.core.fsdp import wrap_per_decoder_layer  # noqa: E402
-from vocagno.core.kernels import check_compile_config, use_kernels  # noqa: E402
+from vocagno.core.kernels import check_chunk_size, check_compile_config, use_kernels  # noqa: E402
 from vocagno.training.checkpoint import BadCheckpoint, check_load_path, repair  # noqa: E402
 from vocagno.training.loggers import (  # noqa: E402
     ConsoleLine, JSONLinesLogger, Narration, RunPicture, RunRecipe, SampleLog)
@@ -283,6 +283,7 @@ def teacher_kwargs(section: DictConfig, teacher_tok, takes: tuple[str, ...], see
         "teacher_kernels": section.get("kernels") or "torch",
         "teacher_compile_config": _container(section.get("compile_config")),
     }
+    check_chunk_size(kwargs["teacher_kernels"], section.get("chunk_size"), "teacher")
     if section.get("placement") is not None and "teacher_placement" not in takes:
         raise ValueError("teacher.placement: only algorithms.vocagno shards its teacher; the others replicate it")
     for key in ("kernels", "compile_config"):

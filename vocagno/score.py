@@ -28,18 +28,15 @@ student's (``TeacherSide``), into ``teacher_loss.NAME`` with its alignment ``ali
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
-import torch
 
 from vocagno.core.kernels import KERNELS
 from vocagno.core.loss import CHUNK_SIZE
 from vocagno.data.outroots import Output
 from vocagno.data.shards import METADATA_FILE, check_teacher_name
-from vocagno.memory import keep_freed_memory
 from vocagno.teacher.model import load_teacher
-from vocagno.teacher.scoring import BATCH_TOKENS, Teacher, rank_and_world, score
+from vocagno.teacher.scoring import BATCH_TOKENS, Teacher, rank_and_world, score, scoring_device
 from vocagno.training.config import load_config, scoring_teacher
 
 __all__ = ["main"]
@@ -55,8 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="the scored shards' out-root: a folder, or a remote (s3://...)")
     parser.add_argument("--local-root", help="the local working folder for a remote --out")
     parser.add_argument("--dtype", default="bfloat16", help="the --teacher's dtype (a yaml's says its own)")
-    parser.add_argument("--chunk-size", type=int, default=CHUNK_SIZE,
-                        help="the --teacher's tokens per chunk of its LM head")
+    parser.add_argument("--chunk-size", type=int,
+                        help=f"the --teacher's tokens per chunk of its LM head (default {CHUNK_SIZE}; not with --kernels "
+                             "liger, which chooses its own)")
     parser.add_argument("--batch-tokens", type=int, default=BATCH_TOKENS, help="padded teacher tokens per scoring batch")
     parser.add_argument("--device", help="default: this rank's GPU (LOCAL_RANK), else the CPU")
     parser.add_argument("--name", help="the teacher's name in a set of teachers (the run's teachers:); with --config, "
@@ -74,9 +72,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(error))
     if args.overrides and not args.config:
         parser.error(f"overrides {args.overrides} need --config")
-    if args.config and (args.kernels != "torch" or args.compile):
-        parser.error("--kernels and --compile are the --teacher's: with --config, give teacher.kernels=liger or "
-                     "teacher.compile_config={} as overrides")
+    if args.kernels == "liger" and args.chunk_size is not None:
+        parser.error("--chunk-size is PyTorch's kernels' own: with --kernels liger, Liger chooses its chunks")
+    if args.config and (args.kernels != "torch" or args.compile or args.chunk_size is not None):
+        parser.error("--kernels, --compile and --chunk-size are the --teacher's: with --config, give "
+                     "teacher.kernels=liger, teacher.compile_config={} or teacher.chunk_size=N as overrides")
     if not (Path(args.shards) / METADATA_FILE).exists() or not (Path(args.shards) / "index.json").exists():
         parser.error(f"--shards {args.shards} holds no {METADATA_FILE} and index.json: not vocagno shards")
     if args.config:
@@ -85,11 +85,10 @@ def main(argv: list[str] | None = None) -> int:
         # A single teacher scores the shards' own teacher tokens (no tokenizer needed); a set's further teacher makes
         # its tokens from the student's, with its tokenizer.
         tokenizer = args.teacher_tokenizer or (args.teacher if args.name else None)
-        chosen = Teacher(load_teacher(args.teacher, args.dtype), args.teacher, args.dtype, args.chunk_size, tokenizer,
+        chunk_size = CHUNK_SIZE if args.chunk_size is None else args.chunk_size
+        chosen = Teacher(load_teacher(args.teacher, args.dtype), args.teacher, args.dtype, chunk_size, tokenizer,
                          args.name, args.kernels, {} if args.compile else None)
-    device = args.device or (f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu")
-    if device == "cpu":  # the teacher's logits and log-softmax reused, not faulted in again each batch
-        keep_freed_memory()
+    device = scoring_device(args.device)
     rank, world = rank_and_world()
     samples = score(args.shards, Output(args.out, args.local_root), chosen, device, args.batch_tokens, rank, world)
     print(f"rank {rank} of {world}: {samples} samples scored with {chosen.scored_by['name']} into {args.out}")

@@ -57,15 +57,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pickle
 from dataclasses import replace
 from pathlib import Path
 
-import torch
 
 from vocagno.errors import Refused
-from vocagno.memory import keep_freed_memory
 from vocagno.diagnostics.canaries import NOISE
 from vocagno.data.shards import (COLUMNS, METADATA_FILE, TEACHER_NAME, ShardMetadata, check_teacher_name,
     describe_tokenizer)
@@ -75,7 +72,7 @@ from vocagno.diagnostics.selection.settings import Settings
 from vocagno.diagnostics.selection.run import reader_first, run, same_sources
 from vocagno.training.config import scoring_teachers
 from vocagno.core.loss import CHUNK_SIZE
-from vocagno.teacher.scoring import BATCH_TOKENS
+from vocagno.teacher.scoring import BATCH_TOKENS, scoring_device
 
 __all__ = ["main"]
 
@@ -203,9 +200,7 @@ def _main(args: argparse.Namespace) -> Report | None:
         raise  # one line already
     except (ValueError, OSError, KeyError, RuntimeError, pickle.UnpicklingError) as error:
         raise Refused(f"{error.__class__.__name__}: {str(error).splitlines()[0] if str(error) else ''}") from error
-    device = args.device or (f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu")
-    if device == "cpu":  # the models' logits and log-softmax reused, not faulted in again each batch
-        keep_freed_memory()
+    device = scoring_device(args.device)
     return run({name: str(folder) for name, folder in sources.items()}, chosen, settings, student=student,
                student_name=student_name, samples=args.samples, canaries=args.canaries or 0.0, noise=noise,
                seed=args.seed, device=device, work=args.work,

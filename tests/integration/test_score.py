@@ -251,7 +251,7 @@ def test_a_yamls_config_built_teacher_scores_what_its_training_run_would_use(tok
 
 def test_scoring_on_a_cpu_keeps_the_blocks_it_frees_for_the_next_batch(scored, tmp_path, monkeypatch):
     """vocagno.memory, as train.py on a CPU: the teacher's logits and log-softmax reused, not faulted in again."""
-    monkeypatch.setattr(score, "keep_freed_memory", reached)
+    monkeypatch.setattr(scoring, "keep_freed_memory", reached)
     with pytest.raises(Reached):
         score.main(["--shards", str(scored / "shards"), "--teacher", str(scored / "teacher"), "--out",
                     str(tmp_path / "scored"), "--dtype", "float32", "--device", "cpu"])

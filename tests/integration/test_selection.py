@@ -287,7 +287,9 @@ def test_the_json_report_is_strict_json_a_mean_over_no_tokens_is_null():
 def test_a_report_on_a_cpu_keeps_the_blocks_it_frees_for_the_next_batch(heldout, monkeypatch):
     """vocagno.memory, as train.py on a CPU: the models' logits and log-softmax reused, not faulted in again (a
     report of 64 rows: 1.75M page faults without it, 0.30M with it)."""
-    monkeypatch.setattr(selection, "keep_freed_memory", reached)
+    from vocagno.teacher import scoring
+
+    monkeypatch.setattr(scoring, "keep_freed_memory", reached)
     with pytest.raises(Reached):
         selection.main(["--shards", str(heldout), "--teacher", "tiny-math-teacher", "--dtype", "float32",
                         "--device", "cpu"])

@@ -179,3 +179,23 @@ def test_a_liger_teacher_scores_its_tokens_as_pytorchs_does(tokenizers):
     fused = TeacherScorer(model, kernels="liger")(ids, mask)
     assert torch.equal(eager.isnan(), fused.isnan())
     torch.testing.assert_close(fused.nan_to_num(), eager.nan_to_num(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_chunk_size_given_with_ligers_kernels_is_refused_not_dropped(tmp_path, tokenizers):
+    """Liger's fused linear cross-entropy chooses its own chunks: a chunk size given with it would not be used."""
+    from vocagno import score
+    from vocagno.training.config import scoring_teacher
+
+    cfg = train.load_config(TINY, ["teacher.kernels=liger", "teacher.chunk_size=2048"])
+    with pytest.raises(Refused, match="teacher: chunk_size is PyTorch's kernels' own; with kernels: liger"):
+        train.teacher_kwargs(cfg.teacher, tokenizers["mistral"], train.TEACHER_ALGORITHMS["vocagno"], 0)
+    with pytest.raises(Refused, match="tiny.yaml: teacher: chunk_size is PyTorch's kernels' own"):
+        scoring_teacher(cfg, "tiny.yaml")
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for name in ("index.json", "vocagno.json"):
+        (shards / name).write_text("{}")
+    with pytest.raises(SystemExit) as ended:
+        score.main(["--shards", str(shards), "--teacher", "tiny-math-teacher", "--out", str(tmp_path / "out"),
+                    "--kernels", "liger", "--chunk-size", "512"])
+    assert ended.value.code == 2

@@ -259,6 +259,9 @@ def pyproject() -> str:
 
 
 def check_pip(args: list[str]) -> None:
+    # setuptools first: pip imports distutils with setuptools' shim taken out, which leaves the standard library's in
+    # this process, and torch.compile's C++ builder (it imports setuptools) then fails in every later test here.
+    import setuptools  # noqa: F401
     from packaging.requirements import Requirement
     from pip._internal.commands import create_command
 

@@ -1,6 +1,7 @@
-"""Which kernels a model runs, and compiled or not: PyTorch's own (``torch``, the default) or Liger-Kernel's fused Triton kernels
-(``liger``, a CUDA GPU): RMSNorm and the SwiGLU MLP of every decoder layer, and the teacher's per-token losses as one
-fused linear cross-entropy that never holds its whole vocabulary's logits.
+"""Which kernels a model runs, and compiled or not. Kernels: PyTorch's own (``torch``, the default) or Liger-Kernel's
+fused Triton kernels (``liger``, a CUDA GPU): RMSNorm and the SwiGLU MLP of every decoder layer, and the teacher's
+per-token losses as one fused linear cross-entropy that never holds its whole vocabulary's logits. Compiled:
+``torch.compile`` over each decoder layer (the teacher's; Composer compiles the student's forward).
 
 Liger's own patchers (``liger_kernel.transformers.monkey_patch``) need transformers 5 and patch classes process-wide;
 vocagno's transformers is 4.5x, so the kernels are bound here to the one model's own modules, the same parameters
@@ -18,8 +19,8 @@ from torch import nn
 
 from vocagno.errors import Refused
 
-__all__ = ["KERNELS", "LIGER_VERSION", "check_kernels", "use_kernels", "fused_token_loss", "check_compile_config",
-           "compile_layers"]
+__all__ = ["KERNELS", "LIGER_VERSION", "check_kernels", "use_kernels", "fused_token_loss", "check_chunk_size",
+           "check_compile_config", "compile_layers"]
 
 KERNELS = ("torch", "liger")
 # The version the gpu tests check, per-token losses and gradients both: liger-kernel's fused linear cross-entropy
@@ -43,6 +44,14 @@ def check_kernels(kernels: str, where: str = "kernels") -> None:
     if found != LIGER_VERSION:
         raise Refused(f"{where}: liger is tested with liger-kernel {LIGER_VERSION}, found {found}: "
                       "pip install -e '.[kernels]'")
+
+
+def check_chunk_size(kernels: str, chunk_size, where: str = "teacher") -> None:
+    """Refuse a chunk size given with Liger's kernels, which choose their own chunks of the teacher's LM head (256
+    tokens for Qwen2.5-7B's 8,192 x 152K): given and not used, it would be a setting silently dropped."""
+    if kernels == "liger" and chunk_size is not None:
+        raise Refused(f"{where}: chunk_size is PyTorch's kernels' own; with kernels: liger, Liger's fused linear "
+                      "cross-entropy chooses its chunks: leave chunk_size out")
 
 
 def use_kernels(model: nn.Module, kernels: str, where: str = "kernels") -> nn.Module:

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from vocagno.memory import keep_freed_memory
 from vocagno.errors import Refused
 from vocagno.data.outroots import (
     PART_STATS, OwnedLock, Output, all_jobs_done, check_or_write_settings, job_marker, merge_once, publish_dataset,
@@ -38,7 +39,7 @@ from vocagno.doors.untrusted import UntrustedFile, check_mds, decompress, inside
 from vocagno.doors.writing import make_readable, publish, remove, staging, write_atomically
 from vocagno.data.batch import ALIGN_END, ALIGN_START, teacher_key
 
-__all__ = ["BATCH_TOKENS", "Teacher", "length_batches", "rank_and_world", "read_shard", "score"]
+__all__ = ["BATCH_TOKENS", "Teacher", "scoring_device", "length_batches", "rank_and_world", "read_shard", "score"]
 
 SETTINGS_FILE = "score.json"
 PAD_TO = 64  # rows padded to a multiple of 64 tokens, as the training collator pads them
@@ -112,6 +113,15 @@ class Teacher:
 
 def rank_and_world() -> tuple[int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def scoring_device(device: str | None = None) -> str:
+    """Where a scoring job runs: ``device``, else this rank's GPU (``LOCAL_RANK``), else the CPU. On the CPU its
+    batches' logits and log-softmax are kept when freed, not faulted in again for the next (``vocagno.memory``)."""
+    chosen = device or (f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu")
+    if chosen == "cpu":
+        keep_freed_memory()
+    return chosen
 
 
 def score(shards: str, output: Output, teacher: Teacher, device: str, batch_tokens: int = BATCH_TOKENS,

@@ -16,7 +16,7 @@ import torch
 from omegaconf import DictConfig
 from omegaconf import OmegaConf as om
 
-from vocagno.core.kernels import KERNELS
+from vocagno.core.kernels import KERNELS, check_chunk_size
 from vocagno.core.loss import CHUNK_SIZE
 from vocagno.errors import Refused
 
@@ -319,6 +319,7 @@ def scoring_teacher(cfg: DictConfig, source: str, set_name: str | None = None):
     chunk_size = section.get("chunk_size") or CHUNK_SIZE
     tokenizer = section.get("tokenizer")
     compile_config = section.get("compile_config")
+    check_chunk_size(section.get("kernels") or "torch", section.get("chunk_size"), f"{source}: {where}")
     speed = {"kernels": section.get("kernels") or "torch",
              "compile_config": om.to_container(compile_config) if isinstance(compile_config, DictConfig)
              else compile_config}
