@@ -45,7 +45,7 @@ from vocagno.entry import INTERRUPTED_EXIT, run  # noqa: E402
 from vocagno.data.dataset import teacher_guided_loader  # noqa: E402
 from vocagno.data.streaming import clean_leaked_shared_memory  # noqa: E402
 from vocagno.core.fsdp import wrap_per_decoder_layer  # noqa: E402
-from vocagno.core.kernels import check_chunk_size, check_compile_config, use_kernels  # noqa: E402
+from vocagno.core.kernels import check_compile_config, check_kernels, check_speed, use_kernels  # noqa: E402
 from vocagno.training.checkpoint import BadCheckpoint, check_load_path, repair  # noqa: E402
 from vocagno.training.loggers import (  # noqa: E402
     ConsoleLine, JSONLinesLogger, Narration, RunPicture, RunRecipe, SampleLog)
@@ -283,7 +283,6 @@ def teacher_kwargs(section: DictConfig, teacher_tok, takes: tuple[str, ...], see
         "teacher_kernels": section.get("kernels") or "torch",
         "teacher_compile_config": _container(section.get("compile_config")),
     }
-    check_chunk_size(kwargs["teacher_kernels"], section.get("chunk_size"), "teacher")
     if section.get("placement") is not None and "teacher_placement" not in takes:
         raise ValueError("teacher.placement: only algorithms.vocagno shards its teacher; the others replicate it")
     for key in ("kernels", "compile_config"):
@@ -413,8 +412,22 @@ def check_loaded_checkpoint(cfg: DictConfig) -> None:
         raise Refused(f"callbacks.load_checkpoint.load_path: {error}") from None
 
 
+def check_speed_options(cfg: DictConfig) -> None:
+    """The student's and the teachers' kernels and compile options, refused in one line before anything is converted
+    or loaded (``vocagno.core.kernels``)."""
+    check_kernels(cfg.model.get("kernels") or "torch", "model.kernels")
+    check_compile_config(_container(cfg.get("compile_config")), "compile_config")
+    sections = {"teacher": cfg.teacher} if cfg.get("teacher") is not None else {}
+    sections.update({f"teachers.{name}": section for name, section in (cfg.get("teachers") or {}).items()
+                     if isinstance(section, DictConfig)})
+    for where, section in sections.items():
+        check_speed(section.get("kernels") or "torch", _container(section.get("compile_config")),
+                    section.get("chunk_size"), where)
+
+
 def main(cfg: DictConfig) -> Trainer:
     check_sections(cfg)
+    check_speed_options(cfg)
     if not torch.cuda.is_available():  # the steps' logits and gradients reused, not faulted in again each step
         keep_freed_memory()
     dist.initialize_dist(get_device(None), timeout=cfg.get("dist_timeout", 600))
@@ -461,7 +474,6 @@ def main(cfg: DictConfig) -> Trainer:
                          f"max_position_embeddings={positions}: convert with --seq-len {positions} or less")
     use_kernels(student, cfg.model.get("kernels") or "torch", "model.kernels")
     compile_config = _container(cfg.get("compile_config"))  # Composer compiles the student's forward
-    check_compile_config(compile_config, "compile_config")
     model = student_model(wrap_per_decoder_layer(student), student_tok)
     model.flops_per_batch = student_flops_per_batch(student)  # SpeedMonitor's MFU
     algorithms = build_algorithms(cfg, teacher_tok)

@@ -31,7 +31,7 @@ import argparse
 from pathlib import Path
 
 
-from vocagno.core.kernels import KERNELS
+from vocagno.core.kernels import KERNELS, check_kernels, check_on_gpu
 from vocagno.core.loss import CHUNK_SIZE
 from vocagno.data.outroots import Output
 from vocagno.data.shards import METADATA_FILE, check_teacher_name
@@ -53,9 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--local-root", help="the local working folder for a remote --out")
     parser.add_argument("--dtype", default="bfloat16", help="the --teacher's dtype (a yaml's says its own)")
     parser.add_argument("--chunk-size", type=int,
-                        help=f"the --teacher's tokens per chunk of its LM head (default {CHUNK_SIZE}; not with --kernels "
-                             "liger, which chooses its own)")
-    parser.add_argument("--batch-tokens", type=int, default=BATCH_TOKENS, help="padded teacher tokens per scoring batch")
+                        help=f"the --teacher's tokens per chunk of its LM head (default {CHUNK_SIZE}; not with "
+                             "--kernels liger, which chooses its own)")
+    parser.add_argument("--batch-tokens", type=int, default=BATCH_TOKENS,
+                        help="padded teacher tokens per scoring batch")
     parser.add_argument("--device", help="default: this rank's GPU (LOCAL_RANK), else the CPU")
     parser.add_argument("--name", help="the teacher's name in a set of teachers (the run's teachers:); with --config, "
                                        "which of the yaml's teachers: to score")
@@ -79,16 +80,18 @@ def main(argv: list[str] | None = None) -> int:
                      "teacher.kernels=liger, teacher.compile_config={} or teacher.chunk_size=N as overrides")
     if not (Path(args.shards) / METADATA_FILE).exists() or not (Path(args.shards) / "index.json").exists():
         parser.error(f"--shards {args.shards} holds no {METADATA_FILE} and index.json: not vocagno shards")
+    device = scoring_device(args.device)
     if args.config:
-        chosen = scoring_teacher(load_config(args.config, args.overrides), args.config, args.name)
+        chosen = scoring_teacher(load_config(args.config, args.overrides), args.config, args.name, device)
     else:
         # A single teacher scores the shards' own teacher tokens (no tokenizer needed); a set's further teacher makes
         # its tokens from the student's, with its tokenizer.
+        check_kernels(args.kernels, "--kernels")  # before a teacher of minutes loads
+        check_on_gpu(args.kernels, device, "--kernels")
         tokenizer = args.teacher_tokenizer or (args.teacher if args.name else None)
         chunk_size = CHUNK_SIZE if args.chunk_size is None else args.chunk_size
         chosen = Teacher(load_teacher(args.teacher, args.dtype), args.teacher, args.dtype, chunk_size, tokenizer,
                          args.name, args.kernels, {} if args.compile else None)
-    device = scoring_device(args.device)
     rank, world = rank_and_world()
     samples = score(args.shards, Output(args.out, args.local_root), chosen, device, args.batch_tokens, rank, world)
     print(f"rank {rank} of {world}: {samples} samples scored with {chosen.scored_by['name']} into {args.out}")

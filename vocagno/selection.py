@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--html", help="write a page of the first rows here: tokens coloured by teacher loss")
     parser.add_argument("--html-rows", type=int, default=12, help="rows on the --html page")
     parser.add_argument("--work", help="a folder for the rows and their scores (needed with several ranks)")
-    parser.add_argument("--batch-tokens", type=int, default=BATCH_TOKENS, help="padded teacher tokens per scoring batch")
+    parser.add_argument("--batch-tokens", type=int, default=BATCH_TOKENS,
+                        help="padded teacher tokens per scoring batch")
     parser.add_argument("--device", help="default: this rank's GPU (LOCAL_RANK), else the CPU")
     args = parser.parse_args(argv)
     report = _main(args)

@@ -256,3 +256,14 @@ def test_scoring_on_a_cpu_keeps_the_blocks_it_frees_for_the_next_batch(scored, t
         score.main(["--shards", str(scored / "shards"), "--teacher", str(scored / "teacher"), "--out",
                     str(tmp_path / "scored"), "--dtype", "float32", "--device", "cpu"])
     assert not (tmp_path / "scored").exists()  # set before the first batch
+
+
+def test_a_compiled_teacher_cannot_resume_what_an_uncompiled_one_scored(scored, tmp_path):
+    """Compiling changes the losses' last bits, as other kernels do: a pass is resumed only as it was started."""
+    model = tiny(Qwen2Config, Qwen2ForCausalLM, 152064)
+    out = Output(str(tmp_path / "scored"), None)
+    scoring.score(str(scored / "shards"), out, scoring.Teacher(model, "tiny", "float32", 1024), "cpu", 640)
+    compiled = scoring.Teacher(model, "tiny", "float32", 1024, compile_config={})
+    with pytest.raises(Refused, match="compile_config"):
+        scoring.score(str(scored / "shards"), out, compiled, "cpu", 640)
+    assert compiled.at_initialization(0).scorer.compile_config == {}  # its control is compiled as it is

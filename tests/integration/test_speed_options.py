@@ -7,7 +7,7 @@ import torch
 from helpers import own_data, read_log
 
 import train
-from vocagno.core.kernels import LIGER_VERSION, check_kernels, fused_token_loss, use_kernels
+from vocagno.core.kernels import LIGER_VERSION, fused_token_loss, use_kernels
 from vocagno.teacher.model import TeacherScorer
 from vocagno.training.config import build_causal_lm
 from vocagno.errors import Refused
@@ -91,11 +91,49 @@ def test_speed_options_torch_cannot_take_are_refused_in_one_line(tokenizers, opt
         TeacherScorer(tiny_qwen(tokenizers), **options)
 
 
+@pytest.mark.parametrize("compile_config, message", [
+    ({"mode": "bogus"}, "mode must be one of default, reduce-overhead, max-autotune"),
+    ({"backend": "bogus"}, "backend must be one of .*inductor"),
+    ({"options": {"bogus_option": 1}}, r"options must map inductor's options .*; unknown: bogus_option"),
+    ({"mode": "max-autotune", "options": {"max_autotune": True}}, "give mode or options, not both"),
+    ({"fullgraph": "maybe"}, "fullgraph must be true or false, got 'maybe'"),
+    ({"disable": "false"}, "disable must be true or false, got 'false'"),
+])
+def test_compile_options_torch_would_refuse_in_the_first_step_are_refused_before_anything_loads(
+        tmp_path, compile_config, message):
+    import json
+
+    cfg = train.load_config(TINY, [*own_data(TINY, f"{tmp_path}/shards/train", f"{tmp_path}/shards/heldout"),
+                                   f"teacher.compile_config={json.dumps(compile_config)}"])
+    with pytest.raises(Refused, match=f"teacher.compile_config: {message}"):
+        train.main(cfg)
+    assert not (tmp_path / "shards").exists()  # before the conversion
+
+
+def test_a_chunk_size_beside_liger_is_refused_by_the_algorithm_too(tokenizers):
+    from vocagno.algorithms.vocagno_lm import VocAgnoLM
+
+    with pytest.raises(ValueError, match="teacher: chunk_size is PyTorch's kernels' own; with kernels: liger"):
+        VocAgnoLM(teacher=tiny_qwen(tokenizers), teacher_kernels="liger", chunk_size=2048)
+
+
+def test_liger_on_a_device_that_is_not_a_gpu_is_refused():
+    from vocagno.core.kernels import check_on_gpu
+
+    with pytest.raises(Refused, match="--kernels: liger runs Triton kernels on a CUDA GPU, not on cpu: use torch"):
+        check_on_gpu("liger", "cpu", "--kernels")
+    check_on_gpu("liger", "cuda:0")
+    check_on_gpu("torch", "cpu")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without CUDA")
 def test_liger_on_a_machine_without_cuda_is_refused_before_anything_loads(tmp_path):
+    cfg = train.load_config(TINY, [*own_data(TINY, f"{tmp_path}/shards/train", f"{tmp_path}/shards/heldout"),
+                                   "model.kernels=liger"])
     with pytest.raises(Refused, match="model.kernels: liger runs Triton kernels on a CUDA GPU, and this machine has "
                                       "none: use torch"):
-        check_kernels("liger", "model.kernels")
+        train.main(cfg)
+    assert not (tmp_path / "shards").exists()  # before the conversion
     with pytest.raises(ValueError, match="model.kernels must be torch or liger, got 'fast'"):
         train.load_config(TINY, ["model.kernels=fast"])
 
@@ -107,6 +145,16 @@ def test_the_baselines_refuse_teacher_speed_options_they_would_not_use(tokenizer
 
 
 # Liger-Kernel against PyTorch on a GPU, in float32: bf16 would hide a wrong gradient in its rounding.
+
+
+def ran(call, *names) -> None:
+    """Run ``call`` under torch.profiler and check that each of Liger's autograd functions ``names`` ran: a model
+    that kept PyTorch's kernels would also give PyTorch's losses."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        call()
+    seen = {event.name for event in profile.events()}
+    for name in names:
+        assert any(name in event for event in seen), f"{name} did not run"
 
 def _with_liger_available():
     from importlib import metadata
@@ -133,10 +181,14 @@ def test_liger_kernels_give_the_per_token_losses_and_gradients_of_pytorchs(archi
                        device="cuda")
     weights = torch.rand(ids.shape[0], ids.shape[1] - 1, device="cuda")  # a selection's uneven weights per token
     losses = {}
-    for name, model in (("reference", reference), ("fused", fused)):
+
+    def step(name, model):
         per_token = next_token_cross_entropy(model(input_ids=ids).logits, ids)
         (per_token * weights).sum().backward()
         losses[name] = per_token.detach()
+
+    step("reference", reference)
+    ran(lambda: step("fused", fused), "LigerRMSNormFunction", "LigerSiLUMulFunction")
     torch.testing.assert_close(losses["fused"], losses["reference"], rtol=1e-4, atol=1e-4)
     grads = dict(reference.named_parameters())
     for name, parameter in fused.named_parameters():
@@ -176,7 +228,10 @@ def test_a_liger_teacher_scores_its_tokens_as_pytorchs_does(tokenizers):
     model = tiny_qwen(tokenizers).cuda()
     ids, mask = (t.cuda() for t in teacher_tokens(tokenizers))
     eager = TeacherScorer(model)(ids, mask)
-    fused = TeacherScorer(model, kernels="liger")(ids, mask)
+    scores = []
+    ran(lambda: scores.append(TeacherScorer(model, kernels="liger")(ids, mask)), "LigerRMSNormFunction",
+        "LigerSiLUMulFunction", "LigerFusedLinearCrossEntropyFunction")
+    fused = scores[0]
     assert torch.equal(eager.isnan(), fused.isnan())
     torch.testing.assert_close(fused.nan_to_num(), eager.nan_to_num(), rtol=1e-4, atol=1e-4)
 
@@ -186,12 +241,14 @@ def test_a_chunk_size_given_with_ligers_kernels_is_refused_not_dropped(tmp_path,
     from vocagno import score
     from vocagno.training.config import scoring_teacher
 
-    cfg = train.load_config(TINY, ["teacher.kernels=liger", "teacher.chunk_size=2048"])
+    cfg = train.load_config(TINY, [*own_data(TINY, f"{tmp_path}/shards/train", f"{tmp_path}/shards/heldout"),
+                                   "teacher.kernels=liger", "teacher.chunk_size=2048"])
     with pytest.raises(Refused, match="teacher: chunk_size is PyTorch's kernels' own; with kernels: liger"):
-        train.teacher_kwargs(cfg.teacher, tokenizers["mistral"], train.TEACHER_ALGORITHMS["vocagno"], 0)
+        train.main(cfg)
+    assert not (tmp_path / "shards").exists()  # before the conversion
     with pytest.raises(Refused, match="tiny.yaml: teacher: chunk_size is PyTorch's kernels' own"):
         scoring_teacher(cfg, "tiny.yaml")
-    shards = tmp_path / "shards"
+    shards = tmp_path / "given"
     shards.mkdir()
     for name in ("index.json", "vocagno.json"):
         (shards / name).write_text("{}")

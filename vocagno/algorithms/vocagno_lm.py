@@ -51,7 +51,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
 from vocagno.core.alignment import ALIGNMENT, NUM_CHUNKS, check_alignment, chunk_align
-from vocagno.core.kernels import check_kernels
+from vocagno.core.kernels import check_speed
 from vocagno.data.dataset import TeacherGuidedCollator
 from vocagno.core.loss import (AGGREGATION, CHUNK_SIZE, COMBINE, SELECTION, SELECTION_SCOPE, TOPK_RATIO, UNMAPPED,
     check_options, excess_loss, guided_loss, next_token_cross_entropy)
@@ -206,7 +206,8 @@ class VocAgnoLM(Algorithm):
                 if spec.placement not in PLACEMENTS:
                     raise ValueError(f"teacher_placement must be one of {PLACEMENTS}, got {spec.placement!r}")
                 check_teacher_options(spec.dtype, spec.trust_remote_code)
-                check_kernels(spec.kernels, "teacher kernels")
+                check_speed(spec.kernels, spec.compile_config,
+                            None if spec.chunk_size == CHUNK_SIZE else spec.chunk_size, "teacher")
             except ValueError as error:
                 raise ValueError(f"teachers.{spec.name}: {error}" if teachers is not None else str(error)) from None
         self.options = dict(topk_ratio=topk_ratio, aggregation=aggregation, unmapped=unmapped, combine=combine)

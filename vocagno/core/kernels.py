@@ -20,7 +20,7 @@ from torch import nn
 from vocagno.errors import Refused
 
 __all__ = ["KERNELS", "LIGER_VERSION", "check_kernels", "use_kernels", "fused_token_loss", "check_chunk_size",
-           "check_compile_config", "compile_layers"]
+           "check_on_gpu", "check_speed", "check_compile_config", "compile_layers"]
 
 KERNELS = ("torch", "liger")
 # The version the gpu tests check, per-token losses and gradients both: liger-kernel's fused linear cross-entropy
@@ -47,11 +47,20 @@ def check_kernels(kernels: str, where: str = "kernels") -> None:
 
 
 def check_chunk_size(kernels: str, chunk_size, where: str = "teacher") -> None:
-    """Refuse a chunk size given with Liger's kernels, which choose their own chunks of the teacher's LM head (256
-    tokens for Qwen2.5-7B's 8,192 x 152K): given and not used, it would be a setting silently dropped."""
+    """Refuse a chunk size given (not None) with Liger's kernels, which choose their own chunks of the teacher's LM
+    head (256 tokens for Qwen2.5-7B's 8,192 x 152K): given and not used, it would be a setting silently dropped."""
     if kernels == "liger" and chunk_size is not None:
         raise Refused(f"{where}: chunk_size is PyTorch's kernels' own; with kernels: liger, Liger's fused linear "
                       "cross-entropy chooses its chunks: leave chunk_size out")
+
+
+def check_speed(kernels: str, compile_config, chunk_size, where: str) -> None:
+    """A teacher section's speed options (``kernels``, ``compile_config``, a ``chunk_size`` given or None), refused in
+    one line before anything loads: ``where`` names the section. What the settings say comes before what the
+    machine can do."""
+    check_chunk_size(kernels, chunk_size, where)
+    check_compile_config(compile_config, f"{where}.compile_config")
+    check_kernels(kernels, f"{where}.kernels")
 
 
 def use_kernels(model: nn.Module, kernels: str, where: str = "kernels") -> nn.Module:
@@ -95,6 +104,12 @@ def _is_rms_norm(module) -> bool:
         isinstance(getattr(module, "weight", None), nn.Parameter) and getattr(module, "bias", None) is None
 
 
+def check_on_gpu(kernels: str, device, where: str = "kernels") -> None:
+    """Refuse Liger's kernels on a device that is not a CUDA GPU (``--device cpu`` on a machine that has one)."""
+    if kernels == "liger" and torch.device(device).type != "cuda":
+        raise Refused(f"{where}: liger runs Triton kernels on a CUDA GPU, not on {device}: use torch, or a GPU")
+
+
 def fused_token_loss(hidden: torch.Tensor, head: nn.Linear, targets: torch.Tensor) -> torch.Tensor:
     """Per-token cross-entropy ``[T]`` (fp32; 0 where ``targets == -100``) of the logits ``head(hidden)``
     (``hidden`` ``[T, H]``, ``head`` an LM head), by Liger's fused linear cross-entropy: the logits exist a chunk of
@@ -106,23 +121,45 @@ def fused_token_loss(hidden: torch.Tensor, head: nn.Linear, targets: torch.Tenso
 
 
 COMPILE_OPTIONS = ("fullgraph", "dynamic", "backend", "mode", "options", "disable")  # torch.compile's keywords
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 def check_compile_config(compile_config, where: str = "compile_config") -> None:
-    """Refuse, in one line, what torch.compile would not take as its options (None: not compiled)."""
+    """Refuse, in one line, what torch.compile would not take as its options (None: not compiled): an unknown key, a
+    value of the wrong kind (the string "false" is no boolean), an unknown backend, mode or inductor option, a mode
+    and options together. Before anything loads, not in the first step."""
     if compile_config is None:
         return
     if not isinstance(compile_config, dict):
         raise Refused(f"{where}: give torch.compile's options as a mapping ({{}} for its defaults), "
                       f"got {compile_config!r}")
-    for key in compile_config:
+    for key, value in compile_config.items():
         if key not in COMPILE_OPTIONS:
             raise Refused(f"{where}: torch.compile has no option {key!r}; it takes {', '.join(COMPILE_OPTIONS)}")
+        if key in ("fullgraph", "disable") and not isinstance(value, bool) or \
+                key == "dynamic" and value is not None and not isinstance(value, bool):
+            raise Refused(f"{where}: {key} must be true or false, got {value!r}")
+    backends = torch.compiler.list_backends(exclude_tags=())
+    if compile_config.get("backend", "inductor") not in backends:
+        raise Refused(f"{where}: backend must be one of {', '.join(backends)}, got {compile_config['backend']!r}")
+    if compile_config.get("mode") is not None and compile_config["mode"] not in COMPILE_MODES:
+        raise Refused(f"{where}: mode must be one of {', '.join(COMPILE_MODES)}, got {compile_config['mode']!r}")
+    options = compile_config.get("options")
+    if options is not None:
+        if compile_config.get("mode") is not None:
+            raise Refused(f"{where}: give mode or options, not both (torch.compile takes one)")
+        from torch._inductor import list_options  # what torch.compile's documentation points to
+
+        known = list_options()
+        if not isinstance(options, dict) or any(key not in known for key in options):
+            unknown = [key for key in options if key not in known] if isinstance(options, dict) else [options]
+            raise Refused(f"{where}: options must map inductor's options (torch._inductor.list_options()) to "
+                          f"values; unknown: {', '.join(map(str, unknown))}")
 
 
 def compile_layers(model: nn.Module, compile_config: dict | None, layer_classes, where: str = "compile_config") -> None:
     """Compile each of ``model``'s decoder layers (``layer_classes``) with ``torch.compile(**compile_config)``, in
-    place (None: none): one graph serves every layer of the same shape, and FSDP can wrap them as before."""
+    place (None: none): one graph serves every layer of the same shape, and the layers stay the modules they were."""
     check_compile_config(compile_config, where)
     if compile_config is None:
         return

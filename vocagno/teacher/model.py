@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from vocagno.core.fsdp import decoder_layer_classes
-from vocagno.core.kernels import compile_layers, fused_token_loss, use_kernels
+from vocagno.core.kernels import check_chunk_size, check_on_gpu, compile_layers, fused_token_loss, use_kernels
 from vocagno.core.loss import CHUNK_SIZE, teacher_token_loss
 from vocagno.data.shards import describe_tokenizer
 from vocagno.core.tokenization import resolve_shipped
@@ -31,9 +31,10 @@ class TeacherScorer(nn.Module):
     def __init__(self, model: nn.Module, chunk_size: int = CHUNK_SIZE, kernels: str = "torch",
                  compile_config: dict | None = None):
         super().__init__()
+        check_chunk_size(kernels, None if chunk_size == CHUNK_SIZE else chunk_size)
         self.model = use_kernels(model.eval().requires_grad_(False), kernels, "teacher kernels")
         self.chunk_size = chunk_size
-        self.kernels = kernels
+        self.kernels, self.compile_config = kernels, compile_config
         compile_layers(self.model, compile_config, decoder_layer_classes(self.model), "teacher compile_config")
 
     def train(self, mode: bool = True) -> "TeacherScorer":
@@ -41,6 +42,7 @@ class TeacherScorer(nn.Module):
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        check_on_gpu(self.kernels, input_ids.device, "teacher kernels")
         # The base model's hidden states and the LM head in chunks: the full logits are never materialized. No KV
         # cache: nothing is generated, and a 7B teacher's cache is ~5 GB at 4 x 2560 tokens.
         hidden = self.model.base_model(

@@ -68,7 +68,7 @@ class Teacher:
             fresh = AutoModelForCausalLM.from_config(model.config, torch_dtype=next(model.parameters()).dtype)
         name = f"{self.scored_by['name']} at initialization (seed {seed})"
         return Teacher(fresh, name, self.scored_by["dtype"], self.chunk_size, self.tokenizer, self.set_name,
-                       self.scorer.kernels)
+                       self.scorer.kernels, self.scorer.compile_config)
 
     def column(self, metadata: ShardMetadata, source: str) -> str | None:
         """Where this teacher's losses go in ``metadata``'s shards: None for ``teacher_loss`` (the shards' own
@@ -135,12 +135,14 @@ def score(shards: str, output: Output, teacher: Teacher, device: str, batch_toke
     metadata = ShardMetadata.read(shards_root)
     column = teacher.column(metadata, shards)
     # A resumed pass must score as the interrupted one did: the same input shards (by their index: names, sizes and
-    # hashes, wherever the folder is now), teacher, chunk size and kernels (Liger's losses differ in the last bits);
-    # a further teacher's tokenizer too (it makes its tokens and alignment).
+    # hashes, wherever the folder is now), teacher, chunk size, kernels and compiling (either changes the losses'
+    # last bits); a further teacher's tokenizer too (it makes its tokens and alignment).
     settings = {"input_index": _digest(index), "scored_by": teacher.scored_by, "chunk_size": teacher.chunk_size,
                 "column": column}
-    if teacher.scorer.kernels != "torch":  # PyTorch's own: no key, as before there was a choice
+    if teacher.scorer.kernels != "torch":  # the defaults: no key, as before there was a choice
         settings["kernels"] = teacher.scorer.kernels
+    if teacher.scorer.compile_config is not None:
+        settings["compile_config"] = teacher.scorer.compile_config
     if column is not None:
         settings["tokenizer"] = asdict(teacher.tokenizer_info())
     check_or_write_settings(output, SETTINGS_FILE, settings, "scoring pass", "--out")

@@ -16,7 +16,7 @@ import torch
 from omegaconf import DictConfig
 from omegaconf import OmegaConf as om
 
-from vocagno.core.kernels import KERNELS, check_chunk_size
+from vocagno.core.kernels import KERNELS, check_on_gpu, check_speed
 from vocagno.core.loss import CHUNK_SIZE
 from vocagno.errors import Refused
 
@@ -292,10 +292,11 @@ def build_causal_lm(section: DictConfig, vocab_size: int, seed: int | None = Non
         return AutoModelForCausalLM.from_config(config, torch_dtype=dtype, trust_remote_code=trust is True)
 
 
-def scoring_teacher(cfg: DictConfig, source: str, set_name: str | None = None):
+def scoring_teacher(cfg: DictConfig, source: str, set_name: str | None = None, device: str | None = None):
     """The scoring pass's ``Teacher`` of a loaded training config's ``teacher:`` section (or of its ``teachers:``,
     ``set_name``'s), built as ``train.py`` builds it: a config-built (random) one gets the same weights from the
-    config's seed. Named by its ``name_or_path``, or else by ``source`` (the yaml)."""
+    config's seed. Named by its ``name_or_path``, or else by ``source`` (the yaml). Its speed options are checked
+    (against ``device``, when given) before it loads."""
     from vocagno.core.tokenization import load_tokenizer
     from vocagno.data.shards import check_teacher_name
     from vocagno.teacher.model import load_teacher
@@ -319,10 +320,12 @@ def scoring_teacher(cfg: DictConfig, source: str, set_name: str | None = None):
     chunk_size = section.get("chunk_size") or CHUNK_SIZE
     tokenizer = section.get("tokenizer")
     compile_config = section.get("compile_config")
-    check_chunk_size(section.get("kernels") or "torch", section.get("chunk_size"), f"{source}: {where}")
     speed = {"kernels": section.get("kernels") or "torch",
              "compile_config": om.to_container(compile_config) if isinstance(compile_config, DictConfig)
              else compile_config}
+    check_speed(speed["kernels"], speed["compile_config"], section.get("chunk_size"), f"{source}: {where}")
+    if device is not None:
+        check_on_gpu(speed["kernels"], device, f"{source}: {where}.kernels")
     if section.get("name_or_path"):  # loaded as VocAgnoLM loads a teacher it is given by name
         dtype = section.get("dtype") or "bfloat16"
         model = load_teacher(section.name_or_path, dtype, section.get("trust_remote_code", False))
