@@ -3,13 +3,13 @@
     from vocagno.algorithms.vocagno_lm import VocAgnoLM
     trainer = Trainer(..., algorithms=[VocAgnoLM(teacher="Qwen/Qwen2.5-Math-7B-Instruct", topk_ratio=0.4)])
 
-Batches from ``vocagno.data.dataset.TeacherGuidedCollator`` (shards made by the converter: student ``input_ids``/``labels``
-plus ``align_start``/``align_end`` and the teacher's ``teacher_input_ids``/``teacher_attention_mask``) are used as
-they are. A batch of student ``input_ids`` alone (llm-foundry's ``text`` loader, any recipe's) gets its teacher side
-made on the CPU (``vocagno.teacher.side.TeacherSide``: the text of the student's tokens, the teacher's tokens of it,
-the alignment), from the student's tokenizer (``student_tokenizer``, or the model's): in the training loader's worker
-processes when it has some (FIT_START wraps its ``collate_fn`` in ``WithTeacherSide``, before the workers start),
-else at AFTER_DATALOADER in the training process.
+Batches from ``vocagno.data.dataset.TeacherGuidedCollator`` (shards made by the converter: student
+``input_ids``/``labels`` plus ``align_start``/``align_end`` and the teacher's ``teacher_input_ids``/
+``teacher_attention_mask``) are used as they are. A batch of student ``input_ids`` alone (llm-foundry's ``text``
+loader, any recipe's) gets its teacher side made on the CPU (``vocagno.teacher.side.TeacherSide``: the text of the
+student's tokens, the teacher's tokens of it, the alignment), from the student's tokenizer (``student_tokenizer``,
+or the model's): in the training loader's worker processes when it has some (FIT_START wraps its ``collate_fn`` in
+``WithTeacherSide``, before the workers start), else at AFTER_DATALOADER in the training process.
 
 ``selection_scope`` says over which tokens the top-k is taken. ``batch`` (the default, Rho-1's "tokens in a batch"):
 the whole global batch, every rank and every microbatch, so ``device_train_microbatch_size`` is only a memory knob.
@@ -45,7 +45,6 @@ import torch
 from composer.core import Algorithm, Event, State
 from composer.core.precision import get_precision_context
 from composer.loggers import Logger
-from composer.utils import dist
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader
@@ -59,11 +58,13 @@ from vocagno.teacher.model import TeacherScorer, check_teacher_options, check_te
 from vocagno.teacher.side import TeacherSide, WithTeacherSide, unpack_teacher_side
 from vocagno.teacher.several import (
     OtherTeachers, TeacherSpec, WithOtherTeachers, check_scored_by_teacher, checked_teacher, reading_teacher,
-    teacher_label, teacher_shares, teacher_specs)
+    teacher_label, teacher_specs,
+)
 from vocagno.core.tokenization import as_tokenizer
 from vocagno.data.batch import (ALIGN_END, ALIGN_START, SELECTED, TEACHER_ATTENTION_MASK, TEACHER_INPUT_IDS,
     TEACHER_LOSS, teacher_key)
 from vocagno.algorithms.global_selection import select_over_ranks
+from vocagno.algorithms.step_metrics import StepMetrics
 
 __all__ = ["teacher_guided_loss", "VocAgnoLM"]
 
@@ -226,9 +227,8 @@ class VocAgnoLM(Algorithm):
         self._loss: dict[str, torch.Tensor] | None = None
         self._global_counts: dict[str, torch.Tensor] = {}  # the global batch's labeled, mapped and kept tokens
         self._global_samples = 0
-        self._stream_counts: torch.Tensor | None = None  # a mixture's, per stream: rows, labeled and kept tokens
+        self._metrics = StepMetrics()  # per stream and per teacher, logged once a step
         self._teacher_seconds = 0.0
-        self._teacher_counts: torch.Tensor | None = None  # several teachers: the step's kept tokens each one gave
 
     def teacher_source(self, state: State) -> str:
         """One line: where this run's teacher losses come from (online: which teachers; cached: who scored them)."""
@@ -258,7 +258,8 @@ class VocAgnoLM(Algorithm):
             return f"VocAgnoLM(teachers={names!r}, " + ", ".join(f"{k}={v!r}" for k, v in self.options.items()) + ")"
         name = self.teacher if isinstance(self.teacher, str) else type(self.teacher).__name__
         options = {**{k: v for k, v in self.options.items() if k != "combine"},
-                   "selection_scope": self.selection_scope, "selection": self.selection, **({"alignment": "chunk", "num_chunks": self.num_chunks} if self.alignment == "chunk" else {})}
+                   "selection_scope": self.selection_scope, "selection": self.selection,
+                   **({"alignment": "chunk", "num_chunks": self.num_chunks} if self.alignment == "chunk" else {})}
         return f"VocAgnoLM(teacher={name!r}, " + ", ".join(f"{k}={v!r}" for k, v in options.items()) + ")"
 
     @staticmethod
@@ -299,10 +300,7 @@ class VocAgnoLM(Algorithm):
             if self.selection_scope == "batch":
                 self._select_over_global_batch(state)
         elif event == Event.BEFORE_TRAIN_BATCH:  # also before each retry of the batch (Composer's auto microbatching)
-            self._teacher_counts = None
-            names = getattr(getattr(state.train_dataloader, "dataset", None), "stream_names", None)
-            self._stream_counts = torch.zeros(len(names), 3, device=state.batch["stream"].device) if (
-                "stream" in state.batch and names) else None  # on the batch's device: no sync per microbatch
+            self._metrics.start(state)
         elif event == Event.BEFORE_FORWARD:
             self._labels = state.batch.pop("labels")
             state.batch.update(_no_cache(state.model))
@@ -315,19 +313,15 @@ class VocAgnoLM(Algorithm):
                     selected=state.batch[SELECTED],
                     others={name: state.batch[teacher_key(name, TEACHER_LOSS)] for name in self.others.names},
                     token_counts={k: v * share for k, v in self._global_counts.items()},
-                    row_counts=self._stream_counts is not None, **self.options,
+                    row_counts=self._metrics.per_stream, **self.options,
                 )
             else:
                 self._loss = teacher_guided_loss(logits, self._labels, state.batch, self._teacher_loss(state.batch),
                                                  others=self.others.losses(state.batch),
                                                  per_sequence=self.selection_scope == "sequence",
                                                  selection=self.selection, generator=self._generator,
-                                                 row_counts=self._stream_counts is not None, **self.options)
-            if self._stream_counts is not None:
-                self._count_streams(state.batch["stream"], self._loss.pop("row_counts"))
-            if "teacher_counts" in self._loss:  # summed over the step's microbatches, logged with the step's loss
-                counts = self._loss.pop("teacher_counts")
-                self._teacher_counts = counts if self._teacher_counts is None else self._teacher_counts + counts
+                                                 row_counts=self._metrics.per_stream, **self.options)
+            self._metrics.add(state.batch.get("stream"), self._loss)
             if hasattr(state.outputs, "logits"):
                 state.outputs["loss"] = self._loss["total"]  # HuggingFaceModel.loss returns it: no second CE
             # A model computing its own loss from the labels (llm-foundry's MPT) reads them; AFTER_LOSS replaces it.
@@ -336,44 +330,16 @@ class VocAgnoLM(Algorithm):
             state.loss = self._loss
             self._labels = self._loss = None
         elif event == Event.AFTER_TRAIN_BATCH:  # every microbatch done, the step not yet counted: the loss's step
-            if self._stream_counts is not None:
-                self._log_streams(state, logger)
-            if self._teacher_counts is not None:
-                self._log_teacher_shares(logger)
+            self._metrics.log(state, logger, [self.teacher_name, *self.others.names])
         elif event == Event.BATCH_END:
-            seconds = {f"vocagno/teacher_forward_seconds/{name}": self.others.seconds[name] for name in self.others.names}
+            seconds = {f"vocagno/teacher_forward_seconds/{name}": self.others.seconds[name]
+                       for name in self.others.names}
             if seconds:
                 seconds[f"vocagno/teacher_forward_seconds/{self.teacher_name}"] = self._teacher_seconds
             logger.log_metrics({"vocagno/teacher_forward_seconds": self._teacher_seconds + sum(
                 self.others.seconds.values()), **seconds})
             self._teacher_seconds = 0.0
             self.others.seconds = dict.fromkeys(self.others.names, 0.0)
-
-    def _count_streams(self, stream: torch.Tensor, row_counts: torch.Tensor) -> None:
-        """Add a microbatch's rows, labeled tokens and kept tokens to its streams' counts."""
-        counts = torch.cat([torch.ones_like(row_counts[:, :1]), row_counts], dim=1)
-        self._stream_counts.index_add_(0, stream.long(), counts.detach().float())
-
-    def _log_streams(self, state: State, logger: Logger) -> None:
-        """A mixture's share of the global batch per stream (``vocagno/stream_share/NAME``) and the share of each
-        stream's labeled tokens the selection kept (``vocagno/kept_fraction/NAME``), over every microbatch and rank."""
-        dist.all_reduce(self._stream_counts, reduce_operation="SUM")
-        per_stream = self._stream_counts.tolist()  # rows, labeled tokens, kept tokens
-        all_rows = max(sum(rows for rows, _, _ in per_stream), 1)
-        metrics = {}
-        for name, (rows, labeled, kept) in zip(state.train_dataloader.dataset.stream_names, per_stream):
-            metrics[f"vocagno/stream_share/{name}"] = rows / all_rows
-            if labeled:
-                metrics[f"vocagno/kept_fraction/{name}"] = kept / labeled
-        logger.log_metrics(metrics)
-        self._stream_counts = None
-
-    def _log_teacher_shares(self, logger: Logger) -> None:
-        """Each teacher's share of the step's kept mapped tokens (``vocagno.teacher.several.teacher_shares``), over every
-        microbatch and rank."""
-        dist.all_reduce(self._teacher_counts, reduce_operation="SUM")
-        logger.log_metrics(teacher_shares([self.teacher_name, *self.others.names], self._teacher_counts.tolist()))
-        self._teacher_counts = None
 
     def _choose_teacher(self, state: State) -> None:
         """Of a set, the teacher that reads the shards' teacher side (``vocagno.teacher.several.reading_teacher``)."""
@@ -392,7 +358,8 @@ class VocAgnoLM(Algorithm):
             return
         student = self._student_tokenizer(state)
         if self.others.names and student is not None and not isinstance(loader.collate_fn, WithOtherTeachers):
-            loader.collate_fn = WithOtherTeachers(loader.collate_fn, self.others.make_sides(student), _loader_name(state))
+            loader.collate_fn = WithOtherTeachers(loader.collate_fn, self.others.make_sides(student),
+                                                  _loader_name(state))
         if isinstance(loader.collate_fn, WithOtherTeachers):
             loader = loader.collate_fn  # the teacher's own side goes inside: made first, as at AFTER_DATALOADER
         if isinstance(loader.collate_fn, (TeacherGuidedCollator, WithTeacherSide)):
