@@ -7,7 +7,7 @@ import torch
 from helpers import own_data, read_log
 
 import train
-from vocagno.core.kernels import LIGER_VERSION, fused_token_loss, use_kernels
+from vocagno.core.kernels import LIGER_VERSION, check_kernels, fused_token_loss, use_kernels
 from vocagno.teacher.model import TeacherScorer
 from vocagno.training.config import build_causal_lm
 from vocagno.errors import Refused
@@ -256,3 +256,27 @@ def test_a_chunk_size_given_with_ligers_kernels_is_refused_not_dropped(tmp_path,
         score.main(["--shards", str(shards), "--teacher", "tiny-math-teacher", "--out", str(tmp_path / "out"),
                     "--kernels", "liger", "--chunk-size", "512"])
     assert ended.value.code == 2
+
+
+def test_liger_kernels_other_than_the_tested_version_or_a_model_of_another_shape_are_refused(monkeypatch):
+    """What a GPU machine would refuse, seen here with CUDA stood in for: liger-kernel missing or of another
+    version than the one the gpu tests check, and a decoder without the RMSNorm and SwiGLU MLP it replaces."""
+    from importlib import metadata
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", missing)
+    with pytest.raises(Refused, match=f"model.kernels: liger needs liger-kernel {LIGER_VERSION}: pip install -e "):
+        check_kernels("liger", "model.kernels")
+    monkeypatch.setattr(metadata, "version", lambda name: "0.6.4")
+    with pytest.raises(Refused, match=f"liger is tested with liger-kernel {LIGER_VERSION}, found 0.6.4"):
+        check_kernels("liger", "model.kernels")
+    monkeypatch.setattr(metadata, "version", lambda name: LIGER_VERSION)
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100))
+    with pytest.raises(Refused, match="liger replaces a Llama-like decoder's RMSNorm and SwiGLU MLP; GPT2LMHeadModel"):
+        use_kernels(gpt2, "liger", "model.kernels")

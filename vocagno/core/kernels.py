@@ -70,14 +70,6 @@ def use_kernels(model: nn.Module, kernels: str, where: str = "kernels") -> nn.Mo
     check_kernels(kernels, where)
     if kernels == "torch":
         return model
-    from liger_kernel.ops import LigerRMSNormFunction, LigerSiLUMulFunction
-
-    def rms_norm(self, hidden_states):
-        return LigerRMSNormFunction.apply(hidden_states, self.weight, self.variance_epsilon, 0.0, "llama", False, None)
-
-    def swiglu(self, x):
-        return self.down_proj(LigerSiLUMulFunction.apply(self.gate_proj(x), self.up_proj(x)))
-
     base = model.base_model
     layers = getattr(base, "layers", None)
     act = getattr(model.config, "hidden_act", None)
@@ -91,6 +83,14 @@ def use_kernels(model: nn.Module, kernels: str, where: str = "kernels") -> nn.Mo
                                                                                          "down_proj")):
             raise Refused(f"{where}: decoder layer {number} of {type(model).__name__} has no RMSNorm pair and "
                           "SwiGLU MLP for liger to replace: use torch")
+    from liger_kernel.ops import LigerRMSNormFunction, LigerSiLUMulFunction
+
+    def rms_norm(self, hidden_states):
+        return LigerRMSNormFunction.apply(hidden_states, self.weight, self.variance_epsilon, 0.0, "llama", False, None)
+
+    def swiglu(self, x):
+        return self.down_proj(LigerSiLUMulFunction.apply(self.gate_proj(x), self.up_proj(x)))
+
     for module in [base.norm, *(norm for layer in layers for norm in (layer.input_layernorm,
                                                                        layer.post_attention_layernorm))]:
         module.forward = types.MethodType(rms_norm, module)
