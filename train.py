@@ -40,7 +40,7 @@ from streaming import Stream, StreamingDataset  # noqa: E402
 
 from vocagno.memory import keep_freed_memory  # noqa: E402
 from vocagno.training.config import (  # noqa: E402
-    build_causal_lm, check_names, keyword_names, load_config, scoring_teachers)
+    build_causal_lm, check_names, keyword_names, load_config, plain, scoring_teachers, speed_options)
 from vocagno.entry import INTERRUPTED_EXIT, run  # noqa: E402
 from vocagno.data.dataset import teacher_guided_loader  # noqa: E402
 from vocagno.data.streaming import clean_leaked_shared_memory  # noqa: E402
@@ -280,9 +280,8 @@ def teacher_kwargs(section: DictConfig, teacher_tok, takes: tuple[str, ...], see
         "teacher_placement": section.get("placement") or "auto",
         "chunk_size": section.get("chunk_size") or CHUNK_SIZE,
         "trust_remote_code": section.get("trust_remote_code", False),
-        "teacher_kernels": section.get("kernels") or "torch",
-        "teacher_compile_config": _container(section.get("compile_config")),
     }
+    kwargs["teacher_kernels"], kwargs["teacher_compile_config"] = speed_options(section)
     if section.get("placement") is not None and "teacher_placement" not in takes:
         raise ValueError("teacher.placement: only algorithms.vocagno shards its teacher; the others replicate it")
     for key in ("kernels", "compile_config"):
@@ -305,11 +304,6 @@ def student_flops_per_batch(student: torch.nn.Module):
         return rows * seq_len * (6 * params + 12 * layers * width * seq_len)
 
     return flops
-
-
-def _container(value: Any) -> Any:
-    """A yaml's mapping as a plain dict (what torch.compile's options must be); any other value as it is."""
-    return om.to_container(value) if isinstance(value, DictConfig) else value
 
 
 def _plain(cfg: DictConfig, key: str) -> dict[str, Any]:
@@ -415,14 +409,13 @@ def check_loaded_checkpoint(cfg: DictConfig) -> None:
 def check_speed_options(cfg: DictConfig) -> None:
     """The student's and the teachers' kernels and compile options, refused in one line before anything is converted
     or loaded (``vocagno.core.kernels``)."""
-    check_kernels(cfg.model.get("kernels") or "torch", "model.kernels")
-    check_compile_config(_container(cfg.get("compile_config")), "compile_config")
+    check_kernels(speed_options(cfg.model)[0], "model.kernels")
+    check_compile_config(plain(cfg.get("compile_config")), "compile_config")
     sections = {"teacher": cfg.teacher} if cfg.get("teacher") is not None else {}
     sections.update({f"teachers.{name}": section for name, section in (cfg.get("teachers") or {}).items()
                      if isinstance(section, DictConfig)})
     for where, section in sections.items():
-        check_speed(section.get("kernels") or "torch", _container(section.get("compile_config")),
-                    section.get("chunk_size"), where)
+        check_speed(*speed_options(section), section.get("chunk_size"), where)
 
 
 def main(cfg: DictConfig) -> Trainer:
@@ -472,8 +465,8 @@ def main(cfg: DictConfig) -> Trainer:
     if positions is not None and positions < seq_len:
         raise ValueError(f"the shards' samples hold {seq_len} student tokens, but the student (model) has "
                          f"max_position_embeddings={positions}: convert with --seq-len {positions} or less")
-    use_kernels(student, cfg.model.get("kernels") or "torch", "model.kernels")
-    compile_config = _container(cfg.get("compile_config"))  # Composer compiles the student's forward
+    use_kernels(student, speed_options(cfg.model)[0], "model.kernels")
+    compile_config = plain(cfg.get("compile_config"))  # Composer compiles the student's forward
     model = student_model(wrap_per_decoder_layer(student), student_tok)
     model.flops_per_batch = student_flops_per_batch(student)  # SpeedMonitor's MFU
     algorithms = build_algorithms(cfg, teacher_tok)

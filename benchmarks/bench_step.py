@@ -14,8 +14,9 @@ Prints one JSON line per run: ``plain_step_s`` (no teacher), ``teacher_forward_s
 step), ``guided_step_s``, ``overhead`` = guided / (plain + teacher forward), ``student_tokens_per_s``, ``mfu`` (the
 student's training FLOPs as ``train.student_flops_per_batch`` counts them over the device's bf16 peak; null on a
 CPU), ``peak_gib`` (CUDA memory allocated at most; null on a CPU) and ``selection_scope``. Medians over the steps after
-two warm-up steps; on a GPU each step ends with ``torch.cuda.synchronize()``, so its time is its kernels' too. ``batch`` scope adds a no-grad student forward per step (its scoring pass): the figure to compare
-with ``microbatch``.
+two warm-up steps; on a GPU each step ends with ``torch.cuda.synchronize()``, so its time is its kernels' too.
+``batch`` scope adds a no-grad student forward per step (its scoring pass): the figure to compare with
+``microbatch``. Every line names its ``preset`` and ``overrides``.
 
 ``KEY=VALUE`` overrides the yaml after the preset, as on train.py's command line; the speed options among them:
 ``model.kernels=liger`` and ``teacher.kernels=liger`` (Liger-Kernel's fused kernels, ``vocagno.core.kernels``),
@@ -101,7 +102,8 @@ class StepTimes(LoggerDestination):
         if self._profiler is not None:
             self._profiler.__exit__(None, None, None)
             device = "cuda" if torch.cuda.is_available() else "cpu"
-            table = self._profiler.key_averages().table(sort_by="self_device_time_total" if device == "cuda" else "self_cpu_time_total", row_limit=25)
+            table = self._profiler.key_averages().table(sort_by=f"self_{'device' if device == 'cuda' else 'cpu'}"
+                                                        "_time_total", row_limit=25)
             self.profile.parent.mkdir(parents=True, exist_ok=True)
             self.profile.write_text(f"{len(self.steps) - self.profile_from} steps, top kernels by self {device} "
                                     f"time\n{table}\n")
@@ -141,7 +143,7 @@ def run(cfg, guided: bool, scope: str | None, steps: int, profile: Path | None =
     student_tok, teacher_tok = load_tokenizer(cfg.tokenizer.name), load_tokenizer(cfg.teacher.tokenizer)
     world_batch = cfg.global_train_batch_size
     loader = train.build_loader(cfg.train_loader, student_tok, teacher_tok, world_batch)
-    student = use_kernels(train.build_causal_lm(cfg.model, len(student_tok)), cfg.model.get("kernels") or "torch",
+    student = use_kernels(train.build_causal_lm(cfg.model, len(student_tok)), config.speed_options(cfg.model)[0],
                           "model.kernels")
     algorithms = []
     if guided:
@@ -156,7 +158,7 @@ def run(cfg, guided: bool, scope: str | None, steps: int, profile: Path | None =
     Trainer(
         model=model, train_dataloader=loader,
         algorithms=algorithms, max_duration=f"{steps + WARMUP + (PROFILED if profile else 0)}ba",
-        optimizers=train.build_optimizer(cfg, student), compile_config=train._container(cfg.get("compile_config")),
+        optimizers=train.build_optimizer(cfg, student), compile_config=config.plain(cfg.get("compile_config")),
         device_train_microbatch_size=cfg.device_train_microbatch_size, precision=cfg.get("precision"),
         loggers=[timer], progress_bar=False, seed=cfg.seed,  # a logger destination gets every event too
     ).fit()
@@ -190,6 +192,7 @@ def main() -> None:
                      "eval_loader=null", "train_loader.dataset.shuffle=false",
                      *PRESETS[args.preset], *args.overrides]
         cfg = train.load_config(str(REPO / "yamls" / "tiny_qwen.yaml"), overrides)
+        label = {"preset": args.preset, "overrides": args.overrides}  # on every line
         profile = (lambda name: args.profile / f"{name}.txt") if args.profile else (lambda name: None)
         timed = slice(WARMUP, WARMUP + args.steps)
         plain_timer = run(cfg, False, None, args.steps, profile("plain"))
@@ -201,7 +204,7 @@ def main() -> None:
             teacher = statistics.median(timer.teacher[timed])
             tokens = cfg.global_train_batch_size * cfg.variables.seq_len
             print(json.dumps({
-                "preset": args.preset, "overrides": args.overrides, "selection_scope": scope, "plain_step_s": round(plain, 4),
+                **label, "selection_scope": scope, "plain_step_s": round(plain, 4),
                 "teacher_forward_s": round(teacher, 4), "guided_step_s": round(guided, 4),
                 "overhead": round(guided / (plain + teacher), 3), "student_tokens_per_s": round(tokens / guided),
                 "mfu": round(plain_timer.flops / plain / H100_BF16_FLOPS, 3) if cuda else None,
@@ -214,13 +217,13 @@ def main() -> None:
         scored = score_once(cfg, f"{tmp}/train", f"{tmp}/scored", args.scoring_batch_tokens)
         in_training = sum(timer.teacher_tokens[timed]) / sum(timer.teacher[timed])  # the last guided run's
         scored["training_teacher_tokens_per_s"] = round(in_training)
-        print(json.dumps({"preset": args.preset, "overrides": args.overrides, **scored}), flush=True)
+        print(json.dumps({**label, **scored}), flush=True)
         cfg.train_loader.dataset.local = f"{tmp}/scored"
         cfg.algorithms.vocagno.teacher_losses = "cached"
         for scope in scopes:
             cached = statistics.median(run(cfg, True, scope, args.steps, profile(f"cached_{scope}")).steps[timed])
             print(json.dumps({
-                "preset": args.preset, "overrides": args.overrides, "selection_scope": scope, "teacher_losses": "cached",
+                **label, "selection_scope": scope, "teacher_losses": "cached",
                 "plain_step_s": round(plain, 4), "online_step_s": round(online[scope], 4),
                 "cached_step_s": round(cached, 4), "cached_over_plain": round(cached / plain, 3),
             }), flush=True)
@@ -245,7 +248,8 @@ def score_once(cfg, shards: str, scored: str, batch_tokens: int = scoring.BATCH_
     seconds = time.perf_counter() - begin
     tokens = sum(json.loads(part.read_text())["teacher tokens"] for part in Path(scored).glob("part-*/part.json"))
     return {
-        "scoring_s": round(seconds, 2), "scoring_batch_tokens": batch_tokens, "scoring_teacher_tokens_per_s": round(tokens / seconds),
+        "scoring_s": round(seconds, 2), "scoring_batch_tokens": batch_tokens,
+        "scoring_teacher_tokens_per_s": round(tokens / seconds),
         "bytes_per_student_token": {"unscored": round(shard_bytes_per_student_token(shards), 2),
                                     "scored": round(shard_bytes_per_student_token(scored), 2)},
     }

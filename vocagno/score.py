@@ -31,7 +31,7 @@ import argparse
 from pathlib import Path
 
 
-from vocagno.core.kernels import KERNELS, check_kernels, check_on_gpu
+from vocagno.core.kernels import DEFAULT_KERNELS, KERNELS, check_kernels, check_on_gpu
 from vocagno.core.loss import CHUNK_SIZE
 from vocagno.data.outroots import Output
 from vocagno.data.shards import METADATA_FILE, check_teacher_name
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", help="the teacher's name in a set of teachers (the run's teachers:); with --config, "
                                        "which of the yaml's teachers: to score")
     parser.add_argument("--teacher-tokenizer", help="the --teacher's tokenizer, when its folder has none")
-    parser.add_argument("--kernels", choices=KERNELS, default="torch",
+    parser.add_argument("--kernels", choices=KERNELS, default=DEFAULT_KERNELS,
                         help="the --teacher's kernels: liger's fused ones need a CUDA GPU (a yaml's teacher.kernels)")
     parser.add_argument("--compile", action="store_true",
                         help="compile the --teacher's decoder layers (a yaml's teacher.compile_config)")
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"overrides {args.overrides} need --config")
     if args.kernels == "liger" and args.chunk_size is not None:
         parser.error("--chunk-size is PyTorch's kernels' own: with --kernels liger, Liger chooses its chunks")
-    if args.config and (args.kernels != "torch" or args.compile or args.chunk_size is not None):
+    if args.config and (args.kernels != DEFAULT_KERNELS or args.compile or args.chunk_size is not None):
         parser.error("--kernels, --compile and --chunk-size are the --teacher's: with --config, give "
                      "teacher.kernels=liger, teacher.compile_config={} or teacher.chunk_size=N as overrides")
     if not (Path(args.shards) / METADATA_FILE).exists() or not (Path(args.shards) / "index.json").exists():

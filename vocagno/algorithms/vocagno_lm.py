@@ -50,7 +50,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
 from vocagno.core.alignment import ALIGNMENT, NUM_CHUNKS, check_alignment, chunk_align
-from vocagno.core.kernels import check_speed
+from vocagno.core.kernels import DEFAULT_KERNELS, check_speed
 from vocagno.data.dataset import TeacherGuidedCollator
 from vocagno.core.loss import (AGGREGATION, CHUNK_SIZE, COMBINE, SELECTION, SELECTION_SCOPE, TOPK_RATIO, UNMAPPED,
     check_options, excess_loss, guided_loss, next_token_cross_entropy)
@@ -179,7 +179,7 @@ class VocAgnoLM(Algorithm):
         teacher_placement: str = "auto",
         chunk_size: int = CHUNK_SIZE,
         trust_remote_code: bool = False,
-        teacher_kernels: str = "torch",
+        teacher_kernels: str = DEFAULT_KERNELS,
         teacher_compile_config: dict | None = None,
         teachers: Mapping[str, Any] | None = None,
         combine: str = COMBINE,
@@ -189,7 +189,7 @@ class VocAgnoLM(Algorithm):
             raise ValueError("VocAgnoLM: give teacher (one) or teachers (several, by name), not both")
         single = {"teacher_tokenizer": teacher_tokenizer is not None, "teacher_dtype": teacher_dtype != "bfloat16",
                   "teacher_placement": teacher_placement != "auto", "chunk_size": chunk_size != CHUNK_SIZE,
-                  "trust_remote_code": trust_remote_code is not False, "teacher_kernels": teacher_kernels != "torch",
+                  "trust_remote_code": trust_remote_code is not False, "teacher_kernels": teacher_kernels != DEFAULT_KERNELS,
                   "teacher_compile_config": teacher_compile_config is not None}
         for option in (option for option, given in single.items() if given and teachers is not None):
             raise ValueError(f"{option} is a single teacher's option: give it in each teachers: entry (tokenizer, "

@@ -19,10 +19,11 @@ from torch import nn
 
 from vocagno.errors import Refused
 
-__all__ = ["KERNELS", "LIGER_VERSION", "check_kernels", "use_kernels", "fused_token_loss", "check_chunk_size",
-           "check_on_gpu", "check_speed", "check_compile_config", "compile_layers"]
+__all__ = ["KERNELS", "DEFAULT_KERNELS", "LIGER_VERSION", "check_kernels", "use_kernels", "fused_token_loss",
+           "check_chunk_size", "check_on_gpu", "check_speed", "check_compile_config", "compile_layers"]
 
 KERNELS = ("torch", "liger")
+DEFAULT_KERNELS = "torch"  # PyTorch's own, as Hugging Face writes the model
 # The version the gpu tests check, per-token losses and gradients both: liger-kernel's fused linear cross-entropy
 # returned wrong gradients with reduction="none" until its fix of 2026-07 (linkedin/Liger-Kernel#1298).
 LIGER_VERSION = "0.8.5"
@@ -33,7 +34,7 @@ def check_kernels(kernels: str, where: str = "kernels") -> None:
     ``LIGER_VERSION`` (``pip install -e '.[kernels]'``)."""
     if kernels not in KERNELS:
         raise Refused(f"{where} must be one of {', '.join(KERNELS)}, got {kernels!r}")
-    if kernels == "torch":
+    if kernels == DEFAULT_KERNELS:
         return
     if not torch.cuda.is_available():
         raise Refused(f"{where}: liger runs Triton kernels on a CUDA GPU, and this machine has none: use torch")
@@ -68,7 +69,7 @@ def use_kernels(model: nn.Module, kernels: str, where: str = "kernels") -> nn.Mo
     decoder layer must have the modules a kernel replaces (two RMSNorms, a SwiGLU MLP): a model of another shape is
     refused, not half converted."""
     check_kernels(kernels, where)
-    if kernels == "torch":
+    if kernels == DEFAULT_KERNELS:
         return model
     base = model.base_model
     layers = getattr(base, "layers", None)
@@ -151,8 +152,8 @@ def check_compile_config(compile_config, where: str = "compile_config") -> None:
         from torch._inductor import list_options  # what torch.compile's documentation points to
 
         known = list_options()
-        if not isinstance(options, dict) or any(key not in known for key in options):
-            unknown = [key for key in options if key not in known] if isinstance(options, dict) else [options]
+        unknown = [key for key in options if key not in known] if isinstance(options, dict) else [options]
+        if unknown:
             raise Refused(f"{where}: options must map inductor's options (torch._inductor.list_options()) to "
                           f"values; unknown: {', '.join(map(str, unknown))}")
 

@@ -15,7 +15,9 @@ import torch
 from torch import nn
 
 from vocagno.core.fsdp import decoder_layer_classes
-from vocagno.core.kernels import check_chunk_size, check_on_gpu, compile_layers, fused_token_loss, use_kernels
+from vocagno.core.kernels import (
+    DEFAULT_KERNELS, check_chunk_size, check_on_gpu, compile_layers, fused_token_loss, use_kernels,
+)
 from vocagno.core.loss import CHUNK_SIZE, teacher_token_loss
 from vocagno.data.shards import describe_tokenizer
 from vocagno.core.tokenization import resolve_shipped
@@ -28,7 +30,7 @@ __all__ = ["TeacherScorer", "load_teacher", "weights_fingerprint", "check_teache
 class TeacherScorer(nn.Module):
     """A frozen Hugging Face causal LM that returns the loss of each of its tokens: ``[B, M]``, NaN where undefined."""
 
-    def __init__(self, model: nn.Module, chunk_size: int = CHUNK_SIZE, kernels: str = "torch",
+    def __init__(self, model: nn.Module, chunk_size: int = CHUNK_SIZE, kernels: str = DEFAULT_KERNELS,
                  compile_config: dict | None = None):
         super().__init__()
         check_chunk_size(kernels, None if chunk_size == CHUNK_SIZE else chunk_size)

@@ -33,6 +33,7 @@ from vocagno.data.outroots import (
     unfinished_parts,
 )
 from vocagno.teacher.model import TeacherScorer, weights_fingerprint
+from vocagno.core.kernels import DEFAULT_KERNELS
 from vocagno.data.shards import (SCORED_COLUMNS, SHARD_HASH, ShardMetadata, align_column, check_columns, compact,
     describe_tokenizer, loss_column)
 from vocagno.doors.untrusted import UntrustedFile, check_mds, decompress, inside, read_bytes
@@ -50,7 +51,7 @@ class Teacher:
     """The scoring teacher and what ``scored_by`` records of it."""
 
     def __init__(self, model: torch.nn.Module, name: str, dtype: str, chunk_size: int, tokenizer=None,
-                 set_name: str | None = None, kernels: str = "torch", compile_config: dict | None = None):
+                 set_name: str | None = None, kernels: str = DEFAULT_KERNELS, compile_config: dict | None = None):
         self.scorer = TeacherScorer(model, chunk_size, kernels, compile_config)
         self.scored_by = {"name": name, "fingerprint": weights_fingerprint(model), "dtype": dtype}
         self.chunk_size = chunk_size
@@ -139,7 +140,7 @@ def score(shards: str, output: Output, teacher: Teacher, device: str, batch_toke
     # last bits); a further teacher's tokenizer too (it makes its tokens and alignment).
     settings = {"input_index": _digest(index), "scored_by": teacher.scored_by, "chunk_size": teacher.chunk_size,
                 "column": column}
-    if teacher.scorer.kernels != "torch":  # the defaults: no key, as before there was a choice
+    if teacher.scorer.kernels != DEFAULT_KERNELS:  # the defaults: no key, as before there was a choice
         settings["kernels"] = teacher.scorer.kernels
     if teacher.scorer.compile_config is not None:
         settings["compile_config"] = teacher.scorer.compile_config

@@ -25,6 +25,7 @@ from vocagno.data.shards import check_teacher_name, describe_tokenizer, loss_col
 from vocagno.teacher.side import TeacherSide
 from vocagno.core.tokenization import as_tokenizer
 from vocagno.core.loss import CHUNK_SIZE
+from vocagno.core.kernels import DEFAULT_KERNELS
 from vocagno.data.batch import (ALIGN_END, ALIGN_START, TEACHER_ATTENTION_MASK, TEACHER_INPUT_IDS, TEACHER_LOSS,
     teacher_key)
 
@@ -49,7 +50,7 @@ class TeacherSpec:
     placement: str = "auto"
     chunk_size: int = CHUNK_SIZE
     trust_remote_code: bool = False
-    kernels: str = "torch"
+    kernels: str = DEFAULT_KERNELS
     compile_config: dict | None = None
     _loaded: Any = field(default=None, init=False, repr=False, compare=False)  # the tokenizer, once loaded
 

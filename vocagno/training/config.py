@@ -16,12 +16,12 @@ import torch
 from omegaconf import DictConfig
 from omegaconf import OmegaConf as om
 
-from vocagno.core.kernels import KERNELS, check_on_gpu, check_speed
+from vocagno.core.kernels import DEFAULT_KERNELS, KERNELS, check_on_gpu, check_speed
 from vocagno.core.loss import CHUNK_SIZE
 from vocagno.errors import Refused
 
-__all__ = ["SCHEMA", "load_config", "build_causal_lm", "check_names", "keyword_names", "scoring_teacher",
-           "scoring_teachers"]
+__all__ = ["SCHEMA", "load_config", "build_causal_lm", "check_names", "keyword_names", "plain", "speed_options",
+           "scoring_teacher", "scoring_teachers"]
 
 # The keys a yaml may hold; a nested dict names the keys of that section, None leaves a section free-form.
 MODEL_KEYS = {"name_or_path": None, "config": None, "dtype": None, "trust_remote_code": None, "tokenizer": None,
@@ -292,6 +292,17 @@ def build_causal_lm(section: DictConfig, vocab_size: int, seed: int | None = Non
         return AutoModelForCausalLM.from_config(config, torch_dtype=dtype, trust_remote_code=trust is True)
 
 
+def plain(value: Any) -> Any:
+    """A yaml's mapping as a plain dict (what torch.compile's options must be); any other value as it is."""
+    return om.to_container(value) if isinstance(value, DictConfig) else value
+
+
+def speed_options(section: DictConfig) -> tuple[str, dict | None]:
+    """A model section's kernels (its ``kernels``, PyTorch's when unset) and compile options (its ``compile_config``,
+    None when unset: not compiled): ``vocagno.core.kernels``."""
+    return section.get("kernels") or DEFAULT_KERNELS, plain(section.get("compile_config"))
+
+
 def scoring_teacher(cfg: DictConfig, source: str, set_name: str | None = None, device: str | None = None):
     """The scoring pass's ``Teacher`` of a loaded training config's ``teacher:`` section (or of its ``teachers:``,
     ``set_name``'s), built as ``train.py`` builds it: a config-built (random) one gets the same weights from the
@@ -319,13 +330,11 @@ def scoring_teacher(cfg: DictConfig, source: str, set_name: str | None = None, d
             raise Refused(f"{source}: teachers.{set_name} needs its tokenizer")
     chunk_size = section.get("chunk_size") or CHUNK_SIZE
     tokenizer = section.get("tokenizer")
-    compile_config = section.get("compile_config")
-    speed = {"kernels": section.get("kernels") or "torch",
-             "compile_config": om.to_container(compile_config) if isinstance(compile_config, DictConfig)
-             else compile_config}
-    check_speed(speed["kernels"], speed["compile_config"], section.get("chunk_size"), f"{source}: {where}")
+    kernels, compile_config = speed_options(section)
+    speed = {"kernels": kernels, "compile_config": compile_config}
+    check_speed(kernels, compile_config, section.get("chunk_size"), f"{source}: {where}")
     if device is not None:
-        check_on_gpu(speed["kernels"], device, f"{source}: {where}.kernels")
+        check_on_gpu(kernels, device, f"{source}: {where}.kernels")
     if section.get("name_or_path"):  # loaded as VocAgnoLM loads a teacher it is given by name
         dtype = section.get("dtype") or "bfloat16"
         model = load_teacher(section.name_or_path, dtype, section.get("trust_remote_code", False))
