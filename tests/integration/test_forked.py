@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -11,24 +12,30 @@ import forked
 
 SUPPORT = str(Path(__file__).resolve().parents[1] / "support")  # on the pytest worker's sys.path
 
-REPORT = """import json, multiprocessing, os, signal, sys
+REPORT = """import composer, json, multiprocessing, signal, sys
+def handler(number):
+    handler = signal.getsignal(number)
+    return getattr(handler, "__qualname__", str(handler))
 print(json.dumps({"path": sys.path[:2], "tests": any(p.rstrip("/") == %r for p in sys.path), "argv": sys.argv,
                   "start": multiprocessing.get_start_method(), "name": multiprocessing.current_process().name,
                   "parent": multiprocessing.parent_process() is None,
-                  "sigint": signal.getsignal(signal.SIGINT) is signal.default_int_handler}))
+                  "signals": {number: handler(number) for number in signal.valid_signals()}}))
 """
 
 
 def test_a_forked_run_sees_what_a_fresh_interpreter_sees(tmp_path):
+    """The same script, forked and as a fresh interpreter (which imports Composer: its signal handlers included)."""
     script = tmp_path / "report.py"
     script.write_text(REPORT % SUPPORT)
-    result = forked.run([sys.executable, str(script), "a", "b"], cwd=tmp_path,
-                        env={**os.environ, "PYTHONPATH": "/elsewhere"}, timeout=120)
+    command, env = [sys.executable, str(script), "a", "b"], {**os.environ, "PYTHONPATH": "/elsewhere"}
+    result = forked.run(command, cwd=tmp_path, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     seen = json.loads(result.stdout)
     assert seen["path"] == [str(tmp_path), "/elsewhere"] and not seen["tests"]  # not the pytest worker's path
     assert seen["argv"] == [str(script), "a", "b"]
-    assert (seen["start"], seen["name"], seen["parent"], seen["sigint"]) == ("fork", "MainProcess", True, True)
+    assert (seen["start"], seen["name"], seen["parent"]) == ("fork", "MainProcess", True)
+    fresh = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert json.loads(fresh.stdout) == seen
     module = forked.run([sys.executable, "-m", "vocagno.score", "--help"], timeout=120)
     assert module.returncode == 0 and "usage:" in module.stdout and "RuntimeWarning" not in module.stderr
     missing = forked.run([sys.executable, str(tmp_path / "missing.py")], timeout=120)
@@ -40,7 +47,7 @@ def test_a_rank_forked_by_a_launcher_keeps_nothing_of_the_launchers_state(tmp_pa
     PYTHONUNBUFFERED gets its output out before a kill -9."""
     rank = tmp_path / "rank.py"
     rank.write_text("import os, pathlib, signal, sys\n"
-                    "forked = 'forkserver' in pathlib.Path(f'/proc/{os.getpid()}/cmdline').read_text()\n"
+                    "forked = 'fork_server' in pathlib.Path(f'/proc/{os.getpid()}/cmdline').read_text()\n"
                     "print('forked' if forked else 'exec', 'default' if signal.getsignal(signal.SIGUSR1) == "
                     "signal.SIG_DFL else 'inherited')\n"
                     "if sys.argv[1] == 'killed':\n"
@@ -76,7 +83,7 @@ SPAWNS = """import concurrent.futures, multiprocessing, os, pathlib, sys
 
 def where():
     parent = pathlib.Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()
-    forked = "forkserver" in pathlib.Path("/proc/self/cmdline").read_text() and "composer" in sys.modules
+    forked = "fork_server" in pathlib.Path("/proc/self/cmdline").read_text() and "composer" in sys.modules
     return forked, os.getpgid(0), os.getppid(), int(parent[1])
 
 if __name__ == "__main__":
@@ -85,19 +92,18 @@ if __name__ == "__main__":
     forks = {fork for fork, _, _, _ in seen}
     groups = {group == os.getpgid(0) for _, group, _, _ in seen}
     servers = {server for _, _, server, _ in seen}
-    launched = {launcher == os.getpid() for _, _, _, launcher in seen}
-    print(forks, groups, len(servers), launched)
+    managers = {server == os.getppid() for _, _, server, _ in seen}
+    print(forks, groups, len(servers), managers)
 """
 
 
-def test_a_runs_spawned_processes_are_forks_of_its_own_server_in_its_process_group(tmp_path):
+def test_a_runs_spawned_processes_are_forks_of_its_manager_in_its_process_group(tmp_path):
     """Composer starts its uploaders with multiprocessing's spawn: a fresh interpreter each, which imports the run's
-    script again (8 s of CPU each, four a run saving to a store). A forked run's spawn is its forkserver: one fresh
-    interpreter a run, which imported Composer and the rest once, and whose forks are still the run's to kill (its
-    process group)."""
+    script again (8 s of CPU each, four a run saving to a store). A forked run's spawned processes are forks of the
+    run's manager (which imported Composer and the rest once), and still the run's to kill (its process group)."""
     script = tmp_path / "spawns.py"
     script.write_text(SPAWNS)
     result = forked.run([sys.executable, str(script)], cwd=tmp_path, timeout=120)
     assert result.returncode == 0, result.stderr
-    # forks with Composer imported, in the run's group, of one server the run started
+    # forks with Composer imported, in the run's group, of the run's manager
     assert result.stdout.strip() == "{True} {True} 1 {True}", result.stdout

@@ -38,7 +38,7 @@ def test_a_forked_run_and_the_python_processes_it_starts_die_with_its_process_gr
     while not pids.exists() and time.time() < deadline:
         time.sleep(0.05)
     child = int(pids.read_text())
-    assert "forkserver" in (Path("/proc") / str(child) / "cmdline").read_text()  # forked, not a fresh interpreter
+    assert "fork_server" in (Path("/proc") / str(child) / "cmdline").read_text()  # forked, not a fresh interpreter
     assert os.getpgid(child) == launcher_run.pid  # in the launcher's group, not a session of its own
     os.killpg(launcher_run.pid, signal.SIGKILL)
     launcher_run.wait(30)
