@@ -31,10 +31,11 @@ import argparse
 from pathlib import Path
 
 
-from vocagno.core.kernels import DEFAULT_KERNELS, KERNELS, check_kernels, check_on_gpu
+from vocagno.core.kernels import DEFAULT_KERNELS, KERNELS, check_chunk_size, check_kernels, check_on_gpu
 from vocagno.core.loss import CHUNK_SIZE
 from vocagno.data.outroots import Output
 from vocagno.data.shards import METADATA_FILE, check_teacher_name
+from vocagno.errors import Refused
 from vocagno.teacher.model import load_teacher
 from vocagno.teacher.scoring import BATCH_TOKENS, Teacher, rank_and_world, score, scoring_device
 from vocagno.training.config import load_config, scoring_teacher
@@ -73,8 +74,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(error))
     if args.overrides and not args.config:
         parser.error(f"overrides {args.overrides} need --config")
-    if args.kernels == "liger" and args.chunk_size is not None:
-        parser.error("--chunk-size is PyTorch's kernels' own: with --kernels liger, Liger chooses its chunks")
+    try:
+        check_chunk_size(args.kernels, args.chunk_size, None, ("--chunk-size", "--kernels liger"))
+    except Refused as error:
+        parser.error(str(error))
     if args.config and (args.kernels != DEFAULT_KERNELS or args.compile or args.chunk_size is not None):
         parser.error("--kernels, --compile and --chunk-size are the --teacher's: with --config, give "
                      "teacher.kernels=liger, teacher.compile_config={} or teacher.chunk_size=N as overrides")

@@ -236,7 +236,7 @@ def test_a_liger_teacher_scores_its_tokens_as_pytorchs_does(tokenizers):
     torch.testing.assert_close(fused.nan_to_num(), eager.nan_to_num(), rtol=1e-4, atol=1e-4)
 
 
-def test_a_chunk_size_given_with_ligers_kernels_is_refused_not_dropped(tmp_path, tokenizers):
+def test_a_chunk_size_given_with_ligers_kernels_is_refused_not_dropped(tmp_path, tokenizers, capsys):
     """Liger's fused linear cross-entropy chooses its own chunks: a chunk size given with it would not be used."""
     from vocagno import score
     from vocagno.training.config import scoring_teacher
@@ -256,6 +256,9 @@ def test_a_chunk_size_given_with_ligers_kernels_is_refused_not_dropped(tmp_path,
         score.main(["--shards", str(shards), "--teacher", "tiny-math-teacher", "--out", str(tmp_path / "out"),
                     "--kernels", "liger", "--chunk-size", "512"])
     assert ended.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        "error: --chunk-size is PyTorch's kernels' own; with --kernels liger, Liger's fused linear cross-entropy "
+        "chooses its chunks: leave --chunk-size out")
 
 
 def test_liger_kernels_other_than_the_tested_version_or_a_model_of_another_shape_are_refused(monkeypatch):

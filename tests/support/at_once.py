@@ -1,12 +1,9 @@
 """Several processes let go at the same moment, as the ranks or jobs of one node start: each forked from
-multiprocessing's forkserver (a fresh interpreter that imported vocagno's data modules), not from the pytest worker. A fork of the worker inherits the threads and locks that the tests it
-ran before left (Streaming's threads, torch's, execnet's): a lock some thread held at the fork stays held in the child
-for good, and the child hangs on it."""
+``forked.context`` (multiprocessing's forkserver), not from the pytest worker. A fork of the worker inherits the
+threads and locks that the tests it ran before left (Streaming's threads, torch's, execnet's): a lock some thread
+held at the fork stays held in the child for good, and the child hangs on it."""
 
-import multiprocessing
-
-_context = multiprocessing.get_context("forkserver")
-_context.set_forkserver_preload(["vocagno.doors.writing", "vocagno.data.dataset"])
+from forked import context as _context
 
 
 def run_at_once(target, args_per_process, timeout: float = 120.0) -> list[int]:

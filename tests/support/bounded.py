@@ -1,7 +1,7 @@
 """Calls run in a process of their own with a ceiling on memory and time, for tests that feed a reader files an
-attacker wrote: what a call allocates past the ceiling fails there (``MemoryError``), not in the pytest worker, and a
-call that hangs is killed. The process is forked from ``forked``'s server, not from the pytest worker (whose threads'
-locks a fork would inherit)."""
+attacker wrote: what a call allocates past the ceiling fails there (``MemoryError``), not in the pytest worker, and
+a call that hangs is killed. The process is forked from ``forked.context`` (multiprocessing's forkserver), not from
+the pytest worker (whose threads' locks a fork would inherit)."""
 
 import contextlib
 import os

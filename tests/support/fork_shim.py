@@ -2,8 +2,8 @@
 ``fork_children``) and its multiprocessing spawn start. It asks the run's manager to fork the command (a fork of a
 server that imported torch and the rest once) with this process's file descriptors, stands for that process to its
 parent (signals passed on, its exit status its own) and ends with it. Anything it can't pass on (other interpreter
-options than ``-B`` and ``-u``, no manager among its ancestors) it runs with the real ``python``. Standard library only: it starts with
-``python -S``."""
+options than ``-B`` and ``-u``, no manager among its ancestors) it runs with the real ``python``. Standard library
+only: it starts with ``python -S``."""
 
 import json
 import os

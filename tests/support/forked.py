@@ -14,6 +14,7 @@ run's process group (``fork_shim``). What only a fresh interpreter shows (what a
 ``subprocess``."""
 
 import atexit
+import multiprocessing
 import os
 import select
 import shutil
@@ -25,8 +26,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from fork_server import python_command, receive, send
+from fork_server import PREIMPORTED, python_command, receive, send
 
+# multiprocessing's forkserver with the same modules imported, for functions run in a process of their own (at_once,
+# bounded): forked from a fresh interpreter, not from the pytest worker, whose threads' locks a fork would inherit
+context = multiprocessing.get_context("forkserver")
+context.set_forkserver_preload(PREIMPORTED)
 SUPPORT = Path(__file__).resolve().parent
 _server: dict = {}  # the server of this process: "process", "folder"
 _live: set["Forked"] = set()  # runs not waited for yet (their connection is what keeps them alive)

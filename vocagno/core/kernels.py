@@ -47,12 +47,15 @@ def check_kernels(kernels: str, where: str = "kernels") -> None:
                       "pip install -e '.[kernels]'")
 
 
-def check_chunk_size(kernels: str, chunk_size, where: str = "teacher") -> None:
+def check_chunk_size(kernels: str, chunk_size, where: str | None = "teacher",
+                     options: tuple[str, str] = ("chunk_size", "kernels: liger")) -> None:
     """Refuse a chunk size given (not None) with Liger's kernels, which choose their own chunks of the teacher's LM
-    head (256 tokens for Qwen2.5-7B's 8,192 x 152K): given and not used, it would be a setting silently dropped."""
+    head (256 tokens for Qwen2.5-7B's 8,192 x 152K): given and not used, it would be a setting silently dropped.
+    ``where`` names the section (None: none), ``options`` the two settings as the user gave them."""
     if kernels == "liger" and chunk_size is not None:
-        raise Refused(f"{where}: chunk_size is PyTorch's kernels' own; with kernels: liger, Liger's fused linear "
-                      "cross-entropy chooses its chunks: leave chunk_size out")
+        chunk, liger = options
+        raise Refused(f"{f'{where}: ' if where else ''}{chunk} is PyTorch's kernels' own; with {liger}, Liger's fused "
+                      f"linear cross-entropy chooses its chunks: leave {chunk} out")
 
 
 def check_speed(kernels: str, compile_config, chunk_size, where: str) -> None:
