@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import forked
+import pytest
 
 SUPPORT = str(Path(__file__).resolve().parents[1] / "support")  # on the pytest worker's sys.path
 
@@ -107,3 +108,123 @@ def test_a_runs_spawned_processes_are_forks_of_its_manager_in_its_process_group(
     assert result.returncode == 0, result.stderr
     # forks with Composer imported, in the run's group, of the run's manager
     assert result.stdout.strip() == "{True} {True} 1 {True}", result.stdout
+
+
+RANK_STATE = """import atexit, json, os, pickle, resource, signal, stat, sys
+class Kept:
+    pass
+def at_exit():
+    print(json.dumps({"main": type(pickle.loads(pickle.dumps(Kept()))).__module__, "pipes": pipes}))
+atexit.register(at_exit)
+pipes = sum(stat.S_ISFIFO(os.fstat(int(fd)).st_mode) for fd in sys.argv[1:])
+print(json.dumps({"umask": oct(os.umask(0)), "affinity": sorted(os.sched_getaffinity(0)),
+                  "files": resource.getrlimit(resource.RLIMIT_NOFILE), "nice": os.getpriority(os.PRIO_PROCESS, 0),
+                  "blocked": sorted(map(int, signal.pthread_sigmask(signal.SIG_BLOCK, []))),
+                  "usr2": str(signal.getsignal(signal.SIGUSR2)), "hash": hash("vocagno"),
+                  "forked": "fork_server" in open("/proc/self/cmdline").read()}))
+"""
+
+LAUNCHER = """import os, resource, signal, subprocess, sys
+os.umask(0o077)
+os.sched_setaffinity(0, [0])
+resource.setrlimit(resource.RLIMIT_NOFILE, (1000, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+os.nice(3)
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
+signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+ends = [end for _ in range(40) for end in os.pipe()]  # 80 file descriptors passed on
+env = {**os.environ, "PYTHONHASHSEED": sys.argv[2]} if sys.argv[2] else None
+rank = subprocess.run([sys.executable, sys.argv[1], *map(str, ends)], pass_fds=ends, env=env, capture_output=True,
+                      text=True)
+print(rank.stdout, rank.stderr, rank.returncode)
+"""
+
+
+def test_a_rank_started_through_the_shim_gets_what_exec_would_give_it(tmp_path):
+    """What a launcher set of its process (umask, CPU affinity, limits, niceness, blocked and ignored signals) and
+    every file descriptor it passed on reach its rank, whose ``__main__`` stays its own until its atexit handlers
+    ran; a rank whose environment sets what an interpreter reads as it starts (PYTHONHASHSEED) runs in the real
+    python. As a fresh interpreter launching a fresh interpreter sees it."""
+    (tmp_path / "rank.py").write_text(RANK_STATE)
+    (tmp_path / "launcher.py").write_text(LAUNCHER)
+    for seed in ("", "0"):
+        command = [sys.executable, str(tmp_path / "launcher.py"), str(tmp_path / "rank.py"), seed]
+        result = forked.run(command, cwd=tmp_path, timeout=120, fork_children=True)
+        fresh = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        lines = [json.loads(line) for line in result.stdout.splitlines()[:2]]
+        assert lines[0].pop("forked") is (seed == ""), result.stdout
+        if not seed:  # a fork has the server's hash seed: a run that needs its own sets PYTHONHASHSEED
+            lines[0].pop("hash")
+        expected = [json.loads(line) for line in fresh.stdout.splitlines()[:2]]
+        expected[0].pop("forked")
+        if not seed:
+            expected[0].pop("hash")
+        assert lines == expected, (result.stdout, result.stderr)
+        assert expected[1] == {"main": "__main__", "pipes": 80}
+
+
+def test_an_error_a_run_leaves_is_shown_as_python_shows_it(tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text("def inner():\n    raise ValueError('boom')\n\ninner()\n")
+    result = forked.run([sys.executable, str(script)], cwd=tmp_path, timeout=120)
+    fresh = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert (result.returncode, result.stderr) == (fresh.returncode, fresh.stderr) == (1, fresh.stderr)
+    assert "fork_server" not in result.stderr
+
+
+def test_a_command_the_server_cant_stand_for_is_refused(tmp_path):
+    """An interpreter setting read at start (PYTHONHASHSEED) other than the server's: not forked, said."""
+    with pytest.raises(ValueError, match="not forked: PYTHONHASHSEED"):
+        forked.Forked([sys.executable, "-c", "pass"], env={**os.environ, "PYTHONHASHSEED": "12345"})
+
+
+RANK_SLEEPS = "import os, sys, time\nopen(sys.argv[1] + '.part', 'w').write(str(os.getpid()))\n" \
+              "os.rename(sys.argv[1] + '.part', sys.argv[1])\ntime.sleep(300)\n"
+
+
+def pids_running(script) -> list[int]:
+    """The processes whose command line names ``script``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and str(script) in (entry / "cmdline").read_text():
+                found.append(int(entry.name))
+        except OSError:
+            pass
+    return found
+
+
+def test_a_rank_whose_launcher_kills_its_popen_is_killed_and_the_run_still_ends_with_its_status(tmp_path):
+    """A launcher that kills a rank's process (here the shim that stands for it) kills the rank."""
+    (tmp_path / "rank.py").write_text(RANK_SLEEPS)
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text("import os, signal, subprocess, sys, time\n"
+                        f"rank = subprocess.Popen([sys.executable, {str(tmp_path / 'rank.py')!r}, 'pid'])\n"
+                        "while not os.path.exists('pid'):\n    time.sleep(0.05)\n"
+                        "rank.kill()\nrank.wait()\nrank_pid = int(open('pid').read())\n"
+                        "for _ in range(200):\n"
+                        "    if not os.path.exists(f'/proc/{rank_pid}') or 'Z' in open(f'/proc/{rank_pid}/stat')"
+                        ".read().rsplit(')', 1)[1].split()[:1]:\n        break\n    time.sleep(0.05)\n"
+                        "else:\n    sys.exit('the rank outlived its kill')\n"
+                        "sys.exit(7)\n")
+    result = forked.run([sys.executable, str(launcher)], cwd=tmp_path, timeout=120, fork_children=True)
+    assert result.returncode == 7, result.stderr
+    assert not pids_running(tmp_path / "rank.py")
+
+
+def test_a_run_killed_while_it_starts_ranks_leaves_nothing_running(tmp_path):
+    (tmp_path / "rank.py").write_text(RANK_SLEEPS)
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text("import subprocess, sys\n"
+                        "ranks = [subprocess.Popen([sys.executable, sys.argv[1], f'pid{i}']) for i in range(6)]\n"
+                        "[rank.wait() for rank in ranks]\n")
+    for attempt in range(3):
+        run = forked.Forked([sys.executable, str(launcher), str(tmp_path / "rank.py")], cwd=tmp_path,
+                            fork_children=True)
+        deadline = time.time() + 60
+        while not list(tmp_path.glob("pid*")) and time.time() < deadline:
+            time.sleep(0.01)
+        os.killpg(run.pid, signal.SIGKILL)
+        assert run.wait(60) == -signal.SIGKILL
+        assert not pids_running(tmp_path / "rank.py"), attempt
+        for pid in tmp_path.glob("pid*"):
+            pid.unlink()

@@ -5,13 +5,15 @@ interpreter spends before its first line of work), instead of a fresh interprete
 A run is still a process of its own, as close to ``python ...`` as a fork gets: its own session and process group (to
 kill whole), working folder, environment, ``sys.path`` and ``sys.argv``, stdout and stderr (unbuffered under
 ``PYTHONUNBUFFERED``), the exit code and the end a script gets (its non-daemon threads joined, its atexit handlers
-run), and a server that never ran anything before it: its signal handlers and multiprocessing are a fresh
-interpreter's. What a fork can't give: modules the server imported stay imported (``fork_server.PREIMPORTED``, all
-installed packages, importable by a fresh interpreter too), with what they read from the environment when imported
-(the pytest worker's: one torch thread, Hugging Face offline). The processes a run starts with multiprocessing's spawn,
-and with ``fork_children`` its ``python ...`` subprocesses (a launcher's ranks), are forks of the same server, in the
-run's process group (``fork_shim``). What only a fresh interpreter shows (what a module imports, ``torchrun``) keeps
-``subprocess``."""
+run), and a server that never ran anything before it: multiprocessing is a fresh interpreter's. What a fork can't
+give: modules the server imported stay imported (``fork_server.PREIMPORTED``, all installed packages, importable by a
+fresh interpreter too), with what they read from the environment and did when imported (the pytest worker's
+environment: one torch thread, Hugging Face offline; Composer's SIGTERM and SIGINT handlers, which every command of
+vocagno has, as it imports Composer); every run has the server's hash seed, and a command whose settings the
+interpreter reads as it starts (``fork_server.STARTUP_ENV``: PYTHONHASHSEED, ...) differ from the server's is refused
+(``ValueError``). The processes a run starts with multiprocessing's spawn, and with ``fork_children`` its ``python
+...`` subprocesses (a launcher's ranks), are forks of the same server, in the run's process group (``fork_shim``).
+What only a fresh interpreter shows (what a module imports, ``torchrun``) keeps ``subprocess``."""
 
 import atexit
 import multiprocessing
@@ -97,19 +99,26 @@ class Forked:
         self._folder = tempfile.TemporaryDirectory(prefix="forked-")
         self.stdout = stdout or os.path.join(self._folder.name, "stdout")
         self.stderr = stderr or os.path.join(self._folder.name, "stderr")
-        fds = [os.open(os.devnull, os.O_RDONLY)]
-        fds += [os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) for output in (self.stdout, self.stderr)]
         self._conn = _connect()
         try:
-            send(self._conn, {"argv": python, "cwd": os.path.abspath(cwd or os.getcwd()),
-                              "env": dict(os.environ if env is None else env), "fds": [0, 1, 2],
-                              "fork_children": fork_children, "private_shm": private_shm}, fds)
-        finally:
-            for fd in fds:
-                os.close(fd)
-        started, _ = receive(self._conn)
+            fds = [os.open(os.devnull, os.O_RDONLY)]
+            try:
+                fds += [os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                        for output in (self.stdout, self.stderr)]
+                send(self._conn, {"argv": python, "cwd": os.path.abspath(cwd or os.getcwd()),
+                                  "env": dict(os.environ if env is None else env), "fds": [0, 1, 2],
+                                  "fork_children": fork_children, "private_shm": private_shm}, fds)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            started, _ = receive(self._conn)
+        except BaseException:
+            self._conn.close()
+            raise
         if started is None or "pid" not in started:
-            raise RuntimeError(f"forked: the run did not start: {started}")
+            self._conn.close()
+            error = (started or {}).get("error", "its manager ended")
+            raise (ValueError if error.startswith("not forked") else RuntimeError)(f"forked: {error}: {command}")
         self.pid = started["pid"]
         self.returncode = None
         _live.add(self)
