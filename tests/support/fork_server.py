@@ -191,7 +191,6 @@ class Manager:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(self.path)
         listener.listen(64)
-        self.listener = listener
         gone: set[socket.socket] = set()  # clients that went away, whose processes were killed
         pending = [(conn, request, fds)]
         while True:

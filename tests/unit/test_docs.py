@@ -319,12 +319,20 @@ def check_command(words: list[str]) -> None:
             return check_module(args[1], args[2:])
         return check_script(args[0], args[1:])
     checks = {"composer": check_composer, "torchrun": check_torchrun, "pytest": check_pytest, "pip": check_pip,
-              "llmfoundry": check_llmfoundry}
+              "llmfoundry": check_llmfoundry, "coverage": check_coverage}
     if word in checks:
         return checks[word](args)
     if word == "sbatch":
         return check_sbatch(args, env)
     assert (REPO / words[0]).is_file(), f"unknown command {words[0]!r}: teach tests/unit/test_docs.py how to check it"
+
+
+def check_coverage(args: list[str]) -> None:
+    """coverage.py's ``run -m MODULE ...`` (the module's command checked), ``combine`` and ``report``."""
+    assert args and args[0] in ("run", "combine", "report"), f"coverage {shlex.join(args)}: run, combine or report"
+    if args[0] == "run":
+        assert args[1:2] == ["-m"] and len(args) > 2, f"coverage {shlex.join(args)}: coverage run -m MODULE ..."
+        check_module(args[2], args[3:])
 
 
 def check_llmfoundry(args: list[str]) -> None:
@@ -378,6 +386,8 @@ def test_a_renamed_flag_or_key_fails():
                   ["python", "-m", "vocagno.nothing"],
                   ["torchrun", "--nproc-per-node", "2", "-m", "vocagno.score", "--shards", "x"],
                   ["pytest", "-m", "gpus"],
+                  ["coverage", "run", "-m", "pytest", "-m", "gpus"],
+                  ["coverage", "erase"],
                   ["pip", "install", "-e", ".[tests]"],
                   ["SHARD=x", "sbatch", "scripts/slurm_train.sh"]):
         with pytest.raises((pytest.fail.Exception, AssertionError, ValueError)):
