@@ -485,13 +485,11 @@ def run(argv: list[str]) -> None:
 def main() -> None:
     folder = sys.argv[1]
     fresh_path = sys.path[1:]  # a fresh interpreter's, less the script's folder (started without PYTHONPATH)
-    placeholders = []
-    while True:
+    while True:  # the reserved numbers taken, for as long as the server lives
         fd = os.open(os.devnull, os.O_RDONLY)
         if fd >= RESERVED:
             os.close(fd)
             break
-        placeholders.append(fd)
     gc.disable()
     for name in PREIMPORTED:
         importlib.import_module(name)

@@ -13,7 +13,7 @@ import signal
 import socket
 import sys
 
-from fork_server import MAX_FDS, process_state, receive, send
+from fork_server import MAX_FDS, process_state, python_command, receive, send
 
 PASSED_ON = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
 
@@ -44,13 +44,13 @@ def main(folder: str, python: str) -> None:
     while argv[:1] in (["-B"], ["-u"]):  # multiprocessing passes the interpreter's own options on (PYTHON* settings)
         if argv.pop(0) == "-u":
             env["PYTHONUNBUFFERED"] = "1"
-    plain = bool(argv) and (argv[0] in ("-m", "-c") and len(argv) >= 2 or not argv[0].startswith("-"))
+    command = python_command([python, *argv])  # what the server can run: a script, -m module or -c code
     fds = sorted(int(name) for name in os.listdir("/proc/self/fd"))
-    conn = manager(folder) if plain else None
+    conn = manager(folder) if command is not None else None
     fds = [fd for fd in fds if conn is not None and fd != conn.fileno() and _is_open(fd)]
     if conn is None or len(fds) > MAX_FDS:
         os.execv(python, [python, *sys.argv[1:]])
-    send(conn, {"argv": [python, *argv], "cwd": os.getcwd(), "env": env, "fds": fds, "pgid": os.getpgid(0),
+    send(conn, {"argv": command, "cwd": os.getcwd(), "env": env, "fds": fds, "pgid": os.getpgid(0),
                 "state": process_state()}, fds)
     started, _ = receive(conn)
     if started is None or "pid" not in started:  # not forked: the real python, with the same file descriptors

@@ -189,7 +189,8 @@ class VocAgnoLM(Algorithm):
             raise ValueError("VocAgnoLM: give teacher (one) or teachers (several, by name), not both")
         single = {"teacher_tokenizer": teacher_tokenizer is not None, "teacher_dtype": teacher_dtype != "bfloat16",
                   "teacher_placement": teacher_placement != "auto", "chunk_size": chunk_size != CHUNK_SIZE,
-                  "trust_remote_code": trust_remote_code is not False, "teacher_kernels": teacher_kernels != DEFAULT_KERNELS,
+                  "trust_remote_code": trust_remote_code is not False,
+                  "teacher_kernels": teacher_kernels != DEFAULT_KERNELS,
                   "teacher_compile_config": teacher_compile_config is not None}
         for option in (option for option, given in single.items() if given and teachers is not None):
             raise ValueError(f"{option} is a single teacher's option: give it in each teachers: entry (tokenizer, "
