@@ -40,7 +40,7 @@ from streaming import Stream, StreamingDataset  # noqa: E402
 
 from vocagno.memory import keep_freed_memory  # noqa: E402
 from vocagno.training.config import (  # noqa: E402
-    build_causal_lm, check_names, keyword_names, load_config, plain, scoring_teachers, speed_options)
+    build_causal_lm, check_names, keyword_names, load_config, plain, scoring_teachers, section_teacher, speed_options)
 from vocagno.entry import INTERRUPTED_EXIT, run  # noqa: E402
 from vocagno.data.dataset import teacher_guided_loader  # noqa: E402
 from vocagno.data.streaming import clean_leaked_shared_memory  # noqa: E402
@@ -51,7 +51,7 @@ from vocagno.training.loggers import (  # noqa: E402
     ConsoleLine, JSONLinesLogger, Narration, RunPicture, RunRecipe, SampleLog)
 from vocagno.training.metrics import BitsPerByte  # noqa: E402
 from vocagno.core.tokenization import load_tokenizer  # noqa: E402
-from vocagno.core.loss import CHUNK_SIZE, COMBINE  # noqa: E402
+from vocagno.core.loss import COMBINE  # noqa: E402
 from vocagno.errors import Refused  # noqa: E402
 
 ALGORITHM_GROUP = "llmfoundry_algorithms"  # the entry points llm-foundry's registry reads; vocagno registers there
@@ -244,7 +244,7 @@ def build_algorithms(cfg: DictConfig, teacher_tok) -> list:
         if name in TEACHER_ALGORITHMS and cfg.get("teachers") is not None:
             if name != "vocagno":
                 raise ValueError(f"teachers: only algorithms.vocagno takes several teachers, not algorithms.{name}")
-            kwargs["teachers"] = {key: teacher_spec(key, section, cfg.seed) for key, section in cfg.teachers.items()}
+            kwargs["teachers"] = set_of_teachers(cfg)
         elif name in TEACHER_ALGORITHMS:
             if cfg.get("teacher") is None:
                 raise ValueError(f"algorithms.{name} needs a teacher: section")
@@ -256,32 +256,27 @@ def build_algorithms(cfg: DictConfig, teacher_tok) -> list:
     return algorithms
 
 
-def teacher_spec(name: str, section: DictConfig, seed: int) -> dict[str, Any]:
-    """The ``teachers:`` entry ``name`` (``teacher:``'s keys) as ``vocagno.teacher.several.TeacherSpec``'s fields."""
-    if not isinstance(section, DictConfig):
-        raise ValueError(f"teachers.{name}: needs teacher:'s keys, got {section!r}")
-    if section.get("tokenizer") is None:
-        raise ValueError(f"teachers.{name}: needs its tokenizer")
-    kwargs = teacher_kwargs(section, load_tokenizer(section.tokenizer), TEACHER_ALGORITHMS["vocagno"], seed)
-    return {"teacher": kwargs["teacher"], "tokenizer": kwargs["teacher_tokenizer"], "dtype": kwargs["teacher_dtype"],
-            "placement": kwargs["teacher_placement"], "chunk_size": kwargs["chunk_size"],
-            "trust_remote_code": kwargs["trust_remote_code"], "kernels": kwargs["teacher_kernels"],
-            "compile_config": kwargs["teacher_compile_config"]}
+def set_of_teachers(cfg: DictConfig) -> dict[str, Any]:
+    """The yaml's ``teachers:`` (each entry with ``teacher:``'s keys, its tokenizer required) as
+    ``vocagno.teacher.teacher.Teacher`` s by name."""
+    made = {}
+    for name, section in cfg.teachers.items():
+        if not isinstance(section, DictConfig):
+            raise ValueError(f"teachers.{name}: needs teacher:'s keys, got {section!r}")
+        if section.get("tokenizer") is None:
+            raise ValueError(f"teachers.{name}: needs its tokenizer")
+        made[name] = section_teacher(section, load_tokenizer(section.tokenizer), cfg.seed, name)
+    return made
 
 
 def teacher_kwargs(section: DictConfig, teacher_tok, takes: tuple[str, ...], seed: int) -> dict[str, Any]:
-    """The ``teacher:`` section as the keyword arguments of an algorithm that ``takes`` them."""
-    pretrained = bool(section.get("name_or_path"))
-    kwargs = {
-        # A named teacher is loaded by the algorithm; a config-built one (random weights) is built here.
-        "teacher": section.name_or_path if pretrained else build_causal_lm(section, len(teacher_tok), seed),
-        "teacher_tokenizer": teacher_tok,
-        "teacher_dtype": section.get("dtype") or "bfloat16",
-        "teacher_placement": section.get("placement") or "auto",
-        "chunk_size": section.get("chunk_size") or CHUNK_SIZE,
-        "trust_remote_code": section.get("trust_remote_code", False),
-    }
-    kwargs["teacher_kernels"], kwargs["teacher_compile_config"] = speed_options(section)
+    """The ``teacher:`` section (``section_teacher``) as the keyword arguments of an algorithm that ``takes`` them."""
+    # A named teacher is loaded by the algorithm; a config-built one (random weights) is built here.
+    teacher = section_teacher(section, teacher_tok, seed)
+    kwargs = {"teacher": teacher.model, "teacher_tokenizer": teacher_tok, "teacher_dtype": teacher.dtype,
+              "teacher_placement": teacher.placement, "chunk_size": teacher.chunk_size,
+              "trust_remote_code": teacher.trust_remote_code, "teacher_kernels": teacher.kernels,
+              "teacher_compile_config": teacher.compile_config}
     if section.get("placement") is not None and "teacher_placement" not in takes:
         raise ValueError("teacher.placement: only algorithms.vocagno shards its teacher; the others replicate it")
     for key in ("kernels", "compile_config"):

@@ -48,9 +48,7 @@ from conversion import convert_dataset  # noqa: E402
 from vocagno import score  # noqa: E402
 from vocagno.diagnostics.canaries import NOISE  # noqa: E402
 from vocagno.training.metrics import bits_per_byte  # noqa: E402
-from vocagno.teacher.model import load_teacher  # noqa: E402
-from vocagno.teacher.scoring import Teacher  # noqa: E402
-from vocagno.core.loss import CHUNK_SIZE  # noqa: E402
+from vocagno.teacher.teacher import Teacher  # noqa: E402
 from vocagno.core.tokenization import ASSETS, load_tokenizer  # noqa: E402
 
 YAML = str(REPO / "yamls" / "miniature.yaml")
@@ -168,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (scored / "index.json").exists():
         score.main(["--shards", str(shards), "--teacher", teacher_name, "--dtype", "float32", "--out", str(scored),
                     "--device", args.device])
-    teacher = Teacher(load_teacher(teacher_name, "float32"), teacher_name, "float32", CHUNK_SIZE)  # loaded once
-    teacher_model = teacher.scorer.to(args.device).model
+    teacher = Teacher(teacher_name, dtype="float32")  # loaded once
+    teacher_model = teacher.scorer().to(args.device).model
     student_tok = load_tokenizer("llama2")
     result = {
         "size": args.size, "seeds": seeds, "junk": args.junk, "clean_share": share, "steps": size["steps"],

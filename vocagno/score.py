@@ -36,8 +36,8 @@ from vocagno.core.loss import CHUNK_SIZE
 from vocagno.data.outroots import Output
 from vocagno.data.shards import METADATA_FILE, check_teacher_name
 from vocagno.errors import Refused
-from vocagno.teacher.model import load_teacher
-from vocagno.teacher.scoring import BATCH_TOKENS, Teacher, rank_and_world, score, scoring_device
+from vocagno.teacher.scoring import BATCH_TOKENS, rank_and_world, score, scoring_device
+from vocagno.teacher.teacher import Teacher
 from vocagno.training.config import load_config, scoring_teacher
 
 __all__ = ["main"]
@@ -87,17 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.config:
         chosen = scoring_teacher(load_config(args.config, args.overrides), args.config, args.name, device)
     else:
-        # A single teacher scores the shards' own teacher tokens (no tokenizer needed); a set's further teacher makes
-        # its tokens from the student's, with its tokenizer.
         check_kernels(args.kernels, "--kernels")  # before a teacher of minutes loads
         check_on_gpu(args.kernels, device, "--kernels")
-        tokenizer = args.teacher_tokenizer or (args.teacher if args.name else None)
-        chunk_size = CHUNK_SIZE if args.chunk_size is None else args.chunk_size
-        chosen = Teacher(load_teacher(args.teacher, args.dtype), args.teacher, args.dtype, chunk_size, tokenizer,
-                         args.name, args.kernels, {} if args.compile else None)
+        chosen = Teacher(args.teacher, args.name, args.teacher_tokenizer, args.dtype, chunk_size=args.chunk_size,
+                         kernels=args.kernels, compile_config={} if args.compile else None)
     rank, world = rank_and_world()
     samples = score(args.shards, Output(args.out, args.local_root), chosen, device, args.batch_tokens, rank, world)
-    print(f"rank {rank} of {world}: {samples} samples scored with {chosen.scored_by['name']} into {args.out}")
+    print(f"rank {rank} of {world}: {samples} samples scored with {chosen.label} into {args.out}")
     return 0
 
 

@@ -58,7 +58,6 @@ from __future__ import annotations
 import argparse
 import json
 import pickle
-from dataclasses import replace
 from pathlib import Path
 
 
@@ -69,10 +68,10 @@ from vocagno.data.shards import (COLUMNS, METADATA_FILE, TEACHER_NAME, ShardMeta
 from vocagno.doors.writing import write_atomically
 from vocagno.diagnostics.selection.report import Report
 from vocagno.diagnostics.selection.settings import Settings
-from vocagno.diagnostics.selection.run import reader_first, run, same_sources
+from vocagno.diagnostics.selection.run import run, same_sources
 from vocagno.training.config import scoring_teachers
-from vocagno.core.loss import CHUNK_SIZE
 from vocagno.teacher.scoring import BATCH_TOKENS, scoring_device
+from vocagno.teacher.several import reader_first
 
 __all__ = ["main"]
 
@@ -127,9 +126,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace) -> Report | None:
-    from vocagno.teacher.scoring import Teacher, rank_and_world
-    from vocagno.teacher.model import check_teacher_reads, load_teacher
-    from vocagno.core.tokenization import load_tokenizer
+    from vocagno.teacher.scoring import rank_and_world
+    from vocagno.teacher.teacher import Teacher
 
     if args.samples < 1:
         raise Refused(f"--samples must be at least 1, got {args.samples}")
@@ -160,32 +158,22 @@ def _main(args: argparse.Namespace) -> Report | None:
             settings = Settings.from_config(cfg)
             chosen = scoring_teachers(cfg, args.config)
             if isinstance(chosen, list):
-                chosen = reader_first(chosen, metadata)
                 combine = args.combine or ((cfg.get("algorithms") or {}).get("vocagno") or {}).get("combine", "min")
-                teacher_tokenizer = chosen[0].tokenizer
-            else:
-                teacher_tokenizer = cfg.teacher.tokenizer
         elif len(args.teacher) > 1:
             if args.teacher_tokenizer:
                 raise Refused("--teacher-tokenizer is for one --teacher: several take each one's folder's tokenizer")
             settings = Settings()
-            named = _named_teachers(args.teacher)
-            chosen = reader_first([Teacher(load_teacher(model, args.dtype), model, args.dtype, CHUNK_SIZE, model, name)
-                                    for name, model in named.items()], metadata)
-            teacher_tokenizer = chosen[0].tokenizer
+            chosen = [Teacher(model, name, dtype=args.dtype) for name, model in _named_teachers(args.teacher).items()]
         else:
             settings = Settings()
-            model = _split_teacher(args.teacher[0])[1]
-            chosen = Teacher(load_teacher(model, args.dtype), model, args.dtype, CHUNK_SIZE)
-            teacher_tokenizer = args.teacher_tokenizer or model
-        reader = chosen[0] if isinstance(chosen, list) else chosen  # the teacher of the shards' teacher tokens
-        check_teacher_reads(reader.scorer.model, metadata, load_tokenizer(teacher_tokenizer))
-        for other in chosen[1:] if isinstance(chosen, list) else ():  # each reads its own tokens, made from the text
-            own = metadata if other.tokenizer is None else replace(metadata, teacher=other.tokenizer_info())
+            chosen = Teacher(_split_teacher(args.teacher[0])[1], tokenizer=args.teacher_tokenizer, dtype=args.dtype)
+        chosen = reader_first(chosen if isinstance(chosen, list) else [chosen], metadata)
+        chosen[0].check_reads(metadata)  # the reader reads the shards' teacher tokens
+        for other in chosen[1:]:  # each other reads its own tokens, made from the text
             try:
-                check_teacher_reads(other.scorer.model, own)
+                other.check_reads(metadata, own_tokens=True)
             except ValueError as error:
-                raise Refused(f"teacher {other.set_name!r}: {error}") from None
+                raise Refused(str(error)) from None
         student, student_name = None, ""
         if args.student:
             from vocagno.training.checkpoint import BadCheckpoint

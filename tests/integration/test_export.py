@@ -300,8 +300,8 @@ def test_no_path_that_builds_or_loads_a_bf16_model_narrows_its_rotary_frequencie
     qwen = load_config(str(REPO / "yamls" / "tiny_qwen.yaml"), ["teacher.dtype=bfloat16"])
     models = {
         "teacher online (VocAgnoLM's load_teacher)": load_teacher("tiny-math-teacher", "bfloat16"),
-        "teacher of the scoring pass, by name": scoring_teacher(tiny, "tiny.yaml").scorer.model,
-        "teacher of the scoring pass, from a config": scoring_teacher(qwen, "tiny_qwen.yaml").scorer.model,
+        "teacher of the scoring pass, by name": scoring_teacher(tiny, "tiny.yaml").load(),
+        "teacher of the scoring pass, from a config": scoring_teacher(qwen, "tiny_qwen.yaml").load(),
         "student of train.py": build_causal_lm(tiny.model, len(load_tokenizer(tiny.tokenizer.name)), tiny.seed),
         "whole checkpoint": model_from_checkpoint(str(whole_bf16_run))[0],
         "sharded checkpoint": model_from_checkpoint(str(sharded_run))[0],

@@ -27,6 +27,7 @@ from vocagno.algorithms.vocagno_lm import VocAgnoLM
 from vocagno.data.dataset import TeacherGuidedCollator, TeacherGuidedDataset
 from vocagno.data.outroots import Output
 from vocagno.teacher.model import TeacherScorer, weights_fingerprint
+from vocagno.teacher.teacher import Teacher
 from vocagno.data.shards import ShardMetadata
 from vocagno.core.tokenization import ASSETS
 
@@ -185,11 +186,11 @@ def test_ranks_score_their_own_parts_and_the_last_to_finish_publishes(scored, tm
 
 
 def test_a_remote_out_root_gets_the_dataset_and_another_teacher_cannot_resume_it(scored, tmp_path):
-    teacher = scoring.Teacher(tiny(Qwen2Config, Qwen2ForCausalLM, 152064), str(scored / "teacher"), "float32", 1024)
+    teacher = Teacher(tiny(Qwen2Config, Qwen2ForCausalLM, 152064), label=str(scored / "teacher"), chunk_size=1024)
     remote, work = tmp_path / "remote", tmp_path / "work"
     scoring.score(str(scored / "shards"), Output(str(remote), str(work)), teacher, "cpu", 640)
     same_samples(read(remote), read(scored / "scored"))
-    other = scoring.Teacher(tiny(Qwen2Config, Qwen2ForCausalLM, 152064), "another", "float32", 1024)
+    other = Teacher(tiny(Qwen2Config, Qwen2ForCausalLM, 152064), label="another", chunk_size=1024)
     with pytest.raises(Refused, match="scored_by differ"):
         scoring.score(str(scored / "shards"), Output(str(remote), str(tmp_path / "work2")), other, "cpu", 640)
 
@@ -262,8 +263,8 @@ def test_a_compiled_teacher_cannot_resume_what_an_uncompiled_one_scored(scored, 
     """Compiling changes the losses' last bits, as other kernels do: a pass is resumed only as it was started."""
     model = tiny(Qwen2Config, Qwen2ForCausalLM, 152064)
     out = Output(str(tmp_path / "scored"), None)
-    scoring.score(str(scored / "shards"), out, scoring.Teacher(model, "tiny", "float32", 1024), "cpu", 640)
-    compiled = scoring.Teacher(model, "tiny", "float32", 1024, compile_config={})
+    scoring.score(str(scored / "shards"), out, Teacher(model, label="tiny", chunk_size=1024), "cpu", 640)
+    compiled = Teacher(model, label="tiny", chunk_size=1024, compile_config={})
     with pytest.raises(Refused, match="compile_config"):
         scoring.score(str(scored / "shards"), out, compiled, "cpu", 640)
-    assert compiled.at_initialization(0).scorer.compile_config == {}  # its control is compiled as it is
+    assert compiled.at_initialization(0).scorer().compile_config == {}  # its control is compiled as it is

@@ -106,7 +106,7 @@ def test_two_teachers_online_train_on_the_combination_of_each_ones_own_alignment
     the Mistral teacher the shards', the Qwen2.5 one tokens made from the student's), combined with min."""
     algorithm, capture = fit(shards / "shards", tokenizers, teachers=teachers_of(shards), selection_scope="microbatch",
                              batches="1ba")
-    assert algorithm.teacher_name == "mistral" and algorithm.others.names == ["qwen"]
+    assert algorithm.teacher.name == "mistral" and algorithm.teachers.other_names == ["qwen"]
     batch = capture.batches[0]
     side = TeacherSide(tokenizers["llama2"], tokenizers["qwen2.5"])
     made = made_side(side, "qwen", batch)
@@ -183,7 +183,7 @@ def test_a_further_teachers_scoring_pass_keeps_the_shards_and_adds_its_losses_an
 def test_cached_losses_of_two_teachers_give_their_online_training_without_a_teacher(shards, scored_twice, tokenizers,
                                                                                    monkeypatch):
     cached_algorithm, cached = fit(scored_twice, tokenizers, teachers=teachers_of(shards), teacher_losses="cached")
-    assert cached_algorithm.scorer is None and not cached_algorithm.others.scorers
+    assert cached_algorithm.scorer is None and not cached_algorithm.teachers.scorers
     online_forward = TeacherScorer.forward  # the shards keep float16 losses
     monkeypatch.setattr(TeacherScorer, "forward", lambda self, *a: online_forward(self, *a).half().float())
     _, online = fit(shards / "shards", tokenizers, teachers=teachers_of(shards))

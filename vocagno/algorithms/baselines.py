@@ -20,8 +20,7 @@ from composer.loggers import Logger
 from torch import nn
 
 from vocagno.core.distill import kld_loss, uld_loss
-from vocagno.teacher.model import check_teacher_options, load_teacher
-from vocagno.teacher.several import teacher_label
+from vocagno.teacher.teacher import Teacher
 from vocagno.core.tokenization import as_tokenizer
 from vocagno.core.loss import CHUNK_SIZE
 from vocagno.data.batch import ALIGN_END, ALIGN_START, TEACHER_ATTENTION_MASK, TEACHER_INPUT_IDS
@@ -32,11 +31,11 @@ __all__ = ["ULD", "KLD"]
 class _Distillation(Algorithm):
     """What ULD and KLD share: the frozen teacher, and the student's loss replaced by the baseline's."""
 
-    def __init__(self, teacher: str | nn.Module, teacher_dtype: str = "bfloat16", chunk_size: int = CHUNK_SIZE,
+    def __init__(self, teacher: str | nn.Module, teacher_dtype: str = "bfloat16", chunk_size: int | None = None,
                  trust_remote_code: bool = False):
-        check_teacher_options(teacher_dtype, trust_remote_code)
-        self.teacher, self.teacher_dtype = teacher, teacher_dtype
-        self.chunk_size, self.trust_remote_code = chunk_size, trust_remote_code
+        self.teacher = Teacher(teacher, dtype=teacher_dtype, trust_remote_code=trust_remote_code)
+        self.teacher.check_options()
+        self.chunk_size = CHUNK_SIZE if chunk_size is None else chunk_size
         self.model: nn.Module | None = None
         self._labels: torch.Tensor | None = None
         self._loss: dict[str, torch.Tensor] | None = None
@@ -47,7 +46,7 @@ class _Distillation(Algorithm):
 
     def teacher_source(self, state: State) -> str:
         """One line: the teacher whose distributions this baseline distills, every batch."""
-        return (f"teacher: online, {teacher_label(self.teacher)} gives its distributions every batch "
+        return (f"teacher: online, {self.teacher.label} gives its distributions every batch "
                 f"({type(self).__name__})")
 
     def match(self, event: Event, state: State) -> bool:
@@ -55,9 +54,7 @@ class _Distillation(Algorithm):
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         if event == Event.FIT_START and self.model is None:
-            teacher = self.teacher
-            if isinstance(teacher, str):
-                teacher = load_teacher(teacher, self.teacher_dtype, self.trust_remote_code)
+            teacher = self.teacher.load()
             self._check_teacher(teacher, state)
             self.model = state.device.module_to_device(teacher.eval().requires_grad_(False))
         elif event == Event.BEFORE_FORWARD:
@@ -138,8 +135,7 @@ class KLD(_Distillation):
             raise ValueError(f"kd_ratio must be in [0, 1], got {kd_ratio}")
         self.kd_ratio = kd_ratio
         self.student_tokenizer = student_tokenizer
-        self.teacher_tokenizer = teacher_tokenizer if teacher_tokenizer is not None else (
-            teacher if isinstance(teacher, str) else None)
+        self.teacher_tokenizer = teacher_tokenizer if teacher_tokenizer is not None else self.teacher.tokenizer_source
 
     def _check_teacher(self, teacher, state):
         student = self.student_tokenizer or getattr(state.model, "tokenizer", None)

@@ -50,25 +50,20 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
 from vocagno.core.alignment import ALIGNMENT, NUM_CHUNKS, check_alignment, chunk_align
-from vocagno.core.kernels import DEFAULT_KERNELS, check_speed
+from vocagno.core.kernels import DEFAULT_KERNELS
 from vocagno.data.dataset import TeacherGuidedCollator
-from vocagno.core.loss import (AGGREGATION, CHUNK_SIZE, COMBINE, SELECTION, SELECTION_SCOPE, TOPK_RATIO, UNMAPPED,
+from vocagno.core.loss import (AGGREGATION, COMBINE, SELECTION, SELECTION_SCOPE, TOPK_RATIO, UNMAPPED,
     check_options, excess_loss, guided_loss, next_token_cross_entropy)
-from vocagno.teacher.model import TeacherScorer, check_teacher_options, check_teacher_reads, load_teacher, shard_teacher
+from vocagno.teacher.model import shard_teacher
 from vocagno.teacher.side import TeacherSide, WithTeacherSide, unpack_teacher_side
-from vocagno.teacher.several import (
-    OtherTeachers, TeacherSpec, WithOtherTeachers, check_scored_by_teacher, checked_teacher, reading_teacher,
-    teacher_label, teacher_specs,
-)
-from vocagno.core.tokenization import as_tokenizer
+from vocagno.teacher.several import Teachers, WithOtherTeachers, teachers_from
+from vocagno.teacher.teacher import Teacher
 from vocagno.data.batch import (ALIGN_END, ALIGN_START, SELECTED, TEACHER_ATTENTION_MASK, TEACHER_INPUT_IDS,
     TEACHER_LOSS, teacher_key)
 from vocagno.algorithms.global_selection import select_over_ranks
 from vocagno.algorithms.step_metrics import StepMetrics
 
 __all__ = ["teacher_guided_loss", "VocAgnoLM"]
-
-PLACEMENTS = ("auto", "replicate", "fsdp")
 
 
 def teacher_guided_loss(
@@ -132,7 +127,8 @@ class VocAgnoLM(Algorithm):
     """Teacher guided language modeling with a teacher of any vocabulary (Shin et al., ICML 2025).
 
     Args:
-        teacher: a Hugging Face name or folder (loaded in ``teacher_dtype``), or a causal LM module.
+        teacher: a Hugging Face name or folder (loaded in ``teacher_dtype``), a causal LM module, or a
+            ``vocagno.teacher.teacher.Teacher`` (which has the ``teacher_*`` options of its own).
         topk_ratio, aggregation, unmapped: as in ``vocagno.core.loss.guided_loss``.
         selection_scope: ``batch`` (the global batch), ``microbatch`` or ``sequence``: see the module's docstring.
         selection: ``topk`` (by score), or ``random``: as many mapped tokens drawn at random (a control), from a
@@ -154,7 +150,8 @@ class VocAgnoLM(Algorithm):
         teacher_dtype: dtype of a teacher loaded by name.
         teacher_placement: ``replicate`` (a whole copy per device), ``fsdp`` (sharded with PyTorch FSDP), or ``auto``
             (``fsdp`` when the run uses FSDP, else ``replicate``).
-        chunk_size: teacher tokens per chunk of its LM head and cross-entropy.
+        chunk_size: teacher tokens per chunk of its LM head and cross-entropy (unset: ``CHUNK_SIZE``; not with
+            Liger's kernels, which choose their own).
         trust_remote_code: for a teacher loaded by name; off unless asked.
         teacher_kernels: ``torch``, or ``liger`` (a CUDA GPU): ``vocagno.core.kernels``.
         teacher_compile_config: torch.compile's options for each of the teacher's decoder layers; None: not compiled.
@@ -162,7 +159,7 @@ class VocAgnoLM(Algorithm):
 
     def __init__(
         self,
-        teacher: str | nn.Module | None = None,
+        teacher: str | nn.Module | Teacher | None = None,
         topk_ratio: float = TOPK_RATIO,
         aggregation: str = AGGREGATION,
         unmapped: str = UNMAPPED,
@@ -177,7 +174,7 @@ class VocAgnoLM(Algorithm):
         student_tokenizer: Any = None,
         teacher_dtype: str = "bfloat16",
         teacher_placement: str = "auto",
-        chunk_size: int = CHUNK_SIZE,
+        chunk_size: int | None = None,
         trust_remote_code: bool = False,
         teacher_kernels: str = DEFAULT_KERNELS,
         teacher_compile_config: dict | None = None,
@@ -188,30 +185,33 @@ class VocAgnoLM(Algorithm):
         if (teacher is None) == (teachers is None):
             raise ValueError("VocAgnoLM: give teacher (one) or teachers (several, by name), not both")
         single = {"teacher_tokenizer": teacher_tokenizer is not None, "teacher_dtype": teacher_dtype != "bfloat16",
-                  "teacher_placement": teacher_placement != "auto", "chunk_size": chunk_size != CHUNK_SIZE,
+                  "teacher_placement": teacher_placement != "auto", "chunk_size": chunk_size is not None,
                   "trust_remote_code": trust_remote_code is not False,
                   "teacher_kernels": teacher_kernels != DEFAULT_KERNELS,
                   "teacher_compile_config": teacher_compile_config is not None}
-        for option in (option for option, given in single.items() if given and teachers is not None):
-            raise ValueError(f"{option} is a single teacher's option: give it in each teachers: entry (tokenizer, "
-                             "dtype, placement, chunk_size, trust_remote_code, kernels, compile_config)")
-        specs = teacher_specs(teachers) if teachers is not None else [
-            TeacherSpec("teacher", teacher, teacher_tokenizer, teacher_dtype, teacher_placement, chunk_size,
-                        trust_remote_code, teacher_kernels, teacher_compile_config)]
-        if len(specs) > 1 and alignment == "chunk":
+        alone = isinstance(teacher, (str, nn.Module))  # a teacher the options describe
+        for option in (option for option, given in single.items() if given and not alone):
+            where = ("a Teacher's option: give it to the Teacher" if isinstance(teacher, Teacher) else
+                     "a single teacher's option: give it in each teachers: entry (tokenizer, dtype, placement, "
+                     "chunk_size, trust_remote_code, kernels, compile_config)")
+            raise ValueError(f"{option} is {where}")
+        if teachers is not None:
+            chosen = teachers_from(teachers)
+        elif isinstance(teacher, Teacher):
+            chosen = [teacher]
+        else:
+            chosen = [Teacher(teacher, None, teacher_tokenizer, teacher_dtype, teacher_placement, chunk_size,
+                              trust_remote_code, teacher_kernels, teacher_compile_config)]
+        if len(chosen) > 1 and alignment == "chunk":
             raise ValueError("alignment: chunk takes one teacher (the paper's Table 2 baseline), not teachers")
         if teacher_losses not in ("online", "cached"):
             raise ValueError(f"teacher_losses must be 'online' or 'cached', got {teacher_losses!r}")
         check_alignment(alignment, num_chunks)
-        for spec in specs:
+        for each in chosen:
             try:
-                if spec.placement not in PLACEMENTS:
-                    raise ValueError(f"teacher_placement must be one of {PLACEMENTS}, got {spec.placement!r}")
-                check_teacher_options(spec.dtype, spec.trust_remote_code)
-                check_speed(spec.kernels, spec.compile_config,
-                            None if spec.chunk_size == CHUNK_SIZE else spec.chunk_size, "teacher")
+                each.check_options()
             except ValueError as error:
-                raise ValueError(f"teachers.{spec.name}: {error}" if teachers is not None else str(error)) from None
+                raise ValueError(f"teachers.{each.name}: {error}" if teachers is not None else str(error)) from None
         self.options = dict(topk_ratio=topk_ratio, aggregation=aggregation, unmapped=unmapped, combine=combine)
         self.selection_scope = selection_scope
         self.selection, self.seed = selection, seed
@@ -219,8 +219,8 @@ class VocAgnoLM(Algorithm):
         self.cached = teacher_losses == "cached"
         self.check_scored_by = check_scored_by
         self._generator: torch.Generator | None = None  # for selection="random", seeded per batch
-        self.specs = specs
-        self._as_teacher(specs[0])  # the set's teacher that reads the shards' teacher side: chosen again at FIT_START
+        # The reader (the set's teacher that reads the shards' teacher side) is chosen at FIT_START.
+        self.teachers = Teachers(chosen, self.cached)
         self.student_tokenizer = student_tokenizer
         self.teacher_side: TeacherSide | None = None  # made on the first batch that has no teacher tokens
         self.scorer: nn.Module | None = None
@@ -233,35 +233,33 @@ class VocAgnoLM(Algorithm):
 
     def teacher_source(self, state: State) -> str:
         """One line: where this run's teacher losses come from (online: which teachers; cached: who scored them)."""
-        specs = {spec.name: spec for spec in self.specs}
         if not self.cached:
-            if len(specs) == 1:
-                return f"teacher losses: online, {teacher_label(self.teacher)} scores every batch"
+            if len(self.teachers.all) == 1:
+                return f"teacher losses: online, {self.teachers.reader.label} scores every batch"
             return "teacher losses: online, " + ", ".join(
-                f"{name} ({teacher_label(spec.teacher)})" for name, spec in specs.items()) + " score every batch"
+                f"{each.name} ({each.label})" for each in self.teachers.all) + " score every batch"
         metadata = _shard_metadata(state)
         scored = [(getattr(metadata, "scored_by", None) or {}).get("name", "?")]
         scored += [by.get("name", "?") for by in (getattr(metadata, "also_scored_by", None) or {}).values()]
         return f"teacher losses: cached in the training shards, scored by {', '.join(map(str, scored))}"
 
-    def _as_teacher(self, spec: TeacherSpec) -> None:
-        """Make ``spec`` the teacher that reads the batch's own teacher side; the set's others go to ``others``."""
-        self.teacher_name, self.teacher, self.teacher_tokenizer = spec.name, spec.teacher, spec.tokenizer
-        self.teacher_dtype, self.teacher_placement = spec.dtype, spec.placement
-        self.chunk_size, self.trust_remote_code = spec.chunk_size, spec.trust_remote_code
-        self.teacher_kernels, self.teacher_compile_config = spec.kernels, spec.compile_config
-        self.others = OtherTeachers([other for other in self.specs if other is not spec], self.cached)
+    @property
+    def teacher(self) -> Teacher:
+        """The teacher that reads the batch's own teacher side (of a set, ``Teachers.reader``)."""
+        return self.teachers.reader
 
     def __repr__(self) -> str:
-        if len(self.specs) > 1:
-            names = {spec.name: spec.teacher if isinstance(spec.teacher, str) else type(spec.teacher).__name__
-                     for spec in self.specs}
+        def shown(each: Teacher) -> str:
+            return each.model if isinstance(each.model, str) else type(each.model).__name__
+
+        if len(self.teachers.all) > 1:
+            names = {each.name: shown(each) for each in self.teachers.all}
             return f"VocAgnoLM(teachers={names!r}, " + ", ".join(f"{k}={v!r}" for k, v in self.options.items()) + ")"
-        name = self.teacher if isinstance(self.teacher, str) else type(self.teacher).__name__
         options = {**{k: v for k, v in self.options.items() if k != "combine"},
                    "selection_scope": self.selection_scope, "selection": self.selection,
                    **({"alignment": "chunk", "num_chunks": self.num_chunks} if self.alignment == "chunk" else {})}
-        return f"VocAgnoLM(teacher={name!r}, " + ", ".join(f"{k}={v!r}" for k, v in options.items()) + ")"
+        shown_options = ", ".join(f"{k}={v!r}" for k, v in options.items())
+        return f"VocAgnoLM(teacher={shown(self.teacher)!r}, {shown_options})"
 
     @staticmethod
     def required_on_load() -> bool:
@@ -277,16 +275,18 @@ class VocAgnoLM(Algorithm):
             self._teacher_side_in_workers(state)
             if self.cached:
                 self._check_scored_by(state)
-            elif self.scorer is None:
-                self.scorer = self._place(self._build_scorer(state), state)
-                self.others.build(lambda spec: checked_teacher(spec, _shard_metadata(state)),
-                                  lambda scorer, spec: self._place(scorer, state, spec.placement))
+            else:
+                if self.scorer is None:
+                    self.teacher.check_reads(_shard_metadata(state))
+                    self.scorer = self._place(self.teacher.scorer(), state, self.teacher.placement)
+                self.teachers.build(_shard_metadata(state), lambda scorer, each: self._place(scorer, state,
+                                                                                             each.placement))
         elif event == Event.AFTER_DATALOADER:
             state.batch = unpack_teacher_side(state.batch)  # as loader workers send it
             if TEACHER_INPUT_IDS not in state.batch:  # a loader without workers: made here
                 state.batch = WithTeacherSide(_as_it_is, self._make_teacher_side(state), _loader_name(state))(
                     state.batch)
-            self.others.add_sides(state.batch, self._student_tokenizer(state))
+            self.teachers.add_sides(state.batch, self._student_tokenizer(state))
             if self.alignment == "chunk":
                 batch = state.batch
                 ids = batch["input_ids"]
@@ -312,13 +312,13 @@ class VocAgnoLM(Algorithm):
                 self._loss = teacher_guided_loss(
                     logits, self._labels, state.batch, state.batch[TEACHER_LOSS],
                     selected=state.batch[SELECTED],
-                    others={name: state.batch[teacher_key(name, TEACHER_LOSS)] for name in self.others.names},
+                    others={name: state.batch[teacher_key(name, TEACHER_LOSS)] for name in self.teachers.other_names},
                     token_counts={k: v * share for k, v in self._global_counts.items()},
                     row_counts=self._metrics.per_stream, **self.options,
                 )
             else:
                 self._loss = teacher_guided_loss(logits, self._labels, state.batch, self._teacher_loss(state.batch),
-                                                 others=self.others.losses(state.batch),
+                                                 others=self.teachers.losses(state.batch),
                                                  per_sequence=self.selection_scope == "sequence",
                                                  selection=self.selection, generator=self._generator,
                                                  row_counts=self._metrics.per_stream, **self.options)
@@ -331,22 +331,19 @@ class VocAgnoLM(Algorithm):
             state.loss = self._loss
             self._labels = self._loss = None
         elif event == Event.AFTER_TRAIN_BATCH:  # every microbatch done, the step not yet counted: the loss's step
-            self._metrics.log(state, logger, [self.teacher_name, *self.others.names])
+            self._metrics.log(state, logger, self.teachers.names)
         elif event == Event.BATCH_END:
-            seconds = {f"vocagno/teacher_forward_seconds/{name}": self.others.seconds[name]
-                       for name in self.others.names}
+            others = self.teachers.take_seconds()
+            seconds = {f"vocagno/teacher_forward_seconds/{name}": value for name, value in others.items()}
             if seconds:
-                seconds[f"vocagno/teacher_forward_seconds/{self.teacher_name}"] = self._teacher_seconds
-            logger.log_metrics({"vocagno/teacher_forward_seconds": self._teacher_seconds + sum(
-                self.others.seconds.values()), **seconds})
+                seconds[f"vocagno/teacher_forward_seconds/{self.teachers.names[0]}"] = self._teacher_seconds
+            logger.log_metrics({"vocagno/teacher_forward_seconds": self._teacher_seconds + sum(others.values()),
+                                **seconds})
             self._teacher_seconds = 0.0
-            self.others.seconds = dict.fromkeys(self.others.names, 0.0)
 
     def _choose_teacher(self, state: State) -> None:
-        """Of a set, the teacher that reads the shards' teacher side (``vocagno.teacher.several.reading_teacher``)."""
-        reader = reading_teacher(self.specs, _shard_metadata(state))
-        if reader is not None and reader.name != self.teacher_name:  # another fit may keep what an earlier one built
-            self._as_teacher(reader)
+        """Of a set, the teacher that reads the shards' teacher side (``Teachers.choose_reader``)."""
+        if self.teachers.choose_reader(_shard_metadata(state)):  # another fit may keep what an earlier one built
             self.scorer = self.teacher_side = None
 
     def _student_tokenizer(self, state: State):
@@ -358,21 +355,21 @@ class VocAgnoLM(Algorithm):
         if not isinstance(loader, DataLoader) or loader.num_workers == 0 or self.cached:
             return
         student = self._student_tokenizer(state)
-        if self.others.names and student is not None and not isinstance(loader.collate_fn, WithOtherTeachers):
-            loader.collate_fn = WithOtherTeachers(loader.collate_fn, self.others.make_sides(student),
+        if self.teachers.others and student is not None and not isinstance(loader.collate_fn, WithOtherTeachers):
+            loader.collate_fn = WithOtherTeachers(loader.collate_fn, self.teachers.make_sides(student),
                                                   _loader_name(state))
         if isinstance(loader.collate_fn, WithOtherTeachers):
             loader = loader.collate_fn  # the teacher's own side goes inside: made first, as at AFTER_DATALOADER
         if isinstance(loader.collate_fn, (TeacherGuidedCollator, WithTeacherSide)):
             return
-        if student is None or self.teacher_tokenizer is None:
+        if student is None or self.teacher.tokenizer_source is None:
             return  # the first batch says what is missing, if it needs the tokenizers at all
         loader.collate_fn = WithTeacherSide(loader.collate_fn, self._make_teacher_side(state), _loader_name(state))
 
     def _make_teacher_side(self, state: State) -> TeacherSide:
         if self.teacher_side is None:
             student = self._student_tokenizer(state)
-            if student is None or self.teacher_tokenizer is None:
+            if student is None or self.teacher.tokenizer_source is None:
                 missing = "student_tokenizer (or a HuggingFaceModel with its tokenizer)" if student is None else \
                     "teacher_tokenizer"
                 raise ValueError(
@@ -380,7 +377,7 @@ class VocAgnoLM(Algorithm):
                     f"from their text, which needs the tokenizers; give it {missing}, or train on shards made by "
                     "conversion/convert_dataset.py"
                 )
-            self.teacher_side = TeacherSide(as_tokenizer(student), as_tokenizer(self.teacher_tokenizer))
+            self.teacher_side = self.teacher.side(student)
         return self.teacher_side
 
     def _check_scored_by(self, state: State) -> None:
@@ -390,22 +387,21 @@ class VocAgnoLM(Algorithm):
         for name, metadata in streams.items():
             try:
                 self._check_scored_by_one(metadata)
-                if self.others.names:
-                    self.others.check_cached(metadata, self.check_scored_by)
+                self.teachers.check_cached(metadata, self.check_scored_by)
             except ValueError as error:
                 raise ValueError(f"stream {name!r}: {error}" if len(streams) > 1 else str(error)) from None
 
     def _check_scored_by_one(self, metadata) -> None:
         scored_by = getattr(metadata, "scored_by", None)
         if metadata is not None and scored_by is None:
-            if self.others.names:
+            if self.teachers.others:
                 raise ValueError(f"teacher_losses: cached, but the training shards carry no losses of teacher "
-                                 f"{self.teacher_name!r} (it reads the shards' teacher tokens): score them with it "
-                                 f"(python -m vocagno.score ... --name {self.teacher_name})")
+                                 f"{self.teacher.name!r} (it reads the shards' teacher tokens): score them with it "
+                                 f"(python -m vocagno.score ... --name {self.teacher.name})")
             raise ValueError("teacher_losses: cached, but the training shards carry no teacher losses: score them "
                              "first (python -m vocagno.score)")
         if scored_by is not None:
-            check_scored_by_teacher(self.teacher, scored_by, self.check_scored_by, "the shards were")
+            self.teacher.check_scored_by(scored_by, self.check_scored_by, "the shards were")
 
     def _teacher_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.cached:
@@ -437,7 +433,7 @@ class VocAgnoLM(Algorithm):
         for begin in range(0, size, step):
             piece = state.device.batch_to_device(
                 {k: v[begin : begin + step] for k, v in batch.items() if isinstance(v, torch.Tensor)})
-            teacher_loss, others = self._teacher_loss(piece), self.others.losses(piece)
+            teacher_loss, others = self._teacher_loss(piece), self.teachers.losses(piece)
             with get_precision_context(state.precision, state.precision_config):
                 outputs = state.model({**{k: v for k, v in piece.items() if k != "labels"}, **_no_cache(state.model)})
             logits = outputs.logits if hasattr(outputs, "logits") else outputs
@@ -456,23 +452,10 @@ class VocAgnoLM(Algorithm):
                                    self.options["unmapped"], self.selection, self._generator)
         self._global_counts, self._global_samples = chosen.counts, chosen.samples
         batch[SELECTED] = chosen.selected
-        for t, key in enumerate([TEACHER_LOSS, *(teacher_key(n, TEACHER_LOSS) for n in self.others.names)]):
+        for t, key in enumerate([TEACHER_LOSS, *(teacher_key(n, TEACHER_LOSS) for n in self.teachers.other_names)]):
             batch[key] = torch.cat([losses[t] for losses in teacher_losses])
 
-    def _build_scorer(self, state: State) -> TeacherScorer:
-        teacher = self.teacher
-        if isinstance(teacher, str):
-            teacher = load_teacher(teacher, self.teacher_dtype, self.trust_remote_code)
-        self._check_teacher(teacher, state)
-        return TeacherScorer(teacher, self.chunk_size, self.teacher_kernels, self.teacher_compile_config)
-
-    def _check_teacher(self, teacher: nn.Module, state: State) -> None:
-        metadata = _shard_metadata(state)
-        if metadata is not None:
-            check_teacher_reads(teacher, metadata, self.teacher_tokenizer)
-
-    def _place(self, scorer: TeacherScorer, state: State, placement: str | None = None) -> nn.Module:
-        placement = placement or self.teacher_placement
+    def _place(self, scorer: nn.Module, state: State, placement: str) -> nn.Module:
         if placement == "auto":
             placement = "fsdp" if state.fsdp_enabled else "replicate"
         if placement == "replicate":

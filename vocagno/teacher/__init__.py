@@ -1,3 +1,4 @@
-"""The frozen teacher: ``model`` (``TeacherScorer``: loading, sharding, its loss per teacher token), ``side``
-(``TeacherSide``: a teacher's tokens and alignment made from the student's), ``several`` (a set of teachers:
-``TeacherSpec``, ``OtherTeachers``), ``scoring`` (the scoring pass: a ``Teacher`` and what ``scored_by`` records)."""
+"""The frozen teacher: ``teacher`` (``Teacher``: one teacher, its model, tokenizer and options, and what it makes),
+``model`` (``TeacherScorer``, the module that scores its tokens; loading, sharding, fingerprints), ``side``
+(``TeacherSide``: its tokens and alignment made from a student's), ``several`` (``Teachers``: a set guiding one
+student), ``scoring`` (the scoring pass over shards)."""

@@ -28,14 +28,15 @@ __all__ = ["TeacherScorer", "load_teacher", "weights_fingerprint", "check_teache
 
 
 class TeacherScorer(nn.Module):
-    """A frozen Hugging Face causal LM that returns the loss of each of its tokens: ``[B, M]``, NaN where undefined."""
+    """A frozen Hugging Face causal LM that returns the loss of each of its tokens: ``[B, M]``, NaN where undefined.
+    ``chunk_size``: teacher tokens per chunk of its LM head (None: ``CHUNK_SIZE``; Liger's kernels choose their own)."""
 
-    def __init__(self, model: nn.Module, chunk_size: int = CHUNK_SIZE, kernels: str = DEFAULT_KERNELS,
+    def __init__(self, model: nn.Module, chunk_size: int | None = None, kernels: str = DEFAULT_KERNELS,
                  compile_config: dict | None = None):
         super().__init__()
-        check_chunk_size(kernels, None if chunk_size == CHUNK_SIZE else chunk_size)
+        check_chunk_size(kernels, chunk_size)
         self.model = use_kernels(model.eval().requires_grad_(False), kernels, "teacher kernels")
-        self.chunk_size = chunk_size
+        self.chunk_size = CHUNK_SIZE if chunk_size is None else chunk_size  # None: PyTorch's kernels' default
         self.kernels, self.compile_config = kernels, compile_config
         compile_layers(self.model, compile_config, decoder_layer_classes(self.model), "teacher compile_config")
 

@@ -32,84 +32,19 @@ from vocagno.data.outroots import (
     PART_STATS, OwnedLock, Output, all_jobs_done, check_or_write_settings, job_marker, merge_once, publish_dataset,
     unfinished_parts,
 )
-from vocagno.teacher.model import TeacherScorer, weights_fingerprint
-from vocagno.core.kernels import DEFAULT_KERNELS
+from vocagno.teacher.model import TeacherScorer
+from vocagno.teacher.teacher import Teacher
 from vocagno.data.shards import (SCORED_COLUMNS, SHARD_HASH, ShardMetadata, align_column, check_columns, compact,
-    describe_tokenizer, loss_column)
+    loss_column)
 from vocagno.doors.untrusted import UntrustedFile, check_mds, decompress, inside, read_bytes
 from vocagno.doors.writing import make_readable, publish, remove, staging, write_atomically
 from vocagno.data.batch import ALIGN_END, ALIGN_START, teacher_key
 
-__all__ = ["BATCH_TOKENS", "Teacher", "scoring_device", "length_batches", "rank_and_world", "read_shard", "score"]
+__all__ = ["BATCH_TOKENS", "scoring_device", "length_batches", "rank_and_world", "read_shard", "score"]
 
 SETTINGS_FILE = "score.json"
 PAD_TO = 64  # rows padded to a multiple of 64 tokens, as the training collator pads them
 BATCH_TOKENS = 16384  # padded teacher tokens per scoring batch: 8 rows of 2048
-
-
-class Teacher:
-    """The scoring teacher and what ``scored_by`` records of it."""
-
-    def __init__(self, model: torch.nn.Module, name: str, dtype: str, chunk_size: int, tokenizer=None,
-                 set_name: str | None = None, kernels: str = DEFAULT_KERNELS, compile_config: dict | None = None):
-        self.scorer = TeacherScorer(model, chunk_size, kernels, compile_config)
-        self.scored_by = {"name": name, "fingerprint": weights_fingerprint(model), "dtype": dtype}
-        self.chunk_size = chunk_size
-        self.tokenizer = tokenizer  # a name, folder or tokenizer; None: the shards' teacher tokens are its own
-        self._loaded = None  # the tokenizer, once loaded
-        self.set_name = set_name  # its name in a set of teachers (vocagno.teacher.several), when it has one
-
-    def at_initialization(self, seed: int) -> "Teacher":
-        """The same architecture with fresh random weights (from ``seed``): a control whose losses know nothing."""
-        from transformers import AutoModelForCausalLM
-
-        model = self.scorer.model
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            fresh = AutoModelForCausalLM.from_config(model.config, torch_dtype=next(model.parameters()).dtype)
-        name = f"{self.scored_by['name']} at initialization (seed {seed})"
-        return Teacher(fresh, name, self.scored_by["dtype"], self.chunk_size, self.tokenizer, self.set_name,
-                       self.scorer.kernels, self.scorer.compile_config)
-
-    def column(self, metadata: ShardMetadata, source: str) -> str | None:
-        """Where this teacher's losses go in ``metadata``'s shards: None for ``teacher_loss`` (the shards' own
-        teacher, not yet scored), else its name in the set (``teacher_loss.NAME``); refused, in one line, when that
-        place is taken or unnamed."""
-        reads = self.tokenizer is None or metadata.teacher.same_vocabulary(self.tokenizer_info())
-        if reads and metadata.scored_by is None:
-            return None
-        if self.set_name is None:
-            why = (f"is already scored (by {metadata.scored_by['name']})" if reads else
-                   f"holds {metadata.teacher.name!r}'s teacher tokens, not this teacher's")
-            raise Refused(f"{source} {why}: a further teacher of a set goes beside it under its name "
-                          "(--name NAME, its name in the run's teachers:)")
-        if self.set_name in (metadata.also_scored_by or {}):
-            raise Refused(f"{source} is already scored by a teacher named {self.set_name!r} "
-                          f"({metadata.also_scored_by[self.set_name]['name']})")
-        return self.set_name
-
-    def loaded_tokenizer(self):
-        """Its tokenizer, loaded once (``tokenizer`` may be a name or folder)."""
-        from vocagno.core.tokenization import as_tokenizer
-
-        if self._loaded is None:
-            self._loaded = as_tokenizer(self.tokenizer)
-        return self._loaded
-
-    def tokenizer_info(self):
-        return describe_tokenizer(self.loaded_tokenizer(), "teacher")
-
-    def side(self, metadata: ShardMetadata):
-        """The ``TeacherSide`` that makes this teacher's tokens of the shards' student tokens, as training does."""
-        from vocagno.teacher.side import TeacherSide
-        from vocagno.core.tokenization import load_tokenizer
-
-        student = load_tokenizer(metadata.student.name)
-        try:  # the name the shards record may load another vocabulary here
-            metadata.check_tokenizers(student=describe_tokenizer(student, "student"))
-        except ValueError as error:
-            raise Refused(str(error)) from None
-        return TeacherSide(student, self.loaded_tokenizer())
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -138,16 +73,11 @@ def score(shards: str, output: Output, teacher: Teacher, device: str, batch_toke
     # A resumed pass must score as the interrupted one did: the same input shards (by their index: names, sizes and
     # hashes, wherever the folder is now), teacher, chunk size, kernels and compiling (either changes the losses'
     # last bits); a further teacher's tokenizer too (it makes its tokens and alignment).
-    settings = {"input_index": _digest(index), "scored_by": teacher.scored_by, "chunk_size": teacher.chunk_size,
-                "column": column}
-    if teacher.scorer.kernels != DEFAULT_KERNELS:  # the defaults: no key, as before there was a choice
-        settings["kernels"] = teacher.scorer.kernels
-    if teacher.scorer.compile_config is not None:
-        settings["compile_config"] = teacher.scorer.compile_config
+    settings = {"input_index": _digest(index), **teacher.scoring_settings(), "column": column}
     if column is not None:
         settings["tokenizer"] = asdict(teacher.tokenizer_info())
     check_or_write_settings(output, SETTINGS_FILE, settings, "scoring pass", "--out")
-    side = None if column is None else teacher.side(metadata)
+    side = None if column is None else teacher.student_side(metadata)
     marker = job_marker(rank, world)
     lock = OwnedLock(output.local / f"{marker}.lock", f"rank {rank} of {world} scoring into {output}")
     if not lock.acquire():
@@ -158,7 +88,7 @@ def score(shards: str, output: Output, teacher: Teacher, device: str, batch_toke
             for stale in [*output.local.glob(f".{_part(i)}.staging-*"), output.local / f".tmp-{_part(i)}",
                           output.local / f".scratch-{_part(i)}"]:
                 remove(stale)
-        scorer = teacher.scorer.to(device)
+        scorer = teacher.scorer().to(device)
         progress = tqdm(total=sum(index["shards"][i]["samples"] for i in mine), unit="sample", desc="scoring",
                         dynamic_ncols=True, mininterval=1.0, disable=rank != 0)
         begin, tokens, samples = time.perf_counter(), 0, 0
@@ -180,10 +110,9 @@ def score(shards: str, output: Output, teacher: Teacher, device: str, batch_toke
         lock.release()
     if all_jobs_done(output, world):
         parts = [_part(i) for i in range(len(index["shards"]))]
-        scored = replace(metadata, scored_by=teacher.scored_by) if column is None else replace(
-            metadata, also_scored_by={**(metadata.also_scored_by or {}), column: {
-                **teacher.scored_by, "tokenizer": asdict(teacher.tokenizer_info())}})
-        merge_once(output, lambda: _merge(output, parts, scored, teacher.scored_by["name"]))
+        scored = replace(metadata, scored_by=teacher.scored_by()) if column is None else replace(
+            metadata, also_scored_by={**(metadata.also_scored_by or {}), column: teacher.recorded()})
+        merge_once(output, lambda: _merge(output, parts, scored, teacher.label))
     else:
         print(f"rank {rank} of {world} done; the last rank to finish publishes {output}")
     return samples
@@ -262,7 +191,7 @@ def _other_teacher_rows(samples: list[dict], side) -> tuple[list[np.ndarray], li
 def _score_part(shards_root: Path, info: dict, final: Path, scorer: TeacherScorer, device: str,
                 batch_tokens: int, column: str | None = None, side=None) -> int:
     """Score one input shard into the part ``final``; return its teacher tokens. ``column``: a further teacher of a
-    set, whose tokens ``side`` makes (``Teacher.column``)."""
+    set, whose tokens ``side`` makes (``vocagno.teacher.teacher.Teacher.column``)."""
     from streaming import MDSWriter
 
     begin = time.perf_counter()

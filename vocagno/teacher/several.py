@@ -1,11 +1,11 @@
-"""Several teachers of different vocabularies guiding one student: the set that the algorithm, the scoring pass and
-the selection tool share.
+"""Several teachers of different vocabularies guiding one student (``Teachers``: each a
+``vocagno.teacher.teacher.Teacher``), as the algorithm, the scoring pass and the selection report share them.
 
 Each teacher is aligned to the student's tokens on its own (its tokenizer, its offsets); a student token's reference
 loss combines the teachers' aggregated losses (``vocagno.core.loss.reference_loss``: ``min``, the best teacher's, or
 ``mean``). One teacher of the set, the *first* whose vocabulary is the shards' teacher vocabulary (else the first),
 reads the batch's teacher side as a single teacher does (``teacher_input_ids``, ``align_start``, ``align_end`` and,
-cached, ``teacher_loss``): ``VocAgnoLM`` treats it as its ``teacher``. Every *other* teacher's tokens and
+cached, ``teacher_loss``): ``Teachers.reader``. Every *other* teacher's tokens and
 alignment are made from the student's tokens (``vocagno.teacher.side.TeacherSide``, in the training loader's workers
 when it has some) into the batch keys ``teachers.NAME.input_ids``, ``.attention_mask``, ``.align_start`` and
 ``.align_end``; cached, its losses and alignment come from the shards' columns ``teacher_loss.NAME`` and
@@ -15,95 +15,75 @@ when it has some) into the batch keys ``teachers.NAME.input_ids``, ``.attention_
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import torch
 from torch import nn
 
-from vocagno.data.shards import check_teacher_name, describe_tokenizer, loss_column
-from vocagno.teacher.side import TeacherSide
-from vocagno.core.tokenization import as_tokenizer
-from vocagno.core.loss import CHUNK_SIZE
-from vocagno.core.kernels import DEFAULT_KERNELS
 from vocagno.data.batch import (ALIGN_END, ALIGN_START, TEACHER_ATTENTION_MASK, TEACHER_INPUT_IDS, TEACHER_LOSS,
     teacher_key)
+from vocagno.data.shards import check_teacher_name, loss_column
+from vocagno.errors import Refused
+from vocagno.teacher.side import TeacherSide
+from vocagno.teacher.teacher import Teacher
 
-__all__ = ["TeacherSpec", "teacher_specs", "OtherTeachers", "WithOtherTeachers", "made_side", "check_scored_by_teacher",
-           "reading_teacher", "checked_teacher", "teacher_shares", "teacher_label"]
+__all__ = ["Teachers", "teachers_from", "reader_first", "WithOtherTeachers", "made_side", "teacher_shares"]
 
-SPEC_KEYS = ("teacher", "tokenizer", "dtype", "placement", "chunk_size", "trust_remote_code", "kernels",
-             "compile_config")
+# A teachers: entry's keys: Teacher's fields, its model given as ``teacher`` (as the single teacher: section names it).
+ENTRY_KEYS = ("teacher", "tokenizer", "dtype", "placement", "chunk_size", "trust_remote_code", "kernels",
+              "compile_config")
 SIDE_KEYS = ("input_ids", "attention_mask", ALIGN_START, ALIGN_END)
 
 
-@dataclass
-class TeacherSpec:
-    """One teacher of a set: ``teacher`` a Hugging Face name or folder (or shipped name), or a causal LM module; the
-    other fields as ``VocAgnoLM``'s ``teacher_tokenizer``, ``teacher_dtype``, ``teacher_placement``, ``chunk_size``,
-    ``trust_remote_code``, ``teacher_kernels`` and ``teacher_compile_config``."""
-
-    name: str
-    teacher: str | nn.Module
-    tokenizer: Any = None
-    dtype: str = "bfloat16"
-    placement: str = "auto"
-    chunk_size: int = CHUNK_SIZE
-    trust_remote_code: bool = False
-    kernels: str = DEFAULT_KERNELS
-    compile_config: dict | None = None
-    _loaded: Any = field(default=None, init=False, repr=False, compare=False)  # the tokenizer, once loaded
-
-    def __post_init__(self):
-        if self.tokenizer is None and isinstance(self.teacher, str):
-            self.tokenizer = self.teacher  # a named teacher's folder has its tokenizer
-
-    def loaded_tokenizer(self):
-        """Its tokenizer, loaded (None for a module given without one); one that won't load names the teacher."""
-        if self.tokenizer is None:
-            return None
-        if self._loaded is not None:  # asked for by every check: a 151K vocabulary loads in a quarter of a second
-            return self._loaded
-        try:
-            self._loaded = as_tokenizer(self.tokenizer)
-            return self._loaded
-        except Exception as error:  # not a tokenizer's name or folder, a hub name offline, a broken file
-            message = str(error).strip().splitlines()[0] if str(error).strip() else error.__class__.__name__
-            raise ValueError(f"teacher {self.name!r}: cannot load its tokenizer {self.tokenizer!r}: {message}") from None
-
-    def required_tokenizer(self):
-        """Its tokenizer, loaded, where its tokens are made from the text: a module given without one is refused."""
-        if self.tokenizer is None:
-            raise ValueError(f"teachers.{self.name}: give its tokenizer (a teacher given as a module has none)")
-        return self.loaded_tokenizer()
-
-    def reads(self, metadata) -> bool:
-        """Whether this teacher's vocabulary is the one the shards' teacher tokens were made with."""
-        if self.tokenizer is None or metadata is None:
-            return False
-        return metadata.teacher.same_vocabulary(describe_tokenizer(self.loaded_tokenizer(), "teacher"))
-
-
-def teacher_specs(teachers: Mapping[str, Any]) -> list[TeacherSpec]:
-    """``teachers`` (a mapping name -> a teacher, or name -> a dict of ``TeacherSpec``'s fields) as specs, checked:
-    at least two, each name once and well-formed, known fields only."""
+def teachers_from(teachers: Mapping[str, Any]) -> list[Teacher]:
+    """``teachers`` (a mapping name -> a ``Teacher``, a dict of ``ENTRY_KEYS``, or a model) as ``Teacher`` s named
+    by their keys, checked: at least two, each name once and well-formed, known keys only."""
     if not isinstance(teachers, Mapping):
         raise ValueError(f"teachers must be a mapping of name -> teacher, got {type(teachers).__name__}")
     if len(teachers) < 2:
         raise ValueError(f"teachers names {len(teachers)} teacher(s): give one as teacher, several as teachers")
-    specs, seen = [], set()
+    made, seen = [], set()
     for name, value in teachers.items():
         check_teacher_name(name)
         if name.lower() in seen:  # a mapping can't repeat a key, but two spellings would collide in metric names
             raise ValueError(f"teachers: two teachers are named {name!r}")
         seen.add(name.lower())
+        if isinstance(value, Teacher):
+            made.append(replace_name(value, name))
+            continue
         fields = dict(value) if isinstance(value, Mapping) else {"teacher": value}
-        unknown = sorted(set(fields) - set(SPEC_KEYS))
+        unknown = sorted(set(fields) - set(ENTRY_KEYS))
         if unknown or fields.get("teacher") is None:
-            raise ValueError(f"teachers.{name}: needs teacher, may have {', '.join(SPEC_KEYS[1:])}"
+            raise ValueError(f"teachers.{name}: needs teacher, may have {', '.join(ENTRY_KEYS[1:])}"
                              + (f"; unknown: {', '.join(unknown)}" if unknown else ""))
-        specs.append(TeacherSpec(name, **{k: v for k, v in fields.items() if v is not None}))
-    return specs
+        model = fields.pop("teacher")
+        made.append(Teacher(model, name, **{k: v for k, v in fields.items() if v is not None}))
+    return made
+
+
+def replace_name(teacher: Teacher, name: str) -> Teacher:
+    """``teacher`` named ``name`` in a set (itself when it already is)."""
+    from dataclasses import replace
+
+    return teacher if teacher.name == name else replace(teacher, name=name)
+
+
+def reader_first(teachers: list[Teacher], metadata) -> list[Teacher]:
+    """``teachers`` with the first whose vocabulary is the shards' teacher vocabulary (``metadata``: it reads their
+    teacher tokens) first; refused when none is, or when several lack distinct names. As given where there is
+    nothing to choose by (one teacher, or no shards' metadata)."""
+    if len(teachers) == 1 or metadata is None:
+        return teachers
+    names = [t.name for t in teachers]
+    if None in names or len({n.lower() for n in names}) < len(names):
+        raise Refused(f"several teachers need distinct names, got {names}")
+    for i, each in enumerate(teachers):
+        if each.reads(metadata):
+            return [each, *teachers[:i], *teachers[i + 1:]]
+    named = ", ".join(f"{t.name} ({t.tokenizer_source})" if isinstance(t.tokenizer_source, str) else str(t.name)
+                      for t in teachers)
+    raise Refused(f"none of the teachers {named} reads the shards' teacher tokens (tokenizer "
+                  f"{metadata.teacher.name!r}): convert the corpus with one of their tokenizers")
 
 
 def made_side(side: TeacherSide, name: str, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -113,74 +93,12 @@ def made_side(side: TeacherSide, name: str, batch: dict[str, Any]) -> dict[str, 
         TEACHER_INPUT_IDS, TEACHER_ATTENTION_MASK, ALIGN_START, ALIGN_END))}
 
 
-def reading_teacher(specs: list[TeacherSpec], metadata) -> TeacherSpec | None:
-    """Of a set, the teacher that reads the shards' teacher side: the first whose vocabulary they were made with; a
-    set none of whose teachers reads them is refused. None where there is nothing to choose by (no shards' metadata)."""
-    if metadata is None:
-        return None
-    if len(specs) == 1:
-        return specs[0]
-    reads = [spec for spec in specs if spec.reads(metadata)]
-    if not reads:
-        names = ", ".join(f"{spec.name} ({spec.tokenizer})" for spec in specs)
-        raise ValueError(f"the shards' teacher tokens are {metadata.teacher.name!r}'s, and no teacher of the set reads "
-                         f"them ({names}): convert the corpus with one of their tokenizers")
-    return reads[0]
-
-
-def checked_teacher(spec: TeacherSpec, metadata):
-    """A set's other teacher as a ``TeacherScorer``, loaded and checked: it reads its own tokens (made from the text
-    with its tokenizer) at the length of the shards' rows (``metadata``, when there are shards)."""
-    from dataclasses import replace
-
-    from vocagno.teacher.model import TeacherScorer, check_teacher_reads, load_teacher
-
-    teacher = spec.teacher
-    if isinstance(teacher, str):
-        teacher = load_teacher(teacher, spec.dtype, spec.trust_remote_code)
-    if metadata is not None:
-        own = replace(metadata, teacher=describe_tokenizer(spec.required_tokenizer(), "teacher"))
-        try:
-            check_teacher_reads(teacher, own)
-        except ValueError as error:
-            raise ValueError(f"teacher {spec.name!r}: {error}") from None
-    return TeacherScorer(teacher, spec.chunk_size, spec.kernels, spec.compile_config)
-
-
-def teacher_label(teacher: str | nn.Module) -> str:
-    """A teacher as a run names it to its user: its name or folder, or what a model built from a config is."""
-    if isinstance(teacher, str):
-        return teacher
-    config = getattr(teacher, "config", None)
-    named = getattr(config, "_name_or_path", "") or getattr(config, "name_or_path", "")
-    if named:
-        return str(named)
-    return f"a random-init {getattr(config, 'model_type', type(teacher).__name__)} built from its config"
-
-
 def teacher_shares(names: list[str], counts: list[float]) -> dict[str, float]:
     """``vocagno/teacher_share/NAME``: per teacher (``names``, in the order of ``counts``: the kept mapped tokens whose
     reference each gave, then all the kept mapped ones), its share; with ``combine: mean`` every teacher that mapped a
     token gave it, so the shares may add up to more than 1."""
     *per_teacher, kept = counts
     return {f"vocagno/teacher_share/{name}": count / max(kept, 1) for name, count in zip(names, per_teacher)}
-
-
-def check_scored_by_teacher(teacher: str | nn.Module, by: dict, check: bool, losses: str) -> None:
-    """Refuse cached losses that ``by`` (a ``ShardMetadata.scored_by`` entry) says another teacher scored than
-    ``teacher`` (its name, or the module: its weights). ``losses`` begins the message (which losses, and "was"/"were");
-    with ``check`` false, only say who scored them."""
-    from vocagno.teacher.model import weights_fingerprint
-
-    if not check:
-        print(f"VocAgnoLM: {losses} scored by {by}; not checked (check_scored_by: false)", flush=True)
-    elif isinstance(teacher, str) and by["name"] != teacher:
-        raise ValueError(f"{losses} scored by {by['name']!r}, but the teacher is {teacher!r}: score them with this "
-                         "teacher, name the one that scored them, or set check_scored_by: false when the teacher's "
-                         "name is only a label")
-    elif isinstance(teacher, nn.Module) and by["fingerprint"] != weights_fingerprint(teacher):
-        raise ValueError(f"{losses} scored by {by['name']!r} (weights {by['fingerprint']}), but this run's teacher "
-                         f"has other weights ({weights_fingerprint(teacher)}): score them with this teacher")
 
 
 class WithOtherTeachers:
@@ -201,63 +119,89 @@ class WithOtherTeachers:
         return batch
 
 
-class OtherTeachers:
-    """The teachers of a set beside the one ``VocAgnoLM`` treats as its ``teacher``: their sides, their scorers
-    (online) or cached losses, and the names under which their shares are logged."""
+class Teachers:
+    """The teachers guiding one student: one, or a set. The ``reader`` reads the batch's own teacher side (chosen by
+    ``choose_reader``: the first whose vocabulary the shards' teacher tokens have); each of the ``others`` has its
+    side made from the student's tokens, its scorer (online) or its cached losses, and its share logged by name."""
 
-    def __init__(self, specs: list[TeacherSpec], cached: bool):
-        self.specs, self.cached = specs, cached
-        self.names = [spec.name for spec in specs]
-        self.scorers: dict[str, nn.Module] = {}
-        self.sides: dict[str, TeacherSide] = {}
-        self.seconds = dict.fromkeys(self.names, 0.0)  # each teacher's forward time in this step
+    def __init__(self, teachers: list[Teacher], cached: bool):
+        self.all, self.cached = list(teachers), cached
+        self.reader = self.all[0]
+        self.scorers: dict[str, nn.Module] = {}  # the others' scorers, placed
+        self.sides: dict[str, TeacherSide] = {}  # the others' sides
+        self.seconds: dict[str, float] = {}  # each other teacher's forward time in this step
+
+    @property
+    def others(self) -> list[Teacher]:
+        return [each for each in self.all if each is not self.reader]
+
+    @property
+    def other_names(self) -> list[str]:
+        return [each.name for each in self.others]
+
+    @property
+    def names(self) -> list[str]:
+        """Every teacher's name in metrics, the reader's first (``teacher`` for a teacher alone)."""
+        return [self.reader.name or "teacher", *self.other_names]
+
+    def choose_reader(self, metadata) -> bool:
+        """Make the first teacher that reads the shards' teacher side (``reader_first``) the reader; whether it
+        changed (another fit may keep what an earlier one built)."""
+        reader = reader_first(self.all, metadata)[0]
+        changed, self.reader = reader is not self.reader, reader
+        return changed
 
     def make_sides(self, student_tokenizer) -> dict[str, TeacherSide]:
         """Each other teacher's ``TeacherSide`` (online only: cached losses come with their alignment)."""
-        if self.cached or self.sides or not self.specs:  # a single teacher has no others to make
+        if self.cached:
             return self.sides
-        if student_tokenizer is None:
+        missing = [each for each in self.others if each.name not in self.sides]
+        if missing and student_tokenizer is None:
             raise ValueError("VocAgnoLM makes the other teachers' tokens from the text of the student's: give it "
                              "student_tokenizer (or a HuggingFaceModel with its tokenizer)")
-        for spec in self.specs:
-            self.sides[spec.name] = TeacherSide(as_tokenizer(student_tokenizer), spec.required_tokenizer())
-        return self.sides
+        for each in missing:
+            self.sides[each.name] = each.side(student_tokenizer)
+        return {name: self.sides[name] for name in self.other_names}
 
     def add_sides(self, batch: dict[str, Any], student_tokenizer) -> None:
         """The other teachers' sides, where the loader's workers did not make them."""
-        if self.cached:
+        if self.cached or not self.others:
             return
         for name, side in self.make_sides(student_tokenizer).items():
             if teacher_key(name, "input_ids") not in batch:
                 batch.update({k: v.to(batch["input_ids"].device) for k, v in made_side(side, name, batch).items()})
 
-    def build(self, load, place) -> None:
-        """Each other teacher's scorer: ``load(spec)`` builds it (checked), ``place(scorer, spec)`` places it."""
-        if not self.cached and not self.scorers:
-            for spec in self.specs:
-                self.scorers[spec.name] = place(load(spec), spec)
+    def build(self, metadata, place) -> None:
+        """Each other teacher's scorer, checked against the shards (``metadata``: it reads its own tokens, made from
+        their text) and placed by ``place(scorer, teacher)``."""
+        if self.cached:
+            return
+        for each in self.others:
+            if each.name not in self.scorers:
+                each.check_reads(metadata, own_tokens=True)
+                self.scorers[each.name] = place(each.scorer(), each)
 
     def check_cached(self, metadata, check_scored_by: bool) -> None:
         """Refuse shards (``metadata``: their ``ShardMetadata``) that lack an other teacher's cached losses, or hold
         another teacher's under its name, naming the teacher."""
         scored = getattr(metadata, "also_scored_by", None) or {}
-        for spec in self.specs:
-            by = scored.get(spec.name)
+        for each in self.others:
+            by = scored.get(each.name)
             if by is None:
                 raise ValueError(f"teacher_losses: cached, but the training shards carry no losses of teacher "
-                                 f"{spec.name!r}: score them with it (python -m vocagno.score ... --name {spec.name})")
-            wanted = describe_tokenizer(spec.loaded_tokenizer(), "teacher") if spec.tokenizer else None
+                                 f"{each.name!r}: score them with it (python -m vocagno.score ... --name {each.name})")
+            wanted = each.tokenizer_info() if each.tokenizer_source is not None else None
             if wanted is not None and by["tokenizer"]["fingerprint"] != wanted.fingerprint:
-                raise ValueError(f"teacher {spec.name!r}: the shards' {loss_column(spec.name)} was scored with the "
+                raise ValueError(f"teacher {each.name!r}: the shards' {loss_column(each.name)} was scored with the "
                                  f"tokenizer {by['tokenizer']['name']!r}, but this run's is {wanted.name!r}: its tokens "
                                  "and alignment would differ; score them with this tokenizer")
-            check_scored_by_teacher(spec.teacher, by, check_scored_by,
-                                    f"teacher {spec.name!r}: the shards' {loss_column(spec.name)} was")
+            each.check_scored_by(by, check_scored_by,
+                                 f"teacher {each.name!r}: the shards' {loss_column(each.name)} was")
 
     def losses(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Each other teacher's token losses ``[B, M_t]`` of ``batch``: its forward, or its cached losses."""
         out = {}
-        for name in self.names:
+        for name in self.other_names:
             if self.cached:
                 key = teacher_key(name, TEACHER_LOSS)
                 if key not in batch:
@@ -270,5 +214,11 @@ class OtherTeachers:
                                            batch[teacher_key(name, "attention_mask")])
             if out[name].is_cuda:
                 torch.cuda.synchronize()  # so that the time is the teacher's forward, not its launch
-            self.seconds[name] += time.perf_counter() - begin
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - begin
         return out
+
+    def take_seconds(self) -> dict[str, float]:
+        """The others' forward seconds of this step, each (0 for none); the count starts again."""
+        seconds = {name: self.seconds.get(name, 0.0) for name in self.other_names}
+        self.seconds = {}
+        return seconds

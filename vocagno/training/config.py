@@ -17,11 +17,10 @@ from omegaconf import DictConfig
 from omegaconf import OmegaConf as om
 
 from vocagno.core.kernels import DEFAULT_KERNELS, KERNELS, check_on_gpu, check_speed
-from vocagno.core.loss import CHUNK_SIZE
 from vocagno.errors import Refused
 
 __all__ = ["SCHEMA", "load_config", "build_causal_lm", "check_names", "keyword_names", "plain", "speed_options",
-           "scoring_teacher", "scoring_teachers"]
+           "section_teacher", "scoring_teacher", "scoring_teachers"]
 
 # The keys a yaml may hold; a nested dict names the keys of that section, None leaves a section free-form.
 MODEL_KEYS = {"name_or_path": None, "config": None, "dtype": None, "trust_remote_code": None, "tokenizer": None,
@@ -35,7 +34,7 @@ SCHEMA: dict[str, Any] = {
     "tokenizer": {"name": None},
     "model": MODEL_KEYS,
     "teacher": {**MODEL_KEYS, "placement": None, "chunk_size": None, "compile_config": None},
-    "teachers": None,  # several teachers: NAME -> teacher:'s keys (checked by train.py's teacher_spec)
+    "teachers": None,  # several teachers: NAME -> teacher:'s keys (checked by train.py's set_of_teachers)
     "train_loader": LOADER_KEYS,
     "eval_loader": LOADER_KEYS,
     "optimizer": {"name": None, "lr": None, "betas": None, "eps": None, "weight_decay": None},
@@ -303,45 +302,50 @@ def speed_options(section: DictConfig) -> tuple[str, dict | None]:
     return section.get("kernels") or DEFAULT_KERNELS, plain(section.get("compile_config"))
 
 
-def scoring_teacher(cfg: DictConfig, source: str, set_name: str | None = None, device: str | None = None):
+def section_teacher(section: DictConfig, tokenizer: Any, seed: int | None, name: str | None = None,
+                    label: str = ""):
+    """A yaml's ``teacher:`` section (or a ``teachers:`` entry, ``name``) as a ``vocagno.teacher.teacher.Teacher``:
+    one given by ``name_or_path`` is loaded by the ``Teacher`` when first needed; a config-built one is built here,
+    its random weights a function of the section and ``seed`` (the scoring pass builds the very teacher a run of the
+    same yaml builds). ``tokenizer``: its tokenizer, loaded."""
+    from vocagno.teacher.teacher import Teacher
+
+    kernels, compile_config = speed_options(section)
+    pretrained = bool(section.get("name_or_path"))
+    model = section.name_or_path if pretrained else build_causal_lm(section, len(tokenizer), seed)
+    return Teacher(model, name, tokenizer, section.get("dtype") or "bfloat16", section.get("placement") or "auto",
+                   section.get("chunk_size"), section.get("trust_remote_code", False), kernels, compile_config, label)
+
+
+def scoring_teacher(cfg: DictConfig, source: str, name: str | None = None, device: str | None = None):
     """The scoring pass's ``Teacher`` of a loaded training config's ``teacher:`` section (or of its ``teachers:``,
-    ``set_name``'s), built as ``train.py`` builds it: a config-built (random) one gets the same weights from the
-    config's seed. Named by its ``name_or_path``, or else by ``source`` (the yaml). Its speed options are checked
-    (against ``device``, when given) before it loads."""
+    ``name``'s), as ``train.py`` builds it (``section_teacher``). A config-built one is labelled by ``source``
+    (the yaml). Its speed options are checked (against ``device``, when given) before it loads."""
     from vocagno.core.tokenization import load_tokenizer
     from vocagno.data.shards import check_teacher_name
-    from vocagno.teacher.model import load_teacher
-    from vocagno.teacher.scoring import Teacher
 
     where, section = "teacher", cfg.get("teacher")
     if cfg.get("teachers") is not None:
-        if set_name not in cfg.teachers:
+        if name not in cfg.teachers:
             raise Refused(f"{source} has teachers: {', '.join(cfg.teachers)}: name the one to score "
-                          "(--name)" if set_name is None else f"{source} has no teachers.{set_name}")
-        where, section = f"teachers.{set_name}", cfg.teachers[set_name]
+                          "(--name)" if name is None else f"{source} has no teachers.{name}")
+        where, section = f"teachers.{name}", cfg.teachers[name]
     if section is None:
         raise Refused(f"{source} has no teacher: section")
-    if set_name is not None:  # a yaml's key becomes a column and a folder name
+    if name is not None:  # a yaml's key becomes a column and a folder name
         try:
-            check_teacher_name(set_name)
+            check_teacher_name(name)
         except ValueError as error:
             raise Refused(f"{source}: {error}") from None
         if not section.get("tokenizer"):  # which of the set reads the shards' tokens depends on it
-            raise Refused(f"{source}: teachers.{set_name} needs its tokenizer")
-    chunk_size = section.get("chunk_size") or CHUNK_SIZE
-    tokenizer = section.get("tokenizer")
+            raise Refused(f"{source}: teachers.{name} needs its tokenizer")
     kernels, compile_config = speed_options(section)
-    speed = {"kernels": kernels, "compile_config": compile_config}
     check_speed(kernels, compile_config, section.get("chunk_size"), f"{source}: {where}")
     if device is not None:
         check_on_gpu(kernels, device, f"{source}: {where}.kernels")
-    if section.get("name_or_path"):  # loaded as VocAgnoLM loads a teacher it is given by name
-        dtype = section.get("dtype") or "bfloat16"
-        model = load_teacher(section.name_or_path, dtype, section.get("trust_remote_code", False))
-        return Teacher(model, section.name_or_path, dtype, chunk_size, tokenizer, set_name, **speed)
-    model = build_causal_lm(section, len(load_tokenizer(tokenizer)), cfg.seed)
-    name = f"{source}: {where} (config, seed {cfg.seed})"
-    return Teacher(model, name, section.get("dtype") or "float32", chunk_size, tokenizer, set_name, **speed)
+    tokenizer = section.get("tokenizer") or section.get("name_or_path")
+    label = "" if section.get("name_or_path") else f"{source}: {where} (config, seed {cfg.seed})"
+    return section_teacher(section, load_tokenizer(tokenizer), cfg.seed, name, label)
 
 
 def scoring_teachers(cfg: DictConfig, source: str):

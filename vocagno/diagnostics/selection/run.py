@@ -19,11 +19,12 @@ from vocagno.data.shards import COLUMNS, SHARD_HASH, ShardMetadata, align_column
 from vocagno.doors.writing import make_readable, publish, remove, staging
 from vocagno.data.batch import TEACHER_LOSS
 from vocagno.teacher.scoring import BATCH_TOKENS
+from vocagno.teacher.several import reader_first
 from vocagno.diagnostics.selection.settings import Settings
 from vocagno.diagnostics.selection.report import Report
 from vocagno.diagnostics.selection.measure import measure, student_losses
 
-__all__ = ["read_scored", "reader_first", "run", "same_sources", "sample_rows", "write_rows"]
+__all__ = ["read_scored", "run", "same_sources", "sample_rows", "write_rows"]
 
 
 # --------------------------------------------------------------------------------------------------- the command
@@ -91,8 +92,8 @@ def run(shards: str | dict[str, str], teacher, settings: Settings, *, student: t
         samples: int = 64, canaries: float = 0.5, noise: tuple[str, ...] = tuple(NOISE), seed: int = 0,
         device: str = "cpu", work: str | None = None, batch_tokens: int = BATCH_TOKENS, rank: int = 0, world: int = 1,
         page_rows: int = 12, combine: str = COMBINE) -> Report | None:
-    """Measure what ``teacher`` (a ``vocagno.teacher.scoring.Teacher``, or a list of several, each with its
-    ``set_name``, selecting on their ``combine``) keeps of ``shards`` with canaries; None on ranks other than 0 (rank 0
+    """Measure what ``teacher`` (a ``vocagno.teacher.teacher.Teacher``, or a list of several, each with its
+    ``name``, selecting on their ``combine``) keeps of ``shards`` with canaries; None on ranks other than 0 (rank 0
     waits for the others' scores and reports). ``work`` holds the rows and their scores; unset, a temporary folder (one
     process only). Several teachers score as ``vocagno.score`` does: the first whose vocabulary is the shards' teacher
     vocabulary into ``teacher_loss`` (``work/teacher``), each other one the previous output under its name
@@ -124,9 +125,9 @@ def run(shards: str | dict[str, str], teacher, settings: Settings, *, student: t
         where = {name: str(folder.resolve()) for name, folder in sources.items()}
         wanted = {"shards": next(iter(where.values())) if len(where) == 1 else where, "samples": samples,
                   "canaries": canaries,
-                  "noise": list(noise), "seed": seed, "teacher": teachers[0].scored_by}
+                  "noise": list(noise), "seed": seed, "teacher": teachers[0].scored_by()}
         if len(teachers) > 1:
-            wanted["teachers"] = {t.set_name: t.scored_by for t in teachers}
+            wanted["teachers"] = {t.name: t.scored_by() for t in teachers}
         check_or_write_settings(Output(str(folder), None), "selection.json", wanted, "selection run", "--work")
         parts = []
         for name, source in sources.items():  # each source as a run on it alone draws, mixes and packs it
@@ -145,7 +146,7 @@ def run(shards: str | dict[str, str], teacher, settings: Settings, *, student: t
         for i, each in enumerate(teachers):  # each teacher of a set scores the previous one's output
             if i:
                 _wait_for(folder / scored_into / "index.json")  # published by the rank that finished it last
-                previous, scored_into = scored_into, f"{scored_into}+{each.set_name}"
+                previous, scored_into = scored_into, f"{scored_into}+{each.name}"
             score(str(folder / previous), Output(str(folder / scored_into), None), each, device, batch_tokens,
                   rank, world)
         untrained = teachers[0].at_initialization(seed)
@@ -164,9 +165,9 @@ def run(shards: str | dict[str, str], teacher, settings: Settings, *, student: t
         losses = {"teacher": rows[TEACHER_LOSS],
                   "untrained_teacher": collate(scored["untrained"])[TEACHER_LOSS]}
         student_loss = student_losses(rows, student, metadata.student.vocab_size, 16, device)
-        several = [t.set_name for t in teachers] if len(teachers) > 1 else []
-        names = {"teacher": " + ".join(f"{t.set_name} ({t.scored_by['name']})" for t in teachers) + f", {combine}"
-                 if several else teachers[0].scored_by["name"],
+        several = [t.name for t in teachers] if len(teachers) > 1 else []
+        names = {"teacher": " + ".join(f"{t.name} ({t.label})" for t in teachers) + f", {combine}"
+                 if several else teachers[0].label,
                  "student": student_name or f"at initialization (ln {metadata.student.vocab_size:,} per token)"}
         report = measure(rows, made, losses, student_loss, settings, seed, names, page_rows,
                          student_tok.convert_ids_to_tokens, several, combine,
@@ -215,21 +216,6 @@ def _interleave(parts: list[Canaries]) -> tuple[Canaries, list[int]]:
             made.kind.append(np.where(kind >= 0, renumber[np.maximum(kind, 0)], -1).astype(kind.dtype))
             source_of.append(s)
     return made, source_of
-
-
-def reader_first(teachers: list, metadata: ShardMetadata) -> list:
-    """``teachers`` with the first whose vocabulary is the shards' teacher vocabulary (it scores their teacher
-    tokens) first; refused when none is, or when several lack distinct names."""
-    if len(teachers) == 1:
-        return teachers
-    names = [t.set_name for t in teachers]
-    if None in names or len({n.lower() for n in names}) < len(names):
-        raise Refused(f"several teachers need distinct names, got {names}")
-    for i, each in enumerate(teachers):
-        if each.tokenizer is None or metadata.teacher.same_vocabulary(each.tokenizer_info()):
-            return [each, *teachers[:i], *teachers[i + 1:]]
-    raise Refused(f"none of the teachers {', '.join(names)} reads the shards' teacher tokens (tokenizer "
-                  f"{metadata.teacher.name!r}): one of the set must have that vocabulary")
 
 
 def _wait_for(path: Path, timeout: float = 3600) -> None:

@@ -1,0 +1,103 @@
+"""One teacher concept (``vocagno.teacher.teacher.Teacher``) serves training, the scoring pass and the report: what it
+reads, where its losses go, what it records, on the shipped tokenizers and the shipped tiny teacher."""
+
+import pytest
+import torch
+from omegaconf import OmegaConf as om
+
+from vocagno.algorithms.baselines import KLD
+from vocagno.algorithms.vocagno_lm import VocAgnoLM
+from vocagno.core.loss import CHUNK_SIZE
+from vocagno.data.shards import ShardMetadata, describe_tokenizer
+from vocagno.errors import Refused
+from vocagno.teacher.several import Teachers, reader_first, teachers_from
+from vocagno.teacher.teacher import Teacher
+from vocagno.training.config import section_teacher
+
+TINY = {"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 128}
+
+
+@pytest.fixture(scope="module")
+def metadata(tokenizers):
+    """Shards of llama2 student tokens and mistral teacher tokens (as the converter records them)."""
+    return ShardMetadata(describe_tokenizer(tokenizers["llama2"], "student"),
+                         describe_tokenizer(tokenizers["mistral"], "teacher"), seq_len=64)
+
+
+def qwen(tokenizers, **fields):
+    return section_teacher(om.create({"config": TINY, "dtype": "float32"}), tokenizers["qwen2.5"], 0, **fields)
+
+
+def test_a_named_teacher_takes_its_folders_tokenizer_and_a_module_none(tokenizers, metadata):
+    named = Teacher("tiny-math-teacher")
+    assert named.tokenizer_source == "tiny-math-teacher" and named.label == "tiny-math-teacher"
+    assert named.reads(metadata)  # the shipped teacher has the mistral vocabulary
+    module = Teacher(qwen(tokenizers).model)
+    assert module.tokenizer_source is None and not module.reads(metadata)
+    assert module.label.startswith("a random-init qwen2")
+    with pytest.raises(ValueError, match="teacher_tokenizer: give its tokenizer"):
+        module.side(tokenizers["llama2"])
+
+
+def test_where_the_scoring_pass_puts_a_teachers_losses(tokenizers, metadata):
+    """Alone and given no tokenizer, a teacher scores the shards' own teacher tokens; in a set, under its name; a
+    teacher alone of another vocabulary, or a second teacher alone, is refused in one line."""
+    assert Teacher(qwen(tokenizers).model).column(metadata, "S") is None
+    assert qwen(tokenizers, name="qwen").column(metadata, "S") == "qwen"
+    with pytest.raises(Refused, match="S holds 'mistral'.s teacher tokens, not this teacher's: .*--name NAME"):
+        qwen(tokenizers).column(metadata, "S")
+    scored = ShardMetadata(metadata.student, metadata.teacher, 64, scored_by={"name": "m"},
+                           also_scored_by={"qwen": {"name": "q"}})
+    with pytest.raises(Refused, match=r"S is already scored \(by m\)"):
+        Teacher("tiny-math-teacher").column(scored, "S")
+    with pytest.raises(Refused, match="already scored by a teacher named 'qwen' \\(q\\)"):
+        qwen(tokenizers, name="qwen").column(scored, "S")
+
+
+def test_what_shards_record_of_a_teacher_is_its_weights_dtype_and_label(tokenizers):
+    teacher = qwen(tokenizers, label="tiny.yaml: teacher (config, seed 0)")
+    assert teacher.dtype == "float32"
+    recorded = teacher.scored_by()
+    assert recorded["name"] == "tiny.yaml: teacher (config, seed 0)" and recorded["dtype"] == "float32"
+    half = Teacher(qwen(tokenizers).model.to(torch.bfloat16))  # the dtype its weights have, whatever it was told
+    assert half.dtype == "bfloat16" and half.scored_by()["dtype"] == "bfloat16"
+    assert Teacher(qwen(tokenizers).model.half(), dtype="bfloat16").scored_by()["dtype"] == "float16"
+    control = teacher.at_initialization(3)
+    assert control.label.endswith("at initialization (seed 3)") and control.tokenizer is teacher.tokenizer
+    assert control.scored_by()["fingerprint"] != recorded["fingerprint"]
+    assert teacher.scored_by()["fingerprint"] == recorded["fingerprint"]  # the teacher itself is left as it was
+
+
+def test_a_chunk_size_given_beside_liger_is_refused_even_the_default_one(tokenizers):
+    """A chunk size given is a setting, whatever its value: Liger's kernels choose their own chunks."""
+    model = qwen(tokenizers).model
+    with pytest.raises(ValueError, match="chunk_size is PyTorch's kernels' own"):
+        VocAgnoLM(teacher=model, teacher_kernels="liger", chunk_size=CHUNK_SIZE)
+    with pytest.raises(ValueError, match="chunk_size is PyTorch's kernels' own"):
+        Teacher(model, kernels="liger", chunk_size=CHUNK_SIZE).check_options()
+    assert Teacher(model).scorer().chunk_size == CHUNK_SIZE  # unset: the default of PyTorch's kernels
+
+
+def test_the_algorithm_takes_a_teacher_and_refuses_options_beside_it(tokenizers):
+    teacher = qwen(tokenizers)
+    algorithm = VocAgnoLM(teacher=teacher)
+    assert algorithm.teacher is teacher and algorithm.teachers.names == ["teacher"]
+    with pytest.raises(ValueError, match="teacher_dtype is a Teacher's option: give it to the Teacher"):
+        VocAgnoLM(teacher=teacher, teacher_dtype="float32")
+    with pytest.raises(ValueError, match="chunk_size is a single teacher's option: give it in each teachers: entry"):
+        VocAgnoLM(teachers={"a": "tiny-math-teacher", "b": teacher}, chunk_size=512)
+    assert KLD(teacher="tiny-math-teacher").teacher_tokenizer == "tiny-math-teacher"
+
+
+def test_a_set_names_its_teachers_and_reads_with_the_first_of_the_shards_vocabulary(tokenizers, metadata):
+    made = teachers_from({"qwen": qwen(tokenizers), "math": {"teacher": "tiny-math-teacher", "chunk_size": 512}})
+    assert [t.name for t in made] == ["qwen", "math"] and made[1].chunk_size == 512
+    assert [t.name for t in reader_first(made, metadata)] == ["math", "qwen"]
+    teachers = Teachers(made, cached=False)
+    assert teachers.choose_reader(metadata) and teachers.names == ["math", "qwen"]
+    assert not teachers.choose_reader(metadata) and teachers.other_names == ["qwen"]
+    with pytest.raises(Refused, match=r"none of the teachers qwen, q2 reads the shards' teacher tokens"):
+        reader_first([made[0], qwen(tokenizers, name="q2")], metadata)
+    with pytest.raises(ValueError, match="teachers.x: needs teacher, may have tokenizer, .*; unknown: tokeniser"):
+        teachers_from({"x": {"teacher": "tiny-math-teacher", "tokeniser": "qwen2.5"}, "y": "tiny-math-teacher"})
