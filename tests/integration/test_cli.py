@@ -1,18 +1,22 @@
-"""python -m vocagno.align, as a user runs it."""
+"""python -m vocagno.align, as a user runs it (its ``main``, in this process)."""
 
-import subprocess
-import sys
+import pytest
+from helpers import command
 
-
-def run_align(*args):
-    result = subprocess.run(
-        [sys.executable, "-m", "vocagno.align", *args], capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+from vocagno import align
 
 
-def test_align_command_prints_tokens_unmapped_and_overlap():
+@pytest.fixture
+def run_align(capsys):
+    def run(*args):
+        result = command(align.main, args, capsys)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    return run
+
+
+def test_align_command_prints_tokens_unmapped_and_overlap(run_align):
     out = run_align("--student", "llama2", "--teacher", "qwen2.5", "--text", "Cafe\u0301 costs $3/4 ∫x²dx")
     lines = out.splitlines()
     assert any("'▁costs'" in line and "Ġcosts" in line and "1.00  1.00" in line for line in lines)
@@ -23,7 +27,7 @@ def test_align_command_prints_tokens_unmapped_and_overlap():
     assert "vocabulary overlap: 9,587 / 151,643 = 6.32%" in out
 
 
-def test_align_command_reads_a_file(tmp_path):
+def test_align_command_reads_a_file(tmp_path, run_align):
     path = tmp_path / "a.txt"
     path.write_text("Natalia sold 48/2 = 24 clips in May.\n", encoding="utf-8")
     out = run_align("--student", "deepseek-llm", "--teacher", "mistral", "--file", str(path), "--no-special-tokens",
@@ -35,9 +39,6 @@ def test_align_command_reads_a_file(tmp_path):
     assert "IoS = 1 for" in out
 
 
-def test_align_command_needs_text():
-    result = subprocess.run(
-        [sys.executable, "-m", "vocagno.align", "--student", "llama2", "--teacher", "qwen2.5"],
-        capture_output=True, text=True, timeout=120,
-    )
+def test_align_command_needs_text(capsys):
+    result = command(align.main, ["--student", "llama2", "--teacher", "qwen2.5"], capsys)
     assert result.returncode == 2 and "one of the arguments --text --file is required" in result.stderr

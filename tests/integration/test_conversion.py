@@ -15,10 +15,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from at_once import open_dataset, read_metadata_of, run_at_once, write_many
-from helpers import assert_group_gone
+from helpers import assert_group_gone, command
 
 from conversion import convert_dataset
 from conversion.sources import TextOf, hub_sources
+from vocagno import inspect as inspect_command
 from vocagno.errors import Refused
 from vocagno.core.alignment import align
 from vocagno.data.dataset import TeacherGuidedCollator, TeacherGuidedDataset
@@ -338,10 +339,10 @@ def test_nasty_documents_are_all_accounted_for(tmp_path, monkeypatch):
     assert "Caf\ufffd in Latin-1" in texts and "surrogate \ufffd here, and a pair \U0001f600" in texts
 
 
-def test_inspect_shows_a_sample_and_the_corpus(sample_shards, tmp_path):
+def test_inspect_shows_a_sample_and_the_corpus(sample_shards, tmp_path, capsys):
     page = tmp_path / "sample.html"
-    result = forked.run([sys.executable, "-m", "vocagno.inspect", "--shards", str(sample_shards), "--index", "3",
-                         "--html", str(page), "--max-samples", "50", "--rows", "5"], timeout=300)
+    result = command(inspect_command.main, ["--shards", sample_shards, "--index", "3", "--html", page,
+                                            "--max-samples", "50", "--rows", "5"], capsys)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert f"samples of {SEQ_LEN} student tokens" in out and "sample 3:" in out
@@ -457,7 +458,7 @@ def test_special_token_strings_in_documents_stay_text_and_are_counted(tmp_path, 
     assert ids[0] == 1 and 2 not in ids and (offsets[1:, 0] < offsets[1:, 1]).all()
 
 
-def test_inspect_html_escapes_markup_in_documents(tmp_path):
+def test_inspect_html_escapes_markup_in_documents(tmp_path, capsys):
     doc = "Comment <!--<script>alert(1)</script> and </script><b>bold</b> & more"
     root = tmp_path / "shards"
     assert convert_dataset.main(["--input", str(small_corpus(tmp_path / "docs.jsonl", [doc] * 4)), *BASE_ARGS[:4],
@@ -465,8 +466,7 @@ def test_inspect_html_escapes_markup_in_documents(tmp_path):
     samples = read_samples(root, tmp_path)
     index = next(i for i, sample in enumerate(samples) if "<!--<script>" in sample["text"])
     page = tmp_path / "sample.html"
-    result = forked.run([sys.executable, "-m", "vocagno.inspect", "--shards", str(root), "--index", str(index),
-                         "--html", str(page)], timeout=300)
+    result = command(inspect_command.main, ["--shards", root, "--index", index, "--html", page], capsys)
     assert result.returncode == 0, result.stderr
     html = page.read_text(encoding="utf-8")
     script = html.split("<script>", 1)[1].split("</script>", 1)[0]

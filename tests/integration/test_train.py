@@ -317,7 +317,7 @@ def test_every_yaml_loads_and_validates(yaml):
     cfg = train.load_config(str(yaml), [])
     if cfg.get("teachers") is not None:  # several teachers: one VocAgnoLM with the set, in the yaml's order
         [algorithm] = train.build_algorithms(cfg, teacher_tok=None)
-        assert isinstance(algorithm, VocAgnoLM) and [spec.name for spec in algorithm.specs] == list(cfg.teachers)
+        assert isinstance(algorithm, VocAgnoLM) and [each.name for each in algorithm.teachers.all] == list(cfg.teachers)
     elif cfg.get("teacher") is not None:
         algorithms = train.build_algorithms(cfg, teacher_tok=None) if cfg.teacher.get("name_or_path") else []
         assert all(isinstance(a, (VocAgnoLM, ULD, KLD)) for a in algorithms)

@@ -130,3 +130,12 @@ def ends(main, argv) -> int:
         run(lambda: main(argv))
     except SystemExit as exit:
         return exit.code
+
+
+def command(main, argv, capsys) -> subprocess.CompletedProcess:
+    """``python -m X ARGV`` in this process, where the process boundary is not what a test is about: ``main(argv)``
+    ended as its command line ends it (``ends``), with what it printed (``capsys``, emptied first)."""
+    capsys.readouterr()
+    code = ends(main, [str(arg) for arg in argv])
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, code, out, err)

@@ -1,10 +1,18 @@
-"""python -m vocagno.report on evaluation folders as vocagno.eval writes them."""
+"""python -m vocagno.report on evaluation folders as vocagno.eval writes them (its ``main``, in this process)."""
 
 import json
-import subprocess
-import sys
 
+import pytest
+from helpers import command
+
+from vocagno import report as report_command
 from vocagno.eval.benchmarks import BENCHMARKS
+
+
+@pytest.fixture
+def report(capsys):
+    """``python -m vocagno.report ARGUMENTS``: its exit code and what it printed."""
+    return lambda *arguments: command(report_command.main, arguments, capsys)
 
 
 def eval_folder(root, name, accuracy):
@@ -14,11 +22,10 @@ def eval_folder(root, name, accuracy):
     return folder
 
 
-def test_the_report_prints_the_table_with_gains_over_cpt_and_plots_a_sweep(tmp_path):
+def test_the_report_prints_the_table_with_gains_over_cpt_and_plots_a_sweep(tmp_path, report):
     runs = [eval_folder(tmp_path, "cpt", 10.0), eval_folder(tmp_path, "qwen-topk20", 13.0),
             eval_folder(tmp_path, "qwen-topk40", 14.6)]
-    out = subprocess.run([sys.executable, "-m", "vocagno.report", *map(str, runs), "--plot", str(tmp_path / "k.png")],
-                         capture_output=True, text=True, timeout=120)
+    out = report(*runs, "--plot", tmp_path / "k.png")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].startswith("| run | GSM8K | MATH | SVAMP |") and lines[0].endswith("| AVG | vs cpt |")
@@ -28,7 +35,7 @@ def test_the_report_prints_the_table_with_gains_over_cpt_and_plots_a_sweep(tmp_p
     assert (tmp_path / "k.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_a_run_with_partial_scores_is_marked_in_the_table_and_warned_of(tmp_path):
+def test_a_run_with_partial_scores_is_marked_in_the_table_and_warned_of(tmp_path, report):
     """vocagno.eval's results.json names the scores made with --limit (or a short generation, or overlong prompts):
     the report marks them, and says why, rather than compare them with whole ones."""
     cpt = eval_folder(tmp_path, "cpt", 10.0)
@@ -44,12 +51,7 @@ def test_a_run_with_partial_scores_is_marked_in_the_table_and_warned_of(tmp_path
             in out.stderr)
 
 
-def report(*arguments):
-    return subprocess.run([sys.executable, "-m", "vocagno.report", *map(str, arguments)], capture_output=True,
-                          text=True, timeout=120)
-
-
-def test_runs_in_folders_of_the_same_name_stay_apart_named_by_their_path_below_the_common_folder(tmp_path):
+def test_runs_in_folders_of_the_same_name_stay_apart_named_by_their_path_below_the_common_folder(tmp_path, report):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     runs = [eval_folder(tmp_path / "a", "cpt", 10.0), eval_folder(tmp_path / "a", "qwen-topk40", 14.6),
@@ -64,7 +66,7 @@ def test_runs_in_folders_of_the_same_name_stay_apart_named_by_their_path_below_t
     assert "two or more runs are named *cpt* (a/cpt, b/cpt): choose one with --baseline" in out.stderr
 
 
-def test_the_plot_places_each_run_at_the_number_after_the_x_key_in_its_name(tmp_path):
+def test_the_plot_places_each_run_at_the_number_after_the_x_key_in_its_name(tmp_path, report):
     runs = [eval_folder(tmp_path, "cpt", 10.0), eval_folder(tmp_path, "qwen2.5-topk40-seed1", 14.6),
             eval_folder(tmp_path, "qwen2.5-topk20-seed1", 13.0), eval_folder(tmp_path, "chunk16-seed2", 12.0)]
     out = report(*runs, "--plot", tmp_path / "k.png")
@@ -77,10 +79,9 @@ def test_the_plot_places_each_run_at_the_number_after_the_x_key_in_its_name(tmp_
         f"wrote {tmp_path / 'c.png'}: x is the number after 'chunk' in each run's name: chunk16-seed2 at 16; ")
 
 
-def test_a_folder_without_results_is_named(tmp_path):
+def test_a_folder_without_results_is_named(tmp_path, report):
     (tmp_path / "empty").mkdir()
-    out = subprocess.run([sys.executable, "-m", "vocagno.report", str(tmp_path / "empty")], capture_output=True,
-                         text=True, timeout=120)
+    out = report(tmp_path / "empty")
     assert out.returncode != 0 and "results.json is missing" in out.stderr
 
 

@@ -2,9 +2,9 @@
 run starts with the longest file, and a partial or failed run writes nothing."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
+
+pytest_plugins = ["pytester"]  # a pytest session of its own, in this process
 
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
 CONFTEST = f"""
@@ -16,13 +16,13 @@ globals().update(Schedule(Path(__file__).resolve().parent / "durations.json").ho
 """
 
 
-def pytest_in(folder: Path, *args: str) -> list[str]:
-    done = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "no:randomly",
-                           *args], cwd=folder, capture_output=True, text=True, timeout=120)
-    return [line.split("::")[0] for line in done.stdout.splitlines() if "::" in line and "PASSED" in line]
+def pytest_in(pytester, *args: str) -> list[str]:
+    done = pytester.runpytest_inprocess("-v", "-p", "no:cacheprovider", "-p", "no:randomly", "-p", "no:xdist", *args)
+    return [line.split("::")[0] for line in done.outlines if "::" in line and "PASSED" in line]
 
 
-def test_the_longest_file_runs_first_once_a_whole_run_measured_it(tmp_path):
+def test_the_longest_file_runs_first_once_a_whole_run_measured_it(pytester):
+    tmp_path = pytester.path
     (tmp_path / "pyproject.toml").write_text('[tool.pytest.ini_options]\ntestpaths = ["tests"]\n')
     tests = tmp_path / "tests"
     (tests / "unit").mkdir(parents=True)
@@ -30,20 +30,21 @@ def test_the_longest_file_runs_first_once_a_whole_run_measured_it(tmp_path):
     (tests / "unit" / "test_a_quick.py").write_text("def test_quick():\n    pass\n")
     (tests / "unit" / "test_b_slow.py").write_text("import time\n\ndef test_slow():\n    time.sleep(1.2)\n")
     durations = tests / "durations.json"
-    assert pytest_in(tmp_path, "-k", "quick") == ["tests/unit/test_a_quick.py"] and not durations.exists()  # partial
-    assert pytest_in(tmp_path) == ["tests/unit/test_a_quick.py", "tests/unit/test_b_slow.py"]  # nothing known yet
+    assert pytest_in(pytester, "-k", "quick") == ["tests/unit/test_a_quick.py"] and not durations.exists()  # partial
+    assert pytest_in(pytester) == ["tests/unit/test_a_quick.py", "tests/unit/test_b_slow.py"]  # nothing known yet
     seconds = json.loads(durations.read_text())
     assert list(seconds) == ["unit/test_b_slow.py", "unit/test_a_quick.py"] and seconds["unit/test_b_slow.py"] >= 1
-    assert pytest_in(tmp_path) == ["tests/unit/test_b_slow.py", "tests/unit/test_a_quick.py"]  # the longest first
+    assert pytest_in(pytester) == ["tests/unit/test_b_slow.py", "tests/unit/test_a_quick.py"]  # the longest first
     (tests / "unit" / "test_a_quick.py").write_text("def test_quick():\n    assert False\n")
     durations.write_text("{}")
-    pytest_in(tmp_path)
+    pytest_in(pytester)
     assert durations.read_text() == "{}"  # a failed run writes nothing
 
 
-def test_a_durations_file_that_is_a_link_or_no_mapping_orders_nothing_and_is_replaced(tmp_path):
+def test_a_durations_file_that_is_a_link_or_no_mapping_orders_nothing_and_is_replaced(pytester):
     """Whatever stands at durations.json only orders the run: a link is neither followed when read nor written
     through, and a file that is not a mapping of files to seconds is ignored."""
+    tmp_path = pytester.path
     (tmp_path / "pyproject.toml").write_text('[tool.pytest.ini_options]\ntestpaths = ["tests"]\n')
     tests = tmp_path / "tests"
     (tests / "unit").mkdir(parents=True)
@@ -52,7 +53,7 @@ def test_a_durations_file_that_is_a_link_or_no_mapping_orders_nothing_and_is_rep
     victim = tmp_path / "victim.txt"
     victim.write_text("kept")
     (tests / "durations.json").symlink_to(victim)
-    assert pytest_in(tmp_path) == ["tests/unit/test_a.py"]
+    assert pytest_in(pytester) == ["tests/unit/test_a.py"]
     assert victim.read_text() == "kept" and not (tests / "durations.json").is_symlink()
     (tests / "durations.json").write_text('["unit/test_a.py"]')
-    assert pytest_in(tmp_path) == ["tests/unit/test_a.py"]  # collected and run, not an AttributeError
+    assert pytest_in(pytester) == ["tests/unit/test_a.py"]  # collected and run, not an AttributeError
