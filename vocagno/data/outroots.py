@@ -321,7 +321,12 @@ def _shard_path(where: Output | Path, part: str, basename: object) -> str:
 
 class OwnedLock:
     """A lock file holding its owner (host, pid) and what it guards. A lock whose owner process is gone (same host),
-    or older than ``stale_after`` seconds (another host, whose processes can't be seen), is taken over."""
+    or older than ``stale_after`` seconds (another host, whose processes can't be seen), is taken over.
+
+    Not ``filelock``: its ``FileLock`` (``flock``) does not hold across the hosts of every shared filesystem, and
+    breaking a stale soft lock is where its ``SoftFileLock`` had two advisories in October 2026 (GHSA-fq56-3cx3-fjxp,
+    GHSA-2g95-wg33-c5x2: two holders admitted). Here a lock is taken by an ``O_EXCL`` create, a takeover is judged
+    under an ``flock`` beside it, and a refusal names the holder."""
 
     def __init__(self, path: Path, what: str, stale_after: float = 3600.0):
         self.path = path
