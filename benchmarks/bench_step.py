@@ -240,7 +240,7 @@ def score_once(cfg, shards: str, scored: str, batch_tokens: int = scoring.BATCH_
     tokens/s on one device, and the shards' bytes per student token before and after."""
     free_earlier_runs()
     teacher = config.scoring_teacher(cfg, "bench_step")
-    teacher.load()  # the loading is not the pass's speed
+    teacher.scored_by()  # loading it and fingerprinting its weights are not the pass's speed
     device = "cuda" if torch.cuda.is_available() else "cpu"
     begin = time.perf_counter()
     scoring.score(shards, Output(scored, None), teacher, device, batch_tokens)

@@ -244,6 +244,11 @@ def test_a_single_teachers_scoring_pass_needs_no_tokenizer_in_its_folder(shards,
     assert score.main(["--shards", str(shards / "shards"), "--teacher", str(tmp_path / "weights"), "--dtype",
                        "float32", "--out", str(tmp_path / "scored"), "--device", "cpu"]) == 0
     assert ShardMetadata.read(tmp_path / "scored").scored_by["name"] == str(tmp_path / "weights")
+    # The same teacher named by a yaml (--config) with no tokenizer of its own.
+    assert score.main(["--shards", str(shards / "shards"), "--config", str(REPO / "yamls" / "tiny.yaml"),
+                       f"teacher.name_or_path={tmp_path / 'weights'}", "teacher.tokenizer=null", "teacher.dtype=float32",
+                       "--out", str(tmp_path / "by-config"), "--device", "cpu"]) == 0
+    assert ShardMetadata.read(tmp_path / "by-config").scored_by == ShardMetadata.read(tmp_path / "scored").scored_by
 
 
 def test_two_teachers_train_again_in_a_second_fit(shards, tokenizers):

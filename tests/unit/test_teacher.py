@@ -1,6 +1,8 @@
 """One teacher concept (``vocagno.teacher.teacher.Teacher``) serves training, the scoring pass and the report: what it
 reads, where its losses go, what it records, on the shipped tokenizers and the shipped tiny teacher."""
 
+import socket
+
 import pytest
 import torch
 from omegaconf import OmegaConf as om
@@ -101,3 +103,65 @@ def test_a_set_names_its_teachers_and_reads_with_the_first_of_the_shards_vocabul
         reader_first([made[0], qwen(tokenizers, name="q2")], metadata)
     with pytest.raises(ValueError, match="teachers.x: needs teacher, may have tokenizer, .*; unknown: tokeniser"):
         teachers_from({"x": {"teacher": "tiny-math-teacher", "tokeniser": "qwen2.5"}, "y": "tiny-math-teacher"})
+
+
+def test_a_named_teacher_records_the_dtype_it_was_told_as_older_passes_did(tokenizers):
+    """A resumed scoring pass compares what it records with what the interrupted one wrote: a teacher loaded by name
+    records its dtype as given (``half`` stays ``half``); a module, the dtype its weights have."""
+    assert Teacher("tiny-math-teacher", dtype="half").scored_by()["dtype"] == "half"
+    assert Teacher(qwen(tokenizers).model.half(), dtype="bfloat16").scored_by()["dtype"] == "float16"
+
+
+def test_a_control_keeps_its_fresh_weights_and_refuses_the_trained_teachers_losses(tokenizers):
+    teacher = Teacher("tiny-math-teacher", dtype="float32")
+    trained = teacher.scored_by()
+    control = teacher.at_initialization(0)
+    fresh = control.scored_by()
+    assert fresh["fingerprint"] != trained["fingerprint"]
+    [named, _] = teachers_from({"a": control, "b": "tiny-math-teacher"})  # renamed in a set: the same weights
+    assert named.scored_by()["fingerprint"] == fresh["fingerprint"] and named.tokenizer_source == "tiny-math-teacher"
+    control.check_scored_by(fresh, True, "the shards were")
+    with pytest.raises(ValueError, match="other weights"):
+        control.check_scored_by(trained, True, "the shards were")
+
+
+def test_a_labelled_teacher_takes_the_losses_it_scored_itself():
+    teacher = Teacher("tiny-math-teacher", dtype="float32", label="math-v1")
+    teacher.check_scored_by(teacher.scored_by(), True, "the shards were")
+    with pytest.raises(ValueError, match="scored by 'tiny-math-teacher', but the teacher is 'math-v1'"):
+        teacher.check_scored_by({**teacher.scored_by(), "name": "tiny-math-teacher"}, True, "the shards were")
+
+
+def test_a_fit_without_shards_keeps_the_reader_an_earlier_fit_chose(tokenizers, metadata):
+    teachers = Teachers(teachers_from({"qwen": qwen(tokenizers), "math": "tiny-math-teacher"}), cached=False)
+    assert teachers.choose_reader(metadata) and teachers.reader.name == "math"
+    assert not teachers.choose_reader(None) and teachers.reader.name == "math"
+
+
+def test_a_teacher_sharded_by_an_earlier_run_is_loaded_again_not_sharded_twice(tokenizers):
+    """FSDP changes the module it shards in place: a second run (a second fit, or another trainer given the same
+    Teacher) shards a fresh copy of a teacher given by name, and refuses, in one line, a module it can't reload."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    from vocagno.teacher.model import shard_teacher
+
+    ours = not dist.is_initialized()  # an earlier Trainer of this process may have made one: kept as it is
+    if ours:
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            port = free.getsockname()[1]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=1, rank=0)
+    try:
+        teacher = Teacher("tiny-math-teacher", dtype="float32")
+        first = shard_teacher(teacher.scorer())
+        second = shard_teacher(teacher.scorer())
+        assert isinstance(first, FullyShardedDataParallel) and isinstance(second, FullyShardedDataParallel)
+        assert second.module is not first.module
+        module = Teacher(qwen(tokenizers).model)
+        shard_teacher(module.scorer())
+        with pytest.raises(ValueError, match="sharded by an earlier run: give it by name, or a new module"):
+            module.scorer()
+    finally:
+        if ours:
+            dist.destroy_process_group()

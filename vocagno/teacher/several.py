@@ -147,8 +147,12 @@ class Teachers:
     def choose_reader(self, metadata) -> bool:
         """Make the first teacher that reads the shards' teacher side (``reader_first``) the reader; whether it
         changed (another fit may keep what an earlier one built)."""
+        if metadata is None:  # nothing to choose by: the reader stays
+            return False
         reader = reader_first(self.all, metadata)[0]
         changed, self.reader = reader is not self.reader, reader
+        if changed:  # the others' sides and scorers are made again for the new set of others
+            self.scorers, self.sides = {}, {}
         return changed
 
     def make_sides(self, student_tokenizer) -> dict[str, TeacherSide]:
@@ -193,8 +197,8 @@ class Teachers:
             wanted = each.tokenizer_info() if each.tokenizer_source is not None else None
             if wanted is not None and by["tokenizer"]["fingerprint"] != wanted.fingerprint:
                 raise ValueError(f"teacher {each.name!r}: the shards' {loss_column(each.name)} was scored with the "
-                                 f"tokenizer {by['tokenizer']['name']!r}, but this run's is {wanted.name!r}: its tokens "
-                                 "and alignment would differ; score them with this tokenizer")
+                                 f"tokenizer {by['tokenizer']['name']!r}, but this run's is {wanted.name!r}: its "
+                                 "tokens and alignment would differ; score them with this tokenizer")
             each.check_scored_by(by, check_scored_by,
                                  f"teacher {each.name!r}: the shards' {loss_column(each.name)} was")
 

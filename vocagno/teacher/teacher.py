@@ -29,6 +29,12 @@ __all__ = ["Teacher", "PLACEMENTS", "teacher_label"]
 PLACEMENTS = ("auto", "replicate", "fsdp")
 
 
+def _sharded(module: nn.Module) -> bool:
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return any(isinstance(each, FullyShardedDataParallel) for each in module.modules())
+
+
 def teacher_label(model: str | nn.Module) -> str:
     """A teacher's model as a run names it to its user: its name or folder, or what a model built from a config is."""
     if isinstance(model, str):
@@ -129,7 +135,13 @@ class Teacher:
         return self._module
 
     def scorer(self) -> TeacherScorer:
-        """The module that scores its tokens, built once."""
+        """The module that scores its tokens, built once. FSDP changes the module it shards in place: one an earlier
+        run sharded is loaded again (a teacher given by name) or refused (a module)."""
+        if self._scorer is not None and _sharded(self._scorer):
+            if not isinstance(self.model, str):
+                raise ValueError(f"{self.called}: its module was sharded by an earlier run: give it by name, or a new "
+                                 "module")
+            self._module = self._scorer = None
         if self._scorer is None:
             self._scorer = TeacherScorer(self.load(), self.chunk_size, self.kernels, self.compile_config)
         return self._scorer
@@ -153,10 +165,12 @@ class Teacher:
         return TeacherSide(as_tokenizer(student_tokenizer), self.required_tokenizer())
 
     def scored_by(self) -> dict:
-        """What shards it scores record of it (``ShardMetadata.scored_by``): its label, weights and their dtype."""
+        """What shards it scores record of it (``ShardMetadata.scored_by``): its label, its weights' fingerprint, and
+        the dtype it was loaded in (a module's: its weights')."""
         model = self.load()
         self._fingerprint = self._fingerprint or weights_fingerprint(model)
-        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        weights = str(next(model.parameters()).dtype).removeprefix("torch.")
+        dtype = self.dtype if isinstance(self.model, str) else weights
         return {"name": self.label, "fingerprint": self._fingerprint, "dtype": dtype}
 
     def check_scored_by(self, by: dict, check: bool, losses: str) -> None:
@@ -165,8 +179,8 @@ class Teacher:
         losses, and "was"/"were"); with ``check`` false, only say who scored them."""
         if not check:
             print(f"VocAgnoLM: {losses} scored by {by}; not checked (check_scored_by: false)", flush=True)
-        elif isinstance(self.model, str) and by["name"] != self.model:
-            raise ValueError(f"{losses} scored by {by['name']!r}, but the teacher is {self.model!r}: score them with "
+        elif isinstance(self.model, str) and by["name"] != self.label:
+            raise ValueError(f"{losses} scored by {by['name']!r}, but the teacher is {self.label!r}: score them with "
                              "this teacher, name the one that scored them, or set check_scored_by: false when the "
                              "teacher's name is only a label")
         elif isinstance(self.model, nn.Module) and by["fingerprint"] != weights_fingerprint(self.model):
@@ -209,9 +223,8 @@ class Teacher:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             fresh = AutoModelForCausalLM.from_config(model.config, torch_dtype=next(model.parameters()).dtype)
-        control = replace(self, label=f"{self.label} at initialization (seed {seed})")  # its name and tokenizer
-        control._module = fresh
-        return control
+        return replace(self, model=fresh, tokenizer=self.tokenizer_source,
+                       label=f"{self.label} at initialization (seed {seed})")
 
     def student_side(self, metadata: ShardMetadata):
         """Its ``TeacherSide`` for shards' student tokens (``metadata``'s student tokenizer, checked)."""

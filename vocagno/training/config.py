@@ -307,7 +307,7 @@ def section_teacher(section: DictConfig, tokenizer: Any, seed: int | None, name:
     """A yaml's ``teacher:`` section (or a ``teachers:`` entry, ``name``) as a ``vocagno.teacher.teacher.Teacher``:
     one given by ``name_or_path`` is loaded by the ``Teacher`` when first needed; a config-built one is built here,
     its random weights a function of the section and ``seed`` (the scoring pass builds the very teacher a run of the
-    same yaml builds). ``tokenizer``: its tokenizer, loaded."""
+    same yaml builds). ``tokenizer``: its tokenizer, loaded (None: a named teacher's folder's, where it is needed)."""
     from vocagno.teacher.teacher import Teacher
 
     kernels, compile_config = speed_options(section)
@@ -343,9 +343,13 @@ def scoring_teacher(cfg: DictConfig, source: str, name: str | None = None, devic
     check_speed(kernels, compile_config, section.get("chunk_size"), f"{source}: {where}")
     if device is not None:
         check_on_gpu(kernels, device, f"{source}: {where}.kernels")
-    tokenizer = section.get("tokenizer") or section.get("name_or_path")
-    label = "" if section.get("name_or_path") else f"{source}: {where} (config, seed {cfg.seed})"
-    return section_teacher(section, load_tokenizer(tokenizer), cfg.seed, name, label)
+    pretrained = bool(section.get("name_or_path"))
+    if not pretrained and not section.get("tokenizer"):  # its vocabulary is its tokenizer's
+        raise Refused(f"{source}: {where} is built from its config and needs its tokenizer")
+    # A teacher alone named without a tokenizer reads the shards' teacher tokens: its folder may hold weights alone.
+    tokenizer = load_tokenizer(section.tokenizer) if section.get("tokenizer") else None
+    label = "" if pretrained else f"{source}: {where} (config, seed {cfg.seed})"
+    return section_teacher(section, tokenizer, cfg.seed, name, label)
 
 
 def scoring_teachers(cfg: DictConfig, source: str):
