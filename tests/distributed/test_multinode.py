@@ -16,7 +16,6 @@ import re
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 import forked
 import numpy as np
 import pytest
-from helpers import assert_group_gone, first_documents, read_log
+from helpers import assert_group_gone, first_documents, private_shm_works, read_log
 
 from vocagno.launch import node_command
 
@@ -35,17 +34,6 @@ TEXT = REPO / "vocagno" / "assets" / "text"
 TRAIN = ["eval_loader=null", "loggers.console=null", "loggers.picture=null", "selection_report=null",
          "progress_bar=false", "device_train_microbatch_size=2", "callbacks.sample_log.prefix=32"]
 STEPS = 6
-
-
-def private_shm_works() -> str | None:
-    """Why a node can't have a private /dev/shm here (None: it can)."""
-    try:
-        result = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
-                                 "mount -t tmpfs -o size=64m tmpfs /dev/shm"], capture_output=True, text=True,
-                                timeout=30)
-    except FileNotFoundError:
-        return "no unshare command"
-    return None if result.returncode == 0 else result.stderr.strip().splitlines()[-1]
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -132,6 +132,24 @@ def ends(main, argv) -> int:
         return exit.code
 
 
+def private_shm_works() -> str | None:
+    """Why a process can't have a /dev/shm of its own here (None: it can)."""
+    try:
+        result = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                                 "mount -t tmpfs -o size=64m tmpfs /dev/shm"], capture_output=True, text=True,
+                                timeout=30)
+    except FileNotFoundError:
+        return "no unshare command"
+    return None if result.returncode == 0 else result.stderr.strip().splitlines()[-1]
+
+
+def with_private_shm(command: list[str]) -> list[str]:
+    """``command`` in a mount namespace of its own with an empty /dev/shm (``unshare -m``, as root), as a machine of
+    its own has: Streaming's shared memory there is neither taken by nor takes another job's."""
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c",
+            'mount -t tmpfs -o size=2g tmpfs /dev/shm && exec "$@"', "sh", *command]
+
+
 def command(main, argv, capsys) -> subprocess.CompletedProcess:
     """``python -m X ARGV`` in this process, where the process boundary is not what a test is about: ``main(argv)``
     ended as its command line ends it (``ends``), with what it printed (``capsys``, emptied first)."""
