@@ -246,7 +246,8 @@ def test_a_single_teachers_scoring_pass_needs_no_tokenizer_in_its_folder(shards,
     assert ShardMetadata.read(tmp_path / "scored").scored_by["name"] == str(tmp_path / "weights")
     # The same teacher named by a yaml (--config) with no tokenizer of its own.
     assert score.main(["--shards", str(shards / "shards"), "--config", str(REPO / "yamls" / "tiny.yaml"),
-                       f"teacher.name_or_path={tmp_path / 'weights'}", "teacher.tokenizer=null", "teacher.dtype=float32",
+                       f"teacher.name_or_path={tmp_path / 'weights'}", "teacher.tokenizer=null",
+                       "teacher.dtype=float32",
                        "--out", str(tmp_path / "by-config"), "--device", "cpu"]) == 0
     assert ShardMetadata.read(tmp_path / "by-config").scored_by == ShardMetadata.read(tmp_path / "scored").scored_by
 
