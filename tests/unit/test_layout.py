@@ -44,3 +44,20 @@ def test_the_core_needs_no_training_framework():
     found = [f"{path.relative_to(REPO)} imports {module}" for path in sorted((REPO / "vocagno" / "core").rglob("*.py"))
              for module in imported(path) if module.split(".")[0] in frameworks]
     assert not found, found
+
+
+def test_git_tracks_no_build_output():
+    """Wheels, converted shards, runs, checkpoints, reports and coverage data stay out of the repository; the only
+    weights it holds are the shipped tiny teachers (vocagno/assets/README.md says where they come from)."""
+    import subprocess
+
+    listed = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0, f"the tests run from a git checkout: {listed.stderr.strip()}"
+    built = ("/.whl/", "/shards/", "/runs/", "/checkpoints/", "/gpu_report/", "/eval_results/", ".egg-info/",
+             "/.coverage")
+    weights = (".whl", ".pt", ".pth", ".bin", ".safetensors", ".mds", ".mds.zstd", ".distcp")
+    found = [path for path in listed.stdout.splitlines() if any(part in f"/{path}" for part in built)
+             or (path.endswith(weights) and not path.startswith("vocagno/assets/models/"))]
+    assert not found, f"build outputs tracked by git: {found[:10]}"
+    for folder in (".whl/", "/shards/", "/runs/", "/checkpoints/", "/gpu_report/", ".coverage"):
+        assert folder in (REPO / ".gitignore").read_text(), folder
