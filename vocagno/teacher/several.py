@@ -15,6 +15,7 @@ when it has some) into the batch keys ``teachers.NAME.input_ids``, ``.attention_
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any, Mapping
 
 import torch
@@ -49,7 +50,7 @@ def teachers_from(teachers: Mapping[str, Any]) -> list[Teacher]:
             raise ValueError(f"teachers: two teachers are named {name!r}")
         seen.add(name.lower())
         if isinstance(value, Teacher):
-            made.append(replace_name(value, name))
+            made.append(value if value.name == name else replace(value, name=name))
             continue
         fields = dict(value) if isinstance(value, Mapping) else {"teacher": value}
         unknown = sorted(set(fields) - set(ENTRY_KEYS))
@@ -59,13 +60,6 @@ def teachers_from(teachers: Mapping[str, Any]) -> list[Teacher]:
         model = fields.pop("teacher")
         made.append(Teacher(model, name, **{k: v for k, v in fields.items() if v is not None}))
     return made
-
-
-def replace_name(teacher: Teacher, name: str) -> Teacher:
-    """``teacher`` named ``name`` in a set (itself when it already is)."""
-    from dataclasses import replace
-
-    return teacher if teacher.name == name else replace(teacher, name=name)
 
 
 def reader_first(teachers: list[Teacher], metadata) -> list[Teacher]:

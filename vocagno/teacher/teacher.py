@@ -167,11 +167,14 @@ class Teacher:
     def scored_by(self) -> dict:
         """What shards it scores record of it (``ShardMetadata.scored_by``): its label, its weights' fingerprint, and
         the dtype it was loaded in (a module's: its weights')."""
-        model = self.load()
-        self._fingerprint = self._fingerprint or weights_fingerprint(model)
-        weights = str(next(model.parameters()).dtype).removeprefix("torch.")
+        weights = str(next(self.load().parameters()).dtype).removeprefix("torch.")
         dtype = self.dtype if isinstance(self.model, str) else weights
-        return {"name": self.label, "fingerprint": self._fingerprint, "dtype": dtype}
+        return {"name": self.label, "fingerprint": self.fingerprint(), "dtype": dtype}
+
+    def fingerprint(self) -> str:
+        """Its weights' fingerprint (``weights_fingerprint``), computed once: they are frozen."""
+        self._fingerprint = self._fingerprint or weights_fingerprint(self.load())
+        return self._fingerprint
 
     def check_scored_by(self, by: dict, check: bool, losses: str) -> None:
         """Refuse cached losses that ``by`` (a ``ShardMetadata.scored_by`` entry) says another teacher scored: another
@@ -183,9 +186,9 @@ class Teacher:
             raise ValueError(f"{losses} scored by {by['name']!r}, but the teacher is {self.label!r}: score them with "
                              "this teacher, name the one that scored them, or set check_scored_by: false when the "
                              "teacher's name is only a label")
-        elif isinstance(self.model, nn.Module) and by["fingerprint"] != weights_fingerprint(self.model):
+        elif isinstance(self.model, nn.Module) and by["fingerprint"] != self.fingerprint():
             raise ValueError(f"{losses} scored by {by['name']!r} (weights {by['fingerprint']}), but this run's teacher "
-                             f"has other weights ({weights_fingerprint(self.model)}): score them with this teacher")
+                             f"has other weights ({self.fingerprint()}): score them with this teacher")
 
     def column(self, metadata: ShardMetadata, source: str) -> str | None:
         """Where the scoring pass puts its losses in ``metadata``'s shards: None for ``teacher_loss`` (the shards' own
