@@ -1,0 +1,62 @@
+"""The way out for text (vocagno.doors.shown): what an attacker writes into a file name or a field is shown as its
+characters, never acted on by the terminal, the markdown renderer or the browser."""
+
+import re
+
+import pytest
+from markdown_it import MarkdownIt
+
+from vocagno.doors.shown import html_text, md_fence, md_text, terminal
+
+ATTACKS = [
+    "\x1b]0;owned\x07title",  # window title
+    "\x1b[2J\x1b[Hcleared",  # clear screen
+    "name\r\n# Heading\n| a | b |",
+    "a|b",
+    "```\nrm -rf /\n```",
+    "<script>alert(1)</script>",
+    "[click](javascript:alert(1))",
+    "evil\u202etxt.exe",
+    "\u2028line",
+    "back\\slash\\x1b",
+    "**bold** _it_ `code` ~~s~~",
+    "&amp; &#x3C;",
+]
+
+
+@pytest.mark.parametrize("text", ATTACKS)
+def test_terminal_shows_no_control_character(text):
+    shown = terminal(text)
+    assert not re.search("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]", shown)
+    assert shown.encode().decode("unicode_escape") if "\\u" not in shown else True
+
+
+def test_terminal_keeps_plain_text_and_names_each_escape():
+    assert terminal("shards/gsm8k_128 (über)") == "shards/gsm8k_128 (über)"
+    assert terminal("a\x1bb\nc\u202e") == "a\\x1bb\\nc\\u202e"
+    assert terminal("a\\x1b") == "a\\\\x1b"  # a written escape is not confused with a shown one
+
+
+def _render(markdown: str) -> str:
+    return MarkdownIt("commonmark").enable("table").render(markdown)
+
+
+@pytest.mark.parametrize("text", ATTACKS)
+def test_markdown_text_renders_as_its_characters_alone(text):
+    page = _render(f"run: {md_text(text)}\n")
+    assert page.startswith("<p>") and page.count("<") == 2, page  # one paragraph, no other element
+    cell = _render(f"| a | b |\n|---|---|\n| {md_text(text)} | x |\n")
+    assert cell.count("<td>") == 2, cell  # no extra cell, no extra row
+
+
+@pytest.mark.parametrize("text", ATTACKS)
+def test_a_fence_holds_whatever_it_holds(text):
+    body = f"run_name: {text}\n````\n# not a heading\n"
+    page = _render(f"{md_fence(body, 'yaml')}\n\nafter\n")
+    assert page.count("<pre>") == 1 and "<h1>" not in page and page.rstrip().endswith("<p>after</p>"), page
+    assert "\x1b" not in md_fence(body)
+
+
+def test_html_text_is_inert():
+    assert html_text('<img src=x onerror="a">') == "&lt;img src=x onerror=&quot;a&quot;&gt;"
+    assert html_text("\x1b") == "\\x1b"

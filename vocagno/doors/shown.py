@@ -1,0 +1,61 @@
+"""The way out for text: every string read from a file, or a name from a folder or an object store, goes through one
+function for the medium it is shown in before a person sees it.
+
+- ``terminal``: control characters (C0, DEL, C1), line and paragraph separators and the bidirectional controls are
+  shown as escapes (``\\x1b``, ``\\u202e``), so a file name can't move the cursor, set a window title, clear the
+  screen or reorder what follows it; a backslash is doubled, so an escape shown is never mistaken for one written.
+- ``md_text``: a one-line field of a markdown page (prose, a heading, a table cell): the terminal's escapes, then
+  every ASCII punctuation character backslash-escaped, so it can start no line construct (heading, list, quote),
+  add no table cell (``|``), open no link, code span, emphasis or HTML tag, and end no fence.
+- ``md_fence``: a block shown as it is (a recipe, a yaml): fenced by a run of backticks longer than any inside it,
+  so nothing inside ends it; control characters but the new line and the tab escaped.
+- ``html_text``: text in an HTML page: the terminal's escapes, then ``&<>"'`` as entities.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+
+__all__ = ["terminal", "md_text", "md_fence", "html_text"]
+
+# C0 and C1 controls and DEL; U+2028/2029 (line and paragraph separators); the bidirectional marks, embeddings,
+# overrides and isolates (U+200E/F, U+202A-E, U+2066-9, U+061C).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069\u061c]")
+_CONTROL_IN_BLOCK = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069\u061c]")
+_PUNCTUATION = re.compile(r"""([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~])""")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match) -> str:
+    char = match.group()
+    if char in _NAMED:
+        return _NAMED[char]
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def terminal(text: object) -> str:
+    """``text`` (any object, as ``str`` shows it) safe to print on a terminal, on one line."""
+    return _CONTROL.sub(_escape, str(text).replace("\\", "\\\\"))
+
+
+def md_text(text: object) -> str:
+    """``text`` as one line of markdown that renders as exactly these characters, and nothing else: no new line, no
+    table cell, no link, no HTML."""
+    return _PUNCTUATION.sub(r"\\\1", terminal(text))
+
+
+def md_fence(body: str, info: str = "") -> str:
+    """``body`` as a fenced code block that nothing inside it can end; ``info`` (a language) made of word characters
+    only."""
+    body = _CONTROL_IN_BLOCK.sub(_escape, body)
+    longest = max((len(run) for run in re.findall(r"`+", body)), default=0)
+    fence = "`" * max(3, longest + 1)
+    info = re.sub(r"[^\w+-]", "", info)
+    return f"{fence}{info}\n{body.rstrip(chr(10))}\n{fence}"
+
+
+def html_text(text: object) -> str:
+    """``text`` safe as the content or the quoted attribute value of an HTML element."""
+    return html.escape(terminal(text), quote=True)
