@@ -1,12 +1,13 @@
 """The way out for text (vocagno.doors.shown): what an attacker writes into a file name or a field is shown as its
 characters, never acted on by the terminal, the markdown renderer or the browser."""
 
+import html
 import re
 
 import pytest
 from markdown_it import MarkdownIt
 
-from vocagno.doors.shown import html_text, md_fence, md_text, terminal
+from vocagno.doors.shown import html_text, md_code, md_fence, md_text, terminal
 
 ATTACKS = [
     "\x1b]0;owned\x07title",  # window title
@@ -60,3 +61,18 @@ def test_a_fence_holds_whatever_it_holds(text):
 def test_html_text_is_inert():
     assert html_text('<img src=x onerror="a">') == "&lt;img src=x onerror=&quot;a&quot;&gt;"
     assert html_text("\x1b") == "\\x1b"
+
+
+@pytest.mark.parametrize("text", ATTACKS + ["`", "``x`", " padded ", "a\\|b", "\\", "x |"])
+def test_a_code_span_holds_its_characters_alone_in_prose_and_in_a_table_cell(text):
+    page = _render(f"run: {md_code(text)}\n")
+    assert page.startswith("<p>run: <code>") and page.count("<") == 4, page  # one paragraph, one code span
+    assert html.unescape(re.search("<code>(.*)</code>", page, re.S).group(1)) == terminal(text)
+    cell = _render(f"| a | b |\n|---|---|\n| {md_code(text, cell=True)} | x |\n")
+    assert cell.count("<td>") == 2 and cell.count("<code>") == 1, cell
+    assert html.unescape(re.search("<code>(.*)</code>", cell, re.S).group(1)) == terminal(text)
+
+
+def test_a_code_span_of_an_ordinary_name_is_written_as_before():
+    assert md_code("tiny-math-teacher") == "`tiny-math-teacher`"
+    assert md_code("s3://runs/gsm", cell=True) == "`s3://runs/gsm`"

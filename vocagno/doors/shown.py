@@ -7,6 +7,9 @@ function for the medium it is shown in before a person sees it.
 - ``md_text``: a one-line field of a markdown page (prose, a heading, a table cell): the terminal's escapes, then
   every ASCII punctuation character backslash-escaped, so it can start no line construct (heading, list, quote),
   add no table cell (``|``), open no link, code span, emphasis or HTML tag, and end no fence.
+- ``md_code``: a one-line code span (a model's name, a path): shown in a code font as its characters (the
+  terminal's escapes, nothing else: a code span knows no backslash escapes), between backtick runs longer than any
+  inside it; in a table cell (``cell=True``) a ``|`` is written ``\\|``, which the table reads as the character.
 - ``md_fence``: a block shown as it is (a recipe, a yaml): fenced by a run of backticks longer than any inside it,
   so nothing inside ends it; control characters but the new line and the tab escaped.
 - ``html_text``: text in an HTML page: the terminal's escapes, then ``&<>"'`` as entities.
@@ -17,7 +20,7 @@ from __future__ import annotations
 import html
 import re
 
-__all__ = ["terminal", "md_text", "md_fence", "html_text"]
+__all__ = ["terminal", "md_text", "md_code", "md_fence", "html_text"]
 
 # C0 and C1 controls and DEL; U+2028/2029 (line and paragraph separators); the bidirectional marks, embeddings,
 # overrides and isolates (U+200E/F, U+202A-E, U+2066-9, U+061C).
@@ -44,6 +47,21 @@ def md_text(text: object) -> str:
     """``text`` as one line of markdown that renders as exactly these characters, and nothing else: no new line, no
     table cell, no link, no HTML."""
     return _PUNCTUATION.sub(r"\\\1", terminal(text))
+
+
+def md_code(text: object, cell: bool = False) -> str:
+    """``text`` as a markdown code span that renders as exactly ``terminal(text)``, in prose or (``cell``) in a table
+    cell: nothing inside it ends it, adds a cell or starts a new line."""
+    shown = terminal(text)
+    if cell:
+        shown = shown.replace("|", "\\|")
+    ticks = "`" * (max((len(run) for run in re.findall(r"`+", shown)), default=0) + 1)
+    # A span that begins or ends with a backtick or a space is padded with a space each side, which the renderer
+    # strips again (an all-space one is not stripped, and needs none).
+    pad = " " if shown[:1] in ("`", " ") or shown[-1:] in ("`", " ") else ""
+    if not shown.strip(" "):
+        pad = "" if shown else " "
+    return f"{ticks}{pad}{shown}{pad}{ticks}"
 
 
 def md_fence(body: str, info: str = "") -> str:
