@@ -207,7 +207,8 @@ def test_scores_of_a_limit_a_short_generation_or_overlong_prompts_are_marked_par
     assert "bits per byte on " in captured.out
     table = (out / "results.md").read_text()  # the model card (vocagno.export --eval) shows this table
     assert f"| {results['gsm8k']:.1f}* | {results['gsm8k']:.1f}* |" in table
-    assert f"\\* partial, not the benchmark's score: GSM8K: {why}" in table
+    assert f"<p>* partial, not the benchmark's score: GSM8K: {why}</p>" in rendered(table)
+    assert f"\\* partial, not the benchmark's score: GSM8K: {why}" in captured.out  # the terminal's, unescaped
 
 
 def test_composer_checkpoints_are_exported(tmp_path, tokenizers):
@@ -362,3 +363,56 @@ def test_nothing_evaluated_is_a_failure(tmp_path):
     (tmp_path / "data").mkdir()
     assert main(["--gold", "--data-dir", str(tmp_path / "data"), "--benchmarks", "gsm8k,math",
                  "--output", str(tmp_path / "out")]) == 1
+
+
+def rendered(markdown: str) -> str:
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark").enable("table").render(markdown)
+
+
+# One-line reasons that checked_partial lets through (printable, no "|"), each of which would be markup if written raw.
+MARKUP = ["<img src=x onerror=alert(1)>", "[x](javascript:alert(1))", "**b** `c` ~~s~~ _i_", "&lt;b&gt; &#60;",
+          "# not a heading", "\\* \\_ ``` end \\x1b", "![i](http://x/i.png)"]
+
+
+@pytest.mark.parametrize("why", MARKUP)
+def test_the_results_table_shows_a_partial_reason_as_its_characters_alone(why):
+    import html
+
+    from vocagno.doors.shown import terminal
+    from vocagno.eval.__main__ import table
+
+    page = rendered(table({"gsm8k": 12.5, "svamp": 50.0, "partial": {"gsm8k": why}}))
+    assert page.count("<table>") == 1 and page.count("<th>") == 3 and page.count("<td>") == 3, page
+    below = page.split("</table>")[1].strip()
+    assert re.fullmatch("<p>(.*)</p>", below) and "<" not in below[3:-4], below  # one paragraph, no element in it
+    # as the terminal shows it: a backslash written is shown doubled, never read as an escape
+    assert html.unescape(below[3:-4]) == f"* partial, not the benchmark's score: GSM8K: {terminal(why)}"
+
+
+def test_an_honest_results_table_reads_as_before():
+    from vocagno.eval.__main__ import table
+
+    why = "the first 2 of 1,319 questions (--limit)"
+    assert rendered(table({"gsm8k": 12.5, "svamp": 50.0, "partial": {"gsm8k": why}})).endswith(
+        f"<p>* partial, not the benchmark's score: GSM8K: {why}</p>\n")
+
+
+def test_a_results_json_key_that_vocagno_eval_does_not_write_is_refused_naming_it():
+    from vocagno.doors.untrusted import UntrustedFile
+    from vocagno.eval.benchmarks import checked_results
+
+    honest = {"gsm8k": 10.0, "math": 12, "tabmwp": "unavailable: no tabmwp/test.jsonl",
+              "partial": {"gsm8k": "the first 2 of 1,319 questions (--limit)"},
+              "bits_per_byte": {"file": "held.jsonl", "texts": 2, "value": 1.2}}
+    assert checked_results(honest, "e/results.json") == {"gsm8k": 10.0, "math": 12.0}
+    for key, value in (("bogus", 1500.0), ("GSM8K", 10.0), ("avg", 99.0)):
+        with pytest.raises(UntrustedFile) as refused:
+            checked_results({**honest, key: value}, "e/results.json")
+        message = str(refused.value)
+        assert "\n" not in message and message.startswith("e/results.json: refused: ") and repr(key) in message
+        assert "gsm8k" in message and "partial" in message and "bits_per_byte" in message  # what is accepted
+    for value in (True, 1500.0, -1.0, float("nan"), [1], None):
+        with pytest.raises(UntrustedFile, match="e/results.json: refused: .*'gsm8k'"):
+            checked_results({**honest, "gsm8k": value}, "e/results.json")

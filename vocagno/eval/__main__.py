@@ -18,7 +18,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from tqdm import tqdm
@@ -26,15 +26,13 @@ from tqdm import tqdm
 from vocagno.errors import Refused
 from vocagno.training.models import load_model
 from vocagno.eval.benchmarks import (
-    BENCHMARKS, MAX_NEW_TOKENS, SHIPPED_DATA, STOP_SEQUENCES, TITLES, BenchmarkUnavailable, Example, load_benchmark,
+    BENCHMARKS, BITS_PER_BYTE, MAX_NEW_TOKENS, PARTIAL, SHIPPED_DATA, STOP_SEQUENCES, TITLES, BenchmarkUnavailable,
+    Example, load_benchmark,
 )
 from vocagno.eval.grading import is_equivalent
+from vocagno.doors.shown import md_text, terminal
 from vocagno.doors.untrusted import UntrustedFile, read_bytes
 from vocagno.doors.writing import write_atomically
-
-# results.json's keys besides the benchmarks': why a score is partial (by benchmark), the --bpb figure.
-PARTIAL, BITS_PER_BYTE = "partial", "bits_per_byte"
-
 
 
 @torch.no_grad()
@@ -78,9 +76,10 @@ def grade(examples: list[Example], outputs: list[str]) -> list[dict]:
     return rows
 
 
-def table(results: dict[str, Any]) -> str:
-    """Markdown in the shape of the paper's Table 1 (accuracy %, a missing benchmark as its reason's short form); a
-    partial score (``results["partial"]``) marked ``*``, its reason below the table, and so is the average."""
+def table(results: dict[str, Any], shown: Callable[[object], str] = md_text) -> str:
+    """Markdown in the shape of the paper's Table 1 (accuracy %, a missing benchmark as n/a); a partial score
+    (``results["partial"]``) marked ``*``, its reason below the table (through ``shown``: ``md_text`` for a page,
+    ``terminal`` for the terminal), and so is the average. The average is over the benchmarks shown."""
     partial = results.get(PARTIAL) or {}
     ran = [results[b] for b in BENCHMARKS if isinstance(results.get(b), float)]
     cells = [(f"{results[b]:.1f}" + ("*" if b in partial else "")) if isinstance(results.get(b), float) else "n/a"
@@ -90,8 +89,8 @@ def table(results: dict[str, Any]) -> str:
     lines = ["| " + " | ".join(heads + ["AVG"]) + " |", "|" + "---|" * (len(heads) + 1),
              "| " + " | ".join(cells + [average]) + " |"]
     if partial:
-        lines += ["", *(f"\\* partial, not the benchmark's score: {TITLES[b]}: {why}" for b, why in partial.items()
-                       if b in TITLES)]
+        lines += ["", *(f"\\* partial, not the benchmark's score: {TITLES[b]}: {shown(why)}"
+                        for b, why in partial.items() if b in TITLES)]
     return "\n".join(lines)
 
 
@@ -155,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             texts = [t for t in _read_texts(Path(args.bpb), args.bpb_field) if t]
         except UntrustedFile as error:
-            parser.error(f"--bpb {error}")
+            parser.error(terminal(f"--bpb {error}"))
         if not texts:
             parser.error(f"--bpb {args.bpb} holds no text")
 
@@ -170,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         from vocagno.training.metrics import bits_per_byte
 
         value = bits_per_byte(model, tokenizer, texts)
-        print(f"bits per byte on {args.bpb} ({len(texts)} texts): {value:.4f}")
+        print(f"bits per byte on {terminal(args.bpb)} ({len(texts)} texts): {value:.4f}")
         if not names:
             return 0
         results[BITS_PER_BYTE] = {"file": args.bpb, "texts": len(texts), "value": round(value, 6)}
@@ -185,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             raise Refused(f"--data-dir {error}") from None
         except BenchmarkUnavailable as error:
             results[name] = f"unavailable: {error}"
-            print(f"{TITLES[name]}: NOT EVALUATED, {results[name]}", file=sys.stderr)
+            print(f"{TITLES[name]}: NOT EVALUATED, {terminal(results[name])}", file=sys.stderr)
             continue
         total = len(examples)
         if args.limit:
@@ -209,10 +208,9 @@ def main(argv: list[str] | None = None) -> int:
         correct = sum(r["correct"] for r in rows)
         results[name] = 100.0 * correct / len(rows)
         print(f"{TITLES[name]}: {results[name]:.2f}% ({correct}/{len(rows)})")
-    markdown = table(results)
-    write_atomically(out / "results.md", markdown + "\n")
+    write_atomically(out / "results.md", table(results) + "\n")
     write_atomically(out / "results.json", json.dumps(results, indent=1))
-    print("\n" + markdown)
+    print("\n" + table(results, terminal))
     missing = [n for n in names if not isinstance(results.get(n), float)]
     if missing:
         print(f"\nnot evaluated: {', '.join(TITLES[n] for n in missing)} (see above); AVG is over the others")

@@ -32,7 +32,7 @@ from vocagno.doors.untrusted import UntrustedFile, cap, decompress, read_bytes
 
 __all__ = [
     "BENCHMARKS", "TITLES", "Example", "load_benchmark", "read_test_split", "STOP_SEQUENCES", "BenchmarkUnavailable",
-    "SHIPPED_DATA",
+    "SHIPPED_DATA", "checked_partial", "checked_results", "RESULTS_KEYS",
 ]
 
 BENCHMARKS = ("gsm8k", "math", "svamp", "asdiv", "mawps", "tabmwp", "mathqa", "mmlu_stem", "sat_math")
@@ -108,16 +108,49 @@ class Example:
         return extract_choice(output) if self.multiple_choice else extract_answer(output)
 
 
+# results.json's keys besides the benchmarks': why a score is partial (by benchmark), the --bpb figure.
+PARTIAL, BITS_PER_BYTE = "partial", "bits_per_byte"
+RESULTS_KEYS = (*BENCHMARKS, PARTIAL, BITS_PER_BYTE)
+
+
 def checked_partial(results: dict, source: str) -> dict[str, str]:
     """``results.json``'s ``partial`` (``python -m vocagno.eval``'s: why a benchmark's score is partial, one printable
     line each), {} where the scores are whole; anything else is refused (``UntrustedFile``): a model card and a
     report quote these lines."""
-    partial = results.get("partial") or {}
+    partial = results.get(PARTIAL) or {}
     if not isinstance(partial, dict) or not all(
             name in BENCHMARKS and isinstance(why, str) and len(why) <= 500 and why.isprintable() and "|" not in why
             for name, why in partial.items()):
         raise UntrustedFile(f"{source}: refused: its partial is not vocagno.eval's (benchmarks to one-line reasons)")
     return partial
+
+
+def checked_results(results: dict, source: str) -> dict[str, float]:
+    """The accuracies (%) of ``results.json`` as ``python -m vocagno.eval`` writes it: its benchmarks' numbers, each in
+    [0, 100]; a benchmark that did not run is a string (why), ``partial`` and ``bits_per_byte`` are not scores. A key
+    it does not write, or a benchmark's value that is no accuracy, is refused (``UntrustedFile``, naming the key, the
+    file and what is accepted): a report's or a card's average is over the benchmarks it shows, and a number under
+    another name would be shown nowhere and counted nowhere, silently."""
+    scores = {}
+    for key, value in results.items():
+        if key not in RESULTS_KEYS:
+            raise UntrustedFile(f"{source}: refused: its key {_named(key)} is none of vocagno.eval's (accepted: the "
+                                f"benchmarks {', '.join(BENCHMARKS)}; {PARTIAL}; {BITS_PER_BYTE})")
+        if key in BENCHMARKS and not isinstance(value, str):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
+                raise UntrustedFile(f"{source}: refused: its {key!r} is {_named(value)}, not an accuracy (a number "
+                                    "of 0 to 100, or a string: why it was not evaluated)")
+            scores[key] = float(value)
+    if not isinstance(results.get(BITS_PER_BYTE, {}), dict):
+        raise UntrustedFile(f"{source}: refused: its {BITS_PER_BYTE} is not vocagno.eval's (a mapping)")
+    checked_partial(results, source)
+    return scores
+
+
+def _named(value: object) -> str:
+    """A value from a file, named in a message: its repr, cut at 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:60] + "..."
 
 
 class BenchmarkUnavailable(Exception):
