@@ -88,18 +88,37 @@ def load_config(yaml_path: str, overrides: list[str]) -> DictConfig:
     return cfg
 
 
-def _layers(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[str, DictConfig]]:
+# The most base: links a yaml's chain may follow: the repo's deepest is 2 (tiny_uld.yaml -> tiny.yaml -> none); each is
+# a file read and merged, and a chain someone else wrote could be thousands deep, past Python's recursion limit.
+MAX_BASE_DEPTH = 32
+
+
+def _layers(path: Path) -> list[tuple[str, DictConfig]]:
     """A yaml and the yamls its ``base:`` chain names (each a path beside the one naming it), the farthest base first,
     each with its path: merged in that order, a variant says only what differs from its base. A null entry of
-    ``algorithms``, ``loggers`` or ``callbacks`` turns the base's off."""
-    if path.resolve() in seen:
-        raise ValueError(f"{path}: its base: chain comes back to itself")
-    if not path.is_file():
-        raise ValueError(f"{path}: no such yaml file")
-    cfg = om.load(path)
-    base = cfg.pop("base", None)
-    below = [] if base is None else _layers(path.parent / base, (*seen, path.resolve()))
-    return [*below, (str(path), cfg)]
+    ``algorithms``, ``loggers`` or ``callbacks`` turns the base's off. A chain of more than ``MAX_BASE_DEPTH`` links,
+    or one that comes back to a yaml already in it, is refused (``Refused``) naming it."""
+    layers: list[tuple[str, DictConfig]] = []
+    named = [str(path)]  # the chain as written: the yaml given, then each base: as its yaml gives it
+    seen: set[Path] = set()
+    while True:
+        if path.resolve() in seen:
+            raise Refused(f"{layers[-1][0]}: its base: chain comes back to itself: {' -> '.join(named)} (remove "
+                          "the base: that closes the loop)")
+        if len(layers) > MAX_BASE_DEPTH:
+            shown = [*named[:4], "...", *named[-2:]]
+            raise Refused(f"{named[0]}: its base: chain names more than {MAX_BASE_DEPTH} bases "
+                          f"({' -> '.join(shown)}): make a variant's base: one that holds what its chain merged")
+        if not path.is_file():
+            raise ValueError(f"{path}: no such yaml file")
+        seen.add(path.resolve())
+        cfg = om.load(path)
+        base = cfg.pop("base", None)
+        layers.append((str(path), cfg))
+        if base is None:
+            return layers[::-1]
+        named.append(str(base))
+        path = path.parent / base
 
 
 def _raw(layer: DictConfig, key: str) -> Any:
