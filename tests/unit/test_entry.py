@@ -47,3 +47,15 @@ def test_a_bug_keeps_its_traceback_and_vocagno_traceback_shows_a_refusals(monkey
     monkeypatch.setenv("VOCAGNO_TRACEBACK", "1")
     with pytest.raises(Refused):
         run(refuse)
+
+
+def test_a_refusal_naming_a_files_text_shows_it_as_characters(capsys, monkeypatch):
+    """A refusal quotes what it refuses (a file's name, a key of it): its escape sequences reach the terminal as
+    escapes, never as commands to it."""
+    monkeypatch.delenv("VOCAGNO_TRACEBACK", raising=False)
+
+    def refuse_a_name():
+        raise Refused("shards/\x1b]0;owned\x07\x1b[2J\u202ex: refused: its key 'x\x9b' is none")
+
+    assert ended(refuse_a_name) == 2
+    assert capsys.readouterr().err == "error: shards/\\x1b]0;owned\\x07\\x1b[2J\\u202ex: refused: its key 'x\\x9b' is none\n"
