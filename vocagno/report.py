@@ -25,7 +25,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from vocagno.eval.benchmarks import BENCHMARKS, TITLES, checked_partial
+from vocagno.eval.benchmarks import BENCHMARKS, TITLES, checked_partial, checked_results
+from vocagno.doors.shown import md_text, terminal
 from vocagno.doors.untrusted import UntrustedFile, read_json
 from vocagno.doors.writing import save_figure
 
@@ -33,8 +34,9 @@ __all__ = ["read_run", "run_names", "results_table", "sweep", "miniature_table",
 
 
 def read_run(folder: Path) -> dict[str, float]:
-    """A run's accuracies per benchmark (those evaluated) from its ``results.json``."""
-    return _accuracies(_results(folder))
+    """A run's accuracies per benchmark (those evaluated) from its ``results.json``; a key ``vocagno.eval`` does not
+    write is refused (``checked_results``)."""
+    return checked_results(_results(folder), str(folder / "results.json"))
 
 
 def _results(folder: Path) -> dict:
@@ -47,10 +49,6 @@ def _results(folder: Path) -> dict:
     return results
 
 
-def _accuracies(results: dict) -> dict[str, float]:
-    return {name: value for name, value in results.items() if isinstance(value, (int, float))}
-
-
 def run_names(folders: list[Path]) -> list[str]:
     """Each run's name: its folder's path below the folder all the runs' folders are in."""
     absolute = [Path(os.path.abspath(folder)) for folder in folders]
@@ -59,7 +57,10 @@ def run_names(folders: list[Path]) -> list[str]:
 
 
 def _average(results: dict[str, float]) -> float:
-    return sum(results.values()) / len(results) if results else float("nan")
+    """The mean of a run's accuracies: its benchmarks', every one of which the table shows (``checked_results`` let
+    no other number in)."""
+    shown = [results[b] for b in BENCHMARKS if b in results]
+    return sum(shown) / len(shown) if shown else float("nan")
 
 
 def results_table(runs: dict[str, dict[str, float]], baseline: str | None,
@@ -68,18 +69,19 @@ def results_table(runs: dict[str, dict[str, float]], baseline: str | None,
 
     The average is over the benchmarks the run has; a run missing some of the columns says so in its AVG cell
     (its average is not comparable with the others'). A partial score (``partial``: run -> benchmark -> why) is
-    marked ``*``."""
+    marked ``*``. Run names (folder names) are written through ``md_text``: a ``|`` in one adds no cell."""
     partial = partial or {}
     columns = [b for b in BENCHMARKS if any(b in r for r in runs.values())]
     base_avg = _average(runs[baseline]) if baseline else None
-    head = "| run | " + " | ".join(TITLES[b] for b in columns) + " | AVG |" + (f" vs {baseline} |" if baseline else "")
+    head = "| run | " + " | ".join(TITLES[b] for b in columns) + " | AVG |" + (
+        f" vs {md_text(baseline)} |" if baseline else "")
     lines = [head, "|---" * (len(columns) + 2 + bool(baseline)) + "|"]
     for name, results in runs.items():
         cells = [f"{results[b]:.1f}" + ("*" if b in partial.get(name, {}) else "") if b in results else "-"
                  for b in columns]
         average = f"{_average(results):.1f}" + ("*" if partial.get(name) else "") + (
             "" if all(b in results for b in columns) else " (partial)")
-        row = f"| {name} | " + " | ".join(cells) + f" | {average} |"
+        row = f"| {md_text(name)} | " + " | ".join(cells) + f" | {average} |"
         if base_avg:
             row += f" {100 * (_average(results) - base_avg) / base_avg:+.1f}% |"
         lines.append(row)
@@ -140,15 +142,17 @@ def _what_topk_implies(ratio: float, clean: float) -> str:
 
 
 def miniature_table(result: dict) -> str:
-    """``experiments/miniature.py``'s result as markdown: held-out bits per byte per method (mean ± sd over seeds),
+    """``experiments/miniature.py``'s result as markdown (its names, a file's, through ``md_text``): held-out bits per
+    byte per method (mean ± sd over seeds),
     the selection precision of the selecting methods, and each method against plain over the same seeds: the mean
     paired difference ± the paired differences' sd, and whether it lies beyond twice that sd (lower is better)."""
     bpb, plain = result["bits_per_byte"], result["bits_per_byte"]["plain"]
     lines = [
         f"Held-out bits per byte (GSM8K problems 501-600) of students trained on problems 1-500 plus "
-        f"{result['junk']:.0%} word-shuffled copies: {result['size']} size, {result['steps']} steps, seeds "
-        f"{', '.join(map(str, result['seeds']))}, {result['device']}; clean share of the corpus "
-        f"{result['clean_share']:.3f}. Teacher ({result['teacher']}): {result['teacher_bits_per_byte']:.4f}.",
+        f"{result['junk']:.0%} word-shuffled copies: {md_text(result['size'])} size, {md_text(result['steps'])} steps, "
+        f"seeds {md_text(', '.join(map(str, result['seeds'])))}, {md_text(result['device'])}; clean share of the "
+        f"corpus {result['clean_share']:.3f}. Teacher ({md_text(result['teacher'])}): "
+        f"{result['teacher_bits_per_byte']:.4f}.",
         _what_topk_implies(0.4, result["clean_share"]),
         "",
         "| method | bits/byte (mean ± sd) | selection precision | vs plain: mean paired diff ± sd | beyond 2 sd |",
@@ -156,7 +160,7 @@ def miniature_table(result: dict) -> str:
     ]
     for method, values in bpb.items():
         precision = result["selection_precision"].get(method)
-        row = f"| {method} | {statistics.mean(values):.4f}{_plus_minus(values)} | "
+        row = f"| {md_text(method)} | {statistics.mean(values):.4f}{_plus_minus(values)} | "
         row += f"{precision:.3f} | " if precision is not None else "- | "
         if method in ("plain", "init"):
             lines.append(row + "- | - |")
@@ -212,38 +216,40 @@ def main(argv: list[str] | None = None) -> int:
         try:
             result = read_json(args.miniature)
         except UntrustedFile as error:
-            parser.error(str(error))
-        print(miniature_table(result))
+            parser.error(terminal(error))
+        try:
+            print(miniature_table(result))
+        except (KeyError, TypeError, ValueError, AttributeError, statistics.StatisticsError) as error:
+            parser.error(terminal(f"{args.miniature}: refused: not experiments/miniature.py's result ({error!r})"))
         if args.plot:
             plot_miniature(result, args.plot)
-            print(f"wrote {args.plot}")
+            print(terminal(f"wrote {args.plot}"))
         return 0
     if not args.runs:
         parser.error("give python -m vocagno.eval --output folders, or --miniature")
     names = run_names(args.runs)
     if len(set(names)) < len(names):
-        parser.error(f"a run is given twice: {', '.join(sorted({n for n in names if names.count(n) > 1}))}")
-    try:
-        results = {name: _results(folder) for name, folder in zip(names, args.runs)}  # each read once
-        runs = {name: _accuracies(one) for name, one in results.items()}
-        partial = {name: checked_partial(one, str(folder / "results.json"))
-                   for (name, one), folder in zip(results.items(), args.runs)}
-    except (FileNotFoundError, UntrustedFile) as error:
-        parser.error(str(error))
+        parser.error(terminal(f"a run is given twice: {', '.join(sorted({n for n in names if names.count(n) > 1}))}"))
+    # A folder without results.json, or one refused, ends the command in one line (vocagno.entry).
+    results = {name: _results(folder) for name, folder in zip(names, args.runs)}  # each read once
+    runs = {name: checked_results(one, str(folder / "results.json"))
+            for (name, one), folder in zip(results.items(), args.runs)}
+    partial = {name: checked_partial(one, str(folder / "results.json"))
+               for (name, one), folder in zip(results.items(), args.runs)}
     for name, reasons in partial.items():
         if reasons:
-            print(f"warning: {name}: partial scores, marked *: " + "; ".join(
-                f"{TITLES.get(b, b)}: {why}" for b, why in reasons.items()), file=sys.stderr)
+            print(terminal(f"warning: {name}: partial scores, marked *: " + "; ".join(
+                f"{TITLES.get(b, b)}: {why}" for b, why in reasons.items())), file=sys.stderr)
     named_cpt = [name for name in runs if "cpt" in Path(name).name.lower()]
     if args.baseline is None and len(named_cpt) > 1:
-        parser.error(f"two or more runs are named *cpt* ({', '.join(named_cpt)}): choose one with --baseline")
+        parser.error(terminal(f"two or more runs are named *cpt* ({', '.join(named_cpt)}): choose one with --baseline"))
     baseline = args.baseline or next(iter(named_cpt), None)
     if baseline is not None and baseline not in runs:
-        parser.error(f"--baseline {baseline} is not one of the runs: {', '.join(runs)}")
+        parser.error(terminal(f"--baseline {baseline} is not one of the runs: {', '.join(runs)}"))
     print(results_table(runs, baseline, partial))
     if args.plot:
         placed = plot(runs, args.plot, args.x_key, args.x_label)
-        print(f"wrote {args.plot}: {placed}")
+        print(terminal(f"wrote {args.plot}: {placed}"))
     return 0
 
 
