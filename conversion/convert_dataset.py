@@ -60,6 +60,7 @@ from vocagno.data.shards import (  # noqa: E402
     COLUMNS, METADATA_FILE, SHARD_HASH, Encoder, Packer, ShardMetadata, TokenizerInfo, tokenizer_info,
 )
 from vocagno.core.tokenization import load_tokenizer  # noqa: E402
+from vocagno.doors.shown import terminal  # noqa: E402
 from vocagno.doors.untrusted import UntrustedFile, plain_name, read_json  # noqa: E402
 from vocagno.entry import run  # noqa: E402
 from vocagno.doors.writing import make_readable, publish, remove, staging, write_atomically  # noqa: E402
@@ -205,7 +206,11 @@ def convert_part(
             stats[SPECIAL_STRINGS] += _encoder.special_strings(docs)
             stats["documents converted"] += len(docs)
             for group, continues_first, open_last in piece_groups(docs):
-                encoded = _encoder.encode(group, continues_first, open_last)
+                try:
+                    encoded = _encoder.encode(group, continues_first, open_last)
+                except Refused as error:  # a tokenizer that panics on a document: which part, from which files
+                    files = ", ".join(list(sources)[:3]) + (", ..." if len(sources) > 3 else "")
+                    raise Refused(f"{error} (part {final.name}, from {files})") from None
                 stats["student tokens"] += len(encoded.student_ids)
                 stats["teacher tokens"] += len(encoded.teacher_ids)
                 for sample in packer.add(encoded):
@@ -366,7 +371,7 @@ def convert(args: argparse.Namespace, output: Output, tokenizers: tuple) -> dict
     finally:
         lock.release()
     for name, error in unreadable.items():
-        print(f"error: could not read {name}: {error}", file=sys.stderr)
+        print(terminal(f"error: could not read {name}: {error}"), file=sys.stderr)
     return unreadable
 
 
@@ -630,7 +635,7 @@ def print_summary(title: str, totals: Counter, output: Output, parts: list[str],
     if merged:
         lines.append(f"complete: {output} (index.json, vocagno.json)"
                      + (f", without the {len(unreadable)} unreadable file(s) above" if unreadable else ""))
-    print("\n".join(lines), flush=True)
+    print("\n".join(terminal(line) for line in lines), flush=True)  # file names and errors: a corpus's
 
 
 if __name__ == "__main__":

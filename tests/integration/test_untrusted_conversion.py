@@ -175,6 +175,24 @@ def test_a_gzip_bomb_of_one_line_is_read_in_bounded_memory(tmp_path, monkeypatch
     assert source.over_cap == [f"{path} line 1"]
 
 
+# ---- a tokenizer folder from elsewhere ----
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_teacher_tokenizer_that_panics_on_a_document_is_refused_in_one_line(tmp_path, capsys, workers):
+    """A teacher tokenizer whose pre-tokenizer pattern makes Oniguruma give up on a document ends in a Rust panic
+    (a ``BaseException``, which a worker process can't even send back): the conversion is refused in one line that
+    names the tokenizer, the text, the part and its file, and the fix."""
+    from panicking import PANIC_FIX, backtracking_tokenizer
+
+    teacher = backtracking_tokenizer(tmp_path / "teacher")
+    corpus = small_corpus(tmp_path / "docs.jsonl", extra=["a" * 40 + " and more"])
+    message = converts(tmp_path / "shards", "--teacher-tokenizer", str(teacher), "--workers", str(workers),
+                       inputs=[corpus])
+    assert message.startswith(f"error: tokenizer {str(teacher)!r}: refused: it panicked encoding one of ")
+    assert message.endswith(f"{PANIC_FIX} (part part-00000-000000, from {corpus})")
+    assert "\n" not in message and "PanicException: Onig: Regex search error: retry-limit-in-match over" in message
+
+
 # ---- an out-root on this machine given with --local-root, and the working folder of a remote one ----
 
 def test_a_link_planted_on_an_out_root_folder_given_with_local_root_is_not_written_through(tmp_path):

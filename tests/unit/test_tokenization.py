@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+from panicking import PANIC_FIX, backtracking_tokenizer
+
 from vocagno.core.tokenization import SHIPPED_TOKENIZERS, encode_with_offsets, load_tokenizer, shipped_tokenizer_dir
 
 # The sizes the shipped copies must have (shared/assets/README.md): the real tokenizers, not stand-ins.
@@ -290,3 +292,19 @@ def test_a_vocabulary_with_two_tokens_of_one_id_is_read_for_its_tokenizer_and_ke
     assert vocab["<twin>"] == 5 and _by_content.cache_info().currsize == 0
     plain, _ = vocabulary(load_tokenizer("mistral"))
     assert "<twin>" not in plain and _by_content.cache_info().currsize == 1
+
+
+def test_a_tokenizer_whose_pattern_panics_on_a_text_is_refused_in_one_line(tmp_path):
+    """A Rust panic is a ``BaseException`` (pyo3's ``PanicException``) that no ``except Exception`` takes: it is
+    refused as what it is, naming the tokenizer, the text and the fix."""
+    from vocagno.errors import Refused
+
+    folder = backtracking_tokenizer(tmp_path / "backtracking")
+    tokenizer = load_tokenizer(str(folder))
+    assert encode_with_offsets(tokenizer, "one two!")[0].tolist() == encode_with_offsets(
+        load_tokenizer("qwen2.5"), "one two!")[0].tolist()  # what does not backtrack encodes as before
+    with pytest.raises(Refused) as refused:
+        encode_with_offsets(tokenizer, "a" * 40 + " and more")
+    assert str(refused.value) == (
+        f"tokenizer {str(folder)!r}: refused: it panicked encoding a text of 49 characters beginning "
+        f"{'a' * 32!r} (PanicException: Onig: Regex search error: retry-limit-in-match over) {PANIC_FIX}")

@@ -3,6 +3,7 @@ shipped model's folder."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import difflib
 import hashlib
@@ -16,12 +17,13 @@ from pathlib import Path
 import numpy as np
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from vocagno.doors.untrusted import from_pretrained
+from vocagno.doors.untrusted import from_pretrained, reason
 from vocagno.doors.writing import publish, remove, staging
+from vocagno.errors import Refused
 
 __all__ = [
     "SHIPPED_TOKENIZERS", "SHIPPED_MODELS", "ASSETS", "load_tokenizer", "as_tokenizer", "shipped_tokenizer_dir",
-    "shipped_model_dir", "resolve_shipped", "encode_with_offsets",
+    "shipped_model_dir", "resolve_shipped", "encode_with_offsets", "panics_refused", "described",
     "text_tokenizers", "has_dummy_prefix", "without_dummy_prefix",
 ]
 
@@ -145,13 +147,45 @@ def encode_with_offsets(
     Specials the tokenizer adds get empty spans, so alignment leaves them unmapped. A special token's string in the
     text ("</s>") stays text (``split_special_tokens``): text never turns into a special token.
     """
-    encoding = tokenizer(
-        text, add_special_tokens=add_special_tokens, return_offsets_mapping=True, return_attention_mask=False,
-        split_special_tokens=True,
-    )
+    with panics_refused(tokenizer.name_or_path, described([text])):
+        encoding = tokenizer(
+            text, add_special_tokens=add_special_tokens, return_offsets_mapping=True, return_attention_mask=False,
+            split_special_tokens=True,
+        )
     ids = np.asarray(encoding["input_ids"], dtype=np.int64)
     offsets = np.asarray(encoding["offset_mapping"], dtype=np.int64).reshape(-1, 2)
     return ids, offsets
+
+
+def _is_panic(error: BaseException) -> bool:
+    """Whether ``error`` is a panic of a Rust library raised through pyo3 (``pyo3_runtime.PanicException``: a
+    ``BaseException``, which no ``except Exception`` takes, and a type no module exports by name)."""
+    kind = type(error)
+    return kind.__name__ == "PanicException" and kind.__module__ == "pyo3_runtime"
+
+
+def described(texts: list[str]) -> str:
+    """The texts a tokenizer was given, as a refusal names them: how many, how long, how the first begins."""
+    if len(texts) == 1:
+        return f"a text of {len(texts[0]):,} characters beginning {texts[0][:32]!r}"
+    return f"one of {len(texts):,} texts ({sum(map(len, texts)):,} characters) beginning {texts[0][:32]!r}"
+
+
+@contextlib.contextmanager
+def panics_refused(tokenizer: str, what: str):
+    """Encoding with ``tokenizer`` (a name or folder) in it: a panic of its Rust side is raised as ``Refused``, one line
+    naming the tokenizer, ``what`` it was encoding (``described``) and the fix. A tokenizer.json from elsewhere can
+    hold a pre-tokenizer pattern on which Oniguruma gives up (its retry limit), and the library panics."""
+    try:
+        yield
+    except BaseException as error:
+        if not _is_panic(error):
+            raise
+        fix = "(Oniguruma's retry limit: its tokenizer.json's pre-tokenizer pattern backtracks without bound on " \
+            "such text; use a tokenizer whose pattern does not)" if "Onig" in str(error) else \
+            "(a panic of the Rust tokenizers library on this text: use another tokenizer)"
+        raise Refused(f"tokenizer {str(tokenizer)!r}: refused: it panicked encoding {what} ({reason(error)}) "
+                      f"{fix}") from None
 
 
 def text_tokenizers(backend) -> tuple:

@@ -373,6 +373,7 @@ class Encoder:
     def __init__(self, student, teacher):  # fast tokenizers, as load_tokenizer gives them
         from vocagno.core.tokenization import text_tokenizers
 
+        self.names = (student.name_or_path, teacher.name_or_path)  # what a refusal names
         self.student = text_tokenizers(student.backend_tokenizer)
         self.teacher = text_tokenizers(teacher.backend_tokenizer)
         # One tokenizer on both sides (a Rho-1 reference model): tokenize once. The same content, the same copies.
@@ -385,15 +386,22 @@ class Encoder:
 
     def encode(self, docs: list[list[str]], continues_first: bool = False, open_last: bool = False) -> EncodedDocuments:
         """``continues_first``: the first piece goes on from the last ``encode`` call's document; ``open_last``: the
-        last document goes on in the next call (``piece_groups``)."""
+        last document goes on in the next call (``piece_groups``). A tokenizer that panics on the pieces is refused
+        (``panics_refused``)."""
+        from vocagno.core.tokenization import described, panics_refused
+
         pieces = [piece for doc in docs for piece in doc]
         continues = [k > 0 or (d == 0 and continues_first) for d, doc in enumerate(docs) for k in range(len(doc))]
         piece_chars = np.array([len(p) for p in pieces], dtype=np.int64)
         piece_starts = np.cumsum(piece_chars) - piece_chars  # where each piece begins in the joined text
         first_piece = np.cumsum([0] + [len(doc) for doc in docs])[:-1]
-        s_ids, s_offsets, s_lengths = _encode(self.student, pieces, continues, piece_starts)
-        t_ids, t_offsets, t_lengths = (s_ids, s_offsets, s_lengths) if self.same else \
-            _encode(self.teacher, pieces, continues, piece_starts)
+        with panics_refused(self.names[0], described(pieces)):
+            s_ids, s_offsets, s_lengths = _encode(self.student, pieces, continues, piece_starts)
+        if self.same:
+            t_ids, t_offsets, t_lengths = s_ids, s_offsets, s_lengths
+        else:
+            with panics_refused(self.names[1], described(pieces)):
+                t_ids, t_offsets, t_lengths = _encode(self.teacher, pieces, continues, piece_starts)
         return EncodedDocuments(
             text="".join(pieces),
             doc_ends=np.add.reduceat(piece_chars, first_piece).cumsum(),
