@@ -37,6 +37,7 @@ from typing import Callable, Iterator
 
 from vocagno.errors import Refused
 from vocagno.doors.untrusted import UntrustedFile, cap, open_regular, plain_name
+from vocagno.doors.shown import terminal
 
 __all__ = ["Record", "Source", "TextOf", "LOCAL_SUFFIXES", "sources_of", "hub_sources", "parse_jsonl_line"]
 
@@ -433,7 +434,8 @@ def local_sources(inputs: list[str], text_of: TextOf, split: str = "train") -> l
                                        (len(ignored), f"file(s) that are not {'/'.join(LOCAL_SUFFIXES)}[.gz/.zst]",
                                         [str(p.relative_to(path)) for p in ignored])):
                 if count:
-                    print(f"{path}: ignored {count} {what}: {', '.join(names[:10])}" + (", ..." if count > 10 else ""))
+                    print(terminal(f"{path}: ignored {count} {what}: {', '.join(names[:10])}"
+                                   + (", ..." if count > 10 else "")))
             if len(ignored) == len(found):
                 raise Refused(f"{path} holds no {', '.join(LOCAL_SUFFIXES)} files (or .gz/.zst of them)")
             files += [(p, CorpusFile(below[p], given)) for p in found if _format(p) is not None]
@@ -554,8 +556,9 @@ def remote_sources(pattern: str, text_of: TextOf) -> list[Source]:
     chosen = sorted(k for k in keys if _format(Path(k)) is not None)
     ignored = sorted(set(keys) - set(chosen))
     if ignored:
-        print(f"{pattern}: ignored {len(ignored)} object(s) that are not {'/'.join(LOCAL_SUFFIXES)}[.gz/.zst]: "
-              f"{', '.join(ignored[:10])}" + (", ..." if len(ignored) > 10 else ""))
+        print(terminal(f"{pattern}: ignored {len(ignored)} object(s) that are not "
+                       f"{'/'.join(LOCAL_SUFFIXES)}[.gz/.zst]: {', '.join(ignored[:10])}"
+                       + (", ..." if len(ignored) > 10 else "")))
     if not chosen:
         raise Refused(f"input {pattern}: no {', '.join(LOCAL_SUFFIXES)} files (or .gz/.zst of them) there")
     return [_remote_source(f"{scheme}://{bucket}/{k}", text_of) for k in chosen]
