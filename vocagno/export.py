@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import os
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf as om
+from omegaconf import DictConfig, OmegaConf as om
 
 from vocagno.algorithms.vocagno_lm import VocAgnoLM
 from vocagno.training.checkpoint import DTYPES, BadCheckpoint, fetch, model_from_checkpoint, recipe, recipe_config
+from vocagno.doors.shown import md_code, md_fence, md_text, terminal
 from vocagno.doors.untrusted import UntrustedFile, read_json
 from vocagno.doors.writing import make_readable, publish, remove, staging, write_atomically
 
@@ -83,7 +85,8 @@ def _fill_generation_config(model, tokenizer) -> None:
 
 
 def _eval_results(folder: str) -> dict[str, Any]:
-    from vocagno.eval.benchmarks import checked_partial
+    """``FOLDER/results.json`` as ``vocagno.eval`` writes it (``checked_results``), its accuracies as floats."""
+    from vocagno.eval.benchmarks import checked_results
 
     path = Path(folder) / "results.json"
     if not path.is_file():
@@ -95,47 +98,69 @@ def _eval_results(folder: str) -> dict[str, Any]:
     if not isinstance(results, dict):
         raise BadCheckpoint(f"--eval {path}: not vocagno.eval's results (a mapping of benchmarks to scores)")
     try:
-        checked_partial(results, str(path))
+        return {**results, **checked_results(results, str(path))}
     except UntrustedFile as error:
         raise BadCheckpoint(f"--eval {error}") from None
-    return results
+
+
+# Where the card's parts came from, as the card states it.
+RECIPE = "the checkpoint's stored recipe"
+COMPUTED = "computed by vocagno.export from the weights"
 
 
 def model_card(checkpoint: str, folder: str, state: dict[str, Any], model, results: dict[str, Any] | None = None,
                eval_dir: str | None = None) -> str:
     """The README.md of an exported model: what it is, how it was trained (the run's yaml, the checkpoint's
-    timestamp), how it scored (``vocagno.eval``'s results)."""
+    timestamp), how it scored (``vocagno.eval``'s results), each part saying where it came from. Every string of the
+    checkpoint, of ``results`` or of a folder's name is written through ``vocagno.doors.shown``: it renders as its
+    characters, never as a heading, a cell, a link, HTML or the end of a fence."""
     from vocagno.eval.__main__ import table
 
     cfg = recipe_config(state, checkpoint)
     timestamp = (state.get("timestamp") or {}).get("Timestamp") or {}
-    name = cfg.get("run_name") if cfg is not None else Path(checkpoint.rstrip("/")).name
+    if cfg is not None and cfg.get("run_name") is not None:
+        name, named_by = cfg.get("run_name"), f"{RECIPE} (run_name)"
+    else:
+        name, named_by = Path(checkpoint.rstrip("/")).name, "the checkpoint's folder name"
     params = sum(p.numel() for p in model.parameters())
-    rows = [("weights", f"{params:,} parameters, {str(model.dtype).removeprefix('torch.')}"),
-            ("trained", f"{timestamp.get('token', 0):,} student tokens, {timestamp.get('batch', 0):,} batches, "
-                        f"{timestamp.get('sample', 0):,} samples"),
-            ("checkpoint", f"`{checkpoint}`")]
+    rows = [("name", md_text(name), named_by),
+            ("weights", f"{params:,} parameters, {str(model.dtype).removeprefix('torch.')}", COMPUTED),
+            ("trained", md_text(f"{_count(timestamp, 'token')} student tokens, {_count(timestamp, 'batch')} batches, "
+                                f"{_count(timestamp, 'sample')} samples"), "the checkpoint's timestamp"),
+            ("checkpoint", md_code(checkpoint, cell=True), "vocagno.export's command line")]
     if cfg is not None:
         rows[1:1] = _recipe_rows(cfg)
     lines = ["---", "library_name: transformers", "tags: [vocagno, vocagnolm, math]", "---", "",
-             f"# {name}", "",
+             f"# {md_text(name)}", "",
              "A causal language model trained with vocagno: VocAgnoLM (Shin et al., ICML 2025), teacher guided "
              "language modeling with a teacher of another vocabulary.", "",
-             "| | |", "|---|---|", *(f"| {key} | {value} |" for key, value in rows), ""]
+             "| | | from |", "|---|---|---|", *(f"| {key} | {value} | {source} |" for key, value, source in rows), ""]
     if results is not None:
+        where = md_code(f"{eval_dir}/results.json")
         lines += ["## Evaluation", "",
-                  f"`python -m vocagno.eval` (few-shot chain of thought, greedy; accuracy %), from `{eval_dir}`:", "",
+                  f"`python -m vocagno.eval` (few-shot chain of thought, greedy; accuracy %), from {where}:", "",
                   table(results), ""]
-    lines += ["## Use", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
-              f'model = AutoModelForCausalLM.from_pretrained("{folder}")',
-              f'tokenizer = AutoTokenizer.from_pretrained("{folder}")',
-              "```", ""]
+    use = "\n".join(["from transformers import AutoModelForCausalLM, AutoTokenizer", "",
+                     f"model = AutoModelForCausalLM.from_pretrained({_literal(folder)})",
+                     f"tokenizer = AutoTokenizer.from_pretrained({_literal(folder)})"])
+    lines += ["## Use", "", md_fence(use, "python"), ""]
     if cfg is not None:
-        lines += ["## The run's yaml", "", "`composer train.py` ran with this (resolved):", "", "```yaml",
-                  recipe(state).rstrip(), "```", ""]
+        lines += ["## The run's yaml", "", f"`composer train.py` ran with this (resolved), from {RECIPE}:", "",
+                  md_fence(recipe(state), "yaml"), ""]
     else:
         lines += ["The checkpoint holds no recipe (it was not written by vocagno's train.py, or by an older one).", ""]
     return "\n".join(lines)
+
+
+def _count(timestamp: dict, unit: str) -> str:
+    value = timestamp.get(unit, 0)
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _literal(text: str) -> str:
+    """``text`` as a Python string literal (JSON's, which Python reads the same): a folder's name in the card's
+    code can't end its string."""
+    return json.dumps(text, ensure_ascii=False)
 
 
 # What VocAgnoLM selects by when a yaml leaves it to the defaults: the card states every choice.
@@ -144,41 +169,59 @@ VOCAGNO_DEFAULTS = {name: parameter.default for name, parameter in inspect.signa
                                 "teacher_losses")}
 
 
-def _recipe_rows(cfg) -> list[tuple[str, str]]:
-    def model_of(section) -> str:
-        if section.get("name_or_path"):
-            return f"`{section.name_or_path}`"
-        config = section.get("config") or {}
-        return (f"random init: {config.get('model_type')}, {config.get('num_hidden_layers')} layers of "
-                f"{config.get('hidden_size')}")
+def _recipe_rows(cfg) -> list[tuple[str, str, str]]:
+    """The card's rows stated by the recipe: each value of it as markdown (``md_code`` for a name or a path,
+    ``md_text`` for the rest), and where it came from."""
+    def at(key: str):
+        try:
+            return om.select(cfg, key, default=None)
+        except Exception:  # a recipe whose node on the way is no mapping: not stated
+            return None
 
-    rows = [("student", f"{model_of(cfg.model)}, tokenizer `{cfg.tokenizer.name}`")]
-    teacher = cfg.get("teacher")
-    if teacher is not None:
-        rows.append(("teacher", f"{model_of(teacher)}, tokenizer `{teacher.tokenizer}`"))
-    algorithms = {k: v for k, v in (om.to_container(cfg.get("algorithms")) or {}).items() if v is not None}
+    def model_of(where: str) -> str:
+        if at(f"{where}.name_or_path"):
+            return md_code(at(f"{where}.name_or_path"), cell=True)
+        config = at(f"{where}.config")
+        config = config if isinstance(config, DictConfig) else {}
+        return md_text(f"random init: {config.get('model_type')}, {config.get('num_hidden_layers')} layers of "
+                       f"{config.get('hidden_size')}")
+
+    rows = [("student", f"{model_of('model')}, tokenizer {md_code(at('tokenizer.name'), cell=True)}", RECIPE)]
+    if at("teacher") is not None:
+        rows.append(("teacher", f"{model_of('teacher')}, tokenizer {md_code(at('teacher.tokenizer'), cell=True)}",
+                     RECIPE))
+    algorithms = at("algorithms")
+    algorithms = {k: v for k, v in om.to_container(algorithms).items() if v is not None} \
+        if isinstance(algorithms, DictConfig) else {}
     if not algorithms:
-        rows.append(("method", "plain continual pretraining (every token)"))
+        rows.append(("method", "plain continual pretraining (every token)", RECIPE))
     for name, options in algorithms.items():
-        options = {**(VOCAGNO_DEFAULTS if name == "vocagno" else {}), **(options or {})}
+        options = {**(VOCAGNO_DEFAULTS if name == "vocagno" else {}), **(options if isinstance(options, dict) else {})}
         shown = ", ".join(f"{key} {value}" for key, value in options.items())
-        rows.append(("method", name + (f": {shown}" if shown else "")))
-    rows.append(("data", _data(cfg.train_loader.dataset)))
-    rows.append(("precision", str(cfg.get("precision"))))
+        rows.append(("method", md_text(name + (f": {shown}" if shown else "")),
+                     RECIPE + (" (VocAgnoLM's defaults where it says nothing)" if name == "vocagno" else "")))
+    rows.append(("data", _data(at("train_loader.dataset")), RECIPE))
+    rows.append(("precision", md_text(at("precision")), RECIPE))
     return rows
 
 
 def _data(dataset) -> str:
-    """Where the run's samples came from: its dataset, or each stream of a mixture with its weight."""
+    """Where the run's samples came from: its dataset, or each stream of a mixture with its weight, as markdown."""
     def where(stream) -> str:
-        return f"`{stream.get('remote') or stream.get('local')}`"
+        return md_code(stream.get("remote") or stream.get("local"), cell=True)
 
-    if not dataset.get("streams"):
+    if not isinstance(dataset, DictConfig):
+        return md_text(dataset)
+    streams = dataset.get("streams")
+    if not isinstance(streams, DictConfig) or not streams:
         return where(dataset)
     named = []
-    for name, stream in dataset.streams.items():
+    for name, stream in streams.items():
+        if not isinstance(stream, DictConfig):
+            named.append(md_text(f"{name} {stream}"))
+            continue
         weights = ", ".join(f"{key} {stream[key]}" for key in ("proportion", "repeat", "choose") if key in stream)
-        named.append(f"{name} {where(stream)}" + (f" ({weights})" if weights else ""))
+        named.append(f"{md_text(name)} {where(stream)}" + (f" {md_text(f'({weights})')}" if weights else ""))
     return "mixture: " + ", ".join(named)
 
 
@@ -191,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval", dest="eval_dir", help="a vocagno.eval --output folder: its results go in the card")
     args = parser.parse_args(argv)
     out = export(args.checkpoint, args.out, args.dtype, args.overwrite, args.eval_dir)
-    print(f"exported {args.checkpoint} to {out}")
+    print(terminal(f"exported {args.checkpoint} to {out}"))
     return 0
 
 

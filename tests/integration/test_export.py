@@ -142,11 +142,13 @@ def test_a_whole_checkpoint_becomes_a_folder_that_loads_with_the_checkpoints_log
                                                 "tokenizer.json", "tokenizer_config.json", "README.md"}
     weights = load_checkpoint(str(whole_run / "ep0-ba2-rank0.pt"))["state"]["model"]
     torch.testing.assert_close(logits(from_pretrained(out)), logits(student_with(weights)), rtol=0, atol=0)
-    card = (out / "README.md").read_text()
-    for stated in ("`tiny-math-teacher`, tokenizer `mistral`", "random init: llama, 2 layers of 64, tokenizer `llama2`",
+    page = render((out / "README.md").read_text())
+    for stated in ("<code>tiny-math-teacher</code>, tokenizer <code>mistral</code>",
+                   "random init: llama, 2 layers of 64, tokenizer <code>llama2</code>",
                    "vocagno: topk_ratio 0.4, aggregation max, unmapped include, selection_scope batch",
-                   "2,048 student tokens, 2 batches, 16 samples", "float32", "```yaml", "run_name: tiny"):
-        assert stated in card, stated
+                   "2,048 student tokens, 2 batches, 16 samples", "float32", '<code class="language-yaml">',
+                   "run_name: tiny"):
+        assert stated in page, stated
     config = json.loads((out / "generation_config.json").read_text())
     assert config["eos_token_id"] == 2 and config["pad_token_id"] == 2
 
@@ -160,7 +162,8 @@ def test_the_card_carries_the_evaluation_of_the_exported_model(whole_run, tmp_pa
     assert export_main([str(whole_run), str(tmp_path / "model"), "--overwrite", "--eval", str(tmp_path / "eval")]) == 0
     card = (tmp_path / "model" / "README.md").read_text()
     assert "## Evaluation" in card and "| GSM8K | SVAMP | AVG |" in card
-    assert "\\* partial, not the benchmark's score: GSM8K: the first 2 of 1,319 questions (--limit)" in card
+    assert ("<p>* partial, not the benchmark's score: GSM8K: the first 2 of 1,319 questions (--limit); "
+            in render(card))
     capsys.readouterr()
     refused([whole_run, tmp_path / "other", "--eval", tmp_path], capsys, names="no results.json there")
     results = json.loads((tmp_path / "eval" / "results.json").read_text())
@@ -169,6 +172,10 @@ def test_the_card_carries_the_evaluation_of_the_exported_model(whole_run, tmp_pa
         (tmp_path / "eval" / "results.json").write_text(json.dumps({**results, "partial": partial}))
         refused([whole_run, tmp_path / "other", "--eval", tmp_path / "eval"], capsys,
                 names="refused: its partial is not vocagno.eval's")
+    for key in ("avg", "GSM8K", "notes"):  # a number the card would show nowhere, or count in no average
+        (tmp_path / "eval" / "results.json").write_text(json.dumps({**results, key: 99.0}))
+        refused([whole_run, tmp_path / "other", "--eval", tmp_path / "eval"], capsys,
+                names=f"results.json: refused: its key {key!r} is none of vocagno.eval's (accepted: the benchmarks")
 
 
 def test_the_card_of_a_mixture_run_names_each_stream_and_its_weight():
@@ -185,7 +192,8 @@ def test_the_card_of_a_mixture_run_names_each_stream_and_its_weight():
     model = LlamaForCausalLM(LlamaConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
                                          num_attention_heads=1))
     card = model_card("runs/mixture", "mixture", state, model)
-    assert "| data | mixture: gsm `s3://runs/gsm` (proportion 0.75), heldout `/tmp/heldout` |" in card
+    assert ("<td>data</td>\n<td>mixture: gsm <code>s3://runs/gsm</code> (proportion 0.75), heldout "
+            "<code>/tmp/heldout</code></td>\n<td>the checkpoint's stored recipe</td>") in render(card)
 
 
 @pytest.mark.distributed  # the sharded checkpoint is written by 2 gloo processes
@@ -496,3 +504,110 @@ def test_a_remote_save_folder_loses_its_cut_short_upload_and_its_latest_is_repoi
     assert client.get_object(Bucket="runs", Key="cut/latest-rank0.pt.symlink")["Body"].read() == b"cut/ep0-ba1"
     with pytest.raises(BadCheckpoint, match="no object store"):
         repair("gopher://runs/cut")
+
+
+# What an attacker writes into a recipe's field, a run's name, a folder's name or a results.json's reason: each would
+# be a heading, a table cell, a fence's end, a link, an image, HTML or a terminal's escape if written raw.
+INJECTIONS = ["tiny\n# Injected heading\n\n| evaluation | 99.9 |\n|---|---|\n| GSM8K | 99.9 |",
+              "a | b | c", "```\n# after the fence\n```", "````", "<script>alert(1)</script><img src=x onerror=1>",
+              "[click](javascript:alert(1)) ![i](http://x/i.png)", "**b** _i_ `c` ~~s~~", "\x1b]0;title\x07\x1b[2J",
+              "evil\u202etxt", "x\\|y\\", "  - list\n> quote", "&lt;b&gt;"]
+MARKUP_OF_A_FIELD = ("<script", "<img", "<a ", "<strong", "<em", "<blockquote", "<ul", "<li")
+
+
+def card_of(recipe_overrides=None, run_name=None, checkpoint="runs/x/ep0-ba2-rank0.pt", folder="model",
+            results=None, eval_dir=None, yaml_tail=""):
+    """The card ``model_card`` writes for the tiny yaml's recipe with ``recipe_overrides`` (dotted keys to values,
+    any string), stored as ``train.py`` stores it."""
+    from omegaconf import OmegaConf as om
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from vocagno.training.config import load_config
+    from vocagno.export import model_card
+
+    cfg = load_config(str(REPO / "yamls" / "tiny.yaml"), [])
+    for key, value in (recipe_overrides or {}).items():
+        om.update(cfg, key, value, force_add=True)
+    if run_name is not None:
+        cfg.run_name = run_name
+    state = {"callbacks": {"RunRecipe": {"yaml": om.to_yaml(cfg, resolve=True) + yaml_tail}},
+             "timestamp": {"Timestamp": {"token": 2048, "batch": 2, "sample": 16}}}
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                                         num_attention_heads=1))
+    return model_card(checkpoint, folder, state, model, results, eval_dir), om.to_yaml(cfg, resolve=True) + yaml_tail
+
+
+def render(card: str) -> str:
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark").enable("table").render(card.split("---\n", 2)[2])  # past the front matter
+
+
+def structure(page: str) -> dict:
+    import re
+
+    return {"headings": re.findall(r"<h(\d)>", page), "tables": page.count("<table>"), "pre": page.count("<pre>"),
+            "cells per row": sorted({row.count("<td>") for row in re.findall(r"<tr>(.*?)</tr>", page, re.S)
+                                     if "<td>" in row}),
+            "rows": page.count("<tr>")}
+
+
+def text_of(fragment: str) -> str:
+    import html
+    import re
+
+    return html.unescape(re.sub(r"<[^>]+>", "", fragment))
+
+
+HONEST_RESULTS = {"gsm8k": 12.5, "svamp": 50.0, "partial": {"gsm8k": "the first 2 of 1,319 questions (--limit)"}}
+
+
+def test_an_honest_card_states_where_each_part_came_from():
+    card, yaml = card_of(results=HONEST_RESULTS, eval_dir="evals/tiny")
+    page = render(card)
+    assert structure(page) == {"headings": ["1", "2", "2", "2"], "tables": 2, "pre": 2, "cells per row": [3],
+                               "rows": 12}  # the recipe table's head and 9 rows, the results' head and row
+    assert "<h1>tiny</h1>" in page
+    for row in ("<td>name</td>\n<td>tiny</td>\n<td>the checkpoint's stored recipe (run_name)</td>",
+                "<td>teacher</td>\n<td><code>tiny-math-teacher</code>, tokenizer <code>mistral</code></td>\n"
+                "<td>the checkpoint's stored recipe</td>",
+                "<td>weights</td>\n<td>", "<td>computed by vocagno.export from the weights</td>",
+                "<td>2,048 student tokens, 2 batches, 16 samples</td>\n<td>the checkpoint's timestamp</td>",
+                "<td><code>runs/x/ep0-ba2-rank0.pt</code></td>\n<td>vocagno.export's command line</td>"):
+        assert row in page, row
+    assert "from <code>evals/tiny/results.json</code>" in page
+    assert "<p>* partial, not the benchmark's score: GSM8K: the first 2 of 1,319 questions (--limit)</p>" in page
+    assert "from the checkpoint's stored recipe" in text_of(page.split("<h2>The run's yaml</h2>")[1])
+    assert text_of(page.split('<code class="language-yaml">')[1].split("</code>")[0]) == yaml.rstrip("\n") + "\n"
+    assert '<code class="language-python">' in page and "from_pretrained(&quot;model&quot;)" in page
+
+
+@pytest.mark.parametrize("attack", INJECTIONS)
+def test_no_field_of_a_recipe_a_name_or_a_results_file_adds_structure_to_the_card(attack):
+    from vocagno.doors.shown import terminal
+
+    fields = {"model.config.model_type": attack, "teacher.name_or_path": attack, "tokenizer.name": attack,
+              "teacher.tokenizer": attack, "train_loader.dataset.local": attack, "precision": attack,
+              "algorithms.vocagno.aggregation": attack, f"algorithms.{attack}": {"x": attack}}
+    card, yaml = card_of(fields, run_name=attack, checkpoint=f"runs/{attack}/ep0", folder=attack,
+                         results={**HONEST_RESULTS, "partial": {"gsm8k": attack}}, eval_dir=f"evals/{attack}",
+                         # in a comment's lines, but a control character, which no yaml holds
+                         yaml_tail="# " + attack.replace("\n", "\n# ") + "\n" if "\x1b" not in attack else "")
+    page = render(card)
+    assert structure(page) == {"headings": ["1", "2", "2", "2"], "tables": 2, "pre": 2, "cells per row": [3],
+                               "rows": 13}, page  # the rows of an honest card and the attack's algorithm
+    for markup in MARKUP_OF_A_FIELD:
+        assert markup not in page, markup
+    assert "\x1b" not in card and "\u202e" not in card
+    # as the terminal shows it (a heading's leading and trailing spaces aside, which markdown drops)
+    assert text_of(page.split("<h1>")[1].split("</h1>")[0]) == terminal(attack).strip(" ")
+    shown = text_of(page.split('<code class="language-yaml">')[1].split("</code>")[0])
+    assert shown == yaml.rstrip("\n").replace("\x1b", "\\x1b").replace("\x07", "\\x07").replace(
+        "\u202e", "\\u202e") + "\n"
+    assert terminal(attack) in text_of(page.split("</table>")[0])  # the recipe's fields, shown as characters
+
+
+def test_a_mixture_streams_name_adds_no_cell():
+    card, _ = card_of({"train_loader.dataset.local": None,
+                       "train_loader.dataset.streams": {"a | b": {"local": "/tmp/x | y", "proportion": 0.5}}})
+    assert structure(render(card))["cells per row"] == [3]
