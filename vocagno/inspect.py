@@ -11,7 +11,6 @@ teacher tokens.
 from __future__ import annotations
 
 import argparse
-import html
 from collections import Counter
 
 import numpy as np
@@ -19,6 +18,7 @@ import numpy as np
 from vocagno.core.alignment import align, alignment_quality, vocab_overlap
 from vocagno.data.dataset import TeacherGuidedDataset
 from vocagno.core.tokenization import load_tokenizer
+from vocagno.doors.shown import html_text, terminal
 from vocagno.doors.writing import write_atomically
 from vocagno.diagnostics.pages import script_json
 
@@ -43,15 +43,20 @@ def _show(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     sample = dataset[args.index]
     view = SampleView(sample, tokenizers)
-    print(f"{args.shards}: {len(dataset):,} samples of {meta.seq_len} student tokens")
-    print(f"student {meta.student.name} ({meta.student.vocab_size:,} tokens), teacher {meta.teacher.name} "
-          f"({meta.teacher.vocab_size:,} tokens)\n")
+    print(header(args.shards, len(dataset), meta) + "\n")
     print(view.terminal(args.index, args.rows))
     print(statistics(dataset, args.max_samples, tokenizers))
     if args.html:
         write_atomically(args.html, view.html(args.index, f"{meta.student.name} / {meta.teacher.name}"))
-        print(f"\nwrote {args.html}")
+        print(f"\nwrote {terminal(args.html)}")
     return 0
+
+
+def header(shards: str, samples: int, meta) -> str:
+    """The folder, its samples and the tokenizers it names (its vocagno.json's names, through ``terminal``)."""
+    return (f"{terminal(shards)}: {samples:,} samples of {meta.seq_len} student tokens\n"
+            f"student {terminal(meta.student.name)} ({meta.student.vocab_size:,} tokens), teacher "
+            f"{terminal(meta.teacher.name)} ({meta.teacher.vocab_size:,} tokens)")
 
 
 def _load_tokenizers(student: str, teacher: str):
@@ -59,7 +64,8 @@ def _load_tokenizers(student: str, teacher: str):
     try:
         return load_tokenizer(student), load_tokenizer(teacher)
     except Exception as error:  # offline without the tokenizers: everything else still works from the shards
-        print(f"(tokenizers not loaded, so no pieces or vocabulary overlap: {error.__class__.__name__}: {error})")
+        print(terminal(f"(tokenizers not loaded, so no pieces or vocabulary overlap: {error.__class__.__name__}: "
+                       f"{error})"))
         return None
 
 
@@ -80,15 +86,17 @@ class SampleView:
         return [self.text[s:e] or "<special>" for s, e in offsets]
 
     def terminal(self, index: int, rows: int) -> str:
+        """The sample for the terminal: its text, pieces and names (the shards') through ``terminal``."""
         lines = [f"sample {index}: {len(self.s_ids)} student tokens, {len(self.t_ids)} teacher tokens, "
                  f"{len(self.text):,} characters"]
-        lines += ["", "student tokens (| between tokens, [SEP] an empty-span special):", _cut(self.text, self.s_off)]
-        lines += ["", "teacher tokens:", _cut(self.text, self.t_off), "", "alignment:"]
+        lines += ["", "student tokens (| between tokens, [SEP] an empty-span special):",
+                  terminal(_cut(self.text, self.s_off))]
+        lines += ["", "teacher tokens:", terminal(_cut(self.text, self.t_off)), "", "alignment:"]
         for i in range(min(rows, len(self.s_ids))):
             mapped = self.start[i] < self.end[i]
-            teacher = " ".join(self.t_pieces[j] for j in range(self.start[i], self.end[i])) or "(unmapped)"
+            teacher = terminal(" ".join(self.t_pieces[j] for j in range(self.start[i], self.end[i])) or "(unmapped)")
             quality = f"IoU {self.iou[i]:.2f}" if mapped else ""
-            lines.append(f"  {i:>4} {self.s_pieces[i]!r:<18} -> {teacher:<30} {quality}")
+            lines.append(f"  {i:>4} {terminal(repr(self.s_pieces[i])):<18} -> {teacher:<30} {quality}")
         return "\n".join(lines) + "\n"
 
     def html(self, index: int, title: str) -> str:
@@ -102,7 +110,7 @@ class SampleView:
                         for (s, e), i, p in zip(self.t_off, self.t_ids, self.t_pieces)],
         }
         payload = script_json({"text": self.text, **tokens})
-        return _PAGE.replace("__TITLE__", html.escape(f"sample {index}: {title}")).replace("__DATA__", payload)
+        return _PAGE.replace("__TITLE__", html_text(f"sample {index}: {title}")).replace("__DATA__", payload)
 
 
 

@@ -40,6 +40,7 @@ from streaming.base.hashing import get_hash
 
 from vocagno.errors import Refused
 from vocagno.data.shards import METADATA_FILE, SHARD_HASH
+from vocagno.doors.shown import terminal
 from vocagno.doors.untrusted import UntrustedFile, check_index, inside, read_bytes, read_json
 from vocagno.doors.writing import move_inside, write_atomically, write_inside
 
@@ -343,9 +344,10 @@ class OwnedLock:
                 held = self._holder()
                 stale = "a process that is gone" if held is None else self._stale(held)
                 if stale is None:
-                    print(f"{self.what}: held by pid {held.get('pid')} on {held.get('host')} ({self.path})")
+                    # the lock file's owner, as the file says: through terminal(), as anything of a file shown
+                    print(terminal(f"{self.what}: held by pid {held.get('pid')} on {held.get('host')} ({self.path})"))
                     return False
-                print(f"{self.what}: taking over {self.path.name} from {stale} ({_brief(held)})")
+                print(terminal(f"{self.what}: taking over {self.path.name} from {stale} ({_brief(held)})"))
                 write_atomically(self.path, owner)
                 return True
         with os.fdopen(fd, "w") as f:

@@ -19,6 +19,7 @@ from torch import nn
 from vocagno.core.kernels import DEFAULT_KERNELS, check_speed
 from vocagno.core.tokenization import as_tokenizer
 from vocagno.data.shards import ShardMetadata, describe_tokenizer
+from vocagno.doors.shown import terminal
 from vocagno.errors import Refused
 from vocagno.teacher.model import (
     TeacherScorer, check_teacher_options, check_teacher_reads, load_teacher, weights_fingerprint,
@@ -181,7 +182,7 @@ class Teacher:
         name when it is given by name, other weights when given as a module. ``losses`` begins the message (which
         losses, and "was"/"were"); with ``check`` false, only say who scored them."""
         if not check:
-            print(f"VocAgnoLM: {losses} scored by {by}; not checked (check_scored_by: false)", flush=True)
+            print(terminal(f"VocAgnoLM: {losses} scored by {by}; not checked (check_scored_by: false)"), flush=True)
         elif isinstance(self.model, str) and by["name"] != self.label:
             raise ValueError(f"{losses} scored by {by['name']!r}, but the teacher is {self.label!r}: score them with "
                              "this teacher, name the one that scored them, or set check_scored_by: false when the "

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import html
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
 from vocagno.diagnostics.canaries import CLEAN
+from vocagno.doors.shown import html_text, terminal
 from vocagno.diagnostics.selection.settings import BINS, Settings
 
 __all__ = ["Report"]
@@ -52,6 +52,8 @@ class Report:
         return _finite(value)
 
     def table(self) -> str:
+        """The report for the terminal: each line through ``terminal`` (its names are the shards', a teacher's, a
+        source's)."""
         noise = [k for k in self.kinds if k != CLEAN]
         lines = [
             f"what the teacher keeps: {self.rows} rows, {self.tokens:,} predicted student tokens ({self.mapped:,} "
@@ -97,7 +99,7 @@ class Report:
         if self.dropped_tokens:
             lines.append(f"({self.dropped_tokens} student tokens after the last whole row were dropped, as the "
                          "converter drops them)")
-        return "\n".join(lines)
+        return "\n".join(terminal(line) for line in lines)
 
     def page(self, title: str) -> str:
         from vocagno.diagnostics.pages import script_json
@@ -106,7 +108,7 @@ class Report:
                 "variants": {k: {"precision": v["precision"], "recall": v["recall"], "kept_share": v["kept_share"]}
                              for k, v in self.variants.items()},
                 "clean_share": self.clean_share, "settings": self.settings.describe(), "teachers": list(self.teachers)}
-        return _PAGE.replace("__TITLE__", html.escape(title)).replace("__DATA__", script_json(data))
+        return _PAGE.replace("__TITLE__", html_text(title)).replace("__DATA__", script_json(data))
 
 
 def _finite(value):
