@@ -138,3 +138,21 @@ def test_a_packed_teacher_side_unpacks_to_the_same_tensors_an_empty_one_included
     assert unpacked.keys() == batch.keys()
     for key, value in batch.items():
         assert unpacked[key].dtype == value.dtype and torch.equal(unpacked[key], value), key
+
+
+def test_a_teacher_tokenizer_that_panics_on_a_rows_text_is_refused_in_one_line(tokenizers, tmp_path):
+    """The teacher tokenizer of a yaml may be a folder from elsewhere: a Rust panic on a row's text (Oniguruma's
+    retry limit in its pre-tokenizer pattern) is refused naming the tokenizer, the text and the fix."""
+    from panicking import PANIC_FIX, backtracking_tokenizer
+
+    from vocagno.core.tokenization import load_tokenizer
+    from vocagno.errors import Refused
+
+    folder = backtracking_tokenizer(tmp_path / "teacher")
+    side = TeacherSide(tokenizers["llama2"], load_tokenizer(str(folder)))
+    ids = encode_with_offsets(tokenizers["llama2"], "(" + "a" * 40 + ")")[0]  # the row's text: " (aaa...)"
+    with pytest.raises(Refused) as refused:
+        side({"input_ids": torch.from_numpy(ids)[None]})
+    assert str(refused.value).startswith(f"tokenizer {str(folder)!r}: refused: it panicked encoding a text of 43 "
+                                         f"characters beginning {' (' + 'a' * 30!r} (PanicException: Onig: ")
+    assert str(refused.value).endswith(PANIC_FIX)

@@ -37,7 +37,7 @@ from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
 
 from vocagno.data.dataset import TeacherGuidedCollator
 from vocagno.data.shards import document_separator, tokenizer_info, vocabulary
-from vocagno.core.tokenization import has_dummy_prefix, text_tokenizers
+from vocagno.core.tokenization import described, has_dummy_prefix, panics_refused, text_tokenizers
 from vocagno.data.batch import (ALIGN_END, ALIGN_START, SPECIAL_TOKENS, TEACHER_ATTENTION_MASK, TEACHER_INPUT_IDS,
     TOKEN_BYTES)
 
@@ -120,6 +120,7 @@ class TeacherSide:
     def __init__(self, student_tokenizer, teacher_tokenizer, teacher_seq_len: int | None = None):
         self.student = StudentText(student_tokenizer)
         self.teacher = text_tokenizers(teacher_tokenizer.backend_tokenizer)  # (document start, continuing)
+        self.teacher_name = teacher_tokenizer.name_or_path  # what a refusal names
         info = tokenizer_info(teacher_tokenizer, teacher_tokenizer.name_or_path)
         self.teacher_eot, self.teacher_bos = info.separator_id, info.bos_id
         pad = teacher_tokenizer.pad_token_id
@@ -188,8 +189,10 @@ class TeacherSide:
             chosen = [i for i, (text, starts) in enumerate(pieces) if text and starts == starts_document]
             if chosen:
                 tokenizer = self.teacher[0 if starts_document else 1]
-                for i, encoding in zip(chosen, tokenizer.encode_batch([pieces[i][0] for i in chosen],
-                                                                      add_special_tokens=False)):
+                texts = [pieces[i][0] for i in chosen]
+                with panics_refused(self.teacher_name, described(texts)):
+                    encodings = tokenizer.encode_batch(texts, add_special_tokens=False)
+                for i, encoding in zip(chosen, encodings):
                     out[i] = encoding
         return out
 
