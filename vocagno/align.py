@@ -18,6 +18,7 @@ import numpy as np
 
 from vocagno.core.alignment import align, alignment_quality, chunk_overlap, vocab_overlap
 from vocagno.core.tokenization import encode_with_offsets, load_tokenizer
+from vocagno.doors.shown import terminal
 from vocagno.doors.untrusted import UntrustedFile, read_bytes
 
 
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         text = args.text if args.text is not None else \
             read_bytes(args.file, cap_name="document_bytes").decode("utf-8")
     except (OSError, UnicodeDecodeError, UntrustedFile) as error:
-        parser.error(f"--file {args.file}: {error.strerror if isinstance(error, OSError) else error}")
+        parser.error(terminal(f"--file {args.file}: {error.strerror if isinstance(error, OSError) else error}"))
     student, teacher = load_tokenizer(args.student), load_tokenizer(args.teacher)
     add_special = not args.no_special_tokens
     s_ids, s_offsets = encode_with_offsets(student, text, add_special_tokens=add_special)
@@ -54,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'#':>5}  {'student token':<22} {'text':<16} {'teacher tokens':<40} {'IoU':>5} {'IoS':>5}")
     for i in range(rows):
         s, e = s_offsets[i]
-        teacher_tokens = " ".join(f"{j}:{t_pieces[j]}" for j in range(start[i], end[i])) or "(unmapped)"
+        # a tokenizer's pieces (its tokenizer.json's, from elsewhere) shown as escapes; the student's and the text
+        # through repr, which escapes them too
+        teacher_tokens = terminal(" ".join(f"{j}:{t_pieces[j]}" for j in range(start[i], end[i])) or "(unmapped)")
         quality = f"{iou[i]:5.2f} {ios[i]:5.2f}" if start[i] < end[i] else f"{'-':>5} {'-':>5}"
         print(f"{i:>5}  {s_pieces[i]!r:<22} {text[s:e]!r:<16} {teacher_tokens:<40} {quality}")
     if rows < len(s_ids):
@@ -62,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
     mapped = start < end
     nonempty = s_offsets[:, 0] < s_offsets[:, 1]
-    print(f"\nstudent {args.student}: {len(s_ids)} tokens; teacher {args.teacher}: {len(t_ids)} tokens")
+    print("\n" + terminal(f"student {args.student}: {len(s_ids)} tokens; teacher {args.teacher}: {len(t_ids)} tokens"))
     print(f"mapped: {mapped.sum()} of {len(s_ids)} student tokens ({_share(mapped.sum(), len(s_ids))})")
     print(f"unmapped, empty span (specials): {int((~nonempty).sum())}")
     overlapless = np.flatnonzero(nonempty & ~mapped)

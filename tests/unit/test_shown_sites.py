@@ -109,3 +109,33 @@ def test_who_scored_cached_losses_is_shown_as_escapes_when_unchecked(capsys):
     out = capsys.readouterr().out
     shows_nothing_acted_on(out.replace("\n", ""))
     assert f"VocAgnoLM: teacher_loss was scored by {terminal(ATTACK)}; not checked" in out
+
+
+def test_who_scored_a_runs_cached_losses_is_said_as_escapes():
+    from vocagno.algorithms.vocagno_lm import VocAgnoLM
+
+    # the training shards' vocagno.json names who scored their losses: the run's first line says it (Narration)
+    metadata = SimpleNamespace(scored_by={"name": ATTACK}, also_scored_by={"b": {"name": ATTACK}})
+    state = SimpleNamespace(train_dataloader=SimpleNamespace(dataset=SimpleNamespace(metadata=metadata)))
+    line = VocAgnoLM.teacher_source(SimpleNamespace(cached=True), state)
+    shows_nothing_acted_on(line)
+    assert line == f"teacher losses: cached in the training shards, scored by {terminal(ATTACK)}, {terminal(ATTACK)}"
+
+
+def test_align_shows_a_tokenizers_pieces_as_escapes(capsys, monkeypatch):
+    import vocagno.align
+
+    class Pieces:  # a tokenizer whose vocabulary (a tokenizer.json from elsewhere) holds escape sequences
+        def convert_ids_to_tokens(self, ids):
+            return [ATTACK] * len(ids)
+
+    def encode(tokenizer, text, add_special_tokens=True):
+        return np.array([1, 2]), np.array([[0, 2], [2, len(text)]])
+
+    monkeypatch.setattr(vocagno.align, "load_tokenizer", lambda name: Pieces())
+    monkeypatch.setattr(vocagno.align, "encode_with_offsets", encode)
+    monkeypatch.setattr(vocagno.align, "vocab_overlap", lambda a, b: "n/a")
+    vocagno.align.main(["--text", "ab cd", "--student", "s", "--teacher", "t"])
+    out = capsys.readouterr().out
+    shows_nothing_acted_on(out.replace("\n", ""))
+    assert terminal(ATTACK) in out

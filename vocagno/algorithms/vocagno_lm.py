@@ -51,6 +51,7 @@ from torch.utils.data import DataLoader
 
 from vocagno.core.alignment import ALIGNMENT, NUM_CHUNKS, check_alignment, chunk_align
 from vocagno.core.kernels import DEFAULT_KERNELS
+from vocagno.doors.shown import terminal
 from vocagno.data.dataset import TeacherGuidedCollator
 from vocagno.core.loss import (AGGREGATION, COMBINE, SELECTION, SELECTION_SCOPE, TOPK_RATIO, UNMAPPED,
     check_options, excess_loss, guided_loss, next_token_cross_entropy)
@@ -232,7 +233,8 @@ class VocAgnoLM(Algorithm):
         self._teacher_seconds = 0.0
 
     def teacher_source(self, state: State) -> str:
-        """One line: where this run's teacher losses come from (online: which teachers; cached: who scored them)."""
+        """One line for the terminal: where this run's teacher losses come from (online: which teachers; cached: who
+        scored them, as the shards' metadata names them, through ``terminal``)."""
         if not self.cached:
             if len(self.teachers.all) == 1:
                 return f"teacher losses: online, {self.teachers.reader.label} scores every batch"
@@ -241,7 +243,7 @@ class VocAgnoLM(Algorithm):
         metadata = _shard_metadata(state)
         scored = [(getattr(metadata, "scored_by", None) or {}).get("name", "?")]
         scored += [by.get("name", "?") for by in (getattr(metadata, "also_scored_by", None) or {}).values()]
-        return f"teacher losses: cached in the training shards, scored by {', '.join(map(str, scored))}"
+        return terminal(f"teacher losses: cached in the training shards, scored by {', '.join(map(str, scored))}")
 
     @property
     def teacher(self) -> Teacher:
