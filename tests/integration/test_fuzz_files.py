@@ -9,6 +9,7 @@ import contextlib
 import copy
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -232,3 +233,123 @@ def test_a_checkpoints_mutated_configs_load_or_are_refused_and_nothing_runs_or_i
     finally:
         shutil.rmtree(base)
         shutil.rmtree(OUTSIDE, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- the writers of pages and the terminal
+# What an attacker writes into a recipe, a run's name, a folder's name or a results.json, each a heading, a cell, a
+# fence's end, a link, HTML or a terminal's escape if written raw; and values of other kinds.
+SHOWN_ATTACKS = st.one_of(
+    st.sampled_from(["x\n# Injected\n\n| evaluation | 99.9 |\n|---|---|\n| GSM8K | 99.9 |", "a | b", "```", "````",
+                     "~~~\n# h", "<script>alert(1)</script>", "<img src=x onerror=1>", "[x](javascript:alert(1))",
+                     "![i](http://x/i.png)", "**b** _i_ `c`", "\x1b]0;owned\x07\x1b[2J", "evil\u202etxt", "x\\|y\\",
+                     "  - list\n> quote", "&lt;b&gt;", "${oc.env:HOME}", "", " ", "\r\r## h", "\u2028# h"]),
+    st.text(max_size=12),
+    st.sampled_from([None, 0, -1, 1.5, 10**20, True, [], {}, ["a|b"], {"x": "```"}]),
+)
+RECIPE_PLACES = ["run_name", "model.name_or_path", "model.config.model_type", "model.config.num_hidden_layers",
+                 "tokenizer.name", "teacher.name_or_path", "teacher.tokenizer", "teacher", "model", "tokenizer",
+                 "train_loader.dataset.local", "train_loader.dataset.remote", "train_loader.dataset.streams",
+                 "train_loader.dataset", "algorithms", "algorithms.vocagno", "algorithms.vocagno.aggregation",
+                 "precision"]
+RESULTS_PLACES = [("partial",), ("partial", "gsm8k"), ("gsm8k",), ("svamp",), ("bits_per_byte",), ("avg",),
+                  ("a | b",), ("\x1b[2J",)]
+# What a terminal acts on: C0 and C1 controls but the new line, DEL, the separators, the bidirectional controls.
+ACTED_ON = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069\u061c]")
+MARKUP = ("<script", "<img", "<a ", "<strong", "<em", "<blockquote", "<ul", "<li", "<h3", "<hr")
+
+
+def _page(markdown: str) -> str:
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark").enable("table").render(markdown)
+
+
+def _cells_per_row(page: str) -> set[int]:
+    return {row.count("<td>") + row.count("<th>") for row in re.findall(r"<tr>(.*?)</tr>", page, re.S)}
+
+
+def _one_line_refusal(error: BaseException) -> None:
+    from vocagno.entry import one_line
+    from vocagno.errors import Refused
+
+    assert isinstance(error, Refused), repr(error)
+    assert one_line(error), error
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(recipe=st.lists(st.tuples(st.sampled_from(RECIPE_PLACES), SHOWN_ATTACKS), max_size=3),
+       results=st.lists(st.tuples(st.sampled_from(RESULTS_PLACES), SHOWN_ATTACKS), max_size=2),
+       name=SHOWN_ATTACKS, yaml_tail=SHOWN_ATTACKS)
+@example(recipe=[("run_name", "```\n# after the fence\n```")], results=[], name="x", yaml_tail="")
+@example(recipe=[("run_name", "x\n# Evaluation\n| GSM8K | 99 |")], results=[(("partial", "gsm8k"), "<b>x</b>")],
+         name="a|b", yaml_tail="\n```\n# h\n")
+def test_a_cards_mutated_recipe_name_and_results_write_no_structure_or_are_refused_in_one_line(
+        tmp_path_factory, recipe, results, name, yaml_tail):
+    """vocagno.export's model card from a checkpoint whose stored recipe, run name and ``--eval`` results.json someone
+    rewrote, exported from a folder of any name: the card has its headings, tables, cells and fences and no other, and
+    no HTML or terminal escape passes; or the file is refused in one line."""
+    from omegaconf import OmegaConf as om
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from vocagno.export import _eval_results, model_card
+    from vocagno.training.config import load_config
+
+    repo = Path(__file__).resolve().parents[2]
+    cfg = load_config(str(repo / "yamls" / "tiny.yaml"), [])
+    for place, value in recipe:
+        om.update(cfg, place, value, force_add=True, merge=False)
+    folder = tmp_path_factory.mktemp("eval")
+    written = {"gsm8k": 12.5, "svamp": 50.0, "partial": {"gsm8k": "the first 2 of 1,319 questions (--limit)"}}
+    (folder / "results.json").write_text(json.dumps(apply(written, [(at, v) for at, v in results])))
+    tail = yaml_tail if isinstance(yaml_tail, str) else json.dumps(yaml_tail)
+    state = {"callbacks": {"RunRecipe": {"yaml": om.to_yaml(cfg) + tail}}, "timestamp": {"Timestamp": {}}}
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                                         num_attention_heads=1))
+    try:
+        card = model_card(f"runs/{name}/ep0", str(name), state, model, _eval_results(str(folder)), str(folder))
+    except Exception as error:  # a recipe or results.json refused: in one line, as vocagno.entry says it
+        _one_line_refusal(error)
+        return
+    assert "\x1b" not in card and "\u202e" not in card and "\x07" not in card
+    page = _page(card.split("---\n", 2)[2])
+    assert re.findall(r"<h(\d)>", page) == ["1", "2", "2", "2"], page
+    assert page.count("<table>") == 2 and page.count("<pre>") == 2, page
+    assert _cells_per_row(page.split("<h2>Evaluation</h2>")[0]) == {3}, page
+    assert not any(markup in page for markup in MARKUP), page
+
+
+def _folder_name(text: str) -> str:
+    name = text.replace("/", "_").replace("\x00", "_")
+    return name if name not in ("", ".", "..") else f"run{name}"
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(names=st.lists(SHOWN_ATTACKS.map(str).map(_folder_name), min_size=1, max_size=3, unique=True),
+       results=st.lists(st.tuples(st.sampled_from(RESULTS_PLACES), SHOWN_ATTACKS), max_size=2))
+@example(names=["a | b", "cpt"], results=[(("notes",), 2000.0)])  # refused: no benchmark
+@example(names=["x\x1b[2J|y", "<img src=x>"], results=[(("partial", "gsm8k"), "a **b**")])
+def test_a_reports_mutated_results_and_folder_names_write_no_structure_or_are_refused_in_one_line(
+        tmp_path_factory, capsys, names, results):
+    """python -m vocagno.report over evaluation folders of any name, one results.json rewritten: a table of a row per
+    run and a cell per benchmark, AVG and gain, and no markup or terminal escape; or one line, exit 2."""
+    from helpers import command
+
+    from vocagno import report
+
+    root = tmp_path_factory.mktemp("runs")
+    folders = []
+    for i, name in enumerate(names):
+        folders.append(root / name)
+        folders[-1].mkdir()
+        written = {"gsm8k": 10.0 + i, "svamp": 20.0, "partial": {}}
+        (folders[-1] / "results.json").write_text(json.dumps(apply(written, results if i == 0 else [])))
+    out = command(report.main, [*folders, "--baseline", names[0]], capsys)
+    assert not ACTED_ON.search(out.stdout.replace("\n", "") + out.stderr.replace("\n", "")), out
+    if out.returncode != 0:
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+        return
+    page = _page(out.stdout)
+    assert page.count("<table>") == 1 and page.count("<tr>") == len(names) + 1, page
+    assert len(_cells_per_row(page)) == 1, page
+    assert not any(markup in page for markup in MARKUP), page
+
