@@ -125,8 +125,8 @@ def model_card(checkpoint: str, folder: str, state: dict[str, Any], model, resul
     params = sum(p.numel() for p in model.parameters())
     rows = [("name", md_text(name), named_by),
             ("weights", f"{params:,} parameters, {str(model.dtype).removeprefix('torch.')}", COMPUTED),
-            ("trained", md_text(f"{_count(timestamp, 'token')} student tokens, {_count(timestamp, 'batch')} batches, "
-                                f"{_count(timestamp, 'sample')} samples"), "the checkpoint's timestamp"),
+            ("trained", f"{_count(timestamp, 'token')} student tokens, {_count(timestamp, 'batch')} batches, "
+                        f"{_count(timestamp, 'sample')} samples", "the checkpoint's timestamp"),
             ("checkpoint", md_code(checkpoint, cell=True), "vocagno.export's command line")]
     if cfg is not None:
         rows[1:1] = _recipe_rows(cfg)
@@ -153,8 +153,10 @@ def model_card(checkpoint: str, folder: str, state: dict[str, Any], model, resul
 
 
 def _count(timestamp: dict, unit: str) -> str:
+    """A count of the checkpoint's timestamp as markdown: a number as it is (digits and commas), anything else
+    through ``md_text``."""
     value = timestamp.get(unit, 0)
-    return f"{value:,}" if isinstance(value, int) else str(value)
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else md_text(value)
 
 
 def _literal(text: str) -> str:

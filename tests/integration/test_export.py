@@ -611,3 +611,15 @@ def test_a_mixture_streams_name_adds_no_cell():
     card, _ = card_of({"train_loader.dataset.local": None,
                        "train_loader.dataset.streams": {"a | b": {"local": "/tmp/x | y", "proportion": 0.5}}})
     assert structure(render(card))["cells per row"] == [3]
+
+
+def test_a_timestamps_count_that_is_no_number_is_shown_as_its_characters():
+    from vocagno.export import model_card
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    state = {"timestamp": {"Timestamp": {"token": "1 | 2 <img src=x>\n# h", "batch": 2, "sample": True}}}
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                                         num_attention_heads=1))
+    page = render(model_card("runs/x", "x", state, model))
+    assert structure(page)["cells per row"] == [3] and "<img" not in page and "<h1>x</h1>" in page
+    assert "<td>1 | 2 &lt;img src=x&gt;\\n# h student tokens, 2 batches, True samples</td>" in page
