@@ -5,8 +5,9 @@ function for the medium it is shown in before a person sees it.
   shown as escapes (``\\x1b``, ``\\u202e``), so a file name can't move the cursor, set a window title, clear the
   screen or reorder what follows it; a backslash is doubled, so an escape shown is never mistaken for one written.
 - ``md_text``: a one-line field of a markdown page (prose, a heading, a table cell): the terminal's escapes, then
-  every ASCII punctuation character backslash-escaped, so it can start no line construct (heading, list, quote),
-  add no table cell (``|``), open no link, code span, emphasis or HTML tag, and end no fence.
+  every ASCII punctuation character that markdown gives a meaning backslash-escaped, so it can start no line
+  construct (heading, list, quote), add no table cell (``|``), open no link, code span, emphasis, math or HTML tag,
+  and end no fence.
 - ``md_code``: a one-line code span (a model's name, a path): shown in a code font as its characters (the
   terminal's escapes, nothing else: a code span knows no backslash escapes), between backtick runs longer than any
   inside it; in a table cell (``cell=True``) a ``|`` is written ``\\|``, which the table reads as the character.
@@ -26,7 +27,10 @@ __all__ = ["terminal", "md_text", "md_code", "md_fence", "html_text"]
 # overrides and isolates (U+200E/F, U+202A-E, U+2066-9, U+061C).
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069\u061c]")
 _CONTROL_IN_BLOCK = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069\u061c]")
-_PUNCTUATION = re.compile(r"""([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~])""")
+# What can start or end a markdown construct inside a line or a cell: emphasis, code, links and images, HTML and
+# entities, a cell's edge, a heading, list or quote mark, math ($ on GitHub), strikethrough. The rest of ASCII's
+# punctuation (, : ; ' " / = ? @ % ^) means nothing there and is left as it is, so a figure reads 24,576.
+_PUNCTUATION = re.compile(r"""([\\`*_{}\[\]()<>#+\-.!|~&$])""")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
