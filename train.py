@@ -12,6 +12,7 @@ without a teacher it is plain continual pretraining (``yamls/cpt_baseline.yaml``
 
 from __future__ import annotations
 
+import atexit
 import difflib
 import functools
 import importlib
@@ -21,7 +22,7 @@ import signal
 import sys
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from unittest import mock
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -40,13 +41,17 @@ from streaming import Stream, StreamingDataset  # noqa: E402
 
 from vocagno.memory import keep_freed_memory  # noqa: E402
 from vocagno.training.config import (  # noqa: E402
-    build_causal_lm, check_names, keyword_names, load_config, plain, scoring_teachers, section_teacher, speed_options)
+    build_causal_lm, check_names, keyword_names, load_config, plain, published_yaml, scoring_teachers, section_teacher,
+    speed_options)
 from vocagno.entry import INTERRUPTED_EXIT, run  # noqa: E402
 from vocagno.data.dataset import teacher_guided_loader  # noqa: E402
 from vocagno.data.streaming import clean_leaked_shared_memory  # noqa: E402
 from vocagno.core.fsdp import wrap_per_decoder_layer  # noqa: E402
 from vocagno.core.kernels import check_compile_config, check_kernels, check_speed, use_kernels  # noqa: E402
-from vocagno.training.checkpoint import BadCheckpoint, check_load_path, repair  # noqa: E402
+from vocagno.training.checkpoint import (  # noqa: E402
+    BadCheckpoint, has_latest, private_folder, repair, resolve, take)
+from vocagno.doors.shown import terminal  # noqa: E402
+from vocagno.doors.writing import remove  # noqa: E402
 from vocagno.training.loggers import (  # noqa: E402
     ConsoleLine, JSONLinesLogger, Narration, RunPicture, RunRecipe, SampleLog)
 from vocagno.training.metrics import BitsPerByte  # noqa: E402
@@ -171,7 +176,8 @@ def _convert_if_missing(local: str, convert: dict[str, Any] | None, where: str, 
     if missing and dist.get_local_rank() == 0:
         from conversion.convert_dataset import main as convert_main
 
-        print(f"{section}: converting {convert.get('input')} into {local} (convert_if_missing)", flush=True)
+        print(f"{section}: converting {terminal(convert.get('input'))} into {terminal(local)} (convert_if_missing)",
+              flush=True)
         args = ["--out-root", local]
         for key, value in convert.items():
             args += [f"--{key.replace('_', '-')}", *(map(str, value) if isinstance(value, list) else [str(value)])]
@@ -306,12 +312,18 @@ def _plain(cfg: DictConfig, key: str) -> dict[str, Any]:
     return om.to_container(value) if value is not None else {}
 
 
-def build_loggers(cfg: DictConfig) -> tuple[list, list]:
+def build_loggers(cfg: DictConfig, load_path: str | None = None, resuming: bool = False) -> tuple[list, list]:
     """``loggers:`` and ``callbacks:`` by llm-foundry's names (``LOGGERS``, ``CALLBACKS``) with their kwargs; a null
     entry is off (``loggers.console=null`` on the command line). ``loggers.console`` prints one line every
-    ``console_log_interval`` (``ConsoleLine``)."""
+    ``console_log_interval`` (``ConsoleLine``). ``load_checkpoint`` loads ``load_path`` (the private copy of the one
+    its yaml names) where given, and is left out where the run ``resuming`` loads its latest instead."""
     chosen = {section: {k: v for k, v in _plain(cfg, section).items() if v is not None}
               for section in ("loggers", "callbacks")}
+    if "load_checkpoint" in chosen["callbacks"]:
+        if resuming:
+            del chosen["callbacks"]["load_checkpoint"]
+        elif load_path is not None:
+            chosen["callbacks"]["load_checkpoint"] = {**chosen["callbacks"]["load_checkpoint"], "load_path": load_path}
     loggers = [_build("loggers", name, kwargs) for name, kwargs in chosen["loggers"].items() if name != "console"]
     if "console" in chosen["loggers"]:
         loggers.append(ConsoleLine(_batches(cfg.get("console_log_interval") or "1ba", "console_log_interval")))
@@ -386,19 +398,65 @@ def promptly_linked(trainer: Trainer) -> None:
             callback._symlink_upload_wait_before_next_try_in_seconds = LATEST_LINK_POLL_SECONDS  # no public setting
 
 
-def check_loaded_checkpoint(cfg: DictConfig) -> None:
-    """The checkpoint ``callbacks.load_checkpoint.load_path`` names, checked by vocagno's readers before anything else
-    runs (Composer's loader unpickles it unchecked: ``torch.load(weights_only=False)``), as autoresume's latest is
-    (``repair``): by each node's first rank, which is the one that downloads it for Composer. Its name formatted as
-    Composer formats it (``{run_name}``, rank 0's ``{rank}``); a refusal ends the run with one line."""
-    load_path = (_plain(cfg, "callbacks").get("load_checkpoint") or {}).get("load_path")
-    if load_path is None or dist.get_local_rank() != 0:
-        return
-    location = partial_format(str(load_path), run_name=cfg.run_name, rank=0, local_rank=0, node_rank=0)
+class Loading(NamedTuple):
+    """The checkpoint a run loads: the key that chose it (``autoresume``, ``callbacks.load_checkpoint.load_path``),
+    where it is, and the private copy Composer is handed (its node's, on every rank)."""
+    key: str
+    origin: str
+    copy: str
+
+
+def take_checkpoint(cfg: DictConfig) -> tuple[Loading | None, Path | None]:
+    """The checkpoint this run loads, chosen by vocagno alone as Composer would choose it (autoresume's latest in the
+    save folder, repaired first by the first rank, else ``callbacks.load_checkpoint.load_path``), copied or
+    downloaded by each node's first rank into a private folder and checked there (``take``): Composer loads that copy
+    and nothing else, so no file renamed, swapped or planted in a folder or bucket others write is loaded unchecked.
+    Returns the loading (None where nothing is loaded) and, on each node's first rank, the private folder to remove
+    once Composer has loaded it. A refusal on any rank ends every rank with its one line."""
+    save_folder = cfg.get("save_folder")
+    folder = format_name_with_dist(str(save_folder), cfg.run_name) if save_folder else None
+    resumes = bool(cfg.get("autoresume", False) and folder)
+    mine: tuple | None = None
+    private = None
     try:
-        check_load_path(location)
-    except BadCheckpoint as error:  # it names the checkpoint and why
-        raise Refused(f"callbacks.load_checkpoint.load_path: {error}") from None
+        # Repaired once, by the first rank: a run of several nodes saves where every node reaches (an object store
+        # or a shared file system), and two nodes repairing one folder at once would race.
+        if resumes and dist.get_global_rank() == 0:
+            try:
+                repair(folder)
+            except BadCheckpoint as error:  # it names the checkpoint and why; nothing was deleted
+                raise Refused(f"autoresume: {error}") from None
+        dist.barrier()
+        if dist.get_local_rank() == 0:
+            load_path = (_plain(cfg, "callbacks").get("load_checkpoint") or {}).get("load_path")
+            if resumes and has_latest(folder):
+                key, origin = "autoresume", folder
+            elif load_path is not None:
+                key = "callbacks.load_checkpoint.load_path"
+                origin = partial_format(str(load_path), run_name=cfg.run_name, rank=0, local_rank=0, node_rank=0)
+            else:
+                key = None
+            if key is not None:
+                private = private_folder()
+                try:
+                    copy = take(origin, private)
+                except BadCheckpoint as error:  # it names the checkpoint and why
+                    raise Refused(f"{key}: {error}") from None
+                if "://" in origin:
+                    origin = f"the latest checkpoint in {origin}" if key == "autoresume" else origin
+                else:
+                    origin = str(resolve(origin))
+                mine = (key, origin, str(copy))
+    except Refused as error:
+        mine = ("refused", str(error), "")
+    gathered = dist.all_gather_object(mine)
+    refused = next((message for key, message, _ in filter(None, gathered) if key == "refused"), None)
+    if refused is not None:
+        if private is not None:
+            remove(private)
+        raise Refused(refused)
+    leader = gathered[dist.get_global_rank() - dist.get_local_rank()]
+    return (Loading(*leader) if leader else None), private
 
 
 def check_speed_options(cfg: DictConfig) -> None:
@@ -420,7 +478,9 @@ def main(cfg: DictConfig) -> Trainer:
         keep_freed_memory()
     dist.initialize_dist(get_device(None), timeout=cfg.get("dist_timeout", 600))
     _signal_files_per_node()
-    check_loaded_checkpoint(cfg)
+    loading, private = take_checkpoint(cfg)
+    if private is not None:  # the copy is removed however the run ends; normally as soon as Composer has loaded it
+        atexit.register(remove, private)
     collect_env.get_cpu_model = _cpu_model_from_proc  # the same function however often main runs
     clean_leaked_shared_memory(dataset_locals(cfg))  # what a killed run left on them would refuse Streaming
     reproducibility.seed_all(cfg.seed)
@@ -473,15 +533,11 @@ def main(cfg: DictConfig) -> Trainer:
     scheduler = CosineAnnealingWithWarmupScheduler(t_warmup=sched.t_warmup, alpha_f=sched.get("alpha_f", 0.0))
 
     save_folder = cfg.get("save_folder")
-    # Repaired once, by the first rank: a run of several nodes saves where every node reaches (an object store or a
-    # shared file system), and two nodes repairing one folder at once would race.
-    if cfg.get("autoresume", False) and save_folder and dist.get_global_rank() == 0:
-        try:
-            repair(format_name_with_dist(save_folder, cfg.run_name))
-        except BadCheckpoint as error:  # it names the checkpoint and why; nothing was deleted
-            raise Refused(f"autoresume: {error}") from None
-    dist.barrier()
-    loggers, callbacks = build_loggers(cfg)
+    # Composer loads the private copy: as load_path where the run resumes (autoresume's latest replaces whatever
+    # load_path would have loaded, as in Composer), else in the load_checkpoint callback's place.
+    resuming = loading is not None and loading.key == "autoresume"
+    loggers, callbacks = build_loggers(cfg, load_path=None if loading is None or resuming else loading.copy,
+                                       resuming=resuming)
     console = _plain(cfg, "loggers").get("console") is not None
     fsdp = om.to_container(cfg.fsdp_config) if cfg.get("fsdp_config") is not None else None
     trainer = Trainer(
@@ -502,22 +558,27 @@ def main(cfg: DictConfig) -> Trainer:
         save_interval=cfg.get("save_interval", "1ep"),
         save_num_checkpoints_to_keep=cfg.get("save_num_checkpoints_to_keep", -1),
         save_overwrite=cfg.get("save_overwrite", False),
-        autoresume=cfg.get("autoresume", False),
+        autoresume=False,  # vocagno chose what the run resumes from: load_path, its private copy
+        load_path=loading.copy if resuming else None,
         run_name=cfg.run_name,
         loggers=loggers,
-        callbacks=[*callbacks, RunRecipe(om.to_yaml(cfg, resolve=True))],
+        callbacks=[*callbacks, RunRecipe(published_yaml(cfg))],
         log_to_console=False,  # loggers.console: ConsoleLine
         progress_bar=cfg.get("progress_bar", not console),  # not both: they print the same metrics
         seed=cfg.seed,
         device=None,
     )
     promptly_linked(trainer)
+    dist.barrier()  # every rank of the node has loaded the copy
+    if private is not None:
+        remove(private)
     folder = format_name_with_dist(save_folder, cfg.run_name) if save_folder else None
     narration = Narration(folder)
     trainer.state.callbacks.append(narration)  # after Composer's saver: it says what the saver just saved
     batch = int(trainer.state.timestamp.batch)
     if batch > 0 and dist.get_global_rank() == 0:
-        print(f"resuming at batch {batch + 1} from {resumed_from(cfg)}", flush=True)
+        origin = terminal(loading.origin) if loading else "a checkpoint"
+        print(f"resuming at batch {batch + 1} from {origin}", flush=True)
     try:
         trainer.fit()
     except KeyboardInterrupt:
@@ -525,28 +586,12 @@ def main(cfg: DictConfig) -> Trainer:
             saved = narration.saved()
             where = (f"the last checkpoint saved: {saved[-1]}" if saved else "no checkpoint saved yet" if folder
                      else "no save_folder: no checkpoints")
-            print(f"\ninterrupted in batch {int(trainer.state.timestamp.batch) + 1}; {where}", file=sys.stderr,
-                  flush=True)
+            print(f"\ninterrupted in batch {int(trainer.state.timestamp.batch) + 1}; {terminal(where)}",
+                  file=sys.stderr, flush=True)
         raise SystemExit(INTERRUPTED_EXIT) from None
     if cfg.get("selection_report") is not None and dist.get_global_rank() == 0:
         report_selection(cfg, trainer, fsdp is not None)
     return trainer
-
-
-def resumed_from(cfg: DictConfig) -> str:
-    """The checkpoint a run resumed from, as Composer chooses it: with autoresume, the save folder's latest (the file
-    its latest link names, where the folder is on this machine), else ``callbacks.load_checkpoint.load_path``."""
-    load_path = (_plain(cfg, "callbacks").get("load_checkpoint") or {}).get("load_path")
-    given = None if load_path is None else partial_format(str(load_path), run_name=cfg.run_name, rank=0,
-                                                          local_rank=0, node_rank=0)
-    if cfg.get("autoresume", False) and cfg.get("save_folder"):
-        folder = format_name_with_dist(str(cfg.save_folder), cfg.run_name)
-        latest = Path(folder) / "latest-rank0.pt"
-        if "://" in folder:
-            return f"the latest checkpoint in {folder}" + (f", else {given}" if given else "")
-        if latest.is_symlink():
-            return str(Path(folder) / os.readlink(latest))
-    return given or "a checkpoint"
 
 
 def report_selection(cfg: DictConfig, trainer: Trainer, sharded: bool) -> None:
@@ -561,7 +606,7 @@ def report_selection(cfg: DictConfig, trainer: Trainer, sharded: bool) -> None:
                "it needs a teacher: or teachers: section" if cfg.get("teacher") is None and cfg.get("teachers") is None
                else "no shards: give selection_report.shards or an eval_loader" if shards is None else None)
     if skipped:
-        print(f"selection_report skipped: {skipped}", flush=True)
+        print(f"selection_report skipped: {terminal(skipped)}", flush=True)
         return
     student = trainer.state.model.model
     combine = ((cfg.get("algorithms") or {}).get("vocagno") or {}).get("combine", COMBINE)
@@ -572,7 +617,7 @@ def report_selection(cfg: DictConfig, trainer: Trainer, sharded: bool) -> None:
                      samples=section.get("samples") or 64, canaries=section.get("canaries") or 0.5, seed=cfg.seed,
                      device=str(next(student.parameters()).device))
     except (Refused, OSError) as error:  # the run is done and saved: say why there is no report, end as it would
-        print(f"selection_report skipped: {error}", flush=True)
+        print(f"selection_report skipped: {terminal(error)}", flush=True)
         return
     print("\n" + report.table(), flush=True)
 

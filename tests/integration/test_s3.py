@@ -4,6 +4,7 @@ checkpoints saved there, killed and resumed, and exporting the run from there. O
 serves the tests: each run saving to a store starts four processes (Composer's uploaders)."""
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import torch
 from helpers import assert_same_losses, first_documents, kill_when, read_log
 from helpers import bucket_keys as keys
 from test_export import from_pretrained, logits, student_with
+from test_untrusted import gadgets, whole_with
 
 from conversion import convert_dataset
 from vocagno import score
@@ -71,9 +73,17 @@ def chain(s3, tmp_path_factory):
         first = read_log(tmp_path / "killed.jsonl")
         killed_at = max(s for s in first if "loss/train/total" in first[s])
         assert killed_at < BATCHES - 1, "the kill should land before the run ends"
+        # Where Composer's own autoresume looks for a local copy of the store's latest before it downloads one (a
+        # folder named after the URI), someone who can write the run's folder plants a checkpoint that runs a command.
+        planted = tmp_path / "s3:" / "runs" / "chain" / "killed" / "latest-rank0.pt"
+        planted.parent.mkdir(parents=True, exist_ok=True)
+        whole_with(gadgets(tmp_path / "ran")["os.system"], planted)
         # Resumed from the store: a restart instead would fail to upload ep0-ba2 again (the object exists).
         resumed = forked.run(killed, cwd=tmp_path, env=run_env, timeout=900)
         assert resumed.returncode == 0, resumed.stderr[-4000:]
+        assert not (tmp_path / "ran").exists(), "the planted local copy was loaded"
+        assert re.search(r"^resuming at batch \d+ from the latest checkpoint in s3://runs/chain/killed$", resumed.stdout,
+                         re.M), resumed.stdout
     return tmp_path, client
 
 
@@ -98,7 +108,9 @@ def test_a_run_saved_to_s3_exports_from_there_and_resumed_from_there(chain, s3, 
     assert link["Body"].read() == last.encode()
     lag = link["LastModified"] - client.head_object(Bucket="runs", Key=last)["LastModified"]
     assert lag.total_seconds() <= 5, lag
-    assert (run / "s3:" / "runs" / "chain" / "killed" / "latest-rank0.pt").is_file()  # what autoresume resumed from
+    # vocagno downloaded what the run resumed from into a private folder, gone with the run: nothing was fetched to
+    # the folder Composer's autoresume reads first, where the planted file still stands.
+    assert [p.name for p in (run / "s3:" / "runs" / "chain" / "killed").iterdir()] == ["latest-rank0.pt"]
     assert export_main(["s3://runs/chain/killed", str(tmp_path / "model")]) == 0
     card = (tmp_path / "model" / "README.md").read_text()
     assert f"{BATCHES * 8 * 128:,} student tokens, {BATCHES} batches" in card, card

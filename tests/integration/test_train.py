@@ -235,13 +235,19 @@ CHECKPOINTED = ["save_interval=2ba", "autoresume=true", "eval_loader=null"]
 
 
 @pytest.fixture(scope="module")
-def straight(tiny_run, tmp_path_factory):
-    """The losses of an uninterrupted run of 8 batches saving every 2: what the interrupted runs must end with (its
-    first 6 steps are a 6-batch run's: the learning rate is still warming up, whatever the run's length)."""
+def straight_folder(tiny_run, tmp_path_factory):
+    """An uninterrupted run of 8 batches saving every 2 (``ckpt``) and its log (``log.jsonl``)."""
     folder = tmp_path_factory.mktemp("straight")
     run_train(tiny_run[0], *CHECKPOINTED, "max_duration=8ba", f"save_folder={folder}/ckpt", "run_name=straight",
               f"loggers.jsonl.path={folder}/log.jsonl")
-    return read_log(folder / "log.jsonl")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def straight(straight_folder):
+    """The losses of the uninterrupted run: what the interrupted runs must end with (its first 6 steps are a 6-batch
+    run's: the learning rate is still warming up, whatever the run's length)."""
+    return read_log(straight_folder / "log.jsonl")
 
 
 def test_kill_and_autoresume_continue_with_the_same_losses(tiny_run, straight, tmp_path):
@@ -263,6 +269,51 @@ def test_kill_and_autoresume_continue_with_the_same_losses(tiny_run, straight, t
     saved = re.findall(r"^saved checkpoint (\S+)$", result.stdout, re.M)
     assert [Path(path).name for path in saved] == [f"ep0-ba{b}-rank0.pt" for b in range(int(resumed.group(1)) + 1, 9)
                                                    if b % 2 == 0], result.stdout
+
+
+# Renames a checkpoint that runs a command over the honest one and back, as fast as it can, until told to stop.
+SWAPPER = """
+import os, sys, time
+target, honest, evil, stop = sys.argv[1:5]
+deadline = time.time() + 600
+while not os.path.exists(stop) and time.time() < deadline:
+    for source in (evil, honest):
+        os.link(source, target + ".swap")
+        os.replace(target + ".swap", target)
+"""
+
+
+def test_a_checkpoint_swapped_back_and_forth_during_a_resume_is_never_loaded_unchecked(tiny_run, straight_folder,
+                                                                                         tmp_path):
+    """Someone who can write the save folder swaps the latest checkpoint for one that runs a command, and back, all
+    through the resume: whatever vocagno read is what Composer loads (its private copy), so the run resumes from
+    the honest checkpoint or stops in one line, and nothing runs."""
+    import shutil
+    import subprocess
+
+    from test_untrusted import gadgets, whole_with
+
+    folder = tmp_path / "ckpt"
+    shutil.copytree(straight_folder / "ckpt", folder, symlinks=True)
+    target = folder / "ep0-ba8-rank0.pt"
+    shutil.copy(target, tmp_path / "honest.pt")
+    marker = tmp_path / "ran"
+    whole_with(gadgets(marker)["os.system"], tmp_path / "evil.pt")
+    swapper = subprocess.Popen([sys.executable, "-c", SWAPPER, str(target), str(tmp_path / "honest.pt"),
+                                str(tmp_path / "evil.pt"), str(tmp_path / "stop")])
+    try:
+        result = run_train(tiny_run[0], *CHECKPOINTED, "max_duration=10ba", f"save_folder={folder}",
+                           "run_name=swapped", f"loggers.jsonl.path={tmp_path}/log.jsonl", check=False)
+    finally:
+        (tmp_path / "stop").touch()
+        swapper.wait(timeout=60)
+    assert not marker.exists(), "a swapped-in checkpoint was loaded unchecked"
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    if result.returncode == 0:
+        assert f"resuming at batch 9 from {target}" in result.stdout, result.stdout
+    else:
+        assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+        assert errors[0].startswith("error: autoresume: ") and "refused to load" in errors[0], errors
 
 
 def test_an_interrupted_checkpoint_save_resumes_with_the_same_command(tiny_run, straight, tmp_path):

@@ -9,6 +9,7 @@ import os
 import resource
 import stat
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -93,10 +94,10 @@ def test_a_gadget_given_as_load_path_to_train_py_runs_nothing(tmp_path):
     assert not (tmp_path / "shards").exists(), "the run went on before checking what it loads"
 
 
-def test_a_load_path_in_a_store_or_on_disk_is_checked_as_autoresumes_latest(store, tmp_path):
-    """What train.py calls for a load_path: a store's whole file downloaded and checked, of a sharded checkpoint the
-    shards holding its pickled objects; locally, anything but a whole file or a sharded folder refused."""
-    from vocagno.training.checkpoint import check_load_path
+def test_a_load_path_in_a_store_or_on_disk_is_taken_into_a_private_folder_and_checked_there(store, tmp_path):
+    """What train.py calls for a load_path: a store's whole file or sharded checkpoint downloaded into a private
+    folder, a local one copied there, and checked there; what is refused leaves nothing loadable behind."""
+    from vocagno.training.checkpoint import private_folder, take
 
     marker = tmp_path / "ran"
     torch.save({"state": {"timestamp": RunsACommand(marker)}}, tmp_path / "evil.pt")
@@ -107,14 +108,58 @@ def test_a_load_path_in_a_store_or_on_disk_is_checked_as_autoresumes_latest(stor
         store.upload_file(str(path), "runs", f"{tmp_path.name}/ep0-ba2/{path.name}")
     for location in (f"s3://runs/{tmp_path.name}/ep0-ba1-rank0.pt", f"s3://runs/{tmp_path.name}/ep0-ba2",
                      str(tmp_path / "evil.pt"), str(sharded)):
+        private = private_folder()
         with pytest.raises(BadCheckpoint, match="refused to load: it holds objects that are not tensors"):
-            check_load_path(location)
-    with pytest.raises(BadCheckpoint, match="not a checkpoint Composer's load_path loads"):
-        check_load_path(str(tmp_path))
+            take(location, private)
+    with pytest.raises(BadCheckpoint, match="not a checkpoint: a folder without .metadata"):
+        take(str(tmp_path), private_folder())
     torch.save({"state": {"model": {"w": torch.ones(2)}}}, tmp_path / "good.pt")
     store.upload_file(str(tmp_path / "good.pt"), "runs", f"{tmp_path.name}/good.pt")
-    check_load_path(f"s3://runs/{tmp_path.name}/good.pt")
-    check_load_path(str(tmp_path / "good.pt"))
+    for location in (f"s3://runs/{tmp_path.name}/good.pt", str(tmp_path / "good.pt")):
+        private = private_folder()
+        copy = take(location, private)
+        assert copy == private / "checkpoint.pt" and copy.read_bytes() == (tmp_path / "good.pt").read_bytes()
+        assert stat.S_IMODE(private.stat().st_mode) == 0o700 and private.parent == Path(tempfile.gettempdir())
+    assert not marker.exists()
+
+
+def test_a_checkpoint_swapped_after_its_check_changes_nothing_composer_loads(tmp_path):
+    """Composer unpickles what it loads with weights_only=False: it is handed the private copy, so a checkpoint
+    renamed over the checked one a moment later (someone who can write the save folder) is never what it reads."""
+    from vocagno.training.checkpoint import private_folder, take
+
+    marker = tmp_path / "ran"
+    folder = tmp_path / "save"
+    folder.mkdir()
+    torch.save({"state": {"model": {"w": torch.arange(3.0)}}}, folder / "ep0-ba2-rank0.pt")
+    (folder / "latest-rank0.pt").symlink_to("ep0-ba2-rank0.pt")
+    private = private_folder()
+    copy = take(str(folder), private)
+    whole_with(gadgets(marker)["os.system"], tmp_path / "evil.pt").rename(folder / "ep0-ba2-rank0.pt")
+    loaded = torch.load(copy, weights_only=False)  # as Composer's loader reads it
+    assert not marker.exists()
+    torch.testing.assert_close(loaded["state"]["model"]["w"], torch.arange(3.0))
+    assert {p.name for p in private.iterdir()} == {"checkpoint.pt"}
+
+
+@pytest.mark.parametrize("target", ["{key} ", "{key}\n", " {key}", "{key}\x00", "{key}\u2028x", "/{key}"])
+def test_a_stores_latest_link_holding_anything_but_one_key_is_refused_by_its_one_reader(target, store, tmp_path):
+    """A latest link whose text another reader would read as another key (Composer reads it raw, vocagno once
+    stripped it): no key but one written exactly as Composer writes it is followed, by the run or its repair."""
+    from vocagno.training.checkpoint import private_folder, repair, take
+
+    marker = tmp_path / "ran"
+    key = f"{tmp_path.name}/ep0-ba2-rank0.pt"
+    torch.save({"state": {"model": {"w": torch.ones(2)}}}, tmp_path / "good.pt")
+    store.upload_file(str(tmp_path / "good.pt"), "runs", key)
+    whole_with(gadgets(marker)["os.system"], tmp_path / "evil.pt")
+    store.upload_file(str(tmp_path / "evil.pt"), "runs", target.format(key=key).strip(" \n\x00"))
+    store.put_object(Bucket="runs", Key=f"{tmp_path.name}/latest-rank0.pt.symlink", Body=target.format(key=key))
+    for call in (lambda: take(f"s3://runs/{tmp_path.name}", private_folder()),
+                 lambda: repair(f"s3://runs/{tmp_path.name}")):
+        with pytest.raises(BadCheckpoint, match="refused: a latest link holds one key as Composer writes it") as got:
+            call()
+        assert "\n" not in str(got.value) and f"runs/{tmp_path.name}/latest-rank0.pt.symlink" in str(got.value)
     assert not marker.exists()
 
 

@@ -19,8 +19,8 @@ from omegaconf import OmegaConf as om
 from vocagno.core.kernels import DEFAULT_KERNELS, KERNELS, check_on_gpu, check_speed
 from vocagno.errors import Refused
 
-__all__ = ["SCHEMA", "load_config", "build_causal_lm", "check_names", "keyword_names", "plain", "speed_options",
-           "section_teacher", "scoring_teacher", "scoring_teachers"]
+__all__ = ["SCHEMA", "load_config", "published_yaml", "build_causal_lm", "check_names", "keyword_names", "plain",
+           "speed_options", "section_teacher", "scoring_teacher", "scoring_teachers"]
 
 # The keys a yaml may hold; a nested dict names the keys of that section, None leaves a section free-form.
 MODEL_KEYS = {"name_or_path": None, "config": None, "dtype": None, "trust_remote_code": None, "tokenizer": None,
@@ -82,10 +82,61 @@ def load_config(yaml_path: str, overrides: list[str]) -> DictConfig:
     if missing:
         raise ValueError(f"{yaml_path}: missing required keys: {', '.join(missing)}")
     _drop_foreign_conversions(cfg, layers)
+    unresolved = om.to_container(cfg, resolve=False)
     om.resolve(cfg)
+    _environment_live(cfg, unresolved)
     _check_values(cfg)
     _check_weight_decay(cfg.optimizer)
     return cfg
+
+
+# An interpolation that reads the environment, and the names of the variables it reads.
+_ENVIRONMENT = re.compile(r"\$\{\s*oc\.env\s*:\s*([^,}\s]*)")
+
+
+def _leave_out_environment(node: Any) -> Any:
+    """A plain (unresolved) yaml with every value that reads the environment replaced by a mark naming what it reads."""
+    if isinstance(node, dict):
+        return {key: _leave_out_environment(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_leave_out_environment(value) for value in node]
+    names = _ENVIRONMENT.findall(node) if isinstance(node, str) else []
+    return f"<left out: read from the environment ({', '.join(names)})>" if names else node
+
+
+def _leaves(node: Any, where: tuple = ()) -> Iterable[tuple[tuple, Any]]:
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else None
+    if items is None:
+        yield where, node
+        return
+    for key, value in items:
+        yield from _leaves(value, (*where, key))
+
+
+def _environment_live(cfg: DictConfig, unresolved: dict) -> None:
+    """After ``om.resolve``: every value read from the environment, or built on one, set back to its interpolation,
+    which resolves to the same value whenever the run reads it, so that ``published_yaml`` can tell it apart."""
+    if not _ENVIRONMENT.search(str(unresolved)):
+        return
+    marked = om.create(_leave_out_environment(unresolved))
+    om.resolve(marked)
+    resolved = dict(_leaves(om.to_container(cfg, resolve=False)))
+    originals = dict(_leaves(unresolved))
+    for where, value in _leaves(om.to_container(marked, resolve=False)):
+        if value != resolved.get(where) and where in originals:
+            node = cfg
+            for key in where[:-1]:
+                node = node[key]
+            node[where[-1]] = originals[where]
+
+
+def published_yaml(cfg: DictConfig) -> str:
+    """The run's yaml as its checkpoints carry it (``RunRecipe``), and so as an exported model card shows it: resolved,
+    but every value read from the environment (``${oc.env:NAME}``: a token, a key, a bucket) left out and named
+    instead, as ``<left out: read from the environment (NAME)>``, and a value built on one (``${hf_token}``,
+    ``s3://${oc.env:B}/x``) with it. A checkpoint is a file people share, and a card is published."""
+    marked = om.create(_leave_out_environment(om.to_container(cfg, resolve=False)))
+    return om.to_yaml(marked, resolve=True)
 
 
 # The most base: links a yaml's chain may follow: the repo's deepest is 2 (tiny_uld.yaml -> tiny.yaml -> none); each is

@@ -223,7 +223,7 @@ class SampleLog(Callback):
 
 
 class RunRecipe(Callback):
-    """Carries the run's resolved yaml into every checkpoint (Composer saves callbacks' state), where
+    """Carries the run's yaml (``vocagno.training.config.published_yaml``) into every checkpoint (Composer saves callbacks' state), where
     ``python -m vocagno.export`` reads it for the model card. A resumed run keeps its own yaml, not the saved one."""
 
     def __init__(self, yaml: str):

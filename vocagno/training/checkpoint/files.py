@@ -56,23 +56,39 @@ def is_checkpoint(location: str) -> bool:
             or (path.is_dir() and any(path.glob("*.distcp"))))
 
 
-def fetch(location: str, into: str) -> Path:
-    """The checkpoint at ``location`` as a local path: a local one where it is (a save folder's latest followed),
-    a remote one downloaded into the folder ``into``. Nothing but a complete checkpoint is returned; a save cut short
-    raises ``IncompleteCheckpoint``, anything else wrong ``BadCheckpoint``."""
-    if "://" in location:
-        return _fetch_remote(location, Path(into))
+def resolve(location: str) -> Path:
+    """The local checkpoint ``location`` names: a whole file or a sharded folder where it is one, a save folder's
+    latest (or a latest link) followed one hop to the checkpoint beside it. The one resolution of local names: what
+    it returns is what is checked, and what is copied for a framework to load."""
     path = Path(location)
     if path.is_symlink() and re.fullmatch(r"latest-rank\d+\.pt", path.name):  # Composer's link beside its target
-        return fetch(str(_latest_target(path)), into)
+        return resolve(str(_latest_target(path)))
     if not path.exists():
         raise BadCheckpoint(f"{location}: no such file or folder")
     if path.is_dir() and not (path / METADATA).exists():
         if (path / LATEST).exists():
-            return fetch(str(_latest_target(path / LATEST)), into)
+            return resolve(str(_latest_target(path / LATEST)))
         if not any(path.glob("*.distcp")):
             raise BadCheckpoint(f"{location}: not a checkpoint: a folder without {METADATA} (a sharded checkpoint) or "
                                 f"{LATEST} (a save folder)")
+    return path
+
+
+def has_latest(folder: str) -> bool:
+    """Whether a save folder (local, or in an object store) has a latest checkpoint link for autoresume to follow."""
+    if "://" in folder:
+        store, prefix = _store(folder)
+        return f"{prefix}/{LATEST}.symlink" in set(_listing(store, folder, f"{prefix}/{LATEST}"))
+    return os.path.lexists(Path(folder) / LATEST)
+
+
+def fetch(location: str, into: str) -> Path:
+    """The checkpoint at ``location`` as a local path: a local one where it is (``resolve``), a remote one downloaded
+    into the folder ``into``. Nothing but a complete checkpoint is returned; a save cut short raises
+    ``IncompleteCheckpoint``, anything else wrong ``BadCheckpoint``."""
+    if "://" in location:
+        return _fetch_remote(location, Path(into))
+    path = resolve(location)
     if path.is_dir():
         _untrusted(check_folder, path)  # torch's reader opens its files itself: regular files only, no link
         _check_saved(path)
@@ -80,14 +96,14 @@ def fetch(location: str, into: str) -> Path:
     try:
         cut_short = _untrusted(_zip_cut_short, path)
     except OSError as error:
-        raise BadCheckpoint(f"{location}: can't be read: {error.strerror or error}") from error
+        raise BadCheckpoint(f"{path}: can't be read: {error.strerror or error}") from error
     if cut_short:
-        raise IncompleteCheckpoint(f"{location}: an incomplete checkpoint: torch.save's zip without the directory "
+        raise IncompleteCheckpoint(f"{path}: an incomplete checkpoint: torch.save's zip without the directory "
                                    "it writes last (its save was interrupted)")
     if not zipfile.is_zipfile(path):
-        raise BadCheckpoint(f"{location}: not a checkpoint: torch.save writes a zip file, and this is not one")
+        raise BadCheckpoint(f"{path}: not a checkpoint: torch.save writes a zip file, and this is not one")
     if _untrusted(_pickle_missing, path):
-        raise IncompleteCheckpoint(f"{location}: an incomplete checkpoint: torch.save's zip closed before its "
+        raise IncompleteCheckpoint(f"{path}: an incomplete checkpoint: torch.save's zip closed before its "
                                    "data.pkl was written (its save was interrupted)")
     return path
 
@@ -184,8 +200,7 @@ def _fetch_remote(uri: str, into: Path, follow_latest: bool = True) -> Path:
         return fetch(str(local), str(into))
     link = next((name for name in (f"{key}.symlink", f"{key}/{LATEST}.symlink") if name in names), None)
     if link and follow_latest:  # Composer's latest, a text file naming the checkpoint's key
-        store.download_object(link, str(into / "latest.symlink"))
-        target = read_bytes(into / "latest.symlink", cap_name="json_bytes").decode(errors="replace").strip()
+        target = latest_key(store, link, into / "latest.symlink", f"{scheme}://{rest.split('/', 1)[0]}")
         # One hop: a latest names a checkpoint, never another latest (nor itself).
         return _fetch_remote(f"{scheme}://{rest.split('/', 1)[0]}/{target}", into, follow_latest=False)
     if f"{key}/{METADATA}" in names:  # a sharded checkpoint: its index, then every shard it names
@@ -200,6 +215,23 @@ def _fetch_remote(uri: str, into: Path, follow_latest: bool = True) -> Path:
         return folder
     raise BadCheckpoint(f"{uri}: no checkpoint there: no such object, nor {METADATA} (a sharded checkpoint) or "
                         f"{LATEST}.symlink (a save folder) under it")
+
+
+def latest_key(store, link: str, local: Path, bucket: str) -> str:
+    """The key a store's latest link (Composer's ``latest-rank0.pt.symlink``: a text object holding exactly one key of
+    the same bucket) names, downloaded to ``local`` and read once: the one reading of it. Refused where it is
+    anything but one key as Composer writes it (UTF-8, no space or control character at its ends or inside)."""
+    local.parent.mkdir(parents=True, exist_ok=True)
+    store.download_object(link, str(local))
+    data = read_bytes(local, cap_name="json_bytes")
+    try:
+        key = data.decode("utf-8")
+    except UnicodeDecodeError:
+        key = None
+    if not key or re.search(r"[\s\x00-\x1f\x7f-\x9f]", key) or key.startswith("/"):
+        raise BadCheckpoint(f"{bucket}/{link}: refused: a latest link holds one key as Composer writes it, and this "
+                            f"holds {data[:80]!r}: delete or rewrite it to resume")
+    return key
 
 
 def _check_saved(path: Path) -> None:

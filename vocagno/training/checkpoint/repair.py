@@ -8,10 +8,10 @@ import re
 import tempfile
 from pathlib import Path
 
-from vocagno.doors.untrusted import read_bytes
+from vocagno.doors.shown import terminal
 from vocagno.doors.writing import remove
 from vocagno.training.checkpoint.files import (
-    LATEST, METADATA, WHOLE, SHARDED, BadCheckpoint, IncompleteCheckpoint, _latest_target, _only_shards,
+    LATEST, METADATA, WHOLE, SHARDED, BadCheckpoint, IncompleteCheckpoint, _latest_target, _only_shards, latest_key,
     _missing_shards, _store, _listing, _check_saved, _reason,
 )
 from vocagno.training.checkpoint.state import check_objects, _check_remote_objects
@@ -36,7 +36,8 @@ def repair(folder: str) -> None:
         try:
             _check_saved(path)
         except IncompleteCheckpoint as incomplete:
-            print(f"removing {path}: an incomplete checkpoint (its save was interrupted): {incomplete}", flush=True)
+            print(f"removing {terminal(path)}: an incomplete checkpoint (its save was interrupted): "
+                  f"{terminal(incomplete)}", flush=True)
             remove(path)
             continue
         except (BadCheckpoint, OSError) as error:
@@ -96,7 +97,8 @@ def _repair_remote(uri: str) -> None:
             raise BadCheckpoint(f"incomplete checkpoints (their upload was interrupted): {names_left}: delete them "
                                 "to resume, or set save_overwrite: true")
         for _, name in incomplete:
-            print(f"removing {uri}/{name}: an incomplete checkpoint (its upload was interrupted)", flush=True)
+            print(f"removing {terminal(f'{uri}/{name}')}: an incomplete checkpoint (its upload was interrupted)",
+                  flush=True)
             for key in sorted(n for n in names if n.startswith(f"{prefix}/{name}/")):
                 store.client.delete_object(Bucket=store.bucket, Key=store.get_key(key))
     # Composer's autoresume downloads a plain latest-rank{r}.pt object before it looks for its .symlink: not Composer's
@@ -111,8 +113,7 @@ def _repair_remote(uri: str) -> None:
     with tempfile.TemporaryDirectory(prefix="vocagno-repair-") as tmp:
         old = None
         if link in names:
-            store.download_object(link, f"{tmp}/old")
-            old = read_bytes(f"{tmp}/old", cap_name="json_bytes").decode(errors="replace").strip()
+            old = latest_key(store, link, Path(tmp) / "old", bucket)
         newest = f"{prefix}/{max(complete)[1]}" if complete else old
         if newest is None:
             return

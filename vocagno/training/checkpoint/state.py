@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +14,7 @@ from omegaconf import OmegaConf as om
 
 from vocagno.doors.untrusted import inside, load_torch, plain_name, read_dcp_metadata
 from vocagno.training.checkpoint.files import (
-    METADATA, BadCheckpoint, _first_line, _untrusted, load_checkpoint, fetch, _store, _listing, _fetch_remote,
-    _reason,
+    METADATA, BadCheckpoint, _first_line, _untrusted, load_checkpoint, _listing, _fetch_remote,
 )
 
 
@@ -45,29 +43,6 @@ def check_objects(path: Path) -> None:
         _read_sharded(path, _pickled_objects(_untrusted(read_dcp_metadata, path / METADATA)))
     else:
         _untrusted(load_torch, str(path), str(path), True)
-
-
-def check_load_path(location: str) -> None:
-    """Check the checkpoint a run is told to load (``callbacks.load_checkpoint.load_path``) as autoresume's latest is
-    checked, before Composer loads it with its own unchecked unpickling: a local whole file or sharded folder by
-    ``check_objects``, one in an object store by downloading what Composer would load of it (a whole file; of a
-    sharded one ``.metadata`` and the shards holding pickled objects) and checking that. ``location`` is formatted
-    as Composer formats it (``{run_name}``, rank 0's ``{rank}``) by the caller. Anything else is refused:
-    ``BadCheckpoint``."""
-    if "://" in location:
-        store, key = _store(location)
-        scheme, _, rest = location.partition("://")
-        with tempfile.TemporaryDirectory(prefix="vocagno-load-path-") as tmp:
-            _check_remote_objects(store, f"{scheme}://{rest.split('/', 1)[0]}", key, Path(tmp))
-        return
-    path = Path(location)
-    if path.is_dir() and not (path / METADATA).exists():
-        raise BadCheckpoint(f"{location}: not a checkpoint Composer's load_path loads: a whole .pt file or a sharded "
-                            f"checkpoint's folder (with {METADATA})")
-    try:
-        check_objects(fetch(location, os.devnull))
-    except OSError as error:
-        raise BadCheckpoint(_reason(error, path)) from error
 
 
 def _pickled_objects(metadata) -> set[str]:
