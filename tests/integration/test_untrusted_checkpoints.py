@@ -163,6 +163,26 @@ def test_a_stores_latest_link_holding_anything_but_one_key_is_refused_by_its_one
     assert not marker.exists()
 
 
+def test_a_checkpoint_torch_itself_cannot_read_stops_autoresume_in_one_line(tmp_path):
+    """A zip with torch.save's data.pkl and none of its other records: every vocagno check passes it as a finished
+    save, and torch's reader fails on it (RuntimeError): refused in one line, and left where it is."""
+    import zipfile
+
+    from vocagno.training.checkpoint import repair
+
+    folder = tmp_path / "save"
+    folder.mkdir()
+    torch.save({"state": {"model": {"w": torch.ones(2)}}}, tmp_path / "real.pt")
+    with zipfile.ZipFile(tmp_path / "real.pt") as real, zipfile.ZipFile(folder / "ep0-ba2-rank0.pt", "w") as crafted:
+        for info in real.infolist():
+            if info.filename.endswith("data.pkl"):
+                crafted.writestr(info.filename, real.read(info))
+    with pytest.raises(BadCheckpoint, match=r"ep0-ba2-rank0.pt: refused: not a checkpoint torch can read") as got:
+        repair(str(folder))
+    assert "\n" not in str(got.value)
+    assert (folder / "ep0-ba2-rank0.pt").exists()
+
+
 # ---- 2. a config claiming far more than its weights hold: refused before anything is allocated ----
 
 @pytest.fixture

@@ -758,10 +758,22 @@ def load_torch(source: Any, name: str, mmap: bool = False) -> Any:
         plain = _plain_data(source)
         if plain is not _NOT_PLAIN:
             return plain
-    check_torch_zip(source, name)
+    if isinstance(source, (str, Path)):  # opened once: the bytes checked are the bytes torch reads
+        with open_regular(source) as opened:
+            # mmap maps a file by its name: this one's, through its descriptor, not whatever the name holds by then
+            return _load_torch(f"/proc/self/fd/{opened.fileno()}" if mmap else opened, opened, name, mmap)
+    return _load_torch(source, source, name, mmap)
+
+
+def _load_torch(source: Any, checked: Any, name: str, mmap: bool) -> Any:
+    check_torch_zip(checked, name)
     with torch.serialization.safe_globals(CHECKPOINT_GLOBALS):
         try:
             return torch.load(source, map_location="cpu", weights_only=True, mmap=mmap)
+        except UntrustedFile:  # the file grew while torch read it (open_regular)
+            raise
+        except (RuntimeError, EOFError, ValueError) as error:  # torch's reader: a zip or legacy file it can't read
+            raise UntrustedFile(f"{name}: refused: not a checkpoint torch can read ({reason(error)})") from error
         except pickle.UnpicklingError as error:
             # torch's message starts with advice to load with weights_only=False; what was refused comes after.
             lines = [line.strip() for line in str(error).splitlines() if line.strip()]

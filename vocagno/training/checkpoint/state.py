@@ -26,10 +26,8 @@ def read_state(path: Path, parts: tuple[str, ...] = MODEL_PARTS) -> dict[str, An
     """The ``parts`` of a local checkpoint's ``state``, whole or sharded (the shards gathered into whole tensors)."""
     if path.is_dir():
         return _read_sharded(path, parts)
-    try:
-        state = load_checkpoint(str(path)).get("state")
-    except (RuntimeError, EOFError) as error:
-        raise BadCheckpoint(f"{path}: not a checkpoint torch can read ({str(error).splitlines()[0]})") from error
+    loaded = load_checkpoint(str(path))
+    state = loaded.get("state") if isinstance(loaded, dict) else None
     if not isinstance(state, dict):
         raise BadCheckpoint(f"{path}: not a Composer checkpoint: it holds no 'state'")
     return {part: state[part] for part in parts if part in state}
