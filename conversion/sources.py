@@ -18,7 +18,10 @@ read. What is read is bounded whatever the file holds: a document (a .jsonl line
 more than ``cap("document_bytes")`` bytes is skipped without being held whole (a line is read up to the cap, the
 rest of it discarded block by block; a .parquet or .arrow value is measured by pyarrow before it becomes a Python
 string), counted, and named by file and line (``Source.over_cap``, the summary); a .json file is read whole only up
-to ``cap("json_bytes")`` (a larger JSON array is refused, one of JSON lines read line by line).
+to ``cap("json_bytes")`` (a larger JSON array is refused, one of JSON lines read line by line). A .parquet file's
+pages are sized from their headers before pyarrow decodes one (``_largest_pages``): a page over ``page_bytes()``, or
+of more than the document cap a value, is refused, and rows are read in batches that decode to at most
+``BATCH_BYTES`` (or one row).
 """
 
 from __future__ import annotations
@@ -319,6 +322,147 @@ def _mapped(path: CorpusFile):
 
 ARROW_BATCH_ROWS = 64  # rows pyarrow decodes at a time from a .parquet file
 PYTHON_BYTES = 1 << 24  # bytes of a batch's values made Python objects at a time (one value over it: alone)
+# The most a .parquet page may decode to (a larger document cap raises it to the cap): writers cut a page at about
+# 1 MiB only after each 1,024 values, so an honest page of 1,024 documents of 300 KB is 300 MB.
+PAGE_BYTES = 1 << 30
+BATCH_BYTES = 1 << 28  # what a batch of a .parquet file's rows may decode to, sized by its largest page: 64 rows, fewer
+
+
+def page_bytes() -> int:
+    """The most one page of a .parquet file's text columns may decode to: ``PAGE_BYTES``, or the document cap where
+    that is larger (a page holds at least one value; writers cut pages at about 1 MiB)."""
+    return max(PAGE_BYTES, cap("document_bytes"))
+
+
+class _Thrift:
+    """A reader of Thrift's compact protocol, as much of it as skipping a .parquet page header takes: each value read
+    from ``data`` at ``at``, never past ``end``, nested no deeper than 16."""
+
+    def __init__(self, data: memoryview, at: int, end: int):
+        self.data, self.at, self.end = data, at, end
+
+    def byte(self) -> int:
+        if self.at >= self.end:
+            raise ValueError("a page header runs past its column chunk")
+        self.at += 1
+        return self.data[self.at - 1]
+
+    def varint(self) -> int:
+        value = shift = 0
+        while True:
+            b = self.byte()
+            value |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return value
+            shift += 7
+            if shift > 63:
+                raise ValueError("a page header's number runs over 64 bits")
+
+    def integer(self) -> int:  # zigzag
+        value = self.varint()
+        return (value >> 1) ^ -(value & 1)
+
+    def skip(self, kind: int, depth: int = 0) -> None:
+        if depth > 16:
+            raise ValueError("a page header nested too deeply")
+        if kind in (1, 2):  # booleans: in a field's header (in a list, a byte)
+            return
+        if kind == 3:
+            self.byte()
+        elif kind in (4, 5, 6):
+            self.varint()
+        elif kind == 7:
+            self.at += 8
+        elif kind == 8:
+            size = self.varint()  # read before ``at`` is: it moves it
+            self.at += size
+        elif kind in (9, 10):
+            head = self.byte()
+            size = head >> 4 if head >> 4 != 15 else self.varint()
+            for _ in range(size):
+                self.byte() if head & 15 in (1, 2) else self.skip(head & 15, depth + 1)
+        elif kind == 11:
+            size = self.varint()
+            kinds = self.byte() if size else 0
+            for _ in range(size):
+                self.skip(kinds >> 4, depth + 1)
+                self.skip(kinds & 15, depth + 1)
+        elif kind == 12:
+            self.struct(depth + 1)
+        else:
+            raise ValueError(f"a page header holds a value of unknown type {kind}")
+        if self.at > self.end:
+            raise ValueError("a page header runs past its column chunk")
+
+    def struct(self, depth: int = 0) -> dict[int, int | dict]:
+        """The struct's integer and struct fields by id (the others skipped)."""
+        fields: dict[int, int | dict] = {}
+        field = 0
+        while True:
+            head = self.byte()
+            if head == 0:
+                return fields
+            field = field + (head >> 4) if head >> 4 else self.integer()
+            if head & 15 in (4, 5, 6):
+                fields[field] = self.integer()
+            elif head & 15 == 12:
+                if depth > 16:
+                    raise ValueError("a page header nested too deeply")
+                fields[field] = self.struct(depth + 1)
+            else:
+                self.skip(head & 15, depth)
+
+
+def _page_sizes(data: memoryview, chunk) -> Iterator[tuple[int, int]]:
+    """The decoded size and the number of values of each page of a .parquet column chunk (``chunk``, pyarrow's
+    metadata of it), as its page header says before the page is read (Thrift: a ``PageHeader``'s field 2, and field
+    1 of its data, dictionary or data v2 page header): where the column chunk says it starts, one page after the
+    other for the compressed bytes it says it holds."""
+    begin = chunk.data_page_offset
+    if chunk.has_dictionary_page and chunk.dictionary_page_offset:
+        begin = min(begin, chunk.dictionary_page_offset)
+    end = begin + chunk.total_compressed_size
+    if begin < 0 or chunk.total_compressed_size < 0 or end > len(data):
+        raise ValueError(f"a column chunk at bytes {begin:,} to {end:,} of a file of {len(data):,}")
+    at = begin
+    while at < end:
+        reader = _Thrift(data, at, end)
+        header = reader.struct()
+        decoded, compressed = header.get(2, -1), header.get(3, -1)
+        if decoded < 0 or compressed < 0:
+            raise ValueError(f"a page header at byte {at:,} without its sizes")
+        kind = next((header[k] for k in (5, 7, 8) if isinstance(header.get(k), dict)), {})
+        values = kind.get(1, 0)
+        yield decoded, values if isinstance(values, int) and values > 0 else 0
+        at = reader.at + compressed
+
+
+def _largest_pages(data: memoryview, parquet, columns: list[str], path: CorpusFile) -> list[int]:
+    """The decoded size of the largest page of the text's ``columns`` in each row group of a .parquet file, read from
+    the page headers before pyarrow reads a page; refused (``UntrustedFile``) where one is over ``page_bytes()``, or
+    holds more than the document cap a value (so one of its values is over it): a dictionary page of a few KiB that
+    holds a value of gigabytes is never decoded."""
+    limit, document, metadata, largest = page_bytes(), cap("document_bytes"), parquet.metadata, []
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        largest.append(0)
+        for i in range(row_group.num_columns):
+            chunk = row_group.column(i)
+            if chunk.path_in_schema.split(".")[0] not in columns:
+                continue
+            for decoded, values in _page_sizes(data, chunk):
+                where = f"{path}: refused: row group {group + 1} of its column {chunk.path_in_schema!r} holds a page"
+                if decoded > document * max(values, 1):
+                    raise UntrustedFile(
+                        f"{where} of {values:,} value(s) that decodes to {decoded:,} bytes: a value over the document "
+                        f"cap of {document:,} bytes, which pyarrow would decode whole (raise "
+                        "VOCAGNO_MAX_DOCUMENT_BYTES if it is right)")
+                if decoded > limit:
+                    raise UntrustedFile(
+                        f"{where} that decodes to {decoded:,} bytes, more than the {limit:,} a page may (pyarrow "
+                        "decodes a page whole: write the file with smaller pages)")
+                largest[-1] = max(largest[-1], decoded)
+    return largest
 
 
 def _value_bytes(array):
@@ -378,9 +522,15 @@ def _read_parquet(path: CorpusFile, text_of: TextOf) -> Iterator[Record]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    parquet = pq.ParquetFile(pa.BufferReader(_mapped(path)))
+    data = _mapped(path)
+    parquet = pq.ParquetFile(pa.BufferReader(data))
     columns = [c for c in text_of.columns if c in parquet.schema_arrow.names]
-    batches = parquet.iter_batches(columns=columns, batch_size=ARROW_BATCH_ROWS)
+    largest = _largest_pages(memoryview(data), parquet, columns, path)
+    # A value lies in one page: a batch of n rows decodes to at most n times the largest page of each column read.
+    leaves = sum(column.path.split(".")[0] in columns for column in parquet.schema)
+    batches = (batch for group, page in enumerate(largest) for batch in parquet.iter_batches(
+        columns=columns, row_groups=[group],
+        batch_size=max(1, min(ARROW_BATCH_ROWS, BATCH_BYTES // max(page * leaves, 1)))))
     yield from _numbered((record for batch in batches for record in _batch_records(batch, text_of)), "row")
 
 

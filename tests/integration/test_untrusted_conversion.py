@@ -5,6 +5,7 @@ bound (a 1 GiB line, a gzip bomb). Each runs the converter's main() in this proc
 where an old reader would read without end, in memory (RLIMIT_AS), so a regression fails here instead of hanging or
 exhausting the machine."""
 
+import contextlib
 import gzip
 import json
 import os
@@ -173,6 +174,76 @@ def test_a_gzip_bomb_of_one_line_is_read_in_bounded_memory(tmp_path, monkeypatch
     source, records = read_with_peak_under(path, 8 << 20)
     assert [getattr(r, "where", r) for r in records] == ["line 1", b'{"text": "after"}\n']
     assert source.over_cap == [f"{path} line 1"]
+
+
+def dictionary_bomb(path: Path, value_bytes: int, rows: int) -> Path:
+    """A .parquet file of a few KiB whose text column is dictionary-encoded: one value of ``value_bytes`` letters
+    (zstd-compressed in the dictionary page), which every one of ``rows`` rows points at (run-length-encoded indices):
+    ``value_bytes * rows`` bytes of text once decoded."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    column = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array(["a" * value_bytes]))
+    pq.write_table(pa.table({"text": column}), path, compression="zstd", compression_level=19)
+    return path
+
+
+_POOLS = []  # every pool a test measured with, alive as long as the process: a buffer pyarrow made there may be
+
+
+@contextlib.contextmanager
+def arrow_allocations():
+    """A pool that counts what pyarrow allocates in the block (``max_memory()``: its peak), which tracemalloc does
+    not see: pyarrow's default pool, with counts of its own."""
+    import pyarrow as pa
+
+    default = pa.default_memory_pool()
+    _POOLS.append(pa.proxy_memory_pool(default))
+    pa.set_memory_pool(_POOLS[-1])
+    try:
+        yield _POOLS[-1]
+    finally:
+        pa.set_memory_pool(default)
+
+
+def test_a_parquet_dictionary_value_that_decodes_to_gigabytes_is_refused_in_one_line_before_it_is(tmp_path):
+    """A 33 KiB .parquet file whose dictionary page holds one 1 GiB value, which 8 rows point at (8 GiB of text):
+    pyarrow decoded the page and a batch of its rows, 4 GiB at the peak, before a row was measured against the cap.
+    The page's header says it decodes to more than the document cap a value: the file is refused, named in one line,
+    before pyarrow allocates anything for it; the corpus's other files convert."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    bomb = dictionary_bomb(corpus / "bomb.parquet", 1 << 30, 8)
+    assert bomb.stat().st_size < 64 << 10
+    small_corpus(corpus / "docs.jsonl")
+    with within(), arrow_allocations() as pool:
+        (source,) = sources_of([str(bomb)], "train", TextOf())
+        records = list(source.records())
+    assert pool.max_memory() < 1 << 20, f"{pool.max_memory():,} bytes at the peak"
+    assert [r.problem for r in records] == ["unreadable file (named in the summary)"]
+    assert source.error == (
+        f"UntrustedFile: {bomb}: refused: row group 1 of its column 'text' holds a page of 1 value(s) that decodes "
+        f"to {(1 << 30) + 4:,} bytes: a value over the document cap of 67,108,864 bytes, which pyarrow would decode "
+        "whole (raise VOCAGNO_MAX_DOCUMENT_BYTES if it is right)")
+    with within(), arrow_allocations() as pool:
+        assert converts(tmp_path / "shards", inputs=[corpus]) == 1  # a file that can't be read: named, exit 1
+    assert pool.max_memory() < 64 << 20, f"{pool.max_memory():,} bytes at the peak"
+    assert ShardMetadata.read(tmp_path / "shards").totals["documents converted"] == 40
+
+
+def test_a_parquet_dictionary_value_under_the_cap_repeated_is_read_a_few_rows_at_a_time(tmp_path):
+    """A 2 KiB .parquet file whose 100,000 rows all point at one 30 MiB dictionary value (3 TB of text once decoded):
+    a batch holds as many rows as BATCH_BYTES takes of the largest page (8), never 64 of them (1.9 GiB), and each row
+    is made a Python string alone (30 MiB, over PYTHON_BYTES)."""
+    bomb = dictionary_bomb(tmp_path / "bomb.parquet", 30 << 20, 100_000)
+    assert bomb.stat().st_size < 8 << 10
+    (source,) = sources_of([str(bomb)], "train", TextOf())
+    with within(), arrow_allocations() as pool:
+        records = source.records()
+        first = [len(next(records).text) for _ in range(100)]
+        records.close()
+    assert first == [30 << 20] * 100 and source.error is None
+    assert pool.max_memory() < 256 << 20, f"{pool.max_memory():,} bytes at the peak"
 
 
 # ---- a tokenizer folder from elsewhere ----
