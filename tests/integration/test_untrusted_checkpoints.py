@@ -94,7 +94,15 @@ def test_a_gadget_given_as_load_path_to_train_py_runs_nothing(tmp_path):
     assert not (tmp_path / "shards").exists(), "the run went on before checking what it loads"
 
 
-def test_a_load_path_in_a_store_or_on_disk_is_taken_into_a_private_folder_and_checked_there(store, tmp_path):
+@pytest.fixture
+def own_temporary_folder(tmp_path, monkeypatch):
+    """The private folders a test makes, in a temporary folder of its own (removed with the test's)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir(mode=0o700)
+
+
+def test_a_load_path_in_a_store_or_on_disk_is_taken_into_a_private_folder_and_checked_there(store, tmp_path,
+                                                                                            own_temporary_folder):
     """What train.py calls for a load_path: a store's whole file or sharded checkpoint downloaded into a private
     folder, a local one copied there, and checked there; what is refused leaves nothing loadable behind."""
     from vocagno.training.checkpoint import private_folder, take
@@ -123,7 +131,7 @@ def test_a_load_path_in_a_store_or_on_disk_is_taken_into_a_private_folder_and_ch
     assert not marker.exists()
 
 
-def test_a_checkpoint_swapped_after_its_check_changes_nothing_composer_loads(tmp_path):
+def test_a_checkpoint_swapped_after_its_check_changes_nothing_composer_loads(tmp_path, own_temporary_folder):
     """Composer unpickles what it loads with weights_only=False: it is handed the private copy, so a checkpoint
     renamed over the checked one a moment later (someone who can write the save folder) is never what it reads."""
     from vocagno.training.checkpoint import private_folder, take
@@ -143,7 +151,8 @@ def test_a_checkpoint_swapped_after_its_check_changes_nothing_composer_loads(tmp
 
 
 @pytest.mark.parametrize("target", ["{key} ", "{key}\n", " {key}", "{key}\x00", "{key}\u2028x", "/{key}"])
-def test_a_stores_latest_link_holding_anything_but_one_key_is_refused_by_its_one_reader(target, store, tmp_path):
+def test_a_stores_latest_link_holding_anything_but_one_key_is_refused_by_its_one_reader(target, store, tmp_path,
+                                                                                        own_temporary_folder):
     """A latest link whose text another reader would read as another key (Composer reads it raw, vocagno once
     stripped it): no key but one written exactly as Composer writes it is followed, by the run or its repair."""
     from vocagno.training.checkpoint import private_folder, repair, take

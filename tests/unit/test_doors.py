@@ -15,6 +15,7 @@ from vocagno.doors.untrusted import (
     UntrustedFile, cap, check_config, check_folder, check_index, decompress, open_regular, read_bytes, read_json,
 )
 from vocagno.doors.writing import make_readable, publish, remove, staging, write_atomically
+from vocagno.errors import Refused
 
 
 def test_a_regular_file_reads_whole_and_nothing_else_is_opened(tmp_path):
@@ -381,3 +382,91 @@ def test_a_torch_zip_python_cant_read_or_holding_a_deflated_record_is_refused_be
         (tmp_path / name).write_bytes(data)
         with pytest.raises(UntrustedFile, match=f"{name}: refused: {why}"):
             check_torch_zip(tmp_path / name, name)
+
+
+# ---- the checked copy, in a private place (vocagno.doors.private) ----
+
+def _model_folder(folder: Path, layers: int = 1) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=8, intermediate_size=16, num_hidden_layers=layers,
+                                 num_attention_heads=2, num_key_value_heads=1)).save_pretrained(folder)
+    return folder
+
+
+def test_a_private_folder_is_the_processs_own_and_refused_where_others_can_rename_it(tmp_path, monkeypatch):
+    import stat
+    import tempfile
+
+    from vocagno.doors.private import private_folder
+
+    made = private_folder("vocagno-test-")
+    assert stat.S_IMODE(made.stat().st_mode) == 0o700 and made.parent == Path(tempfile.gettempdir()).resolve()
+    made.rmdir()
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)  # writable by all, not sticky: someone could rename the private folder and put theirs there
+    monkeypatch.setattr(tempfile, "tempdir", str(shared))
+    with pytest.raises(Refused, match=f"{shared}: the temporary folder .* set TMPDIR to a folder only you can write"):
+        private_folder("vocagno-test-")
+
+
+def test_a_copy_links_this_users_own_files_and_copies_anyone_elses(tmp_path):
+    from vocagno.doors.private import copy_file
+
+    own = tmp_path / "own.bin"
+    own.write_bytes(b"weights" * 1000)
+    copy_file(own, tmp_path / "linked")
+    assert os.stat(tmp_path / "linked").st_ino == own.stat().st_ino  # no disk, no time
+    theirs = tmp_path / "theirs.bin"
+    theirs.write_bytes(b"theirs" * 1000)
+    os.chown(theirs, 65534, 65534)  # nobody's: they may rewrite it after the check
+    copy_file(theirs, tmp_path / "copied")
+    assert os.stat(tmp_path / "copied").st_ino != theirs.stat().st_ino
+    assert (tmp_path / "copied").read_bytes() == theirs.read_bytes()
+    theirs.chmod(0o666)
+    os.chown(theirs, os.geteuid(), os.getegid())  # this user's, but anyone may write it
+    copy_file(theirs, tmp_path / "copied again")
+    assert os.stat(tmp_path / "copied again").st_ino != theirs.stat().st_ino
+
+
+def test_a_model_folders_config_swapped_during_loads_never_reaches_transformers_unchecked(tmp_path):
+    """Someone who can write the folder swaps config.json for one of 64 layers (its weights hold one) and back, all
+    through the loads: each load builds the checked one-layer model or is refused in one line, never the other."""
+    import threading
+
+    from transformers import AutoModelForCausalLM
+
+    from vocagno.doors.untrusted import from_pretrained
+
+    folder = _model_folder(tmp_path / "model")
+    honest = (folder / "config.json").read_text()
+    swapped = json.dumps({**json.loads(honest), "num_hidden_layers": 64})
+    (tmp_path / "honest.json").write_text(honest)
+    (tmp_path / "swapped.json").write_text(swapped)
+    os.chown(tmp_path / "swapped.json", 65534, 65534)
+    stop = threading.Event()
+
+    def swap():
+        while not stop.is_set():
+            for source in ("swapped.json", "honest.json"):
+                os.link(tmp_path / source, folder / "config.swap")
+                os.replace(folder / "config.swap", folder / "config.json")
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    built, refused = 0, 0
+    try:
+        for _ in range(12):
+            try:
+                model = from_pretrained(AutoModelForCausalLM, str(folder))
+            except UntrustedFile as error:
+                assert "its config does not describe its weights" in str(error) and str(folder) in str(error)
+                refused += 1
+            else:
+                assert model.config.num_hidden_layers == 1 and model.config._name_or_path == str(folder)
+                built += 1
+    finally:
+        stop.set()
+        swapper.join()
+    assert built + refused == 12 and built > 0, (built, refused)

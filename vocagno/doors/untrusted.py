@@ -22,6 +22,7 @@ Caps (``CAPS``) are raised per job with the environment variable ``VOCAGNO_MAX_<
 
 from __future__ import annotations
 
+import atexit
 import bz2
 import datetime
 import errno
@@ -619,34 +620,76 @@ def check_model_fits(loader: Any, folder: Path, shapes: dict[str, tuple[int, ...
 
 def from_pretrained(loader: Any, name_or_path: str, trust_remote_code: bool = False, **kwargs: Any) -> Any:
     """``loader.from_pretrained(name_or_path, ...)`` with ``trust_remote_code`` passed explicitly (off unless the
-    user's own yaml turned it on). A local folder is checked first, unless trusted: its files regular and inside it
-    (``check_folder``), its ``config.json`` and ``tokenizer_config.json`` without code (``check_config``), the files
-    its weight index names its own, and, for a model, its config no larger than its weights (``check_model_fits``)."""
+    user's own yaml turned it on). A local folder is loaded from its private copy (``vocagno.doors.private``:
+    hard-linked where its files are this user's alone, else copied), checked there first, unless trusted: its files
+    regular and inside it (``check_folder``), its ``config.json`` and ``tokenizer_config.json`` without code
+    (``check_config``), the files its weight index names its own, and, for a model, its config no larger than its
+    weights (``check_model_fits``). What transformers then reads is what was checked. The object keeps the folder's
+    own name (``name_or_path``); a model's copy is removed once it is loaded, a tokenizer's (whose slow files it
+    may read again to save itself) when the process ends."""
     folder = Path(name_or_path)
     if str(name_or_path).startswith(("/", "./", "../", "~")) and not folder.is_dir():
         raise FileNotFoundError(f"{name_or_path}: no such folder (a model or tokenizer is a folder or a Hugging Face "
                                 "name)")
-    if trust_remote_code is not True:
-        trust_remote_code = False
-        if folder.is_dir():
-            files = check_folder(folder)
-            for file in files:  # what transformers parses whole (tokenizer.json, generation_config.json, merges.txt)
-                size = (folder / file).stat().st_size
-                if file.suffix in (".json", ".txt", ".model", ".jinja") and size > cap("json_bytes"):
-                    raise _over_cap(folder / file, size, "json_bytes")
-            configs = {name: check_config(read_json(name, folder), str(folder / name))
-                       for name in ("config.json", "tokenizer_config.json") if (folder / name).exists()}
-            for name, config in configs.items():
-                for key in ("tokenizer_file", "vocab_file", "merges_file"):  # transformers loads these first
-                    if config.get(key) is not None:
-                        inside(folder, config[key], str(folder / name), key)
-            model = configs.get("config.json")
-            shapes = saved_shapes(folder, files, None if model is None else model.get("transformers_weights"))
-            if model is not None:  # its loops bounded before transformers parses it (for a tokenizer too)
-                check_loops(model, None if shapes is None else len(_holding(shapes)), str(folder / "config.json"))
-                if hasattr(loader, "from_config") and shapes is not None:  # a model, not a tokenizer or a config
-                    check_model_fits(loader, folder, shapes)
-    return loader.from_pretrained(name_or_path, trust_remote_code=trust_remote_code, **kwargs)
+    if trust_remote_code is not True and folder.is_dir():
+        from vocagno.doors.private import copy_folder, private_folder
+        from vocagno.doors.writing import remove
+
+        private = private_folder("vocagno-model-")
+        model = hasattr(loader, "from_config")
+        try:
+            copy = copy_folder(folder, private / folder.resolve().name)
+            try:
+                _check_pretrained(loader, copy)
+            except UntrustedFile as error:  # named as the user knows it, not by its copy
+                raise UntrustedFile(str(error).replace(str(copy), str(folder))) from error
+            loaded = loader.from_pretrained(str(copy), trust_remote_code=False, **kwargs)
+        except BaseException:
+            remove(private)
+            raise
+        if model:
+            remove(private)
+        else:
+            atexit.register(remove, private)
+        _named(loaded, str(name_or_path))
+        return loaded
+    return loader.from_pretrained(name_or_path, trust_remote_code=trust_remote_code is True, **kwargs)
+
+
+def _named(loaded: Any, name_or_path: str) -> None:
+    """A model, config or tokenizer loaded from a private copy, named after the folder it was copied from."""
+    config = getattr(loaded, "config", loaded if hasattr(loaded, "_name_or_path") else None)
+    if config is not None and hasattr(config, "_name_or_path"):
+        config._name_or_path = name_or_path
+    if hasattr(loaded, "name_or_path"):
+        try:
+            loaded.name_or_path = name_or_path
+        except AttributeError:  # a model's name_or_path is its config's
+            pass
+    init_kwargs = getattr(loaded, "init_kwargs", None)
+    if isinstance(init_kwargs, dict) and "name_or_path" in init_kwargs:
+        init_kwargs["name_or_path"] = name_or_path
+
+
+def _check_pretrained(loader: Any, folder: Path) -> None:
+    """``from_pretrained``'s checks of a local folder (its private copy)."""
+    files = check_folder(folder)
+    for file in files:  # what transformers parses whole (tokenizer.json, generation_config.json, merges.txt)
+        size = (folder / file).stat().st_size
+        if file.suffix in (".json", ".txt", ".model", ".jinja") and size > cap("json_bytes"):
+            raise _over_cap(folder / file, size, "json_bytes")
+    configs = {name: check_config(read_json(name, folder), str(folder / name))
+               for name in ("config.json", "tokenizer_config.json") if (folder / name).exists()}
+    for name, config in configs.items():
+        for key in ("tokenizer_file", "vocab_file", "merges_file"):  # transformers loads these first
+            if config.get(key) is not None:
+                inside(folder, config[key], str(folder / name), key)
+    model = configs.get("config.json")
+    shapes = saved_shapes(folder, files, None if model is None else model.get("transformers_weights"))
+    if model is not None:  # its loops bounded before transformers parses it (for a tokenizer too)
+        check_loops(model, None if shapes is None else len(_holding(shapes)), str(folder / "config.json"))
+        if hasattr(loader, "from_config") and shapes is not None:  # a model, not a tokenizer or a config
+            check_model_fits(loader, folder, shapes)
 
 
 # What torch.distributed.checkpoint pickles into a sharded checkpoint's .metadata (torch 2.6-2.7, as Composer's
