@@ -305,23 +305,34 @@ def judge(results: dict) -> list[dict]:
 
 
 def markdown(results: dict, verdicts: list[dict], header: str) -> str:
-    lines = [f"# GPU check\n\n{header}\n", "| step | status | seconds |", "|---|---|---|"]
-    lines += [f"| {name} | {r['status']}{': ' + r['why'] if 'why' in r else ''} | {r.get('seconds', '-')} |"
-              for name, r in results.items()]
+    """The report's page. A step's reason, and a figure's name and value, quote what its command printed: each is shown
+    as its characters (``md_text``) unless it is a number or a plain name."""
+    from vocagno.doors.shown import md_text
+
+    def shown(value) -> str:
+        plain = isinstance(value, (int, float)) or re.fullmatch(r"[\w.]+", str(value))
+        return str(value) if plain else md_text(value)
+
+    lines = [f"# GPU check\n\n{md_text(header)}\n", "| step | status | seconds |", "|---|---|---|"]
+    lines += [f"| {shown(name)} | {r['status']}{': ' + md_text(r['why']) if 'why' in r else ''} | "
+              f"{shown(r['seconds']) if 'seconds' in r else '-'} |" for name, r in results.items()]
     lines += ["", "| goal | figure | value | met |", "|---|---|---|---|"]
     lines += [f"| {v['what']}: {v['goal']} | {v['step']}: {v['figure']} | "
-              f"{'-' if v['value'] is None else v['value']} | "
+              f"{'-' if v['value'] is None else shown(v['value'])} | "
               f"{'not measured' if v['met'] is None else 'yes' if v['met'] else 'NO'} |" for v in verdicts]
     for name, r in results.items():
         if r["figures"]:
-            lines += ["", f"## {name}", ""] + [f"- {k}: {v}" for k, v in r["figures"].items()]
+            lines += ["", f"## {shown(name)}", ""] + [f"- {shown(k)}: {shown(v)}" for k, v in r["figures"].items()]
     return "\n".join(lines) + "\n"
 
 
 def write_report(out: Path, results: dict, header: str) -> None:
     verdicts = judge(results)
-    (out / "report.json").write_text(json.dumps({"header": header, "steps": results, "goals": verdicts}, indent=1))
-    (out / "report.md").write_text(markdown(results, verdicts, header))
+    from vocagno.doors.writing import write_atomically
+
+    write_atomically(out / "report.json", json.dumps({"header": header, "steps": results, "goals": verdicts},
+                                                      indent=1))
+    write_atomically(out / "report.md", markdown(results, verdicts, header))
 
 
 def with_composer() -> None:

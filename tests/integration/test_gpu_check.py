@@ -171,3 +171,17 @@ def test_the_sharded_step_reads_the_resumed_losses_against_the_straight_run_and_
     verdicts = {v["figure"]: v["met"] for v in gpu_check.judge({"sharded_resume_export": {"figures": figures}})}
     assert verdicts["resumed_largest_relative_loss_difference"] is True
     assert verdicts["bits_per_byte_checkpoint_minus_export"] is False
+
+
+def test_a_steps_reason_and_figures_add_no_row_cell_or_heading_to_the_report(tmp_path):
+    """A step's reason quotes what its command printed (a file's text, an error): shown as its characters."""
+    from markdown_it import MarkdownIt
+
+    results = {"gpu_tests": {"status": "failed", "why": "x | y\n# made up\n| fake | row |", "seconds": 1.0,
+                             "figures": {"note | z": "a\n## heading"}}}
+    page = gpu_check.markdown(results, [], "header")
+    html = MarkdownIt("commonmark").enable("table").render(page)
+    assert html.count("<tr>") == 3 and html.count("<td>") == 3, html  # two tables' heads, one row of three cells
+    assert html.count("<h2>") == 1 and "<h1>" in html and html.count("<h1>") == 1, html
+    gpu_check.write_report(tmp_path, results, "header")
+    assert (tmp_path / "report.md").read_text() == gpu_check.markdown(results, gpu_check.judge(results), "header")
