@@ -74,6 +74,11 @@ SPECIAL_STRINGS = "kept: special-token strings in documents, tokenized as text"
 ENCODE_BATCH = 64  # documents read and cleaned at a time
 ENCODE_CHARS = 1 << 21  # characters encoded and packed at a time (``piece_groups``): bounds a worker's memory
 SHARD_BYTES = 1 << 26  # an MDS shard's size limit: a bigger part is written as several shards
+# What a part's documents may hold in memory (``held_bytes``) besides --docs-per-part: the converting process holds
+# the part it reads and up to twice --workers parts pending, each worker the part it converts, so memory is bounded
+# by the parts' bytes whatever the documents are (an honest part of 5,000 OpenWebMath documents of ~10 KB is ~50 MB
+# as str, 100 MB where each holds a character past Latin-1, so it ends at 5,000 documents as ever).
+PART_BYTES = 1 << 28
 NOT_COUNTS = ("seconds", "sources")  # part.json entries that don't add up over parts
 NAMED = 20  # documents over the cap named in a summary (a job's marker names them all)
 # A part's unfinished folder: built under a staging name (``.part-SSSSS-BBBBBB.staging-XXXX``), or an earlier
@@ -227,26 +232,41 @@ def convert_part(
     return dict(stats)
 
 
+def held_bytes(record: Record | bytes) -> int:
+    """What a record's document holds in memory (``sys.getsizeof``): a raw .jsonl line's bytes, or a text as Python
+    stores it (1, 2 or 4 bytes a character); 0 for a record without text (a skipped document's reason)."""
+    if isinstance(record, bytes):
+        return sys.getsizeof(record)
+    return 0 if record.text is None else sys.getsizeof(record.text)
+
+
 def parts_of(sources: list[tuple[int, Source]], docs_per_part: int) -> Iterator[tuple[str, list, list[Source]]]:
     """(part name, records, the sources they come from) for every part of the given sources, in order.
 
     A part takes the next ``docs_per_part`` records, crossing into the next file when one ends, so many small files
-    still make samples (each part drops its last < seq-len tokens). It is named by the source it starts in and its
-    place in the job: the same input always gives the same parts.
+    still make samples (each part drops its last < seq-len tokens); it ends sooner, before the record that would take
+    its documents over ``PART_BYTES`` (``held_bytes``; a record alone is a part), so it holds at most that, whatever
+    the documents are. It is named by the source it starts in and its place in the job: the same input always gives
+    the same parts.
     """
     records: list = []
     spanned: list[Source] = []
-    block, first = 0, None
+    block, first, held = 0, None, 0
     for source_index, source in sources:
         for record in source.records():
+            size = held_bytes(record)
+            if records and held + size > PART_BYTES:
+                yield f"part-{first:05d}-{block:06d}", records, spanned
+                block, records, spanned, first, held = block + 1, [], [], None, 0
             if first is None:
                 first = source_index
             if not spanned or spanned[-1] is not source:
                 spanned.append(source)
             records.append(record)
+            held += size
             if len(records) == docs_per_part:
                 yield f"part-{first:05d}-{block:06d}", records, spanned
-                block, records, spanned, first = block + 1, [], [], None
+                block, records, spanned, first, held = block + 1, [], [], None, 0
     if records or block == 0:
         yield f"part-{first if first is not None else 0:05d}-{block:06d}", records, spanned
 
@@ -434,6 +454,10 @@ def _convert_parts(args, output: Output, mine: list[tuple[int, Source]], config:
             if done_there or (output.local / name / PART_STATS).exists():
                 stats = _part_stats(output, name)
                 _check_same_sources(output, name, stats.get("sources", {}), sources)
+                if stats["documents read"] != len(records):  # the same files cut otherwise (another PART_BYTES)
+                    raise Refused(f"{name} in {output} holds {stats['documents read']:,} documents, but the same part "
+                                  f"of the input is now {len(records):,} (its documents are cut into parts "
+                                  "otherwise): convert into a new --out-root")
                 if not done_there:  # finished here, but its upload broke off: upload it again
                     output.publish_part(name)
                 finished(name, stats, converted_now=False)

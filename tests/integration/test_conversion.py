@@ -573,6 +573,20 @@ def test_an_input_changed_under_an_existing_root_is_refused_by_name(tmp_path):
     assert f"error: {corpus} changed since part-00000-000000" in converts(root, inputs=[corpus])
 
 
+def test_a_kept_part_of_other_documents_than_the_part_cut_now_is_refused_by_name(tmp_path, monkeypatch):
+    """A part ends at PART_BYTES of documents as well as at --docs-per-part: a part kept on the out-root from a run
+    that cut the same input otherwise holds other documents under the same name. The resumed job refuses it in one
+    line naming it, instead of keeping it beside parts that repeat its documents or leave some out."""
+    corpus, root = small_corpus(tmp_path / "docs.jsonl"), tmp_path / "shards"
+    assert converts(root, "--docs-per-part", "20", inputs=[corpus]) == 0
+    lines = corpus.read_bytes().splitlines(keepends=True)
+    monkeypatch.setattr(convert_dataset, "PART_BYTES", sum(map(convert_dataset.held_bytes, lines[:10])))
+    message = converts(root, "--docs-per-part", "20", inputs=[corpus])
+    assert message == (f"error: part-00000-000000 in {root} holds 20 documents, but the same part of the input is now "
+                       "10 (its documents are cut into parts otherwise): convert into a new --out-root"), message
+    assert ShardMetadata.read(root).totals["documents read"] == 40  # the published dataset stays as it was
+
+
 def test_a_stale_merge_lock_is_taken_over(tmp_path):
     corpus, root = small_corpus(tmp_path / "docs.jsonl"), tmp_path / "shards"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)

@@ -16,7 +16,7 @@ import pytest
 from bounded import within
 from test_conversion import converts, small_corpus
 
-from conversion.sources import TextOf, sources_of
+from conversion.sources import PYTHON_BYTES, Record, TextOf, sources_of
 from vocagno.data.shards import ShardMetadata
 
 
@@ -416,3 +416,51 @@ def test_a_name_on_the_out_root_like_a_staging_folders_without_a_part_number_is_
     with within():
         assert converts(root, inputs=[small_corpus(tmp_path / "docs.jsonl")]) == 0
     assert (root / ".part-x.staging-1").is_file() and not (root / ".part-00000-000007.staging-abc").exists()
+
+
+# ---- memory: parts of many documents, each under the cap ----
+
+def many_copies(path: Path, value_bytes: int, rows: int) -> Path:
+    """A small file of ``rows`` documents of ``value_bytes`` letters each, all under the cap: a .parquet file whose
+    rows all point at one dictionary value, or a .jsonl.zst file of the same line again and again."""
+    if path.name.endswith(".parquet"):
+        return dictionary_bomb(path, value_bytes, rows)
+    import zstandard
+
+    line = b'{"text": "' + b"a" * value_bytes + b'"}\n'
+    with open(path, "wb") as f, zstandard.ZstdCompressor(level=19).stream_writer(f) as out:
+        for _ in range(rows):
+            out.write(line)
+    return path
+
+
+@pytest.mark.parametrize("name", ["copies.parquet", "copies.jsonl.zst"])
+def test_a_part_holds_at_most_part_bytes_of_documents_each_under_the_cap(tmp_path, name):
+    """A file of a few KiB holding 600 documents of 1 MiB each (each under the cap): a part took --docs-per-part
+    (5,000) of them, all held in memory until the part was handed to a worker (600 MiB here; 150 GB for 100,000 rows
+    of one 30 MiB value, with up to twice --workers such parts pending). A part now ends before the document that
+    would take it over PART_BYTES: reading the file's parts one after the other holds one part, and what the reader
+    holds ahead of it, at most (peak of Python's allocations, tracemalloc), and the parts hold every document, in
+    order."""
+    from conversion import convert_dataset
+
+    path = many_copies(tmp_path / name, 1 << 20, 600)
+    assert path.stat().st_size < 64 << 10
+    (source,) = sources_of([str(path)], "train", TextOf())
+    counts = []
+    with within(seconds=120, memory=4 << 30):
+        tracemalloc.start()
+        try:
+            for _, records, spanned in convert_dataset.parts_of([(0, source)], 5000):
+                assert spanned == [source] and all(
+                    (r.text if isinstance(r, Record) else json.loads(r)["text"]) == "a" * (1 << 20) for r in records)
+                counts.append(len(records))
+                del records
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert source.error is None and sum(counts) == 600
+    # A part, and what the reader holds ahead of it: a .parquet batch's rows made Python strings PYTHON_BYTES at a time.
+    assert peak < convert_dataset.PART_BYTES + PYTHON_BYTES + (4 << 20), f"{peak:,} bytes at the peak"
+    per_part = convert_dataset.PART_BYTES // (1 << 20)
+    assert counts[:-1] == [counts[0]] * (len(counts) - 1) and per_part - 2 <= counts[0] <= per_part, counts
