@@ -329,8 +329,9 @@ BATCH_BYTES = 1 << 28  # what a batch of a .parquet file's rows may decode to, s
 
 
 def page_bytes() -> int:
-    """The most one page of a .parquet file's text columns may decode to: ``PAGE_BYTES``, or the document cap where
-    that is larger (a page holds at least one value; writers cut pages at about 1 MiB)."""
+    """The most pyarrow may decode whole of a file: one page of a .parquet file's text columns, one compressed record
+    batch of an .arrow file (or all its dictionaries): ``PAGE_BYTES``, or the document cap where that is larger (a
+    page holds at least one value; writers cut pages at about 1 MiB)."""
     return max(PAGE_BYTES, cap("document_bytes"))
 
 
@@ -465,6 +466,123 @@ def _largest_pages(data: memoryview, parquet, columns: list[str], path: CorpusFi
     return largest
 
 
+class _Flat:
+    """A reader of FlatBuffers tables, as much of them as sizing an Arrow IPC message takes: ``data`` (a message's
+    metadata, or a file's footer), every position checked against its end."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def integer(self, at: int, size: int, signed: bool = True) -> int:
+        if at < 0 or at + size > len(self.data):
+            raise ValueError("an Arrow message's metadata points past its end")
+        return int.from_bytes(self.data[at:at + size], "little", signed=signed)
+
+    def root(self) -> int:
+        return self.integer(0, 4, signed=False)
+
+    def field(self, table: int, index: int) -> int | None:
+        """Where field ``index`` of the table at ``table`` is, None when the table leaves it out."""
+        vtable = table - self.integer(table, 4)
+        if 4 + 2 * index + 2 > self.integer(vtable, 2, signed=False):
+            return None
+        offset = self.integer(vtable + 4 + 2 * index, 2, signed=False)
+        return table + offset if offset else None
+
+    def table(self, table: int, index: int) -> int | None:
+        """Where the table (or vector) that field ``index`` refers to is, None when there is none."""
+        at = self.field(table, index)
+        return None if at is None else at + self.integer(at, 4, signed=False)
+
+    def structs(self, table: int, index: int, size: int) -> list[int]:
+        """Where each struct of ``size`` bytes of the vector field ``index`` is."""
+        at = self.table(table, index)
+        if at is None:
+            return []
+        count = self.integer(at, 4, signed=False)
+        if at + 4 + count * size > len(self.data):
+            raise ValueError("an Arrow message's vector runs past its metadata")
+        return [at + 4 + i * size for i in range(count)]
+
+
+def _decompressed_bytes(message) -> int:
+    """What pyarrow allocates to decompress an Arrow IPC record batch or dictionary batch ``message``: each of its
+    compressed buffers' first 8 bytes (little-endian) say what it decompresses to (-1: stored as it is, its length
+    less those 8). 0 for an uncompressed message (its buffers are the mapped file's own bytes) or another kind; read
+    from the metadata and the body, decompressing nothing (``Message``: Schema.fbs, Message.fbs)."""
+    flat, body = _Flat(message.metadata.to_pybytes()), message.body
+    header = flat.table(flat.root(), 2)  # Message: version, header_type, header, bodyLength, custom_metadata
+    if header is None:
+        return 0
+    if message.type == "dictionary":  # DictionaryBatch: id, data (a RecordBatch), isDelta
+        header = flat.table(header, 1)
+    if message.type not in ("record batch", "dictionary") or header is None or flat.table(header, 3) is None:
+        return 0  # RecordBatch: length, nodes, buffers, compression (absent: uncompressed)
+    total = 0
+    for at in flat.structs(header, 2, 16):  # Buffer: offset, length (int64 each), within the body
+        offset, length = flat.integer(at, 8), flat.integer(at + 8, 8)
+        if length == 0:
+            continue
+        if offset < 0 or length < 8 or offset + length > body.size:
+            raise ValueError(f"an Arrow buffer at bytes {offset:,} to {offset + length:,} of a body of {body.size:,}")
+        size = int.from_bytes(body.slice(offset, 8).to_pybytes(), "little", signed=True)
+        if size < -1:
+            raise ValueError(f"an Arrow buffer that says it decompresses to {size:,} bytes")
+        total += length - 8 if size == -1 else size
+    return total
+
+
+def _arrow_messages(data) -> Iterator:
+    """The messages of an Arrow IPC file (``data``, mapped) that pyarrow reads, each read (zero-copy) but not decoded:
+    those the file format's footer points at (dictionaries first), or the stream format's, one after the other."""
+    import pyarrow as pa
+
+    if data.size >= 10 and data.slice(0, 6).to_pybytes() == b"ARROW1":
+        if data.slice(data.size - 6).to_pybytes() != b"ARROW1":
+            raise ValueError("an Arrow IPC file without its footer")
+        size = int.from_bytes(data.slice(data.size - 10, 4).to_pybytes(), "little", signed=True)
+        if not 0 < size <= data.size - 18:
+            raise ValueError(f"an Arrow IPC file's footer of {size:,} bytes in a file of {data.size:,}")
+        footer = _Flat(data.slice(data.size - 10 - size, size).to_pybytes())
+        root = footer.root()
+        for at in footer.structs(root, 2, 24) + footer.structs(root, 3, 24):  # Footer: dictionaries, recordBatches
+            offset, length = footer.integer(at, 8), footer.integer(at + 8, 4) + footer.integer(at + 16, 8)
+            if offset < 8 or length < 0 or offset + length > data.size:
+                raise ValueError(f"an Arrow block at bytes {offset:,} to {offset + length:,} of a file of "
+                                 f"{data.size:,}")
+            yield pa.ipc.read_message(data.slice(offset, length))
+        return
+    reader = pa.ipc.MessageReader.open_stream(pa.BufferReader(data))
+    while True:
+        try:
+            yield reader.read_next_message()
+        except StopIteration:
+            return
+
+
+def _check_decompressed(data, path: CorpusFile) -> None:
+    """Refuse (``UntrustedFile``) an .arrow file of compressed buffers that pyarrow would decompress to more than
+    ``page_bytes()`` at once: a record batch (decompressed whole when it is read), or its dictionaries (all held
+    while its batches are read), sized before pyarrow decompresses any (``_decompressed_bytes``)."""
+    limit, dictionaries, batch = page_bytes(), 0, 0
+    for message in _arrow_messages(data):
+        size = _decompressed_bytes(message)
+        if message.type == "dictionary":
+            dictionaries += size
+            if dictionaries > limit:
+                raise UntrustedFile(
+                    f"{path}: refused: its dictionaries decompress to {dictionaries:,} bytes or more, more than the "
+                    f"{limit:,} they may (pyarrow holds them whole: write the file uncompressed, or without "
+                    "dictionary-encoding)")
+        elif message.type == "record batch":
+            batch += 1
+            if size > limit:
+                raise UntrustedFile(
+                    f"{path}: refused: its record batch {batch:,} decompresses to {size:,} bytes, more than the "
+                    f"{limit:,} a batch may (pyarrow decompresses a batch whole: write the file uncompressed, or in "
+                    "smaller record batches)")
+
+
 def _value_bytes(array):
     """The bytes each value of the pyarrow ``array`` holds (a string's or a binary's length, what a list or a struct
     holds, summed), measured by pyarrow on its offsets: no value is made a Python object, or copied."""
@@ -539,6 +657,7 @@ def _read_arrow(path: CorpusFile, text_of: TextOf) -> Iterator[Record]:
     import pyarrow as pa
 
     data = _mapped(path)
+    _check_decompressed(data, path)
     try:
         reader = pa.ipc.open_stream(pa.BufferReader(data))
     except pa.ArrowInvalid:

@@ -464,3 +464,75 @@ def test_a_part_holds_at_most_part_bytes_of_documents_each_under_the_cap(tmp_pat
     assert peak < convert_dataset.PART_BYTES + PYTHON_BYTES + (4 << 20), f"{peak:,} bytes at the peak"
     per_part = convert_dataset.PART_BYTES // (1 << 20)
     assert counts[:-1] == [counts[0]] * (len(counts) - 1) and per_part - 2 <= counts[0] <= per_part, counts
+
+
+# ---- memory: compressed .arrow files ----
+
+def compressed_arrow(path: Path, columns: dict, kind: str, compression: str = "zstd") -> Path:
+    """An .arrow file of one record batch of ``columns`` (pyarrow arrays), its buffers compressed, written in the IPC
+    file format (``kind`` "file") or the stream format ``datasets`` writes ("stream")."""
+    import pyarrow as pa
+
+    batch = pa.record_batch(columns)
+    options = pa.ipc.IpcWriteOptions(compression=compression)
+    with (pa.ipc.new_file if kind == "file" else pa.ipc.new_stream)(path, batch.schema, options=options) as writer:
+        writer.write_batch(batch)
+    return path
+
+
+def zeros_column(value_bytes: int, rows: int):
+    """A large_string column of ``rows`` values of ``value_bytes`` NUL characters each, on pages of zeros that take no
+    memory (an anonymous private mapping read, never written: the kernel's zero page)."""
+    import mmap
+
+    import pyarrow as pa
+
+    zeros = pa.py_buffer(mmap.mmap(-1, value_bytes * rows, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
+    offsets = pa.array([i * value_bytes for i in range(rows + 1)], pa.int64()).buffers()[1]
+    return pa.Array.from_buffers(pa.large_string(), rows, [None, offsets, zeros])
+
+
+@pytest.mark.parametrize("kind, dictionary", [("file", False), ("stream", False), ("file", True)])
+def test_a_compressed_arrow_batch_that_decodes_to_gigabytes_is_refused_in_one_line_before_it_is(tmp_path, kind,
+                                                                                              dictionary):
+    """A 49 KiB zstd-compressed .arrow file whose one record batch (or the dictionary its rows point at) decompresses
+    to 1.5 GiB (2 values of 768 MiB): pyarrow decompressed it whole (1,536 MiB of its pool) before a row was measured
+    against the cap. Each compressed buffer starts with what it decompresses to: the batches and dictionaries are
+    sized from those before pyarrow reads one, and the file is refused in one line, named as a file that can't be
+    read."""
+    import pyarrow as pa
+
+    column = zeros_column(768 << 20, 2)
+    if dictionary:
+        column = pa.DictionaryArray.from_arrays(pa.array([0, 1, 0], pa.int32()), column)
+    bomb = compressed_arrow(tmp_path / "bomb.arrow", {"text": column}, kind)
+    assert bomb.stat().st_size < 64 << 10
+    with within(), arrow_allocations() as pool:
+        (source,) = sources_of([str(bomb)], "train", TextOf())
+        records = list(source.records())
+    assert pool.max_memory() < 1 << 20, f"{pool.max_memory():,} bytes at the peak"
+    assert [r.problem for r in records] == ["unreadable file (named in the summary)"]
+    assert source.error == (
+        f"UntrustedFile: {bomb}: refused: its dictionaries decompress to {(1536 << 20) + 24:,} bytes or more, more "
+        f"than the {1 << 30:,} they may (pyarrow holds them whole: write the file uncompressed, or without "
+        "dictionary-encoding)" if dictionary else
+        f"UntrustedFile: {bomb}: refused: its record batch 1 decompresses to {(1536 << 20) + 24:,} bytes, more than "
+        f"the {1 << 30:,} a batch may (pyarrow decompresses a batch whole: write the file uncompressed, or in smaller "
+        "record batches)")
+
+
+@pytest.mark.parametrize("kind, compression", [("file", "lz4"), ("stream", "zstd")])
+def test_a_compressed_arrow_file_of_a_dictionary_and_rows_under_the_bound_reads_as_its_rows(tmp_path, kind,
+                                                                                          compression):
+    """An honest compressed .arrow file, its text beside a dictionary-encoded column, in each format: sized, then read
+    as the same rows uncompressed, a row over the document cap skipped by row."""
+    import pyarrow as pa
+
+    texts = [json.loads(line)["text"] for line in small_corpus(tmp_path / "docs.jsonl").read_text().splitlines()]
+    texts[3] = "b" * (70 << 20)  # over the 64 MiB cap: skipped once decompressed
+    source_column = pa.array(["gsm8k", "other"] * 20).dictionary_encode()
+    path = compressed_arrow(tmp_path / "docs.arrow", {"text": texts, "source": source_column}, kind, compression)
+    (source,) = sources_of([str(path)], "train", TextOf())
+    records = list(source.records())
+    assert source.error is None and [r.where for r in records if r.text is None] == ["row 4"]
+    assert [r.text for r in records if r.text is not None] == texts[:3] + texts[4:]
