@@ -6,7 +6,8 @@
 
 The input (``conversion/sources.py``: files, local or in an object store, compressed or not, a ``save_to_disk``
 folder, or a Hugging Face dataset; each document's text one field or a ``--text-template``) is split into parts of
-``--docs-per-part`` documents, taken in order from the job's source files (a part may span several small files);
+``--docs-per-part`` documents (fewer where they would hold more than ``PART_BYTES``), taken in order from the job's
+source files (a part may span several small files);
 every part is converted on its own into ``OUT_ROOT/part-SSSSS-BBBBBB/`` and renamed into place only when complete,
 so an interrupted run (Ctrl-C, ``kill -9``) finishes when the same command is run again: complete parts are kept,
 unfinished ones redone, and a source file that changed since its parts were made is refused by name. Parts do not
@@ -323,7 +324,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--num-jobs", type=int, default=1, help="independent jobs the source files are split among")
     parser.add_argument("--job-index", type=int, default=0, help="which of the --num-jobs jobs this is")
     parser.add_argument("--docs-per-part", type=int, default=5000,
-                        help="documents per part (the unit of resumption; each part drops its last < seq-len tokens)")
+                        help="documents per part, fewer where they would hold more than 256 MiB (the unit of "
+                             "resumption; each part drops its last < seq-len tokens)")
     parser.add_argument("--max-doc-chars", type=int, default=1_000_000,
                         help="longer documents are tokenized in pieces of at most this many characters")
     parser.add_argument("--min-converted", type=float, default=0.5,

@@ -21,7 +21,9 @@ string), counted, and named by file and line (``Source.over_cap``, the summary);
 to ``cap("json_bytes")`` (a larger JSON array is refused, one of JSON lines read line by line). A .parquet file's
 pages are sized from their headers before pyarrow decodes one (``_largest_pages``): a page over ``page_bytes()``, or
 of more than the document cap a value, is refused, and rows are read in batches that decode to at most
-``BATCH_BYTES`` (or one row).
+``BATCH_BYTES`` (or one row). An .arrow file's compressed record batches and dictionaries are sized from their
+buffers' declared lengths before pyarrow decompresses one (``_check_decompressed``): a batch, or the dictionaries
+together, over ``page_bytes()`` is refused.
 """
 
 from __future__ import annotations
