@@ -461,7 +461,10 @@ def test_a_model_folders_config_swapped_during_loads_never_reaches_transformers_
             try:
                 model = from_pretrained(AutoModelForCausalLM, str(folder))
             except UntrustedFile as error:
-                assert "its config does not describe its weights" in str(error) and str(folder) in str(error)
+                # the swapped config checked, or the swapper's own file gone as it was copied: one line either way
+                assert any(why in str(error) for why in ("its config does not describe its weights",
+                                                         "went away while")), error
+                assert str(folder) in str(error) and "\n" not in str(error)
                 refused += 1
             else:
                 assert model.config.num_hidden_layers == 1 and model.config._name_or_path == str(folder)

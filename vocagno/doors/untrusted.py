@@ -22,7 +22,6 @@ Caps (``CAPS``) are raised per job with the environment variable ``VOCAGNO_MAX_<
 
 from __future__ import annotations
 
-import atexit
 import bz2
 import datetime
 import errno
@@ -254,7 +253,10 @@ def check_folder(folder: str | Path, max_bytes: int | None = None, cap_name: str
     for where, folders, names in os.walk(folder, followlinks=False):
         for entry in sorted(folders + names):
             path = Path(where) / entry
-            info = os.lstat(path)
+            try:
+                info = os.lstat(path)
+            except FileNotFoundError:
+                raise UntrustedFile(f"{path}: refused: it went away while {folder} was checked") from None
             if stat.S_ISDIR(info.st_mode):
                 continue
             if not stat.S_ISREG(info.st_mode):
@@ -625,8 +627,8 @@ def from_pretrained(loader: Any, name_or_path: str, trust_remote_code: bool = Fa
     regular and inside it (``check_folder``), its ``config.json`` and ``tokenizer_config.json`` without code
     (``check_config``), the files its weight index names its own, and, for a model, its config no larger than its
     weights (``check_model_fits``). What transformers then reads is what was checked. The object keeps the folder's
-    own name (``name_or_path``); a model's copy is removed once it is loaded, a tokenizer's (whose slow files it
-    may read again to save itself) when the process ends."""
+    own name (``name_or_path``); the copy is removed once it is loaded (a tokenizer saves itself from what it
+    holds, as one unpacked from a checkpoint always has)."""
     folder = Path(name_or_path)
     if str(name_or_path).startswith(("/", "./", "../", "~")) and not folder.is_dir():
         raise FileNotFoundError(f"{name_or_path}: no such folder (a model or tokenizer is a folder or a Hugging Face "
@@ -636,7 +638,6 @@ def from_pretrained(loader: Any, name_or_path: str, trust_remote_code: bool = Fa
         from vocagno.doors.writing import remove
 
         private = private_folder("vocagno-model-")
-        model = hasattr(loader, "from_config")
         try:
             copy = copy_folder(folder, private / folder.resolve().name)
             try:
@@ -644,13 +645,8 @@ def from_pretrained(loader: Any, name_or_path: str, trust_remote_code: bool = Fa
             except UntrustedFile as error:  # named as the user knows it, not by its copy
                 raise UntrustedFile(str(error).replace(str(copy), str(folder))) from error
             loaded = loader.from_pretrained(str(copy), trust_remote_code=False, **kwargs)
-        except BaseException:
+        finally:  # nothing of it is read again: a process that ends without its exit handlers leaves nothing
             remove(private)
-            raise
-        if model:
-            remove(private)
-        else:
-            atexit.register(remove, private)
         _named(loaded, str(name_or_path))
         return loaded
     return loader.from_pretrained(name_or_path, trust_remote_code=trust_remote_code is True, **kwargs)
