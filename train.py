@@ -626,10 +626,22 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt  # SIGTERM (a launcher's, a scheduler's) ends the run as Ctrl-C does, saying where
 
 
+USAGE = """usage: composer train.py YAML [KEY=VALUE ...]    (a rank on every GPU of the node)
+       python train.py YAML [KEY=VALUE ...]      (one process)
+
+Trains as the yaml says, each KEY=VALUE replacing the yaml's value (a dotted key, as the yaml nests it:
+max_duration=100ba, model.name_or_path=TinyLlama/TinyLlama_v1.1, loggers.console=null). The keys, what each does
+and its default: {keys}
+Example: composer train.py yamls/tiny.yaml max_duration=6ba save_folder=runs/x save_interval=3ba autoresume=true"""
+
+
 def cli() -> int:
-    signal.signal(signal.SIGTERM, _interrupt)
+    if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
+        print(USAGE.format(keys=Path(__file__).resolve().parent / "docs" / "training.md"))
+        return 0
     if len(sys.argv) < 2:
-        raise Refused("usage: composer train.py YAML [key=value ...]")
+        raise Refused("usage: composer train.py YAML [KEY=VALUE ...] (python train.py --help says more)")
+    signal.signal(signal.SIGTERM, _interrupt)
     main(load_config(sys.argv[1], sys.argv[2:]))
     return 0
 

@@ -682,3 +682,14 @@ def test_vocagnos_own_algorithms_win_over_an_installs_stale_entry_points(monkeyp
     stale = [EntryPoint("vocagno", "vocagno.algorithm:VocAgnoLM", train.ALGORITHM_GROUP)]
     monkeypatch.setattr(train, "entry_points", lambda group: stale)
     assert train._algorithm("vocagno") is VocAgnoLM
+
+
+def test_help_prints_the_usage_and_where_the_keys_are_and_no_args_names_help(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["train.py", "--help"])
+    assert train.cli() == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: composer train.py YAML [KEY=VALUE ...]") and f"{REPO}/docs/training.md" in out
+    assert (REPO / "docs" / "training.md").is_file()
+    monkeypatch.setattr(sys, "argv", ["train.py"])
+    with pytest.raises(train.Refused, match=r"python train.py --help says more"):
+        train.cli()

@@ -45,3 +45,23 @@ def test_a_base_chain_that_comes_back_to_itself_is_refused_in_one_line_naming_it
     assert str(refused.value) == (f"{tmp_path / 'c.yaml'}: its base: chain comes back to itself: "
                                   f"{tmp_path / 'a.yaml'} -> b.yaml -> c.yaml -> ./a.yaml (remove the base: that "
                                   "closes the loop)")
+
+
+def test_a_base_beside_a_yaml_outside_the_repo_says_where_it_looked_and_the_shipped_one(tmp_path):
+    """A new user's own yaml names ``base: tiny.yaml`` as the shipped variants do: the refusal says where it looked
+    and how to name the shipped one."""
+    (tmp_path / "mine.yaml").write_text("base: tiny.yaml\nmax_duration: 2ba\n")
+    with pytest.raises(Refused) as refused:
+        load_config(str(tmp_path / "mine.yaml"), [])
+    assert str(refused.value) == (
+        f"{tmp_path / 'mine.yaml'}: base: tiny.yaml names no yaml file: looked for {tmp_path / 'tiny.yaml'} (a base: "
+        f"is a path beside the yaml that names it); for the shipped one write base: {TINY}")
+
+
+def test_a_yaml_that_does_not_exist_is_named_with_the_shipped_one_of_that_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(Refused) as refused:
+        load_config("tiny.yaml", [])
+    assert str(refused.value) == f"tiny.yaml: no such yaml file (the shipped one: {TINY})"
+    with pytest.raises(Refused, match=r"^nothing\.yaml: no such yaml file$"):
+        load_config("nothing.yaml", [])

@@ -139,6 +139,9 @@ def published_yaml(cfg: DictConfig) -> str:
     return om.to_yaml(marked, resolve=True)
 
 
+# The yamls of a checkout (yamls/): named in a refusal where a yaml of the same name is not found.
+SHIPPED_YAMLS = Path(__file__).resolve().parents[2] / "yamls"
+
 # The most base: links a yaml's chain may follow: the repo's deepest is 2 (tiny_uld.yaml -> tiny.yaml -> none); each is
 # a file read and merged, and a chain someone else wrote could be thousands deep, past Python's recursion limit.
 MAX_BASE_DEPTH = 32
@@ -161,7 +164,14 @@ def _layers(path: Path) -> list[tuple[str, DictConfig]]:
             raise Refused(f"{named[0]}: its base: chain names more than {MAX_BASE_DEPTH} bases "
                           f"({' -> '.join(shown)}): make a variant's base: one that holds what its chain merged")
         if not path.is_file():
-            raise ValueError(f"{path}: no such yaml file")
+            shipped = SHIPPED_YAMLS / path.name
+            if layers:
+                where = (f"; for the shipped one write base: {shipped}" if shipped.is_file() and shipped != path
+                         else "")
+                raise Refused(f"{layers[-1][0]}: base: {named[-1]} names no yaml file: looked for {path} (a base: is "
+                              f"a path beside the yaml that names it){where}")
+            where = f" (the shipped one: {shipped})" if shipped.is_file() and shipped.resolve() != path.resolve() else ""
+            raise Refused(f"{path}: no such yaml file{where}")
         seen.add(path.resolve())
         cfg = om.load(path)
         base = cfg.pop("base", None)
