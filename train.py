@@ -491,7 +491,8 @@ def main(cfg: DictConfig) -> Trainer:
 
     student_tok = load_tokenizer(cfg.tokenizer.name)
     if cfg.get("teacher") is not None and cfg.get("teachers") is not None:
-        raise ValueError("give teacher: (one) or teachers: (several, by name), not both")
+        raise Refused("give teacher: (one) or teachers: (several, by name), not both: where a base: yaml gives "
+                      "teacher:, set teacher: null beside your teachers:")
     # Several teachers: the shards' teacher tokens are taken as they are; the algorithm finds the teacher they fit.
     teacher_tok = load_tokenizer(cfg.teacher.tokenizer) if cfg.get("teacher") is not None else None
     flags = conversion_flags(cfg)  # what a missing folder's message suggests converting with
@@ -581,6 +582,12 @@ def main(cfg: DictConfig) -> Trainer:
         print(f"resuming at batch {batch + 1} from {origin}", flush=True)
     try:
         trainer.fit()
+    except FileExistsError as error:  # Composer's saver, in its own words (overwrite=True), before the first batch
+        if "may conflict with a future checkpoint" not in str(error):
+            raise
+        raise Refused(f"save_folder {folder} holds checkpoints past where this run starts "
+                      f"({Path(str(error).split(' may conflict')[0]).name}, ...): set autoresume: true to continue "
+                      "that run, save_overwrite: true to write over them, or give another save_folder") from None
     except KeyboardInterrupt:
         if dist.get_global_rank() == 0:
             saved = narration.saved()

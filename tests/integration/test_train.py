@@ -693,3 +693,20 @@ def test_help_prints_the_usage_and_where_the_keys_are_and_no_args_names_help(mon
     monkeypatch.setattr(sys, "argv", ["train.py"])
     with pytest.raises(train.Refused, match=r"python train.py --help says more"):
         train.cli()
+
+
+def test_teachers_beside_an_inherited_teacher_name_the_key_that_turns_it_off(tmp_path):
+    message = refusal(tmp_path, "teachers.math.name_or_path=tiny-math-teacher", "teachers.math.tokenizer=mistral")
+    assert message.startswith("give teacher: (one) or teachers: (several, by name), not both") and \
+        "set teacher: null beside your teachers:" in message
+
+
+def test_a_save_folder_holding_a_runs_checkpoints_names_the_yaml_keys_that_decide(tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "ep0-ba2-rank0.pt").write_bytes(b"")  # Composer's saver judges by the names alone
+    message = refusal(tmp_path, f"save_folder={tmp_path}/ckpt", "save_interval=2ba", "max_duration=2ba",
+                      "eval_loader=null", "selection_report=null")
+    assert message == (f"save_folder {tmp_path}/ckpt holds checkpoints past where this run starts (ep0-ba2-rank0.pt, "
+                       "...): set autoresume: true to continue that run, save_overwrite: true to write over them, or "
+                       "give another save_folder")
+    assert "overwrite=True" not in message
