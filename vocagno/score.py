@@ -34,7 +34,7 @@ from pathlib import Path
 from vocagno.core.kernels import DEFAULT_KERNELS, KERNELS, check_chunk_size, check_kernels, check_on_gpu
 from vocagno.core.loss import CHUNK_SIZE
 from vocagno.data.outroots import Output
-from vocagno.data.shards import METADATA_FILE, check_teacher_name
+from vocagno.data.shards import ShardMetadata, check_teacher_name
 from vocagno.errors import Refused
 from vocagno.teacher.scoring import BATCH_TOKENS, rank_and_world, score, scoring_device
 from vocagno.teacher.teacher import Teacher
@@ -81,8 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.config and (args.kernels != DEFAULT_KERNELS or args.compile or args.chunk_size is not None):
         parser.error("--kernels, --compile and --chunk-size are the --teacher's: with --config, give "
                      "teacher.kernels=liger, teacher.compile_config={} or teacher.chunk_size=N as overrides")
-    if not (Path(args.shards) / METADATA_FILE).exists() or not (Path(args.shards) / "index.json").exists():
-        parser.error(f"--shards {args.shards} holds no {METADATA_FILE} and index.json: not vocagno shards")
+    try:
+        ShardMetadata.read(args.shards)  # what a folder that holds no vocagno shards lacks, and what to do
+    except (FileNotFoundError, Refused) as error:
+        parser.error(f"--shards {error}")
+    if not (Path(args.shards) / "index.json").exists():
+        parser.error(f"--shards {args.shards} holds no index.json: its conversion has not finished (run the same "
+                     "conversion command again to finish it)")
     device = scoring_device(args.device)
     if args.config:
         chosen = scoring_teacher(load_config(args.config, args.overrides), args.config, args.name, device)

@@ -253,6 +253,11 @@ def _read_shards(folder: Path, source: str | None = None) -> ShardMetadata:
             return _read_shards(folder)
         except Refused as error:
             raise Refused(f"source {source!r}: {error}") from None
+    if not folder.is_dir() or not any(folder.iterdir()):
+        try:
+            ShardMetadata.read(folder)
+        except FileNotFoundError as error:  # no such folder, or an empty one: what to do
+            raise Refused(f"--shards {error}") from None
     if not (folder / "index.json").exists():
         raise Refused(f"--shards {folder} holds no index.json: not a shard folder")
     if not (folder / METADATA_FILE).exists():

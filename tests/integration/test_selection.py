@@ -331,3 +331,18 @@ def test_the_report_measures_by_default_the_selection_a_run_makes_by_default():
         assert getattr(report, option) == trained[option].default, option
         if option in computed:
             assert computed[option].default == trained[option].default, option
+
+
+def test_shards_that_are_not_there_are_refused_with_the_conversion_that_makes_them(tmp_path, capsys):
+    from helpers import command
+
+    from vocagno import score
+    from vocagno.selection import main as selection_main
+
+    for main, argv in ((score.main, ["--teacher", "tiny-math-teacher", "--out", tmp_path / "scored"]),
+                       (selection_main, ["--teacher", "tiny-math-teacher"])):
+        result = command(main, ["--shards", tmp_path / "never", *argv], capsys)
+        assert result.returncode == 2, result
+        assert result.stderr.strip().splitlines()[-1].endswith(
+            f"--shards {tmp_path}/never holds no shards: convert a corpus into it first (python "
+            f"conversion/convert_dataset.py --input FILE --out-root {tmp_path}/never ...: docs/conversion.md)"), result
