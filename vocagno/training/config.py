@@ -9,6 +9,7 @@ import difflib
 import inspect
 import os
 import re
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -84,7 +85,7 @@ def load_config(yaml_path: str, overrides: list[str]) -> DictConfig:
     _drop_foreign_conversions(cfg, layers)
     unresolved = om.to_container(cfg, resolve=False)
     om.resolve(cfg)
-    _environment_live(cfg, unresolved)
+    _record_environment(cfg, unresolved)
     _check_values(cfg)
     _check_weight_decay(cfg.optimizer)
     return cfg
@@ -113,30 +114,47 @@ def _leaves(node: Any, where: tuple = ()) -> Iterable[tuple[tuple, Any]]:
         yield from _leaves(value, (*where, key))
 
 
-def _environment_live(cfg: DictConfig, unresolved: dict) -> None:
-    """After ``om.resolve``: every value read from the environment, or built on one, set back to its interpolation,
-    which resolves to the same value whenever the run reads it, so that ``published_yaml`` can tell it apart."""
+# For each config load_config made, by id: the values published_yaml leaves out, by their path, each with the mark it
+# shows instead. Kept beside the config, which stays resolved for the run, and dropped with it.
+_LEFT_OUT: dict[int, dict[tuple, Any]] = {}
+
+
+def _record_environment(cfg: DictConfig, unresolved: dict) -> None:
+    """Record which of ``cfg``'s resolved values came from the environment, read directly or built on one (a copy of a
+    section that holds one included): each value whose resolution with the environment's values left out differs."""
     if not _ENVIRONMENT.search(str(unresolved)):
         return
-    marked = om.create(_leave_out_environment(unresolved))
-    om.resolve(marked)
-    resolved = dict(_leaves(om.to_container(cfg, resolve=False)))
-    originals = dict(_leaves(unresolved))
-    for where, value in _leaves(om.to_container(marked, resolve=False)):
-        if value != resolved.get(where) and where in originals:
-            node = cfg
-            for key in where[:-1]:
-                node = node[key]
-            node[where[-1]] = originals[where]
+    try:
+        marked = om.create(_leave_out_environment(unresolved))
+        om.resolve(marked)
+        shown = dict(_leaves(om.to_container(marked, resolve=False)))
+    except Exception:  # a resolver that can't take a mark: every value built by interpolation is left out
+        shown = {where: "<left out: built by an interpolation that reads the environment>"
+                 for where, value in _leaves(unresolved) if isinstance(value, str) and "${" in value}
+    left_out = {where: shown.get(where, "<left out: read from the environment>")
+                for where, value in _leaves(om.to_container(cfg, resolve=False)) if shown.get(where, value) != value}
+    if left_out:
+        _LEFT_OUT[id(cfg)] = left_out
+        weakref.finalize(cfg, _LEFT_OUT.pop, id(cfg), None)
 
 
 def published_yaml(cfg: DictConfig) -> str:
     """The run's yaml as its checkpoints carry it (``RunRecipe``), and so as an exported model card shows it: resolved,
     but every value read from the environment (``${oc.env:NAME}``: a token, a key, a bucket) left out and named
-    instead, as ``<left out: read from the environment (NAME)>``, and a value built on one (``${hf_token}``,
-    ``s3://${oc.env:B}/x``) with it. A checkpoint is a file people share, and a card is published."""
-    marked = om.create(_leave_out_environment(om.to_container(cfg, resolve=False)))
-    return om.to_yaml(marked, resolve=True)
+    instead, as ``<left out: read from the environment (NAME)>``, and every value built on one (``${hf_token}``,
+    ``s3://${oc.env:B}/x``, a copy of a section that holds one) with it. A checkpoint is a file people share, and a
+    card is published. The run itself reads the values (``cfg`` stays resolved)."""
+    plain = om.to_container(cfg, resolve=True)
+    for where, mark in _LEFT_OUT.get(id(cfg), {}).items():
+        node = plain
+        try:
+            for key in where[:-1]:
+                node = node[key]
+            node[where[-1]]  # noqa: B018 (a path the run's own changes took away is left as it is)
+            node[where[-1]] = mark
+        except (KeyError, IndexError, TypeError):
+            pass
+    return om.to_yaml(om.create(plain))
 
 
 # The yamls of a checkout (yamls/): named in a refusal where a yaml of the same name is not found.
