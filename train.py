@@ -49,7 +49,7 @@ from vocagno.data.streaming import clean_leaked_shared_memory  # noqa: E402
 from vocagno.core.fsdp import wrap_per_decoder_layer  # noqa: E402
 from vocagno.core.kernels import check_compile_config, check_kernels, check_speed, use_kernels  # noqa: E402
 from vocagno.training.checkpoint import (  # noqa: E402
-    BadCheckpoint, has_latest, private_folder, repair, resolve, take)
+    BadCheckpoint, has_latest, private_folder, repair, resolve, resolve_remote, take)
 from vocagno.doors.shown import terminal  # noqa: E402
 from vocagno.doors.writing import remove  # noqa: E402
 from vocagno.training.loggers import (  # noqa: E402
@@ -398,6 +398,10 @@ def promptly_linked(trainer: Trainer) -> None:
             callback._symlink_upload_wait_before_next_try_in_seconds = LATEST_LINK_POLL_SECONDS  # no public setting
 
 
+# The events of Composer's LoadCheckpoint that come while the Trainer is made, before the private copy goes.
+LOAD_EVENTS = ("init", "before_load", "after_load")
+
+
 class Loading(NamedTuple):
     """The checkpoint a run loads: the key that chose it (``autoresume``, ``callbacks.load_checkpoint.load_path``),
     where it is, and the private copy Composer is handed (its node's, on every rank)."""
@@ -408,55 +412,79 @@ class Loading(NamedTuple):
 
 def take_checkpoint(cfg: DictConfig) -> tuple[Loading | None, Path | None]:
     """The checkpoint this run loads, chosen by vocagno alone as Composer would choose it (autoresume's latest in the
-    save folder, repaired first by the first rank, else ``callbacks.load_checkpoint.load_path``), copied or
-    downloaded by each node's first rank into a private folder and checked there (``take``): Composer loads that copy
-    and nothing else, so no file renamed, swapped or planted in a folder or bucket others write is loaded unchecked.
-    Returns the loading (None where nothing is loaded) and, on each node's first rank, the private folder to remove
-    once Composer has loaded it. A refusal on any rank ends every rank with its one line."""
+    save folder, repaired first, else ``callbacks.load_checkpoint.load_path``): the first rank resolves it to one
+    checkpoint (a save folder's latest followed once) for every node, and each node's first rank copies or downloads
+    exactly that into a private folder and checks it there (``take``): Composer loads that copy and nothing else, so
+    no file renamed, swapped or planted in a folder or bucket others write is loaded unchecked. Returns the loading
+    (None where nothing is loaded) and, on each node's first rank, the private folder to remove once Composer has
+    loaded it (removed at exit in any case). A refusal, or any failure to take it, on any rank ends every rank with
+    its one line."""
     save_folder = cfg.get("save_folder")
     folder = format_name_with_dist(str(save_folder), cfg.run_name) if save_folder else None
     resumes = bool(cfg.get("autoresume", False) and folder)
-    mine: tuple | None = None
-    private = None
-    try:
-        # Repaired once, by the first rank: a run of several nodes saves where every node reaches (an object store
-        # or a shared file system), and two nodes repairing one folder at once would race.
-        if resumes and dist.get_global_rank() == 0:
-            try:
-                repair(folder)
-            except BadCheckpoint as error:  # it names the checkpoint and why; nothing was deleted
-                raise Refused(f"autoresume: {error}") from None
-        dist.barrier()
-        if dist.get_local_rank() == 0:
-            load_path = (_plain(cfg, "callbacks").get("load_checkpoint") or {}).get("load_path")
-            if resumes and has_latest(folder):
-                key, origin = "autoresume", folder
-            elif load_path is not None:
-                key = "callbacks.load_checkpoint.load_path"
-                origin = partial_format(str(load_path), run_name=cfg.run_name, rank=0, local_rank=0, node_rank=0)
-            else:
-                key = None
-            if key is not None:
-                private = private_folder()
-                try:
-                    copy = take(origin, private)
-                except BadCheckpoint as error:  # it names the checkpoint and why
-                    raise Refused(f"{key}: {error}") from None
-                if "://" in origin:
-                    origin = f"the latest checkpoint in {origin}" if key == "autoresume" else origin
-                else:
-                    origin = str(resolve(origin))
-                mine = (key, origin, str(copy))
-    except Refused as error:
-        mine = ("refused", str(error), "")
+    chosen: tuple | None = None
+    if dist.get_global_rank() == 0:
+        try:
+            chosen = _chosen_checkpoint(cfg, folder, resumes)
+        except Exception as error:  # noqa: BLE001 (every rank must reach the gather, told why)
+            chosen = ("refused", _refusal_line(error, "autoresume" if resumes else "load_path"))
+    chosen = dist.all_gather_object(chosen)[0]
+    mine, private = None, None
+    if chosen is not None and chosen[0] != "refused" and dist.get_local_rank() == 0:
+        key, origin = chosen
+        try:
+            private = private_folder()
+            atexit.register(remove, private)
+            mine = ("taken", str(take(origin, private)))
+        except Exception as error:  # noqa: BLE001
+            mine = ("refused", _refusal_line(error, key))
     gathered = dist.all_gather_object(mine)
-    refused = next((message for key, message, _ in filter(None, gathered) if key == "refused"), None)
+    refused = chosen[1] if chosen is not None and chosen[0] == "refused" else next(
+        (line for state, line in filter(None, gathered) if state == "refused"), None)
     if refused is not None:
         if private is not None:
             remove(private)
         raise Refused(refused)
+    if chosen is None:
+        return None, None
     leader = gathered[dist.get_global_rank() - dist.get_local_rank()]
-    return (Loading(*leader) if leader else None), private
+    return Loading(chosen[0], chosen[1], leader[1]), private
+
+
+def _chosen_checkpoint(cfg: DictConfig, folder: str | None, resumes: bool) -> tuple[str, str] | None:
+    """(the key that chose it, the one checkpoint it names) of what this run loads, or None. Autoresume's save folder
+    is repaired first (once, here: two nodes repairing one folder would race)."""
+    if resumes:
+        try:
+            repair(folder)
+        except BadCheckpoint as error:  # it names the checkpoint and why; nothing was deleted
+            raise Refused(f"autoresume: {error}") from None
+        if has_latest(folder):
+            return "autoresume", resolve_remote(folder) if "://" in folder else str(resolve(folder))
+    load_checkpoint = _plain(cfg, "callbacks").get("load_checkpoint") or {}
+    load_path = load_checkpoint.get("load_path")
+    if load_path is None:
+        return None
+    event = str(load_checkpoint.get("event", "before_load")).lower()
+    if event not in LOAD_EVENTS:
+        raise Refused(f"callbacks.load_checkpoint.event: {event}: the checked copy of load_path is loaded while the "
+                      f"trainer is made, and removed then: give one of {', '.join(LOAD_EVENTS)}")
+    key = "callbacks.load_checkpoint.load_path"
+    location = partial_format(str(load_path), run_name=cfg.run_name, rank=0, local_rank=0, node_rank=0)
+    try:
+        return key, resolve_remote(location) if "://" in location else str(resolve(location))
+    except BadCheckpoint as error:
+        raise Refused(f"{key}: {error}") from None
+
+
+def _refusal_line(error: Exception, key: str) -> str:
+    """What ends every rank: a refusal's own line, a checkpoint's named by the key that chose it, anything else with
+    its type."""
+    if isinstance(error, BadCheckpoint):
+        return f"{key}: {error}"
+    if isinstance(error, Refused):
+        return str(error)
+    return f"{key}: {type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
 
 
 def check_speed_options(cfg: DictConfig) -> None:
@@ -478,9 +506,7 @@ def main(cfg: DictConfig) -> Trainer:
         keep_freed_memory()
     dist.initialize_dist(get_device(None), timeout=cfg.get("dist_timeout", 600))
     _signal_files_per_node()
-    loading, private = take_checkpoint(cfg)
-    if private is not None:  # the copy is removed however the run ends; normally as soon as Composer has loaded it
-        atexit.register(remove, private)
+    loading, private = take_checkpoint(cfg)  # removed as soon as Composer has loaded it
     collect_env.get_cpu_model = _cpu_model_from_proc  # the same function however often main runs
     clean_leaked_shared_memory(dataset_locals(cfg))  # what a killed run left on them would refuse Streaming
     reproducibility.seed_all(cfg.seed)

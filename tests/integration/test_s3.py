@@ -82,7 +82,7 @@ def chain(s3, tmp_path_factory):
         resumed = forked.run(killed, cwd=tmp_path, env=run_env, timeout=900)
         assert resumed.returncode == 0, resumed.stderr[-4000:]
         assert not (tmp_path / "ran").exists(), "the planted local copy was loaded"
-        assert re.search(r"^resuming at batch \d+ from the latest checkpoint in s3://runs/chain/killed$", resumed.stdout,
+        assert re.search(r"^resuming at batch (\d+) from s3://runs/chain/killed/ep0-ba\d+-rank0.pt$", resumed.stdout,
                          re.M), resumed.stdout
     return tmp_path, client
 

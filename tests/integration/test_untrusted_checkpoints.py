@@ -192,6 +192,71 @@ def test_a_checkpoint_torch_itself_cannot_read_stops_autoresume_in_one_line(tmp_
     assert (folder / "ep0-ba2-rank0.pt").exists()
 
 
+def test_a_checkpoint_taken_from_a_store_is_named_by_its_address_and_a_failure_leaves_nothing(
+        store, tmp_path, own_temporary_folder, monkeypatch):
+    """A refusal names the store's address, never the private copy; an object gone between the listing and the
+    download (any failure of the store) ends the run in one line, and its private folder is gone with it."""
+    from composer.utils.object_store import S3ObjectStore
+
+    import train
+    from vocagno.training.checkpoint import private_folder, take
+
+    marker = tmp_path / "ran"
+    torch.save({"state": {"timestamp": RunsACommand(marker)}}, tmp_path / "evil.pt")
+    store.upload_file(str(tmp_path / "evil.pt"), "runs", f"{tmp_path.name}/ep0-ba1-rank0.pt")
+    location = f"s3://runs/{tmp_path.name}/ep0-ba1-rank0.pt"
+    with pytest.raises(BadCheckpoint) as refused:
+        take(location, private_folder())
+    assert str(refused.value).startswith(f"{location}: refused to load") and "vocagno-checkpoint-" not in str(
+        refused.value), refused.value
+
+    def gone(self, object_name, filename, *args, **kwargs):
+        raise FileNotFoundError(f"Object {object_name} not found")
+
+    monkeypatch.setattr(S3ObjectStore, "download_object", gone)
+    before = sorted((tmp_path / "tmp").iterdir())
+    cfg = train.load_config(str(REPO / "yamls" / "tiny.yaml"), [f"callbacks.load_checkpoint.load_path={location}"])
+    with pytest.raises(train.Refused) as refused:
+        train.take_checkpoint(cfg)
+    assert str(refused.value).startswith(f"callbacks.load_checkpoint.load_path: {location}: can't be read"), \
+        refused.value
+    assert sorted((tmp_path / "tmp").iterdir()) == before and not marker.exists()
+
+
+def test_a_sharded_copy_holds_what_its_metadata_names_and_a_copy_without_room_is_refused(
+        tmp_path, own_temporary_folder, monkeypatch):
+    import vocagno.doors.private as private
+    from vocagno.training.checkpoint import private_folder, take
+
+    sharded = dcp_save({"state": {"model": {"w": torch.ones(2)}}}, tmp_path / "ep0-ba2")
+    (sharded / "__9_0.distcp").write_bytes(b"\0" * 4096)  # a shard .metadata does not name: never read, not copied
+    copy = take(str(sharded), private_folder())
+    named = sorted(p.name for p in sharded.iterdir() if p.name != "__9_0.distcp")
+    assert sorted(p.name for p in copy.iterdir()) == named
+    for path in sharded.iterdir():
+        os.chown(path, 65534, 65534)  # someone else's: copied, not linked
+    real = os.statvfs
+
+    class Full:
+        def __init__(self, folder):
+            self.f_frsize, self.f_bavail = real(folder).f_frsize, 0
+
+    monkeypatch.setattr(private.os, "statvfs", Full)
+    with pytest.raises(Exception, match=r"its private copy needs .* GiB free: set TMPDIR to a folder"):
+        take(str(sharded), private_folder())
+
+
+def test_a_load_checkpoint_event_after_the_trainer_is_made_is_refused_naming_the_ones_that_work(tmp_path):
+    import train
+
+    torch.save({"state": {"model": {"w": torch.ones(2)}}}, tmp_path / "good.pt")
+    cfg = train.load_config(str(REPO / "yamls" / "tiny.yaml"), [
+        f"callbacks.load_checkpoint.load_path={tmp_path / 'good.pt'}", "callbacks.load_checkpoint.event=fit_start"])
+    with pytest.raises(train.Refused, match=r"^callbacks.load_checkpoint.event: fit_start: .* give one of init, "
+                                            r"before_load, after_load$"):
+        train.take_checkpoint(cfg)
+
+
 # ---- 2. a config claiming far more than its weights hold: refused before anything is allocated ----
 
 @pytest.fixture

@@ -76,3 +76,24 @@ def test_a_code_span_holds_its_characters_alone_in_prose_and_in_a_table_cell(tex
 def test_a_code_span_of_an_ordinary_name_is_written_as_before():
     assert md_code("tiny-math-teacher") == "`tiny-math-teacher`"
     assert md_code("s3://runs/gsm", cell=True) == "`s3://runs/gsm`"
+
+
+def test_every_format_character_and_undecodable_byte_is_shown_escaped_on_a_terminal():
+    import sys
+    import unicodedata
+
+    invisible = [chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) == "Cf"]
+    assert len(invisible) > 150
+    for char in invisible:
+        assert char not in terminal(f"a{char}b"), hex(ord(char))
+    name = b"run\x9b2J".decode("utf-8", "surrogateescape")  # a file name's byte that is no UTF-8 (8-bit CSI)
+    assert terminal(name) == "run\\x9b2J" and terminal(name).encode("utf-8")
+
+
+def test_no_scheme_or_mail_address_becomes_a_link():
+    """GitHub links https://... and name@host by itself, escaped or not: a scheme's : is escaped, and text with an @
+    is a code span, which nothing links."""
+    assert md_text("https://evil.example/login") == "https\\://evil\\.example/login"
+    assert md_text("admin@evil.example") == "`admin@evil.example`"
+    cell = _render(f"| a | b |\n|---|---|\n| {md_text('x@y.z | w')} | x |\n")
+    assert cell.count("<td>") == 2 and "<code>x@y.z | w</code>" in cell, cell

@@ -45,7 +45,7 @@ def copy_file(source: str | Path, copy: str | Path, folder: str | Path | None = 
     it, else copied by the kernel (``copy_file_range``, ``sendfile``), never through Python."""
     with open_regular(source, folder=folder) as reader:
         info = os.fstat(reader.fileno())
-        if info.st_uid == os.geteuid() and not stat.S_IMODE(info.st_mode) & 0o022:
+        if _linkable(info):
             try:  # linked by its name, then kept only if the name still led to the very file opened and checked
                 os.link(Path(folder or "") / source, copy, follow_symlinks=False)
                 linked = os.lstat(copy)
@@ -54,6 +54,7 @@ def copy_file(source: str | Path, copy: str | Path, folder: str | Path | None = 
                 os.unlink(copy)
             except OSError:  # another file system, or links not allowed: copied
                 pass
+        _check_room(Path(copy).parent, info.st_size, Path(folder or "") / source)
         out = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             left = info.st_size
@@ -69,12 +70,31 @@ def copy_file(source: str | Path, copy: str | Path, folder: str | Path | None = 
             os.close(out)
 
 
+def _linkable(info: os.stat_result) -> bool:
+    """Whether a file may be hard-linked rather than copied: this user's, and nobody else may write it."""
+    return info.st_uid == os.geteuid() and not stat.S_IMODE(info.st_mode) & 0o022
+
+
+def _check_room(folder: Path, needed: int, source: str | Path) -> None:
+    """Refuse (``Refused``) a copy of ``needed`` bytes that the file system of ``folder`` has no room for: a copy of
+    someone else's files (sparse ones written out whole) may not fill the temporary folder."""
+    if needed == 0:
+        return
+    info = os.statvfs(folder)
+    free = info.f_bavail * info.f_frsize
+    if needed > free:
+        raise Refused(f"{source}: its private copy needs {needed / 2**30:.1f} GiB and {tempfile.gettempdir()} has "
+                      f"{free / 2**30:.1f} GiB free: set TMPDIR to a folder only you can write with room for it")
+
+
 def copy_folder(source: str | Path, copy: str | Path) -> Path:
     """Every file of the folder ``source`` (regular files and folders only: ``check_folder``) at the same place under
     the new folder ``copy``, each by ``copy_file``. A file that is a link by the time it is copied is refused, not
     followed."""
     source, copy = Path(source), Path(copy)
     files = check_folder(source)
+    infos = [os.lstat(source / relative) for relative in files]
+    _check_room(copy.parent, sum(info.st_size for info in infos if not _linkable(info)), source)
     copy.mkdir(mode=0o700)
     for relative in files:
         (copy / relative).parent.mkdir(mode=0o700, parents=True, exist_ok=True)

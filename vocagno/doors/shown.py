@@ -23,14 +23,20 @@ import re
 
 __all__ = ["terminal", "md_text", "md_code", "md_fence", "html_text"]
 
-# C0 and C1 controls and DEL; U+2028/2029 (line and paragraph separators); the bidirectional marks, embeddings,
-# overrides and isolates (U+200E/F, U+202A-E, U+2066-9, U+061C).
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069\u061c]")
-_CONTROL_IN_BLOCK = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069\u061c]")
+# Unicode's format characters (category Cf: zero-width spaces and joiners, the bidirectional marks, embeddings,
+# overrides and isolates, the soft hyphen, tags, ...), which show nothing or reorder what follows them; lone
+# surrogates (a file name's bytes that are no UTF-8, as Python decodes them); U+2028/2029, which end a line.
+_INVISIBLE = ("\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f\u202a-\u202e"
+              "\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f"
+              "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f\ud800-\udfff\u2028\u2029")
+# And the C0 and C1 controls and DEL; a block keeps its new lines and tabs.
+_CONTROL = re.compile(f"[\x00-\x1f\x7f-\x9f{_INVISIBLE}]")
+_CONTROL_IN_BLOCK = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_INVISIBLE}]")
 # What can start or end a markdown construct inside a line or a cell: emphasis, code, links and images, HTML and
-# entities, a cell's edge, a heading, list or quote mark, math ($ on GitHub), strikethrough. The rest of ASCII's
-# punctuation (, : ; ' " / = ? @ % ^) means nothing there and is left as it is, so a figure reads 24,576.
-_PUNCTUATION = re.compile(r"""([\\`*_{}\[\]()<>#+\-.!|~&$])""")
+# entities, a cell's edge, a heading, list or quote mark, math ($ on GitHub), strikethrough, and the : of a scheme
+# GitHub links by itself (https:). The rest of ASCII's punctuation (, ; ' " / = ? % ^) means nothing there and is
+# left as it is, so a figure reads 24,576.
+_PUNCTUATION = re.compile(r"""([\\`*_{}\[\]()<>#+\-.!|~&$:])""")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -39,7 +45,9 @@ def _escape(match: re.Match) -> str:
     if char in _NAMED:
         return _NAMED[char]
     code = ord(char)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    if 0xDC80 <= code <= 0xDCFF:  # a byte that is no UTF-8, as surrogateescape keeps it: shown as that byte
+        return f"\\x{code - 0xDC00:02x}"
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def terminal(text: object) -> str:
@@ -49,7 +57,10 @@ def terminal(text: object) -> str:
 
 def md_text(text: object) -> str:
     """``text`` as one line of markdown that renders as exactly these characters, and nothing else: no new line, no
-    table cell, no link, no HTML."""
+    table cell, no link, no HTML. Text holding an ``@`` is a code span (``md_code``, as in a table cell): GitHub
+    links a mail address whatever is escaped in it, and never inside code."""
+    if "@" in str(text):
+        return md_code(text, cell=True)
     return _PUNCTUATION.sub(r"\\\1", terminal(text))
 
 

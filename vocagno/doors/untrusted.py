@@ -644,7 +644,14 @@ def from_pretrained(loader: Any, name_or_path: str, trust_remote_code: bool = Fa
                 _check_pretrained(loader, copy)
             except UntrustedFile as error:  # named as the user knows it, not by its copy
                 raise UntrustedFile(str(error).replace(str(copy), str(folder))) from error
-            loaded = loader.from_pretrained(str(copy), trust_remote_code=False, **kwargs)
+            try:
+                loaded = loader.from_pretrained(str(copy), trust_remote_code=False, **kwargs)
+            except (OSError, ValueError) as error:  # transformers' own words, naming the folder as the user knows it
+                try:
+                    renamed = type(error)(str(error).replace(str(copy), str(folder)))
+                except Exception:  # an error type made otherwise: as it is
+                    raise error from None
+                raise renamed from error
         finally:  # nothing of it is read again: a process that ends without its exit handlers leaves nothing
             remove(private)
         _named(loaded, str(name_or_path))

@@ -14,6 +14,7 @@ a folder of its own, checked there).
 
 from vocagno.training.checkpoint.files import (
     LATEST, METADATA, BadCheckpoint, IncompleteCheckpoint, fetch, has_latest, is_checkpoint, load_checkpoint, resolve,
+    resolve_remote,
 )
 from vocagno.training.checkpoint.model import (
     DTYPES, RUN_DTYPES, model_from_checkpoint, model_from_state, tokenizer_from_state,
@@ -26,5 +27,5 @@ from vocagno.training.checkpoint.state import (
 
 __all__ = ["BadCheckpoint", "IncompleteCheckpoint", "check_objects", "fetch", "has_latest",
            "is_checkpoint", "load_checkpoint", "model_from_checkpoint", "model_from_state", "private_folder",
-           "read_state", "recipe", "recipe_config", "repair", "resolve", "take", "tokenizer_from_state", "DTYPES",
-           "RUN_DTYPES", "LATEST", "METADATA", "MODEL_PARTS"]
+           "read_state", "recipe", "recipe_config", "repair", "resolve", "resolve_remote", "take",
+           "tokenizer_from_state", "DTYPES", "RUN_DTYPES", "LATEST", "METADATA", "MODEL_PARTS"]

@@ -189,6 +189,26 @@ def _listing(store, uri: str, prefix: str) -> list[str]:
                             f"{_first_line(error)}") from error
 
 
+def resolve_remote(uri: str) -> str:
+    """The checkpoint ``uri`` names in its store: itself where it is a whole checkpoint's object or a sharded one's
+    prefix, else the checkpoint its save folder's latest link names (``latest_key``, read once). The one resolution
+    of remote names, as ``resolve`` is of local ones."""
+    store, key = _store(uri)
+    names = set(_listing(store, uri, key))
+    scheme, _, rest = uri.partition("://")
+    if key in names or f"{key}/{METADATA}" in names:
+        return uri
+    link = next((name for name in (f"{key}.symlink", f"{key}/{LATEST}.symlink") if name in names), None)
+    if link is None:
+        raise BadCheckpoint(f"{uri}: no checkpoint there: no such object, nor {METADATA} (a sharded checkpoint) or "
+                            f"{LATEST}.symlink (a save folder) under it")
+    import tempfile
+
+    bucket = f"{scheme}://{rest.split('/', 1)[0]}"
+    with tempfile.TemporaryDirectory(prefix="vocagno-latest-") as tmp:
+        return f"{bucket}/{latest_key(store, link, Path(tmp) / 'latest.symlink', bucket)}"
+
+
 def _fetch_remote(uri: str, into: Path, follow_latest: bool = True) -> Path:
     store, key = _store(uri)
     names = set(_listing(store, uri, key))

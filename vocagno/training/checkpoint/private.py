@@ -13,11 +13,12 @@ suffix of someone else's makes it untar or decompress anything either.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from vocagno.doors.private import copy_file, private_folder as _private_folder
 from vocagno.training.checkpoint.files import (
-    METADATA, BadCheckpoint, _SHARD_FILE, _check_saved, _fetch_remote, _reason, _untrusted, fetch, resolve,
+    METADATA, BadCheckpoint, _SHARD_FILE, _check_saved, _fetch_remote, _shard_names, _untrusted, fetch, resolve,
 )
 from vocagno.training.checkpoint.state import check_objects
 
@@ -36,41 +37,49 @@ def take(location: str, into: Path) -> Path:
     """The checkpoint at ``location`` (a whole ``.pt``, a sharded folder, a save folder or its latest link; local, or
     in an object store) as a copy inside ``into`` (a folder of ``private_folder``), checked there as every checkpoint
     is (``fetch``'s checks and ``check_objects``): what a framework may then load by path. Anything wrong raises
-    ``BadCheckpoint`` (``IncompleteCheckpoint`` for a save cut short) naming ``location``."""
+    ``BadCheckpoint`` (``IncompleteCheckpoint`` for a save cut short) naming ``location``, never the copy."""
     into = Path(into)
-    if "://" in location:
-        fetched = _fetch_remote(location, into / "fetched")
-        copy = into / (SHARDED_COPY if fetched.is_dir() else WHOLE_COPY)
-        os.rename(fetched, copy)
-        source = location
-    else:
-        source = resolve(location)
-        copy = into / (SHARDED_COPY if source.is_dir() else WHOLE_COPY)
-        try:
-            _copy_folder(source, copy) if source.is_dir() else _untrusted(copy_file, source, copy)
-        except OSError as error:
-            raise BadCheckpoint(_reason(error, source)) from error
     try:
+        copy = _taken(location, into)
         if copy.is_dir():
             _check_saved(copy)
         else:
             fetch(str(copy), os.devnull)
         check_objects(copy)
-    except OSError as error:
-        raise BadCheckpoint(_reason(error, Path(location))) from error
-    except BadCheckpoint as error:  # named as the user knows it, not by its copy
-        raise type(error)(str(error).replace(str(copy), str(source))) from error
+        return copy
+    except BadCheckpoint as error:  # named as the user knows it, not by its copy (nor where it was fetched to)
+        raise type(error)(re.sub(re.escape(str(into)) + r"[^:\s]*", lambda _: location, str(error))) from error
+    except OSError as error:  # a store's object gone between its listing and its download, a disk full, ...
+        raise BadCheckpoint(f"{location}: can't be read: {getattr(error, 'strerror', None) or error}") from error
+
+
+def _taken(location: str, into: Path) -> Path:
+    if "://" in location:
+        fetched = _fetch_remote(location, into / "fetched")
+        copy = into / (SHARDED_COPY if fetched.is_dir() else WHOLE_COPY)
+        os.rename(fetched, copy)
+        return copy
+    source = resolve(location)
+    copy = into / (SHARDED_COPY if source.is_dir() else WHOLE_COPY)
+    if source.is_dir():
+        _copy_folder(source, copy)
+    else:
+        _untrusted(copy_file, source, copy)
     return copy
 
 
 def _copy_folder(source: Path, copy: Path) -> None:
-    """A sharded checkpoint's files (its ``.metadata`` and shards; nothing else, no link, no folder) copied into the
-    new folder ``copy``."""
+    """A sharded checkpoint's ``.metadata``, then the shards the copy of it names, into the new folder ``copy``:
+    nothing else of the folder (no link, no folder, no file its save does not write)."""
     names = sorted(os.listdir(source))
     others = [name for name in names if name != METADATA and not _SHARD_FILE.fullmatch(name)]
     if others:
         raise BadCheckpoint(f"{source}: a checkpoint folder holding files a sharded save does not write: "
                             f"{', '.join(others[:3])}")
+    if METADATA not in names:
+        _check_saved(source)  # raises: shards without the .metadata written last, or nothing
     copy.mkdir(mode=0o700)
-    for name in names:
-        _untrusted(copy_file, Path(name), copy / name, source)
+    _untrusted(copy_file, Path(METADATA), copy / METADATA, source)
+    for name in sorted(_shard_names(copy / METADATA)):
+        if name in names:  # one missing is named by the copy's check
+            _untrusted(copy_file, Path(name), copy / name, source)
