@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args: argparse.Namespace) -> Report | None:
     from vocagno.teacher.scoring import rank_and_world
-    from vocagno.teacher.teacher import Teacher
+    from vocagno.teacher.teacher import NoTokenizer, Teacher
 
     if args.samples < 1:
         raise Refused(f"--samples must be at least 1, got {args.samples}")
@@ -172,6 +172,8 @@ def _main(args: argparse.Namespace) -> Report | None:
         for other in chosen[1:]:  # each other reads its own tokens, made from the text
             try:
                 other.check_reads(metadata, own_tokens=True)
+            except NoTokenizer:
+                raise
             except ValueError as error:
                 raise Refused(str(error)) from None
         student, student_name = None, ""
@@ -185,6 +187,11 @@ def _main(args: argparse.Namespace) -> Report | None:
                 raise Refused(f"--student {error}") from error
             metadata.check_tokenizers(student=describe_tokenizer(tokenizer, "student"))
             student_name = args.student
+    except NoTokenizer as error:  # how this command gives a teacher its tokenizer
+        how = ("add --teacher-tokenizer NAME_OR_FOLDER" if not args.config and len(args.teacher) == 1 else
+               "give it as teachers.NAME.tokenizer in a yaml, with --config YAML (several --teacher take each one's "
+               "folder's tokenizer)" if not args.config else "give it as its tokenizer: key in the yaml")
+        raise Refused(f"{error}: {how}") from None
     except Refused:
         raise  # one line already
     except (ValueError, OSError, KeyError, RuntimeError, pickle.UnpicklingError) as error:

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from conversion import convert_dataset
+from vocagno.errors import Refused
 from vocagno.algorithms.vocagno_lm import VocAgnoLM, teacher_guided_loss
 from vocagno.data.dataset import TeacherGuidedCollator, TeacherGuidedDataset
 from vocagno.core.loss import teacher_token_loss
@@ -119,6 +120,22 @@ def test_a_teacher_tokenizer_other_than_the_shards_is_refused(loader, tokenizers
                       loggers=[], progress_bar=False)
     with pytest.raises(ValueError, match="teacher tokenizer is 'qwen2.5'.*teacher tokenizer is 'deepseek-llm'"):
         trainer.fit()
+
+
+def test_a_teacher_folder_without_tokenizer_files_names_the_argument_that_gives_one(loader, tmp_path):
+    """The plain-Composer drop-in given a colleague's folder of weights alone: one line naming the folder and
+    VocAgnoLM's teacher_tokenizer (and llm-foundry's key for it), not transformers' converter list."""
+    student = tiny(LlamaConfig, LlamaForCausalLM, 32000)
+    tiny(Qwen2Config, Qwen2ForCausalLM, 152064).save_pretrained(tmp_path / "weights")
+    trainer = Trainer(model=HuggingFaceModel(student, use_logits=True), train_dataloader=loader, max_duration="1ba",
+                      algorithms=[VocAgnoLM(teacher=str(tmp_path / "weights"), teacher_dtype="float32")],
+                      device="cpu", loggers=[], progress_bar=False)
+    with pytest.raises(Refused) as refused:
+        trainer.fit()
+    assert str(refused.value) == (
+        f"the teacher: its folder {tmp_path / 'weights'} holds no tokenizer files (tokenizer.json, tokenizer.model, "
+        "vocab.json, vocab.txt, tokenizer_config.json): give VocAgnoLM(teacher_tokenizer=NAME_OR_FOLDER), or each "
+        "of teachers= its 'tokenizer' (in an llm-foundry yaml: algorithms.vocagno.teacher_tokenizer)")
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -346,3 +346,31 @@ def test_shards_that_are_not_there_are_refused_with_the_conversion_that_makes_th
         assert result.stderr.strip().splitlines()[-1].endswith(
             f"--shards {tmp_path}/never holds no shards: convert a corpus into it first (python "
             f"conversion/convert_dataset.py --input FILE --out-root {tmp_path}/never ...: docs/conversion.md)"), result
+
+
+def test_a_teacher_folder_without_tokenizer_files_is_answered_with_the_flag_or_yaml_that_gives_one(heldout, tmp_path,
+                                                                                                     capsys):
+    """A colleague's folder of weights alone: one line naming the teacher and its folder, and how this command gives
+    it a tokenizer: --teacher-tokenizer for one, a yaml's teachers: for several."""
+    import shutil
+
+    from helpers import command
+
+    from vocagno.core.tokenization import shipped_model_dir
+    from vocagno.selection import main as selection_main
+
+    weights = tmp_path / "colleague"
+    weights.mkdir()
+    for path in shipped_model_dir("tiny-math-teacher").iterdir():
+        if not path.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(path, weights / path.name)
+    base = ["--shards", heldout, "--samples", "2", "--dtype", "float32", "--device", "cpu"]
+    one = command(selection_main, [*base, "--teacher", weights], capsys)
+    assert one.returncode == 2 and one.stderr.strip().splitlines()[-1] == (
+        f"error: the teacher: its folder {weights} holds no tokenizer files (tokenizer.json, tokenizer.model, "
+        "vocab.json, vocab.txt, tokenizer_config.json): add --teacher-tokenizer NAME_OR_FOLDER"), one.stderr
+    two = command(selection_main, [*base, "--teacher", f"math={weights}", "--teacher", "tiny-math-teacher"], capsys)
+    last = two.stderr.strip().splitlines()[-1]
+    assert two.returncode == 2 and last.startswith("error: teacher 'math': its folder ") and last.endswith(
+        "give it as teachers.NAME.tokenizer in a yaml, with --config YAML (several --teacher take each one's folder's "
+        "tokenizer)"), two.stderr

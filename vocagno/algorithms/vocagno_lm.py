@@ -58,7 +58,8 @@ from vocagno.core.loss import (AGGREGATION, COMBINE, SELECTION, SELECTION_SCOPE,
 from vocagno.teacher.model import shard_teacher
 from vocagno.teacher.side import TeacherSide, WithTeacherSide, unpack_teacher_side
 from vocagno.teacher.several import Teachers, WithOtherTeachers, teachers_from
-from vocagno.teacher.teacher import Teacher
+from vocagno.teacher.teacher import NoTokenizer, Teacher
+from vocagno.errors import Refused
 from vocagno.data.batch import (ALIGN_END, ALIGN_START, SELECTED, TEACHER_ATTENTION_MASK, TEACHER_INPUT_IDS,
     TEACHER_LOSS, teacher_key)
 from vocagno.algorithms.global_selection import select_over_ranks
@@ -267,22 +268,29 @@ class VocAgnoLM(Algorithm):
     def required_on_load() -> bool:
         return False
 
+    def _fit_start(self, state: State) -> None:
+        self._choose_teacher(state)
+        self._teacher_side_in_workers(state)
+        if self.cached:
+            self._check_scored_by(state)
+        else:
+            if self.scorer is None:
+                self.teacher.check_reads(_shard_metadata(state))
+                self.scorer = self._place(self.teacher.scorer(), state, self.teacher.placement)
+            self.teachers.build(_shard_metadata(state), lambda scorer, each: self._place(scorer, state,
+                                                                                         each.placement))
+
     def match(self, event: Event, state: State) -> bool:
         return event in (Event.FIT_START, Event.AFTER_DATALOADER, Event.BEFORE_TRAIN_BATCH, Event.BEFORE_FORWARD,
                          Event.AFTER_FORWARD, Event.AFTER_LOSS, Event.AFTER_TRAIN_BATCH, Event.BATCH_END)
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         if event == Event.FIT_START:
-            self._choose_teacher(state)
-            self._teacher_side_in_workers(state)
-            if self.cached:
-                self._check_scored_by(state)
-            else:
-                if self.scorer is None:
-                    self.teacher.check_reads(_shard_metadata(state))
-                    self.scorer = self._place(self.teacher.scorer(), state, self.teacher.placement)
-                self.teachers.build(_shard_metadata(state), lambda scorer, each: self._place(scorer, state,
-                                                                                             each.placement))
+            try:
+                self._fit_start(state)
+            except NoTokenizer as error:  # how a plain Composer recipe gives it
+                raise Refused(f"{error}: give VocAgnoLM(teacher_tokenizer=NAME_OR_FOLDER), or each of teachers= its "
+                              "'tokenizer' (in an llm-foundry yaml: algorithms.vocagno.teacher_tokenizer)") from None
         elif event == Event.AFTER_DATALOADER:
             state.batch = unpack_teacher_side(state.batch)  # as loader workers send it
             if TEACHER_INPUT_IDS not in state.batch:  # a loader without workers: made here

@@ -11,6 +11,7 @@ in them (``column``) and whether cached losses are its own (``check_scored_by``)
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,7 +26,7 @@ from vocagno.teacher.model import (
     TeacherScorer, check_teacher_options, check_teacher_reads, load_teacher, weights_fingerprint,
 )
 
-__all__ = ["Teacher", "PLACEMENTS", "teacher_label"]
+__all__ = ["NoTokenizer", "Teacher", "PLACEMENTS", "TOKENIZER_FILES", "teacher_label"]
 
 PLACEMENTS = ("auto", "replicate", "fsdp")
 
@@ -45,6 +46,15 @@ def teacher_label(model: str | nn.Module) -> str:
     if named:
         return str(named)
     return f"a random-init {getattr(config, 'model_type', type(model).__name__)} built from its config"
+
+
+# The files a tokenizer's folder holds, one of them at least (transformers' fast and slow tokenizers).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "tokenizer_config.json")
+
+
+class NoTokenizer(Refused):
+    """A teacher given by a model folder that holds no tokenizer files; the message names the teacher and its
+    folder, and the command that made it adds how its user gives the tokenizer (a flag, a yaml key, an argument)."""
 
 
 @dataclass
@@ -102,14 +112,22 @@ class Teacher:
         check_speed(self.kernels, self.compile_config, self.chunk_size, "teacher")
 
     def loaded_tokenizer(self):
-        """Its tokenizer, loaded once (None for a module given without one); one that won't load names the teacher."""
+        """Its tokenizer, loaded once (None for a module given without one); one that won't load names the teacher
+        (``Refused``), and a model folder without tokenizer files says so (``NoTokenizer``: each command adds how its
+        user gives one)."""
         if self.tokenizer_source is None or self._tokenizer is not None:
             return self._tokenizer
+        source = self.tokenizer_source
+        if isinstance(source, (str, Path)) and Path(source).is_dir() and \
+                not any((Path(source) / name).is_file() for name in TOKENIZER_FILES):
+            raise NoTokenizer(f"{self.called}: its folder {source} holds no tokenizer files "
+                              f"({', '.join(TOKENIZER_FILES)})")
         try:
-            self._tokenizer = as_tokenizer(self.tokenizer_source)
+            self._tokenizer = as_tokenizer(source)
         except Exception as error:  # not a tokenizer's name or folder, a hub name offline, a broken file
             message = str(error).strip().splitlines()[0] if str(error).strip() else error.__class__.__name__
-            raise ValueError(f"{self.called}: cannot load its tokenizer {self.tokenizer_source!r}: {message}") from None
+            message = message if len(message) <= 200 else message[:200] + " ..."
+            raise Refused(f"{self.called}: cannot load its tokenizer {source!r}: {message}") from None
         return self._tokenizer
 
     def required_tokenizer(self):
@@ -154,8 +172,9 @@ class Teacher:
             return
         if own_tokens:
             metadata = replace(metadata, teacher=self.tokenizer_info())
+        tokenizer = None if own_tokens else self.loaded_tokenizer()  # a refusal of it names the teacher already
         try:
-            check_teacher_reads(self.load(), metadata, None if own_tokens else self.loaded_tokenizer())
+            check_teacher_reads(self.load(), metadata, tokenizer)
         except ValueError as error:
             raise ValueError(f"{self.called}: {error}" if self.name else str(error)) from None
 
