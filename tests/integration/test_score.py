@@ -151,8 +151,12 @@ def test_cached_losses_give_the_online_teachers_training_without_a_teacher(score
 
 
 def test_cached_mode_refuses_unscored_shards_and_another_teacher(scored, tokenizers, capsys):
-    with pytest.raises(ValueError, match="carry no teacher losses"):
+    with pytest.raises(ValueError) as refused:
         fit(scored / "shards", tokenizers, str(scored / "teacher"), teacher_losses="cached")
+    assert str(refused.value) == (
+        f"teacher_losses: cached, but the training shards ({scored / 'shards'}) carry no teacher losses: score them "
+        f"first (python -m vocagno.score --shards {scored / 'shards'} --teacher TEACHER --out SCORED) and train on "
+        "SCORED")
     with pytest.raises(ValueError, match="scored by .* but the teacher is 'Qwen/Qwen2.5-Math-7B-Instruct'.*check_sco"):
         fit(scored / "scored", tokenizers, "Qwen/Qwen2.5-Math-7B-Instruct", teacher_losses="cached")
     torch.manual_seed(1)  # a teacher module of other weights than the one that scored

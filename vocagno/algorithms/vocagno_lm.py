@@ -394,22 +394,25 @@ class VocAgnoLM(Algorithm):
         """Cached losses must come from this run's teacher: every stream's, in a mixture (named when one is not)."""
         dataset = getattr(state.train_dataloader, "dataset", None)
         streams = getattr(dataset, "stream_metadata", None) or {"": _shard_metadata(state)}
+        folders = getattr(dataset, "stream_folders", None) or {}
         for name, metadata in streams.items():
             try:
-                self._check_scored_by_one(metadata)
+                self._check_scored_by_one(metadata, folders.get(name))
                 self.teachers.check_cached(metadata, self.check_scored_by)
             except ValueError as error:
                 raise ValueError(f"stream {name!r}: {error}" if len(streams) > 1 else str(error)) from None
 
-    def _check_scored_by_one(self, metadata) -> None:
+    def _check_scored_by_one(self, metadata, folder: str | None = None) -> None:
         scored_by = getattr(metadata, "scored_by", None)
         if metadata is not None and scored_by is None:
+            shards = f"the training shards ({folder})" if folder else "the training shards"
+            command = f"python -m vocagno.score --shards {folder or 'SHARDS'} --teacher TEACHER --out SCORED"
             if self.teachers.others:
-                raise ValueError(f"teacher_losses: cached, but the training shards carry no losses of teacher "
+                raise ValueError(f"teacher_losses: cached, but {shards} carry no losses of teacher "
                                  f"{self.teacher.name!r} (it reads the shards' teacher tokens): score them with it "
-                                 f"(python -m vocagno.score ... --name {self.teacher.name})")
-            raise ValueError("teacher_losses: cached, but the training shards carry no teacher losses: score them "
-                             "first (python -m vocagno.score)")
+                                 f"({command} --name {self.teacher.name})")
+            raise ValueError(f"teacher_losses: cached, but {shards} carry no teacher losses: score them first "
+                             f"({command}) and train on SCORED")
         if scored_by is not None:
             self.teacher.check_scored_by(scored_by, self.check_scored_by, "the shards were")
 

@@ -121,6 +121,8 @@ class TeacherGuidedDataset(StreamingDataset):
                 raise type(error)(f"{where}{error}") from None
             self.stream_metadata[name] = metadata
         self.metadata = next(iter(self.stream_metadata.values()))
+        # Where each stream's shards come from (its remote, else its local folder): what a refusal of them names.
+        self.stream_folders = {name: str(stream.get("remote") or stream["local"]) for name, stream in named.items()}
         kwargs = {"validate_hash": SHARD_HASH, **streaming_kwargs}
         opened: list = []
         try:
