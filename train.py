@@ -51,6 +51,7 @@ from vocagno.core.kernels import check_compile_config, check_kernels, check_spee
 from vocagno.training.checkpoint import (  # noqa: E402
     BadCheckpoint, has_latest, private_folder, repair, resolve, resolve_remote, take)
 from vocagno.doors.shown import terminal  # noqa: E402
+from vocagno.training.plan import plan_line  # noqa: E402
 from vocagno.doors.writing import remove  # noqa: E402
 from vocagno.training.loggers import (  # noqa: E402
     ConsoleLine, JSONLinesLogger, Narration, RunPicture, RunRecipe, SampleLog)
@@ -531,6 +532,9 @@ def main(cfg: DictConfig) -> Trainer:
             f"samples, fewer than one global "
             f"batch of {cfg.global_train_batch_size}: convert more text, or lower global_train_batch_size"
         )
+    plan = plan_line(cfg, samples, train_loader.dataset.metadata.seq_len)  # a duration it can't count: refused now
+    if dist.get_global_rank() == 0:
+        print(terminal(plan), flush=True)
     evaluators = []
     if cfg.get("eval_loader") is not None:
         eval_batch = cfg.get("device_eval_batch_size") or cfg.device_train_microbatch_size
