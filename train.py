@@ -532,8 +532,11 @@ def main(cfg: DictConfig) -> Trainer:
             f"samples, fewer than one global "
             f"batch of {cfg.global_train_batch_size}: convert more text, or lower global_train_batch_size"
         )
-    plan = plan_line(cfg, samples, train_loader.dataset.metadata.seq_len)  # a duration it can't count: refused now
     if dist.get_global_rank() == 0:
+        try:
+            plan = plan_line(cfg, samples, train_loader.dataset.metadata.seq_len)
+        except ValueError as error:  # a duration it can't count in batches: Composer's to judge
+            plan = f"training for {cfg.max_duration} ({error})"
         print(terminal(plan), flush=True)
     evaluators = []
     if cfg.get("eval_loader") is not None:
