@@ -407,7 +407,8 @@ def test_a_private_folder_is_the_processs_own_and_refused_where_others_can_renam
     shared.mkdir(mode=0o777)
     shared.chmod(0o777)  # writable by all, not sticky: someone could rename the private folder and put theirs there
     monkeypatch.setattr(tempfile, "tempdir", str(shared))
-    with pytest.raises(Refused, match=f"{shared}: the temporary folder .* set TMPDIR to a folder only you can write"):
+    with pytest.raises(Refused, match=f"{shared}: the temporary folder \\(TMPDIR\\) is writable by others and not "
+                                      "sticky .* set TMPDIR to a folder only you can write"):
         private_folder("vocagno-test-")
 
 

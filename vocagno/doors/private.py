@@ -33,9 +33,12 @@ def private_folder(prefix: str) -> Path:
         info = os.stat(folder)
         others_write = stat.S_IMODE(info.st_mode) & 0o022 and not info.st_mode & stat.S_ISVTX
         if info.st_uid not in (0, os.geteuid()) or others_write:
-            raise Refused(f"{folder}: the temporary folder {base} lies in a folder others can rename things in, so a "
-                          "private copy there is not private: set TMPDIR to a folder only you can write (with room "
-                          "for a checkpoint or a model)")
+            why = ("another user's" if info.st_uid not in (0, os.geteuid()) else
+                   "writable by others and not sticky (as /tmp is)")
+            where = "the temporary folder (TMPDIR)" if folder == base else f"a folder above TMPDIR {base}"
+            raise Refused(f"{folder}: {where} is {why}, so someone else could put their own folder in place of a "
+                          "private copy there: set TMPDIR to a folder only you can write (with room for a checkpoint "
+                          "or a model)")
     return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
 
 
