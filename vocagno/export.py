@@ -130,10 +130,9 @@ def model_card(checkpoint: str, folder: str, state: dict[str, Any], model, resul
             ("checkpoint", md_code(checkpoint, cell=True), "vocagno.export's command line")]
     if cfg is not None:
         rows[1:1] = _recipe_rows(cfg)
-    lines = ["---", "library_name: transformers", "tags: [vocagno, vocagnolm, math]", "---", "",
-             f"# {md_text(name)}", "",
-             "A causal language model trained with vocagno: VocAgnoLM (Shin et al., ICML 2025), teacher guided "
-             "language modeling with a teacher of another vocabulary.", "",
+    tags, how = _about(cfg, results)
+    lines = ["---", "library_name: transformers", f"tags: [{', '.join(tags)}]", "---", "",
+             f"# {md_text(name)}", "", f"A causal language model trained with vocagno: {how}.", "",
              "| | | from |", "|---|---|---|", *(f"| {key} | {value} | {source} |" for key, value, source in rows), ""]
     if results is not None:
         where = md_code(f"{eval_dir}/results.json")
@@ -169,6 +168,34 @@ def _literal(text: str) -> str:
 VOCAGNO_DEFAULTS = {name: parameter.default for name, parameter in inspect.signature(VocAgnoLM).parameters.items()
                     if name in ("topk_ratio", "aggregation", "unmapped", "selection_scope", "selection", "alignment",
                                 "teacher_losses")}
+
+
+# What each of vocagno's algorithms did to the student, as the card says it, and its tag.
+METHODS = {
+    "vocagno": ("vocagnolm", "VocAgnoLM (Shin et al., ICML 2025), teacher guided language modeling with a teacher of "
+                             "another vocabulary"),
+    "uld": ("uld", "Universal Logit Distillation from a teacher of another vocabulary"),
+    "kld": ("kld", "KL-divergence distillation from a teacher, on the tokens both vocabularies share"),
+}
+
+
+def _about(cfg, results: dict[str, Any] | None) -> tuple[list[str], str]:
+    """The card's tags and what its first sentence says of the run: from its recipe (the algorithms it trained with)
+    and its evaluation (``math`` only where math benchmarks were run), not from the paper's setting."""
+    from vocagno.eval.benchmarks import BENCHMARKS
+
+    tags = ["vocagno"]
+    if cfg is None:
+        how = "the checkpoint holds no recipe, so how is not stated"
+    else:
+        algorithms = cfg.get("algorithms") if isinstance(cfg.get("algorithms"), DictConfig) else {}
+        used = [name for name, options in algorithms.items() if options is not None]
+        tags += [METHODS[name][0] for name in used if name in METHODS]
+        said = [METHODS[name][1] if name in METHODS else md_text(name) for name in used]
+        how = "; ".join(said) if said else "plain continual pretraining, without a teacher"
+    if results is not None and any(isinstance(results.get(name), (int, float)) for name in BENCHMARKS):
+        tags.append("math")  # vocagno.eval's benchmarks are math word problems and exams
+    return tags, how
 
 
 def _recipe_rows(cfg) -> list[tuple[str, str, str]]:

@@ -582,6 +582,18 @@ def test_an_honest_card_states_where_each_part_came_from():
     assert '<code class="language-python">' in page and "from_pretrained(&quot;model&quot;)" in page
 
 
+def test_the_cards_tags_and_first_sentence_come_from_the_run_not_the_papers_setting():
+    guided, _ = card_of(results=HONEST_RESULTS, eval_dir="evals/tiny")
+    assert guided.startswith("---\nlibrary_name: transformers\ntags: [vocagno, vocagnolm, math]\n---\n")
+    assert "trained with vocagno: VocAgnoLM (Shin et al., ICML 2025), teacher guided language modeling" in guided
+    plain, _ = card_of({"algorithms": None, "teacher": None})  # a corpus of docstrings, no benchmark run
+    assert plain.startswith("---\nlibrary_name: transformers\ntags: [vocagno]\n---\n")
+    assert "trained with vocagno: plain continual pretraining, without a teacher." in plain
+    assert "math" not in plain.split("---")[1] and "Table 1" not in plain
+    distilled, _ = card_of({"algorithms": {"vocagno": None, "uld": {}}})
+    assert "tags: [vocagno, uld]" in distilled and "Universal Logit Distillation" in distilled
+
+
 @pytest.mark.parametrize("attack", INJECTIONS)
 def test_no_field_of_a_recipe_a_name_or_a_results_file_adds_structure_to_the_card(attack):
     from vocagno.doors.shown import terminal
