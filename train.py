@@ -50,7 +50,7 @@ from vocagno.core.fsdp import wrap_per_decoder_layer  # noqa: E402
 from vocagno.core.kernels import check_compile_config, check_kernels, check_speed, use_kernels  # noqa: E402
 from vocagno.training.checkpoint import (  # noqa: E402
     BadCheckpoint, has_latest, private_folder, repair, resolve, resolve_remote, take)
-from vocagno.doors.shown import terminal  # noqa: E402
+from vocagno.shown import terminal  # noqa: E402
 from vocagno.training.plan import plan_line  # noqa: E402
 from vocagno.doors.writing import remove  # noqa: E402
 from vocagno.training.loggers import (  # noqa: E402

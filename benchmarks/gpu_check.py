@@ -306,14 +306,14 @@ def judge(results: dict) -> list[dict]:
 
 def markdown(results: dict, verdicts: list[dict], header: str) -> str:
     """The report's page. A step's reason, and a figure's name and value, quote what its command printed: each is shown
-    as its characters (``md_text``) unless it is a number or a plain name."""
-    from vocagno.doors.shown import md_text
+    as its characters (``md_text``) unless it is a number or a plain name. The header is the check's own."""
+    from vocagno.shown import md_text
 
     def shown(value) -> str:
         plain = isinstance(value, (int, float)) or re.fullmatch(r"[\w.]+", str(value))
         return str(value) if plain else md_text(value)
 
-    lines = [f"# GPU check\n\n{md_text(header)}\n", "| step | status | seconds |", "|---|---|---|"]
+    lines = [f"# GPU check\n\n{header}\n", "| step | status | seconds |", "|---|---|---|"]  # the check's own words
     lines += [f"| {shown(name)} | {r['status']}{': ' + md_text(r['why']) if 'why' in r else ''} | "
               f"{shown(r['seconds']) if 'seconds' in r else '-'} |" for name, r in results.items()]
     lines += ["", "| goal | figure | value | met |", "|---|---|---|---|"]

@@ -61,7 +61,7 @@ from vocagno.data.shards import (  # noqa: E402
     COLUMNS, METADATA_FILE, SHARD_HASH, Encoder, Packer, ShardMetadata, TokenizerInfo, tokenizer_info,
 )
 from vocagno.core.tokenization import load_tokenizer  # noqa: E402
-from vocagno.doors.shown import terminal  # noqa: E402
+from vocagno.shown import terminal  # noqa: E402
 from vocagno.doors.untrusted import UntrustedFile, plain_name, read_json  # noqa: E402
 from vocagno.entry import run  # noqa: E402
 from vocagno.doors.writing import make_readable, publish, remove, staging, write_atomically  # noqa: E402

@@ -42,7 +42,7 @@ from typing import Callable, Iterator
 
 from vocagno.errors import Refused
 from vocagno.doors.untrusted import UntrustedFile, cap, open_regular, plain_name
-from vocagno.doors.shown import terminal
+from vocagno.shown import terminal
 
 __all__ = ["Record", "Source", "TextOf", "LOCAL_SUFFIXES", "sources_of", "hub_sources", "parse_jsonl_line"]
 

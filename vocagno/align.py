@@ -18,7 +18,7 @@ import numpy as np
 
 from vocagno.core.alignment import align, alignment_quality, chunk_overlap, vocab_overlap
 from vocagno.core.tokenization import encode_with_offsets, load_tokenizer
-from vocagno.doors.shown import terminal
+from vocagno.shown import terminal
 from vocagno.doors.untrusted import UntrustedFile, read_bytes
 
 

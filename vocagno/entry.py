@@ -1,6 +1,6 @@
 """How every command line of vocagno ends: its exit code, or one line ``error: ...`` and exit code 2 for a mistake in
 what it was given (a ValueError or OSError: the library's ``Refused``, ``UntrustedFile`` and ``BadCheckpoint`` among
-them; what it quotes of a file shown as ``vocagno.doors.shown.terminal`` shows it), or ``interrupted`` and exit code 130 for Ctrl-C. Anything else is a bug and ends in its traceback.
+them; what it quotes of a file shown as ``vocagno.shown.terminal`` shows it), or ``interrupted`` and exit code 130 for Ctrl-C. Anything else is a bug and ends in its traceback.
 ``VOCAGNO_TRACEBACK=1`` shows the traceback of a mistake too.
 
     if __name__ == "__main__":
@@ -38,7 +38,7 @@ def run(main: Callable[[], int | None], mistakes: tuple[type[BaseException], ...
     except (*MISTAKES, *mistakes) as error:
         if os.environ.get(TRACEBACK) == "1":
             raise
-        from vocagno.doors.shown import terminal
+        from vocagno.shown import terminal
 
         print(f"error: {terminal(one_line(error))}", file=sys.stderr, flush=True)
         sys.exit(MISTAKE_EXIT)

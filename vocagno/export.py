@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf as om
 
 from vocagno.algorithms.vocagno_lm import VocAgnoLM
 from vocagno.training.checkpoint import DTYPES, BadCheckpoint, fetch, model_from_checkpoint, recipe, recipe_config
-from vocagno.doors.shown import md_code, md_fence, md_text, terminal
+from vocagno.shown import md_code, md_fence, md_text, terminal
 from vocagno.doors.untrusted import UntrustedFile, read_json
 from vocagno.doors.writing import make_readable, publish, remove, staging, write_atomically
 
@@ -112,7 +112,7 @@ def model_card(checkpoint: str, folder: str, state: dict[str, Any], model, resul
                eval_dir: str | None = None) -> str:
     """The README.md of an exported model: what it is, how it was trained (the run's yaml, the checkpoint's
     timestamp), how it scored (``vocagno.eval``'s results), each part saying where it came from. Every string of the
-    checkpoint, of ``results`` or of a folder's name is written through ``vocagno.doors.shown``: it renders as its
+    checkpoint, of ``results`` or of a folder's name is written through ``vocagno.shown``: it renders as its
     characters, never as a heading, a cell, a link, HTML or the end of a fence."""
     from vocagno.eval.__main__ import table
 

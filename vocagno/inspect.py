@@ -18,7 +18,7 @@ import numpy as np
 from vocagno.core.alignment import align, alignment_quality, vocab_overlap
 from vocagno.data.dataset import TeacherGuidedDataset
 from vocagno.core.tokenization import load_tokenizer
-from vocagno.doors.shown import html_text, terminal
+from vocagno.shown import html_text, terminal
 from vocagno.doors.writing import write_atomically
 from vocagno.diagnostics.pages import script_json
 

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from vocagno.eval.benchmarks import BENCHMARKS, TITLES, checked_partial, checked_results
-from vocagno.doors.shown import md_text, terminal
+from vocagno.shown import md_text, terminal
 from vocagno.doors.untrusted import UntrustedFile, read_json
 from vocagno.doors.writing import save_figure
 

@@ -596,7 +596,7 @@ def test_the_cards_tags_and_first_sentence_come_from_the_run_not_the_papers_sett
 
 @pytest.mark.parametrize("attack", INJECTIONS)
 def test_no_field_of_a_recipe_a_name_or_a_results_file_adds_structure_to_the_card(attack):
-    from vocagno.doors.shown import terminal
+    from vocagno.shown import terminal
 
     fields = {"model.config.model_type": attack, "teacher.name_or_path": attack, "tokenizer.name": attack,
               "teacher.tokenizer": attack, "train_loader.dataset.local": attack, "precision": attack,

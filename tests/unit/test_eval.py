@@ -380,7 +380,7 @@ MARKUP = ["<img src=x onerror=alert(1)>", "[x](javascript:alert(1))", "**b** `c`
 def test_the_results_table_shows_a_partial_reason_as_its_characters_alone(why):
     import html
 
-    from vocagno.doors.shown import terminal
+    from vocagno.shown import terminal
     from vocagno.eval.__main__ import table
 
     page = rendered(table({"gsm8k": 12.5, "svamp": 50.0, "partial": {"gsm8k": why}}))

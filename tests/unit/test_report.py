@@ -124,7 +124,7 @@ MARKUP = ("<img", "<a ", "<strong", "<em", "<code", "<script")
 
 @pytest.mark.parametrize("name", NAMES)
 def test_a_runs_folder_name_is_shown_as_its_characters_and_adds_no_cell(tmp_path, report, name):
-    from vocagno.doors.shown import terminal
+    from vocagno.shown import terminal
 
     runs = [eval_folder(tmp_path, "cpt", 10.0), eval_folder(tmp_path, name, 14.6)]
     out = report(*runs, "--plot", tmp_path / "k.png")

@@ -1,4 +1,4 @@
-"""The way out for text (vocagno.doors.shown): what an attacker writes into a file name or a field is shown as its
+"""The way out for text (vocagno.shown): what an attacker writes into a file name or a field is shown as its
 characters, never acted on by the terminal, the markdown renderer or the browser."""
 
 import html
@@ -7,7 +7,7 @@ import re
 import pytest
 from markdown_it import MarkdownIt
 
-from vocagno.doors.shown import html_text, md_code, md_fence, md_text, terminal
+from vocagno.shown import html_text, md_code, md_fence, md_text, terminal
 
 ATTACKS = [
     "\x1b]0;owned\x07title",  # window title

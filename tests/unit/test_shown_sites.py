@@ -1,5 +1,5 @@
 """Where vocagno shows text from a file, or a name from a folder or an object store, on a terminal or in an HTML
-page: what an attacker wrote there reaches the terminal as escapes and the page as characters (vocagno.doors.shown),
+page: what an attacker wrote there reaches the terminal as escapes and the page as characters (vocagno.shown),
 never as a command to the terminal or an element of the page."""
 
 import re
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from vocagno.doors.shown import terminal
+from vocagno.shown import terminal
 
 # What a terminal acts on: C0 and C1 controls, DEL, the line and paragraph separators, the bidirectional controls.
 ACTED_ON = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069\u061c]")

@@ -51,7 +51,7 @@ from torch.utils.data import DataLoader
 
 from vocagno.core.alignment import ALIGNMENT, NUM_CHUNKS, check_alignment, chunk_align
 from vocagno.core.kernels import DEFAULT_KERNELS
-from vocagno.doors.shown import terminal
+from vocagno.shown import terminal
 from vocagno.data.dataset import TeacherGuidedCollator
 from vocagno.core.loss import (AGGREGATION, COMBINE, SELECTION, SELECTION_SCOPE, TOPK_RATIO, UNMAPPED,
     check_options, excess_loss, guided_loss, next_token_cross_entropy)

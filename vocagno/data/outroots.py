@@ -40,7 +40,7 @@ from streaming.base.hashing import get_hash
 
 from vocagno.errors import Refused
 from vocagno.data.shards import METADATA_FILE, SHARD_HASH
-from vocagno.doors.shown import terminal
+from vocagno.shown import terminal
 from vocagno.doors.untrusted import UntrustedFile, check_index, inside, read_bytes, read_json
 from vocagno.doors.writing import move_inside, write_atomically, write_inside
 

@@ -30,7 +30,7 @@ from vocagno.eval.benchmarks import (
     Example, load_benchmark,
 )
 from vocagno.eval.grading import is_equivalent
-from vocagno.doors.shown import md_text, terminal
+from vocagno.shown import md_text, terminal
 from vocagno.doors.untrusted import UntrustedFile, read_bytes
 from vocagno.doors.writing import write_atomically
 

@@ -20,7 +20,7 @@ from torch import nn
 from vocagno.core.kernels import DEFAULT_KERNELS, check_speed
 from vocagno.core.tokenization import as_tokenizer
 from vocagno.data.shards import ShardMetadata, describe_tokenizer
-from vocagno.doors.shown import terminal
+from vocagno.shown import terminal
 from vocagno.errors import Refused
 from vocagno.teacher.model import (
     TeacherScorer, check_teacher_options, check_teacher_reads, load_teacher, weights_fingerprint,

@@ -8,7 +8,7 @@ from typing import Any
 
 
 from vocagno.diagnostics.canaries import CLEAN
-from vocagno.doors.shown import html_text, terminal
+from vocagno.shown import html_text, terminal
 from vocagno.diagnostics.selection.settings import BINS, Settings
 
 __all__ = ["Report"]

@@ -8,7 +8,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from vocagno.doors.shown import terminal
+from vocagno.shown import terminal
 from vocagno.doors.writing import remove
 from vocagno.training.checkpoint.files import (
     LATEST, METADATA, WHOLE, SHARDED, BadCheckpoint, IncompleteCheckpoint, _latest_target, _only_shards, latest_key,
