@@ -159,8 +159,8 @@ def scored(shards, tmp_path_factory):
 
 def test_cached_losses_are_checked_in_every_stream_naming_the_one_that_differs(scored):
     teacher = "tiny-math-teacher"
-    with pytest.raises(ValueError, match="stream 'unscored': teacher_losses: cached, but the training shards carry no "
-                                         "teacher losses"):
+    with pytest.raises(ValueError, match=f"stream 'unscored': teacher_losses: cached, but the training shards "
+                                         f"\\({scored / 'unscored'}\\) carry no teacher losses"):
         mixture_fit(scored, ("one", "unscored"), teacher, teacher_losses="cached")
     with pytest.raises(ValueError, match="stream 'one': the shards were scored by 'tiny-math-teacher', but the teacher "
                                          "is 'another-teacher'"):
