@@ -52,6 +52,7 @@ from vocagno.training.checkpoint import (  # noqa: E402
     BadCheckpoint, has_latest, private_folder, repair, resolve, resolve_remote, take)
 from vocagno.shown import terminal  # noqa: E402
 from vocagno.training.plan import plan_line  # noqa: E402
+from vocagno.doors.untrusted import reason  # noqa: E402
 from vocagno.doors.writing import remove  # noqa: E402
 from vocagno.training.loggers import (  # noqa: E402
     ConsoleLine, JSONLinesLogger, Narration, RunPicture, RunRecipe, SampleLog)
@@ -485,7 +486,7 @@ def _refusal_line(error: Exception, key: str) -> str:
         return f"{key}: {error}"
     if isinstance(error, Refused):
         return str(error)
-    return f"{key}: {type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+    return f"{key}: {reason(error)}"
 
 
 def check_speed_options(cfg: DictConfig) -> None:

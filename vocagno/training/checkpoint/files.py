@@ -212,17 +212,14 @@ def resolve_remote(uri: str) -> str:
 def _fetch_remote(uri: str, into: Path, follow_latest: bool = True) -> Path:
     store, key = _store(uri)
     names = set(_listing(store, uri, key))
-    scheme, _, rest = uri.partition("://")
     if key in names:  # a whole checkpoint
         local = into / _untrusted(plain_name, Path(key).name, uri, "object name")
         into.mkdir(parents=True, exist_ok=True)
         store.download_object(key, str(local))
         return fetch(str(local), str(into))
-    link = next((name for name in (f"{key}.symlink", f"{key}/{LATEST}.symlink") if name in names), None)
-    if link and follow_latest:  # Composer's latest, a text file naming the checkpoint's key
-        target = latest_key(store, link, into / "latest.symlink", f"{scheme}://{rest.split('/', 1)[0]}")
+    if follow_latest and f"{key}/{METADATA}" not in names:  # a save folder's latest: resolve_remote reads it
         # One hop: a latest names a checkpoint, never another latest (nor itself).
-        return _fetch_remote(f"{scheme}://{rest.split('/', 1)[0]}/{target}", into, follow_latest=False)
+        return _fetch_remote(resolve_remote(uri), into, follow_latest=False)
     if f"{key}/{METADATA}" in names:  # a sharded checkpoint: its index, then every shard it names
         folder = into / _untrusted(plain_name, Path(key).name, uri, "object name")
         folder.mkdir(parents=True, exist_ok=True)
