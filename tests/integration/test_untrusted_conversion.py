@@ -206,6 +206,17 @@ def arrow_allocations():
         pa.set_memory_pool(default)
 
 
+def refused_unread(bomb: Path) -> str:
+    """Why the corpus file ``bomb`` is refused, its one record the unreadable file's, with pyarrow having allocated
+    under 1 MiB for it (the process's address space bounded meanwhile)."""
+    with within(), arrow_allocations() as pool:
+        (source,) = sources_of([str(bomb)], "train", TextOf())
+        records = list(source.records())
+    assert pool.max_memory() < 1 << 20, f"{pool.max_memory():,} bytes at the peak"
+    assert [r.problem for r in records] == ["unreadable file (named in the summary)"]
+    return source.error
+
+
 def test_a_parquet_dictionary_value_that_decodes_to_gigabytes_is_refused_in_one_line_before_it_is(tmp_path):
     """A few KiB .parquet file whose dictionary page holds one 256 MiB value, which 8 rows point at (2 GiB of text;
     with 1 GiB, pyarrow decoded the page and a batch of its rows, 4 GiB at the peak, before a row was measured
@@ -217,12 +228,7 @@ def test_a_parquet_dictionary_value_that_decodes_to_gigabytes_is_refused_in_one_
     bomb = dictionary_bomb(corpus / "bomb.parquet", 1 << 28, 8)
     assert bomb.stat().st_size < 64 << 10
     small_corpus(corpus / "docs.jsonl")
-    with within(), arrow_allocations() as pool:
-        (source,) = sources_of([str(bomb)], "train", TextOf())
-        records = list(source.records())
-    assert pool.max_memory() < 1 << 20, f"{pool.max_memory():,} bytes at the peak"
-    assert [r.problem for r in records] == ["unreadable file (named in the summary)"]
-    assert source.error == (
+    assert refused_unread(bomb) == (
         f"UntrustedFile: {bomb}: refused: row group 1 of its column 'text' holds a page of 1 value(s) that decodes "
         f"to {(1 << 28) + 4:,} bytes: a value over the document cap of 67,108,864 bytes, which pyarrow would decode "
         "whole (raise VOCAGNO_MAX_DOCUMENT_BYTES if it is right)")
@@ -508,12 +514,7 @@ def test_a_compressed_arrow_batch_that_decodes_to_gigabytes_is_refused_in_one_li
         column = pa.DictionaryArray.from_arrays(pa.array([0, 1, 0], pa.int32()), column)
     bomb = compressed_arrow(tmp_path / "bomb.arrow", {"text": column}, kind)
     assert bomb.stat().st_size < 64 << 10
-    with within(), arrow_allocations() as pool:
-        (source,) = sources_of([str(bomb)], "train", TextOf())
-        records = list(source.records())
-    assert pool.max_memory() < 1 << 20, f"{pool.max_memory():,} bytes at the peak"
-    assert [r.problem for r in records] == ["unreadable file (named in the summary)"]
-    assert source.error == (
+    assert refused_unread(bomb) == (
         f"UntrustedFile: {bomb}: refused: its dictionaries decompress to {(1536 << 20) + 24:,} bytes or more, more "
         f"than the {1 << 30:,} they may (pyarrow holds them whole: write the file uncompressed, or without "
         "dictionary-encoding)" if dictionary else
