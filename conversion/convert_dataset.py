@@ -4,7 +4,7 @@
     python conversion/convert_dataset.py --input data/ more.jsonl --out-root shards/mine --workers 8
     python conversion/convert_dataset.py --out-root s3://bucket/owm --num-jobs 64 --job-index $SLURM_ARRAY_TASK_ID
 
-The input (``conversion/sources.py``: files, local or in an object store, compressed or not, a ``save_to_disk``
+The input (``vocagno/conversion/sources.py``: files, local or in an object store, compressed or not, a ``save_to_disk``
 folder, or a Hugging Face dataset; each document's text one field or a ``--text-template``) is split into parts of
 ``--docs-per-part`` documents (fewer where they would hold more than ``PART_BYTES``), taken in order from the job's
 source files (a part may span several small files);
@@ -23,7 +23,7 @@ as well. The run exits non-zero when it made no sample, when fewer than ``--min-
 were converted, or when a file could not be read.
 
 The corpus and the out-root's own files (settings, locks, job markers, parts' ``part.json`` and ``index.json``) may be
-someone else's: they are read through ``vocagno.doors.untrusted`` (``conversion/sources.py``, ``vocagno/data/outroots.py``), and a
+someone else's: they are read through ``vocagno.doors.untrusted`` (``vocagno/conversion/sources.py``, ``vocagno/data/outroots.py``), and a
 part is built in a fresh private folder (``vocagno.doors.writing.staging``) published by rename.
 """
 
@@ -56,7 +56,7 @@ from vocagno.data.outroots import (  # noqa: E402
     PART_STATS, OwnedLock, Output, all_jobs_done, check_or_write_settings, job_marker, merge_once, part_index,
     publish_dataset, unfinished_parts,
 )
-from conversion.sources import Record, Source, TextOf, parse_jsonl_line, sources_of  # noqa: E402
+from vocagno.conversion.sources import Record, Source, TextOf, parse_jsonl_line, sources_of  # noqa: E402
 from vocagno.data.shards import (  # noqa: E402
     COLUMNS, METADATA_FILE, SHARD_HASH, Encoder, Packer, ShardMetadata, TokenizerInfo, tokenizer_info,
 )
@@ -80,6 +80,10 @@ SHARD_BYTES = 1 << 26  # an MDS shard's size limit: a bigger part is written as 
 # by the parts' bytes whatever the documents are (an honest part of 5,000 OpenWebMath documents of ~10 KB is ~50 MB
 # as str, 100 MB where each holds a character past Latin-1, so it ends at 5,000 documents as ever).
 PART_BYTES = 1 << 28
+# The fields of the records skipped for lacking the text's field, counted by set of fields (at most FIELD_SETS sets a
+# part: a corpus's records may each have others), so a refusal names what --text-field could be.
+FIELDS = "fields of records skipped for lacking one: "
+FIELD_SETS = 4
 NOT_COUNTS = ("seconds", "sources")  # part.json entries that don't add up over parts
 NAMED = 20  # documents over the cap named in a summary (a job's marker names them all)
 # A part's unfinished folder: built under a staging name (``.part-SSSSS-BBBBBB.staging-XXXX``), or an earlier
@@ -102,6 +106,9 @@ def clean(record: Record, max_doc_chars: int, stats: Counter) -> list[str]:
     """
     if record.text is None:
         stats[f"skipped: {record.problem}"] += 1
+        fields = None if record.fields is None else FIELDS + record.fields
+        if fields in stats or (fields and sum(k.startswith(FIELDS) for k in stats) < FIELD_SETS):
+            stats[fields] += 1
         return []
     text = record.text
     if record.problem:
@@ -621,8 +628,10 @@ def _too_little(totals: Counter, min_converted: float, seq_len: int) -> str | No
     if converted < min_converted * read:
         hint = ("; --text-field NAME names the field holding the text (--text-template joins several)"
                 if any(k.startswith("skipped: missing ") for k in totals) else "")
+        fields = "; ".join(f"{k.removeprefix(FIELDS)}: {v:,}" for k, v in totals.most_common() if k.startswith(FIELDS))
+        fields = f" (the records without it have the fields: {fields})" if fields else ""
         return (f"only {converted:,} of {read:,} documents converted (--min-converted {min_converted}); skipped: "
-                f"{skipped or 'none'}{hint}")
+                f"{skipped or 'none'}{fields}{hint}")
     if totals["samples"] == 0:
         return (f"{converted:,} documents converted, but their {totals['student tokens']:,} student tokens make no "
                 f"sample of --seq-len {seq_len} (fewer than that per part)")
@@ -644,6 +653,7 @@ def print_summary(title: str, totals: Counter, output: Output, parts: list[str],
         f"documents converted:   {totals['documents converted']:,}",
     ]
     lines += [f"  {k}: {v:,}" for k, v in sorted(totals.items()) if k.split(":")[0] in ("skipped", "repaired", "kept")]
+    lines += [f"    {k}: {v:,}" for k, v in totals.most_common() if k.startswith(FIELDS)][:NAMED]
     over_cap = over_cap or []
     lines += [f"    skipped, over the document cap: {where}" for where in over_cap[:NAMED]]
     if len(over_cap) > NAMED:

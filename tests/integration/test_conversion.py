@@ -18,7 +18,7 @@ from at_once import open_dataset, read_metadata_of, run_at_once, write_many
 from helpers import assert_group_gone, command
 
 from conversion import convert_dataset
-from conversion.sources import TextOf, hub_sources
+from vocagno.conversion.sources import TextOf, hub_sources
 from vocagno import inspect as inspect_command
 from vocagno.errors import Refused
 from vocagno.core.alignment import align
@@ -327,6 +327,8 @@ def test_nasty_documents_are_all_accounted_for(tmp_path, monkeypatch):
     assert totals["repaired: invalid UTF-8 replaced by U+FFFD"] == 1
     assert totals["repaired: lone surrogates replaced by U+FFFD"] == 1
     assert totals["kept: contains NUL characters"] == 2
+    assert totals["fields of records skipped for lacking one: body"] == totals[
+        "fields of records skipped for lacking one: title"] == 1
     assert totals["repaired: longer than 1,000,000 characters, tokenized in pieces"] == 1
     assert totals["documents read"] == len(NASTY_LINES) + 2 + 1 + 3 + 1
     skipped = sum(v for k, v in totals.items() if k.startswith("skipped: "))
@@ -657,7 +659,7 @@ def test_a_corpus_with_another_text_field_is_refused_naming_the_flag_and_the_cor
     corpus.write_text("".join(json.dumps({"content": d, "id": i}) + "\n" for i, d in enumerate(docs)))
     message = converts(tmp_path / "shards", inputs=[corpus])
     assert message == (f"error: nothing published to {tmp_path / 'shards'}: only 0 of 40 documents converted "
-                       "(--min-converted 0.5); skipped: missing text field 'text': 40; --text-field NAME names the "
+                       "(--min-converted 0.5); skipped: missing text field 'text': 40 (the records without it have the fields: content, id: 40); --text-field NAME names the "
                        "field holding the text (--text-template joins several); the same command with corrected "
                        f"options starts afresh there (a corrected input file: delete {tmp_path / 'shards'} first)")
     assert converts(tmp_path / "shards", "--text-field", "content", inputs=[corpus]) == 0
@@ -708,7 +710,7 @@ def test_only_a_single_jobs_refused_conversion_is_started_afresh(tmp_path, capsy
 def test_a_parquet_without_the_text_column_counts_each_row_once(tmp_path):
     pq.write_table(pa.Table.from_pylist([{"body": "a"}, {"body": "b"}, {"body": "c"}]), tmp_path / "in.parquet")
     message = converts(tmp_path / "shards", inputs=[tmp_path / "in.parquet"])
-    assert "only 0 of 3 documents converted (--min-converted 0.5); skipped: missing text field 'text': 3" in message
+    assert "only 0 of 3 documents converted (--min-converted 0.5); skipped: missing text field 'text': 3 (the records without it have the fields: body: 3)" in message
 
 
 def test_bom_case_compression_and_ignored_files(tmp_path, capsys):
@@ -829,7 +831,7 @@ def test_a_long_document_cut_into_pieces_gives_the_tokens_of_the_whole(tokenizer
     from collections import Counter
 
     from conversion.convert_dataset import clean
-    from conversion.sources import Record
+    from vocagno.conversion.sources import Record
     from vocagno.data.shards import Encoder
 
     text = "alpha beta gamma\nThe integral ∫x²dx = x³/3 — 中文 😀 and  two  spaces. " * 60
@@ -912,6 +914,7 @@ def test_a_text_template_makes_the_text_of_several_fields_and_counts_records_wit
         out = convert(tmp_path / f"out-{name}", "--text-template", template, inputs=[tmp_path / name])
         totals = ShardMetadata.read(out).totals
         assert totals["documents converted"] == 59 and totals["skipped: missing field of the text template 'body'"] == 1
+        assert totals["fields of records skipped for lacking one: meta, n"] == 1
         texts[name] = "".join(s["text"] for s in read_samples(out, tmp_path))
     assert texts["qa.jsonl"] == texts["qa.parquet"] == texts["saved"]
     assert f"Problem 3 (#3)\n\n{records[3]['body'][:40]}" in texts["qa.jsonl"]

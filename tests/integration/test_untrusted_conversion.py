@@ -16,7 +16,7 @@ import pytest
 from bounded import within
 from test_conversion import converts, small_corpus
 
-from conversion.sources import PYTHON_BYTES, Record, TextOf, sources_of
+from vocagno.conversion.sources import PYTHON_BYTES, Record, TextOf, sources_of
 from vocagno.data.shards import ShardMetadata
 
 

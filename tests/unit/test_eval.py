@@ -204,7 +204,7 @@ def test_scores_of_a_limit_a_short_generation_or_overlong_prompts_are_marked_par
     assert results["bits_per_byte"]["file"] == str(tmp_path / "held.jsonl") and results["bits_per_byte"]["value"] > 1
     captured = capsys.readouterr()
     assert f"warning: GSM8K is scored partially, not as the benchmark is: {why}" in captured.err
-    assert "bits per byte on " in captured.out
+    assert "bits per byte on " in captured.out and re.search(r"bits per byte: 100%.*\| 1/1 ", captured.err)
     table = (out / "results.md").read_text()  # the model card (vocagno.export --eval) shows this table
     assert f"| {results['gsm8k']:.1f}* | {results['gsm8k']:.1f}* |" in table
     assert f"<p>* partial, not the benchmark's score: GSM8K: {why}</p>" in rendered(table)
@@ -269,6 +269,25 @@ def test_bits_per_byte_of_a_uniform_model(tokenizers, math_texts, name, max_posi
     n_bytes = sum(len(t.encode("utf-8")) for t in texts)
     got = bits_per_byte(Uniform(vocab, max_positions), tokenizer, texts)  # small windows: every token once
     assert got == pytest.approx(math.log2(vocab) * tokens / n_bytes, rel=1e-6)  # fp32 cross-entropy
+
+
+def test_a_document_longer_than_the_positions_is_scored_in_windows_with_half_a_window_of_context(tokenizers,
+                                                                                                 math_texts):
+    class Recording(Uniform):
+        def forward(self, input_ids):
+            windows.append(input_ids[0].tolist())
+            return super().forward(input_ids)
+
+    windows, tokenizer = [], tokenizers["llama2"]
+    text = math_texts[0]
+    tokens = [tokenizer.bos_token_id] + tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert len(tokens) > 40
+    bits_per_byte(Recording(len(tokenizer), max_positions=16), tokenizer, [text])
+    assert windows[0] == tokens[:16]  # the first window: all of its tokens scored
+    ends = [16 + 8 * k for k in range(1, len(windows))]
+    ends[-1] = len(tokens)  # the last window ends at the text's end
+    assert [w for w in windows[1:]] == [tokens[end - 16:end] for end in ends]  # 16 tokens, 8 of them context at least
+    assert len(windows) == 1 + -(-(len(tokens) - 16) // 8)
 
 
 def test_bits_per_byte_puts_tokenizers_on_one_scale(tokenizers, math_texts):
@@ -357,6 +376,48 @@ def test_bad_arguments_are_refused_with_a_message(args, message, tmp_path, capsy
     with pytest.raises(SystemExit) as exit:
         main(args)
     assert exit.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_bpb_reads_what_the_converter_reads_and_refuses_what_it_would_skip(tmp_path, capsys):
+    """``--bpb`` reads a file as the converter reads a corpus (``vocagno.conversion.sources``): a gzipped or
+    zstd-compressed .jsonl, a .parquet and a .txt give the same texts; a record without the field, a file that can't be
+    read to its end or of a type the converter doesn't read is refused in one line that says what to do."""
+    import gzip
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+
+    from vocagno.eval.__main__ import _read_texts
+
+    from vocagno.core.tokenization import ASSETS
+
+    texts = [json.loads(line)["text"] for line in open(ASSETS / "text" / "gsm8k_train_500.jsonl", encoding="utf-8")][:5]
+    lines = "".join(json.dumps({"id": i, "body": t}) + "\n" for i, t in enumerate(texts)).encode()
+    (tmp_path / "held.jsonl.gz").write_bytes(gzip.compress(lines))
+    (tmp_path / "held.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines))
+    pq.write_table(pa.Table.from_pylist([{"id": i, "body": t} for i, t in enumerate(texts)]), tmp_path / "held.parquet")
+    for name in ("held.jsonl.gz", "held.jsonl.zst", "held.parquet"):
+        assert _read_texts(tmp_path / name, "body") == texts, name
+    (tmp_path / "one.txt").write_text(texts[0], encoding="utf-8")
+    assert _read_texts(tmp_path / "one.txt") == [texts[0]]
+
+    def refusal(*args):
+        with pytest.raises(SystemExit) as exit:
+            main(["--model", "m", "--bpb", *map(str, args)])
+        error = capsys.readouterr().err.strip().splitlines()[-1]
+        assert exit.value.code == 2, error
+        return error
+
+    for name in ("held.jsonl.gz", "held.parquet"):  # the field misnamed: the record's fields and the flag
+        assert refusal(tmp_path / name).endswith(f"--bpb {tmp_path / name}: refused: document 1: missing text field "
+                                                 "'text' (its fields: id, body): name the text's field with --bpb-field")
+    (tmp_path / "cut.jsonl.gz").write_bytes(gzip.compress(lines)[:60])
+    assert f"--bpb {tmp_path / 'cut.jsonl.gz'}: refused: EOFError: " in refusal(tmp_path / "cut.jsonl.gz", "--bpb-field",
+                                                                                 "body")
+    (tmp_path / "held.csv").write_text("id,body\n")
+    assert "held.csv: unsupported file type (use .jsonl, .json, .parquet, .arrow, .txt, or .gz/.zst)" in refusal(
+        tmp_path / "held.csv")
 
 
 def test_nothing_evaluated_is_a_failure(tmp_path):

@@ -71,7 +71,7 @@ def test_the_conversion_summary_shows_corpus_file_names_as_escapes(tmp_path, cap
 
 
 def test_a_corpus_folders_ignored_file_names_are_shown_as_escapes(tmp_path, capsys):
-    from conversion.sources import local_sources
+    from vocagno.conversion.sources import local_sources
 
     (tmp_path / f"{ATTACK.replace('/', '')}.bin").write_text("x")
     (tmp_path / "docs.jsonl").write_text('{"text": "a"}\n')

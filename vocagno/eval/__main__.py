@@ -31,7 +31,7 @@ from vocagno.eval.benchmarks import (
 )
 from vocagno.eval.grading import is_equivalent
 from vocagno.shown import md_text, terminal
-from vocagno.doors.untrusted import UntrustedFile, read_bytes
+from vocagno.doors.untrusted import UntrustedFile, cap
 from vocagno.doors.writing import write_atomically
 
 
@@ -130,8 +130,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="the harness's --max_tokens_per_call (default: %(default)s)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--gold", action="store_true", help="grade the gold solutions as if a model wrote them")
-    parser.add_argument("--bpb", help="a .txt or .jsonl file: the model's bits per byte on its text")
-    parser.add_argument("--bpb-field", default="text", help="the field holding a .jsonl's text (default: %(default)s)")
+    parser.add_argument("--bpb", help="a file the converter reads (.jsonl, .json, .parquet, .arrow, .txt, any of them "
+                        ".gz or .zst): the model's bits per byte on its texts")
+    parser.add_argument("--bpb-field", default="text",
+                        help="the field holding each record's text (default: %(default)s)")
     args = parser.parse_args(argv)
     chosen = args.benchmarks if args.benchmarks is not None else "" if args.bpb else ",".join(BENCHMARKS)
     names = [b.strip() for b in chosen.split(",") if b.strip()]
@@ -153,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--bpb {args.bpb} is not a file")
         try:
             texts = [t for t in _read_texts(Path(args.bpb), args.bpb_field) if t]
-        except UntrustedFile as error:
+        except Refused as error:  # a file the converter's reader refuses, or can't take as one
             parser.error(terminal(f"--bpb {error}"))
         if not texts:
             parser.error(f"--bpb {args.bpb} holds no text")
@@ -168,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.bpb:
         from vocagno.training.metrics import bits_per_byte
 
-        value = bits_per_byte(model, tokenizer, texts)
+        value = bits_per_byte(model, tokenizer, tqdm(texts, desc="bits per byte", unit="doc", dynamic_ncols=True,
+                                                     mininterval=1.0))
         print(f"bits per byte on {terminal(args.bpb)} ({len(texts)} texts): {value:.4f}")
         if not names:
             return 0
@@ -221,26 +224,34 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _read_texts(path: Path, field: str = "text") -> list[str]:
-    """The texts of a ``.jsonl`` (each line's ``field``) or a text file, read within the ``json_bytes`` cap; a line
-    that is no JSON object with a string ``field``, or bytes that are no UTF-8, are refused (``UntrustedFile``)."""
-    data = read_bytes(path, cap_name="json_bytes")
-    try:
-        if path.suffix != ".jsonl":
-            return [data.decode("utf-8")]
-        texts = []
-        for number, line in enumerate(data.splitlines(), 1):
-            if line.strip():
-                row = json.loads(line)
-                if not isinstance(row, dict) or not isinstance(row.get(field), str):
-                    fields = f" (its fields: {', '.join(map(str, row))})" if isinstance(row, dict) else ""
-                    raise UntrustedFile(f"{path}: refused: line {number} has no string field {field!r}{fields}: "
-                                        "name the text's field with --bpb-field")
-                texts.append(row[field])
-        return texts
-    except ValueError as error:  # UnicodeDecodeError and json's errors
-        if isinstance(error, UntrustedFile):
-            raise
-        raise UntrustedFile(f"{path}: refused: not UTF-8 JSON lines ({str(error).splitlines()[0][:100]})") from None
+    """The texts of ``path`` as the converter reads a corpus file (``vocagno.conversion.sources``: .jsonl, .json,
+    .parquet, .arrow, .txt, any of them gzip- or zstd-compressed; a record's ``field``), held within the ``json_bytes``
+    cap in all. A record the converter would skip, or a file it can't read to its end, is refused (``UntrustedFile``),
+    naming the fields the record has: a score over some of a file's documents is no score of the file."""
+    from vocagno.conversion.sources import parse_jsonl_line, sources_of, TextOf
+
+    text_of, limit = TextOf(field), cap("json_bytes")
+    (source,) = sources_of([str(path)], "train", text_of)
+    texts, held = [], 0
+    for number, record in enumerate(source.records(), 1):
+        if isinstance(record, bytes):  # a JSON line, parsed where it is used (the converter's workers)
+            record = parse_jsonl_line(record, text_of)
+        if source.error:
+            raise UntrustedFile(f"{path}: refused: {source.error}")
+        if record.fields is not None:
+            raise UntrustedFile(f"{path}: refused: document {number:,}: {record.problem} (its fields: "
+                                f"{record.fields}): name the text's field with --bpb-field")
+        if record.text is None:
+            raise UntrustedFile(f"{path}: refused: document {number:,}: {record.problem}")
+        if record.problem:
+            raise UntrustedFile(f"{path}: refused: document {number:,}: {record.problem}: bits per byte are of the "
+                                "text as written")
+        held += len(record.text)
+        if held > limit:
+            raise UntrustedFile(f"{path}: refused: more than {limit:,} characters of text, more than the json_bytes "
+                                "cap holds at once (raise VOCAGNO_MAX_JSON_BYTES if it is right)")
+        texts.append(record.text)
+    return texts
 
 
 if __name__ == "__main__":

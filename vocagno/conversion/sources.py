@@ -61,6 +61,7 @@ class Record:
     text: str | None
     problem: str | None = None  # why text is None (skipped), or what was repaired while reading
     where: str | None = None  # where in its file a document over the cap is ("line 7"), for the summary to name it
+    fields: str | None = None  # a record skipped for lacking a field: the fields it has (``field_names``)
 
 
 def over_cap() -> str:
@@ -161,6 +162,12 @@ class TextOf:
         """The top-level fields the text is made of (the columns a .parquet or .arrow file is read for)."""
         return sorted({name.split(".")[0] for _, name in self.parts if name})
 
+    def missing(self, name: str, fields) -> Record:
+        """A record skipped for lacking the field ``name``, its reason naming the fields it has (``fields``: the keys
+        where ``name`` was looked up, or a file's columns), so the summary shows what ``--text-field`` could be."""
+        what = "text field" if self.template is None else "field of the text template"
+        return Record(None, f"missing {what} {name!r}", fields=field_names(fields))
+
     def __call__(self, obj) -> Record:
         if not isinstance(obj, dict):
             return Record(None, "not a JSON object")
@@ -170,16 +177,16 @@ class TextOf:
             pieces.append(literal)
             if not name:
                 continue
-            value = obj
+            value = holder = obj
             for key in name.split("."):
                 if not isinstance(value, dict) or key not in value:
-                    return Record(None, f"missing {what} {name!r}")
-                value = value[key]
+                    return self.missing(name, value if isinstance(value, dict) else ())
+                holder, value = value, value[key]
             if self.template is None:
                 if not isinstance(value, str):
                     return Record(None, f"text field is {type(value).__name__}, not a string")
             elif value is None:  # how .parquet and .arrow rows hold a field their record lacks
-                return Record(None, f"missing {what} {name!r}")
+                return self.missing(name, [k for k, v in holder.items() if v is not None])
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 value = str(value)
             elif not isinstance(value, str):
@@ -190,6 +197,19 @@ class TextOf:
         if len(text) > limit or (4 * len(text) > limit and len(text.encode("utf-8", "surrogatepass")) > limit):
             return _over_cap()
         return Record(text)
+
+
+SHOWN_FIELDS, SHOWN_FIELD_CHARS = 8, 40  # of a record's fields, how many a reason names, and of each name's characters
+
+
+def field_names(fields) -> str:
+    """``fields`` (a record's keys) as a reason names them: the first ``SHOWN_FIELDS``, each cut at
+    ``SHOWN_FIELD_CHARS`` characters (a corpus's names are anyone's; the summary shows them through ``terminal``)."""
+    names = [str(f) if len(str(f)) <= SHOWN_FIELD_CHARS else str(f)[:SHOWN_FIELD_CHARS] + "..."
+             for f in list(fields)[:SHOWN_FIELDS + 1]]
+    if not names:
+        return "none"
+    return ", ".join(names[:SHOWN_FIELDS]) + (", ..." if len(names) > SHOWN_FIELDS else "")
 
 
 def _numbered(records: Iterator[Record], what: str) -> Iterator[Record]:
@@ -618,10 +638,12 @@ def _batch_records(batch, text_of: TextOf) -> Iterator[Record]:
     """The records of a pyarrow record batch's rows, from the columns the text is made of. A row whose values there
     hold more than the ``document_bytes`` cap (as pyarrow measures them, ``_value_bytes``) is skipped as over the
     cap without being made a Python object; the others are made Python objects ``PYTHON_BYTES`` at a time."""
-    columns = [c for c in text_of.columns if c in batch.schema.names]  # a missing one: counted per record
-    if not columns:
-        yield from (text_of({}) for _ in range(batch.num_rows))
+    absent = [name for _, name in text_of.parts if name and name.split(".")[0] not in batch.schema.names]
+    if absent:  # a column the file lacks, every row lacks: counted per record, naming the file's columns
+        record = text_of.missing(absent[0], batch.schema.names)
+        yield from (Record(None, record.problem, fields=record.fields) for _ in range(batch.num_rows))
         return
+    columns = text_of.columns
     batch = batch.select(columns)
     sizes = sum(_value_bytes(batch.column(c)) for c in columns)
     limit, begin = cap("document_bytes"), 0
@@ -644,7 +666,13 @@ def _read_parquet(path: CorpusFile, text_of: TextOf) -> Iterator[Record]:
 
     data = _mapped(path)
     parquet = pq.ParquetFile(pa.BufferReader(data))
-    columns = [c for c in text_of.columns if c in parquet.schema_arrow.names]
+    names = parquet.schema_arrow.names
+    absent = [name for _, name in text_of.parts if name and name.split(".")[0] not in names]
+    if absent:  # a column the file lacks, every row lacks: counted per row, naming the file's columns, none read
+        missing = text_of.missing(absent[0], names)
+        yield from (Record(None, missing.problem, fields=missing.fields) for _ in range(parquet.metadata.num_rows))
+        return
+    columns = text_of.columns
     largest = _largest_pages(memoryview(data), parquet, columns, path)
     # A value lies in one page: a batch of n rows decodes to at most n times the largest page of each column read.
     leaves = sum(column.path.split(".")[0] in columns for column in parquet.schema)
