@@ -272,3 +272,31 @@ def test_a_compiled_teacher_cannot_resume_what_an_uncompiled_one_scored(scored, 
     with pytest.raises(Refused, match="compile_config"):
         scoring.score(str(scored / "shards"), out, compiled, "cpu", 640)
     assert compiled.at_initialization(0).scorer().compile_config == {}  # its control is compiled as it is
+
+
+def test_the_progress_bar_counts_every_batch_towards_its_total(scored, tmp_path, monkeypatch):
+    """The scoring pass's bar has the shards' samples as its total and moves after each batch, not each part: a
+    dataset of one large shard shows its progress as it is scored."""
+    bars = []
+
+    class Bar:
+        def __init__(self, total, **options):
+            self.total, self.updates, self.postfix = total, [], None
+            bars.append(self)
+
+        def update(self, rows):
+            self.updates.append(rows)
+
+        def set_postfix_str(self, text):
+            self.postfix = text
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(scoring, "tqdm", Bar)
+    assert score.main(["--shards", str(scored / "shards"), "--teacher", str(scored / "teacher"), "--out",
+                       str(tmp_path / "scored"), "--dtype", "float32", "--batch-tokens", "128", "--device", "cpu"]) == 0
+    (bar,) = bars
+    assert bar.total == sum(shard_sizes(scored / "shards")) == sum(bar.updates)
+    assert len(bar.updates) > PARTS and max(bar.updates) <= 2  # rows of 64 tokens, 128 a batch
+    assert bar.postfix.endswith(" teacher tok/s per device")

@@ -598,6 +598,10 @@ def test_the_two_teacher_yaml_trains_with_both_and_ends_with_what_each_keeps(tin
                range(1, 5))
     output = result.stdout + result.stderr
     assert "what the teacher keeps:" in output and "math" in output and "latex" in output
+    line = re.search(r"^\[batch 4/4\] .* \| kept [0-9.]+ \| shares math ([0-9.]+) latex ([0-9.]+) \| lr ", output,
+                     re.M)  # each teacher's share on the console line, as logged
+    assert line and list(line.groups()) == [f'{steps[trained[-1]][f"vocagno/teacher_share/{n}"]:.2f}'
+                                          for n in ("math", "latex")], [l for l in output.splitlines() if "[batch" in l]
 
 
 

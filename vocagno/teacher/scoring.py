@@ -21,6 +21,7 @@ import os
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -95,14 +96,20 @@ def score(shards: str, output: Output, teacher: Teacher, device: str, batch_toke
         for i in mine:
             name = _part(i)
             done_there = output.pull(f"{name}/{PART_STATS}")
+            def scored(rows: int, teacher_tokens: int) -> None:  # a batch's: the bar moves within a part
+                nonlocal tokens
+                tokens += teacher_tokens
+                progress.update(rows)
+                progress.set_postfix_str(f"{tokens / (time.perf_counter() - begin):,.0f} teacher tok/s per device")
+
             if not done_there and not (output.local / name / PART_STATS).exists():
-                tokens += _score_part(shards_root, index["shards"][i], output.local / name, scorer, device,
-                                      batch_tokens, column, side)
+                _score_part(shards_root, index["shards"][i], output.local / name, scorer, device, batch_tokens,
+                            column, side, scored)
+            else:  # scored before this run
+                progress.update(index["shards"][i]["samples"])
             if not done_there:  # scored now, or scored here before an upload broke off
                 output.publish_part(name)
             samples += index["shards"][i]["samples"]
-            progress.update(index["shards"][i]["samples"])
-            progress.set_postfix_str(f"{tokens / (time.perf_counter() - begin):,.0f} teacher tok/s per device")
         progress.close()
         write_atomically(output.local / f"{marker}.json", json.dumps({"parts": [_part(i) for i in mine]}))
         output.publish(f"{marker}.json")
@@ -189,9 +196,11 @@ def _other_teacher_rows(samples: list[dict], side) -> tuple[list[np.ndarray], li
 
 @torch.no_grad()
 def _score_part(shards_root: Path, info: dict, final: Path, scorer: TeacherScorer, device: str,
-                batch_tokens: int, column: str | None = None, side=None) -> int:
+                batch_tokens: int, column: str | None = None, side=None,
+                scored_batch: Callable[[int, int], None] = lambda rows, tokens: None) -> int:
     """Score one input shard into the part ``final``; return its teacher tokens. ``column``: a further teacher of a
-    set, whose tokens ``side`` makes (``vocagno.teacher.teacher.Teacher.column``)."""
+    set, whose tokens ``side`` makes (``vocagno.teacher.teacher.Teacher.column``). ``scored_batch(rows, teacher
+    tokens)`` after each batch (the progress bar)."""
     from streaming import MDSWriter
 
     begin = time.perf_counter()
@@ -211,6 +220,7 @@ def _score_part(shards_root: Path, info: dict, final: Path, scorer: TeacherScore
         scored = scorer(ids.to(device), mask.to(device)).float().cpu().numpy()
         for b, i in enumerate(batch):
             losses[i] = scored[b, : len(rows[i])].astype(np.float16)
+        scored_batch(len(batch), sum(len(rows[i]) for i in batch))
     # One shard per part (no size limit): the scored dataset's shards hold the input's samples, shard for shard.
     kept = dict(zip(info["column_names"], info["column_encodings"]))  # earlier passes' columns too (checked)
     columns = {**kept, **(SCORED_COLUMNS if column is None else {loss_column(column): "ndarray",

@@ -14,6 +14,7 @@ from composer.loggers import Logger, LoggerDestination
 from composer.utils import dist
 
 from vocagno.doors.writing import append
+from vocagno.shown import terminal
 from vocagno.data.batch import SELECTED
 
 __all__ = ["ConsoleLine", "JSONLinesLogger", "Narration", "RunPicture", "RunRecipe", "SampleLog"]
@@ -35,11 +36,14 @@ class JSONLinesLogger(LoggerDestination):
 
 
 # What the console line shows, in its order: (label, the metrics that give it, first one logged wins, its format).
+# A key ending in "/" is a prefix: every metric under it, by the name after it (several teachers' shares).
+TEACHER_SHARES = "vocagno/teacher_share/"
 CONSOLE_FIGURES = [
     ("loss", ("loss/train/total",), "{:.4f}"),
     ("student", ("loss/train/student_loss",), "{:.3f}"),
     ("teacher", ("loss/train/teacher_loss",), "{:.3f}"),
     ("kept", ("loss/train/kept_fraction",), "{:.3f}"),
+    ("shares", (TEACHER_SHARES,), "{:.2f}"),
     ("tok/s", ("throughput/tokens_per_sec", "throughput/device/tokens_per_sec"), "{:,.0f}"),
     ("lr", ("lr-DecoupledAdamW/group0",), "{:.2e}"),
     ("held-out bits/byte", ("metrics/eval/BitsPerByte",), "{:.4f}"),
@@ -49,7 +53,7 @@ CONSOLE_FIGURES = [
 class ConsoleLine(LoggerDestination):
     """One line on the console per ``every`` batches (and at the last), on the first rank: the batch and the figures
     a user watches (``CONSOLE_FIGURES``: the loss, the student's and the teacher's, the kept fraction, tokens per
-    second, the learning rate). An evaluation's held-out bits per byte joins the line of the batch it was measured
+    second, the learning rate; with several teachers each one's share of the kept mapped tokens). An evaluation's held-out bits per byte joins the line of the batch it was measured
     at, or, where that batch's line is past (an evaluation at an epoch's end) or not printed, gets a line of its own.
     Every metric stays in the other loggers (``jsonl``)."""
 
@@ -84,13 +88,19 @@ class ConsoleLine(LoggerDestination):
 
     def _say(self, line: str) -> None:
         if dist.get_global_rank() == 0:
-            print(line, flush=True)
+            print(terminal(line), flush=True)  # a teacher's name is the yaml's
 
     def line(self, state: State, shown: list) -> str:
         total = state.max_duration.value if state.max_duration is not None and state.max_duration.unit.value == "ba" \
             else "?"
         figures = []
         for label, keys, form in shown:
+            if keys[0].endswith("/"):
+                each = [f"{k.removeprefix(keys[0])} {form.format(v)}" for k, v in self._latest.items()
+                        if k.startswith(keys[0])]
+                if each:
+                    figures.append(f"{label} {' '.join(each)}")
+                continue
             value = next((self._latest[k] for k in keys if k in self._latest), None)
             if value is not None:
                 figures.append(f"{label} {form.format(value)}")
