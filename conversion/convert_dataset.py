@@ -63,7 +63,7 @@ from vocagno.data.shards import (  # noqa: E402
 from vocagno.core.tokenization import load_tokenizer  # noqa: E402
 from vocagno.shown import terminal  # noqa: E402
 from vocagno.doors.untrusted import UntrustedFile, plain_name, read_json  # noqa: E402
-from vocagno.entry import run  # noqa: E402
+from vocagno.entry import Parser, run  # noqa: E402
 from vocagno.doors.writing import make_readable, publish, remove, staging, write_atomically  # noqa: E402
 from vocagno.memory import return_freed_memory  # noqa: E402
 
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python conversion/convert_dataset.py",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,

@@ -11,11 +11,11 @@ vocabulary overlap of the pair, and the mean IoU/IoS at token level and of chunk
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
 
+from vocagno.entry import Parser
 from vocagno.core.alignment import align, alignment_quality, chunk_overlap, vocab_overlap
 from vocagno.core.tokenization import encode_with_offsets, load_tokenizer
 from vocagno.shown import terminal
@@ -23,7 +23,7 @@ from vocagno.doors.untrusted import UntrustedFile, read_bytes
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vocagno.align", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m vocagno.align", description=__doc__.split("\n\n")[0])
     parser.add_argument("--student", required=True, help="student tokenizer: folder, shipped name or HF name")
     parser.add_argument("--teacher", required=True, help="teacher tokenizer: folder, shipped name or HF name")
     source = parser.add_mutually_exclusive_group(required=True)
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         text = args.text if args.text is not None else \
             read_bytes(args.file, cap_name="document_bytes").decode("utf-8")
     except (OSError, UnicodeDecodeError, UntrustedFile) as error:
-        parser.error(terminal(f"--file {args.file}: {error.strerror if isinstance(error, OSError) else error}"))
+        parser.error(f"--file {args.file}: {error.strerror if isinstance(error, OSError) else error}")
     student, teacher = load_tokenizer(args.student), load_tokenizer(args.teacher)
     add_special = not args.no_special_tokens
     s_ids, s_offsets = encode_with_offsets(student, text, add_special_tokens=add_special)

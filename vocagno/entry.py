@@ -9,11 +9,12 @@ them; what it quotes of a file shown as ``vocagno.shown.terminal`` shows it), or
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from typing import Callable, NoReturn
 
-__all__ = ["MISTAKES", "TRACEBACK", "run", "one_line"]
+__all__ = ["MISTAKES", "TRACEBACK", "Parser", "run", "one_line"]
 
 TRACEBACK = "VOCAGNO_TRACEBACK"  # set to 1: a mistake's traceback, not its line
 MISTAKES: tuple[type[BaseException], ...] = (ValueError, OSError)
@@ -24,6 +25,18 @@ def one_line(error: BaseException) -> str:
     """An error's message as one line, without a leading ``error: `` of its own."""
     text = " ".join(str(error).split()) or type(error).__name__
     return text.removeprefix("error: ")
+
+
+class Parser(argparse.ArgumentParser):
+    """The command lines' argument parser: a mistake in the arguments (argparse's own, or one a command finds in
+    them) ends as every other refusal does, in one line ``error: ...`` that says where the usage is, exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        from vocagno.shown import terminal
+
+        print(f"error: {terminal(one_line(message))} ({self.prog} --help shows the usage)", file=sys.stderr,
+              flush=True)
+        sys.exit(MISTAKE_EXIT)
 
 
 def run(main: Callable[[], int | None], mistakes: tuple[type[BaseException], ...] = ()) -> NoReturn:

@@ -13,7 +13,6 @@ unless ``--overwrite``. ``AutoModelForCausalLM.from_pretrained(OUT)`` then gives
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import json
 import os
@@ -22,6 +21,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf as om
 
+from vocagno.entry import Parser
 from vocagno.algorithms.vocagno_lm import VocAgnoLM
 from vocagno.training.checkpoint import DTYPES, BadCheckpoint, fetch, model_from_checkpoint, recipe, recipe_config
 from vocagno.shown import md_code, md_fence, md_text, terminal
@@ -255,7 +255,7 @@ def _data(dataset) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vocagno.export", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m vocagno.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", help="a .pt, a sharded checkpoint folder, or a save folder; local or s3://...")
     parser.add_argument("out", help="the Hugging Face folder to write")
     parser.add_argument("--dtype", choices=sorted(DTYPES), help="the weights' dtype (default: the run's precision)")

@@ -15,6 +15,7 @@ from collections import Counter
 
 import numpy as np
 
+from vocagno.entry import Parser
 from vocagno.core.alignment import align, alignment_quality, vocab_overlap
 from vocagno.data.dataset import TeacherGuidedDataset
 from vocagno.core.tokenization import load_tokenizer
@@ -24,7 +25,7 @@ from vocagno.diagnostics.pages import script_json
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vocagno.inspect", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m vocagno.inspect", description=__doc__.split("\n\n")[0])
     parser.add_argument("--shards", required=True, help="a folder written by conversion/convert_dataset.py")
     parser.add_argument("--index", type=int, default=0, help="the sample to show")
     parser.add_argument("--html", help="also write the sample as an HTML page here")

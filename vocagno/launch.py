@@ -21,6 +21,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from vocagno.entry import Parser
+
 __all__ = ["node_command", "main"]
 
 TRAIN_SCRIPT = Path(__file__).resolve().parent.parent / "train.py"
@@ -71,7 +73,7 @@ def node_command(job: str, job_args: list[str], *, nodes: int, node_rank: int, n
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vocagno.launch", description=__doc__.split("\n\n")[0],
+    parser = Parser(prog="python -m vocagno.launch", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     parser.add_argument("--nodes", type=int, required=True, help="nodes in the run")

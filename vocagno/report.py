@@ -18,13 +18,13 @@ and plots bits per byte against the top-k ratio.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import statistics
 import sys
 from pathlib import Path
 
+from vocagno.entry import Parser
 from vocagno.eval.benchmarks import BENCHMARKS, TITLES, checked_partial, checked_results
 from vocagno.shown import md_text, terminal
 from vocagno.doors.untrusted import UntrustedFile, read_json
@@ -199,7 +199,7 @@ def plot_miniature(result: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vocagno.report", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m vocagno.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="*", type=Path, help="python -m vocagno.eval --output folders")
     parser.add_argument("--miniature", type=Path, help="experiments/miniature.py's miniature.json, instead of runs")
     parser.add_argument("--baseline", help="the run the gains are relative to, by its name in the table (default: "
@@ -216,11 +216,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             result = read_json(args.miniature)
         except UntrustedFile as error:
-            parser.error(terminal(error))
+            parser.error(error)
         try:
             print(miniature_table(result))
         except (KeyError, TypeError, ValueError, AttributeError, statistics.StatisticsError) as error:
-            parser.error(terminal(f"{args.miniature}: refused: not experiments/miniature.py's result ({error!r})"))
+            parser.error(f"{args.miniature}: refused: not experiments/miniature.py's result ({error!r})")
         if args.plot:
             plot_miniature(result, args.plot)
             print(terminal(f"wrote {args.plot}"))
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give python -m vocagno.eval --output folders, or --miniature")
     names = run_names(args.runs)
     if len(set(names)) < len(names):
-        parser.error(terminal(f"a run is given twice: {', '.join(sorted({n for n in names if names.count(n) > 1}))}"))
+        parser.error(f"a run is given twice: {', '.join(sorted({n for n in names if names.count(n) > 1}))}")
     # A folder without results.json, or one refused, ends the command in one line (vocagno.entry).
     results = {name: _results(folder) for name, folder in zip(names, args.runs)}  # each read once
     runs = {name: checked_results(one, str(folder / "results.json"))
@@ -242,10 +242,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{TITLES.get(b, b)}: {why}" for b, why in reasons.items())), file=sys.stderr)
     named_cpt = [name for name in runs if "cpt" in Path(name).name.lower()]
     if args.baseline is None and len(named_cpt) > 1:
-        parser.error(terminal(f"two or more runs are named *cpt* ({', '.join(named_cpt)}): choose one with --baseline"))
+        parser.error(f"two or more runs are named *cpt* ({', '.join(named_cpt)}): choose one with --baseline")
     baseline = args.baseline or next(iter(named_cpt), None)
     if baseline is not None and baseline not in runs:
-        parser.error(terminal(f"--baseline {baseline} is not one of the runs: {', '.join(runs)}"))
+        parser.error(f"--baseline {baseline} is not one of the runs: {', '.join(runs)}")
     print(results_table(runs, baseline, partial))
     if args.plot:
         placed = plot(runs, args.plot, args.x_key, args.x_label)

@@ -27,10 +27,10 @@ student's (``TeacherSide``), into ``teacher_loss.NAME`` with its alignment ``ali
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 
+from vocagno.entry import Parser
 from vocagno.core.kernels import DEFAULT_KERNELS, KERNELS, check_chunk_size, check_kernels, check_on_gpu
 from vocagno.core.loss import CHUNK_SIZE
 from vocagno.data.outroots import Output
@@ -44,7 +44,7 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vocagno.score", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m vocagno.score", description=__doc__.split("\n\n")[0])
     parser.add_argument("--shards", required=True, help="a local folder of vocagno shards (the converter's)")
     teacher = parser.add_mutually_exclusive_group(required=True)
     teacher.add_argument("--teacher", help="the teacher: a Hugging Face name or folder")

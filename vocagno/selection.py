@@ -61,11 +61,13 @@ import pickle
 from pathlib import Path
 
 
+from vocagno.entry import Parser
 from vocagno.errors import Refused
 from vocagno.diagnostics.canaries import NOISE
 from vocagno.data.shards import (COLUMNS, METADATA_FILE, TEACHER_NAME, ShardMetadata, check_teacher_name,
     describe_tokenizer)
 from vocagno.doors.writing import write_atomically
+from vocagno.shown import terminal
 from vocagno.diagnostics.selection.report import Report
 from vocagno.diagnostics.selection.settings import Settings
 from vocagno.diagnostics.selection.run import run, same_sources
@@ -77,7 +79,7 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vocagno.selection", description=__doc__.split("\n\n")[0],
+    parser = Parser(prog="python -m vocagno.selection", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 2)[2])
     parser.add_argument("--shards", action="append",
@@ -114,14 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     report = _main(args)
     if report is None:
         return 0
-    print(report.table())
-    print(f"({report.seconds:.0f} s)")
     if args.json:
         write_atomically(args.json, json.dumps(report.as_json(), indent=1, allow_nan=False) + "\n")
-        print(f"wrote {args.json}")
+        print(f"wrote {terminal(args.json)}")
     if args.html:
         write_atomically(args.html, report.page(f"What the teacher keeps: {', '.join(args.shards or report.sources)}"))
-        print(f"wrote {args.html}")
+        print(f"wrote {terminal(args.html)}")
+    print(f"({report.seconds:.0f} s)")
+    print(report.table())  # it ends with the verdict
     return 0
 
 

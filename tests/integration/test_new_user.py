@@ -127,3 +127,126 @@ def test_a_new_users_path_from_their_corpus_to_a_model_transformers_loads(tmp_pa
                                 "print(model.generate(ids, max_new_tokens=5, do_sample=False).shape[1] - "
                                 "ids.shape[1])"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert generated.returncode == 0 and generated.stdout.strip() == "5", generated.stderr[-3000:]
+
+
+def test_a_second_users_path_a_parquet_a_bare_teacher_folder_two_vocabularies_a_gzipped_held_out_file(
+        tmp_path, capsys, monkeypatch):
+    """Another user's path, with what they have: a .parquet corpus whose text is in a field ``body``, a gzipped
+    held-out .jsonl, a colleague's teacher folder of weights without tokenizer files, and a second teacher of another
+    vocabulary (DeepSeek's beside Mistral's). Each mistake on the way is answered in one line ``error: ...`` naming the
+    fix in the words the user typed; what they run says what it does: the selection report's verdict, the run's plan
+    and each teacher's share on its console line, the bits per byte of the gzipped file."""
+    import gzip
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from helpers import command
+    from omegaconf.errors import OmegaConfBaseException
+    from yaml import YAMLError
+
+    import train
+    from conversion import convert_dataset
+    from vocagno import score, selection
+    from vocagno.core.tokenization import ASSETS, shipped_model_dir
+    from vocagno.entry import run as entry_run
+    from vocagno.eval.__main__ import main as eval_main
+
+    monkeypatch.chdir(tmp_path)
+
+    def last_error(result) -> str:
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and lines and lines[-1].startswith("error: "), result.stderr[-3000:]
+        assert sum(line.startswith("error: ") for line in lines) == 1 and "Traceback" not in result.stderr
+        return lines[-1]
+
+    def train_command(*argv):  # train.py in this process, ended as its command line ends it
+        monkeypatch.setattr(sys, "argv", ["train.py", *map(str, argv)])
+        handler = signal.getsignal(signal.SIGTERM)
+        capsys.readouterr()
+        try:
+            entry_run(train.cli, mistakes=(OmegaConfBaseException, YAMLError))
+            code = 0
+        except SystemExit as exit:
+            code = exit.code
+        finally:
+            signal.signal(signal.SIGTERM, handler)
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(argv, code, out, err)
+
+    texts = [json.loads(line)["text"] for line in open(ASSETS / "text" / "gsm8k_train_500.jsonl", encoding="utf-8")]
+    pq.write_table(pa.Table.from_pylist([{"name": f"doc{i}", "body": t} for i, t in enumerate(texts[:30])]),
+                   "docs.parquet")
+    held = [json.loads(line)["text"] for line in open(ASSETS / "text" / "gsm8k_heldout_100.jsonl", encoding="utf-8")]
+    Path("held.jsonl.gz").write_bytes(gzip.compress("".join(json.dumps({"id": i, "body": t}) + "\n"
+                                                            for i, t in enumerate(held[:24])).encode()))
+    tokenizers = ["--student-tokenizer", "llama2", "--teacher-tokenizer", "mistral", "--seq-len", "64"]
+
+    # The converter without --text-field: the records' fields and the flag; then the corpus and the held-out file.
+    docs = ["--input", "docs.parquet", *tokenizers, "--out-root", "shards/docs"]
+    assert ("(the records without it have the fields: name, body: 30); --text-field NAME names the field holding "
+            "the text") in last_error(command(convert_dataset.main, docs, capsys))
+    assert command(convert_dataset.main, [*docs, "--text-field", "body"], capsys).returncode == 0
+    assert command(convert_dataset.main, ["--input", "held.jsonl.gz", "--text-field", "body", *tokenizers,
+                                          "--out-root", "shards/held"], capsys).returncode == 0
+
+    # A colleague's teacher: weights without tokenizer files.
+    Path("colleague").mkdir()
+    for path in shipped_model_dir("tiny-math-teacher").iterdir():
+        if not path.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(path, Path("colleague") / path.name)
+    report = ["--shards", "shards/held", "--samples", "16", "--canaries", "0.5", "--dtype", "float32"]
+    assert last_error(command(selection.main, [*report, "--teacher", "colleague"], capsys)).endswith(
+        "add --teacher-tokenizer NAME_OR_FOLDER")
+    assert last_error(command(selection.main, [*report, "--teacher", "math=colleague", "--teacher",
+                                               "latex=tiny-latex-teacher"], capsys)).endswith(
+        "give it as teachers.NAME.tokenizer in a yaml, with --config YAML (several --teacher take each one's folder's "
+        "tokenizer)")
+    kept = command(selection.main, [*report, "--teacher", "colleague", "--teacher-tokenizer", "mistral"], capsys)
+    assert kept.returncode == 0 and kept.stdout.strip().splitlines()[-1].startswith(
+        "verdict: the teacher separates this corpus's useful tokens: its top-k keeps "), kept.stdout[-2000:]
+    assert last_error(command(score.main, ["--shards", "shards/dcos", "--teacher", "colleague", "--out", "x"],
+                              capsys)).startswith(
+        "error: --shards shards/dcos holds no shards: convert a corpus into it first (python "
+        "conversion/convert_dataset.py --input FILE --out-root shards/dcos ...")
+
+    # Two teachers of two vocabularies in a yaml of their own, beside the checkout's yamls.
+    assert train_command("--help").stdout.startswith("usage: composer train.py YAML")
+    teachers = ("teachers:\n  math: {name_or_path: colleague, tokenizer: mistral, dtype: float32}\n"
+                "  latex: {name_or_path: tiny-latex-teacher, tokenizer: deepseek-llm, dtype: float32}\n"
+                "run_name: two\nvariables: {data: shards/docs, heldout: shards/held, seq_len: 64}\n"
+                "selection_report: null\nloggers: {picture: null}\nprogress_bar: false\n")
+    Path("two.yaml").write_text("base: tiny.yaml\n" + teachers)
+    where = last_error(train_command("two.yaml"))
+    assert "two.yaml" in where and f"base: {REPO / 'yamls' / 'tiny.yaml'}" in where, where
+    Path("two.yaml").write_text(f"base: {REPO / 'yamls' / 'tiny.yaml'}\n" + teachers)
+    assert last_error(train_command("two.yaml")).endswith("set teacher: null beside your teachers:")
+    Path("two.yaml").write_text(f"base: {REPO / 'yamls' / 'tiny.yaml'}\nteacher: null\n" + teachers)
+    cached = last_error(train_command("two.yaml", "algorithms.vocagno.teacher_losses=cached", "max_duration=2ba"))
+    assert cached.endswith("the training shards (shards/docs) carry no losses of teacher 'math' (it reads the shards' "
+                           "teacher tokens): score them with each teacher of the set in turn, each pass on the one "
+                           "before's output (python -m vocagno.score --shards shards/docs --config YAML --name math "
+                           "--out SCORED, then --name latex: docs/training.md) and train on the last"), cached
+
+    # The run says what it will do, and each teacher's share on its console line.
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    trained = forked.run([sys.executable, str(REPO / "train.py"), "two.yaml", "max_duration=2", "eval_interval=0",
+                          "console_log_interval=2ba", "save_folder=runs/two", "save_interval=2ba"],
+                         cwd=tmp_path, env=env, timeout=600)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert "max_duration 2 is 2 epochs: a number without a unit is epochs to Composer (write 2ba for batches)" in (
+        trained.stdout)
+    assert re.search(r"^\[batch \d+/\?\] .* \| kept [0-9.]+ \| shares math [0-9.]+ latex [0-9.]+ \|", trained.stdout,
+                     re.M), trained.stdout[-3000:]
+    again = last_error(train_command("two.yaml", "max_duration=2ba", "eval_interval=0", "save_folder=runs/two"))
+    assert "autoresume" in again and "save_overwrite" in again and "overwrite=True" not in again, again
+
+    # The held-out file as it is, gzipped: its field misnamed, then its bits per byte with a progress bar.
+    model = sorted(Path("runs/two").glob("ep*-ba*-rank0.pt"))[-1]
+    assert last_error(command(eval_main, ["--model", model, "--bpb", "held.jsonl.gz", "--device", "cpu"],
+                              capsys)).endswith("missing text field 'text' (its fields: id, body): name the text's "
+                                                "field with --bpb-field (python -m vocagno.eval --help shows the usage)")
+    measured = command(eval_main, ["--model", model, "--bpb", "held.jsonl.gz", "--bpb-field", "body", "--device",
+                                   "cpu"], capsys)
+    assert measured.returncode == 0 and re.search(r"bits per byte: 100%.*\| 24/24 ", measured.stderr)
+    assert re.fullmatch(r"bits per byte on held.jsonl.gz \(24 texts\): [0-9.]+", measured.stdout.strip())

@@ -284,6 +284,60 @@ def test_the_json_report_is_strict_json_a_mean_over_no_tokens_is_null():
     assert "nan" in report.table()
 
 
+def verdict_of(topk, clean_share=0.479, untrained=None, chunk=None, canaries=0.5, student="a checkpoint"):
+    """The verdict of a report whose variants kept these precisions."""
+    def variant(precision):
+        return {"precision": precision, "recall": 0.5, "kept_share": {"clean": 0.5, "shuffled_words": 0.2}}
+
+    variants = {"topk": variant(topk), "random": variant(clean_share)}
+    if untrained is not None:
+        variants["untrained_teacher"] = variant(untrained)
+    if chunk is not None:
+        variants["chunk_4"] = variant(chunk)
+    return Report(kinds=["clean", "shuffled_words"], settings=Settings(), teacher="t", student=student, rows=1,
+                  tokens=10, mapped=8, clean_share=clean_share if canaries else 1.0, canaries=canaries,
+                  variants=variants, losses={}, kept_histogram={}, unmapped_kept=0, dropped_tokens=0).verdict()
+
+
+def test_the_verdict_says_whether_guidance_can_help_from_the_miniatures_thresholds():
+    """docs/selection.md#the-verdict: a lift over the clean share of +0.15 or more separates (the miniature's top 40%
+    that beat plain: +0.19); under +0.05 does not (a teacher at +0.037, 0.516 against 0.479, made training worse than
+    plain); between, weak; a teacher no better than itself at initialization does not separate either."""
+    from vocagno.diagnostics.selection.report import NO_SEPARATION, SEPARATES
+
+    assert (SEPARATES, NO_SEPARATION) == (0.15, 0.05)
+    miniature = verdict_of(0.703, clean_share=0.512, untrained=0.51)
+    assert miniature.level == "separates" and miniature.advice == [] and miniature.lift == pytest.approx(0.191)
+    assert "its top-k keeps 0.703 clean against a clean share of 0.512 (+0.191)" in miniature.line
+    hurt = verdict_of(0.516, clean_share=0.479)  # the teacher that made training worse than plain
+    assert hurt.level == "does not separate" and "expect no gain over plain training" in hurt.line
+    assert hurt.advice[-1] == "or train plain" and any("a teacher trained on this corpus's domain" in a
+                                                       for a in hurt.advice)
+    assert verdict_of(0.58, clean_share=0.479).level == "weak"
+    no_better = verdict_of(0.70, clean_share=0.50, untrained=0.68)  # what a trained student alone ranks
+    assert no_better.level == "does not separate" and "no better than the same teacher at initialization" in (
+        no_better.line)
+    flat = verdict_of(0.52, clean_share=0.479, chunk=0.70, student="at initialization (ln 32,000 per token)")
+    assert flat.advice[0].startswith("chunk_4 keeps cleaner text here (0.700)") and "--student CHECKPOINT" in (
+        flat.advice[1])
+    none = verdict_of(1.0, canaries=0.0)
+    assert none.level == "no verdict" and "add --canaries 0.5" in none.line
+
+
+def test_the_report_ends_with_its_verdict_on_the_terminal_the_json_and_the_page(measured, heldout, capsys):
+    """The shipped teacher on held-out GSM8K separates (0.670 against 0.455: docs/selection.md); the command's last
+    line is the verdict; --json and the page's verdict box say the same."""
+    report, page = measured
+    assert report["verdict"]["level"] == "separates", report["verdict"]
+    data = json.loads(page.split("const data = ", 1)[1].split(";\n", 1)[0])
+    assert data["verdict"] == report["verdict"] and '<div id="verdict"></div>' in page and "verdict();" in page
+    assert "box.append(head, line)" in page and "textContent = v.line" in page  # text, never markup
+    assert selection.main(["--shards", str(heldout), "--teacher", "tiny-math-teacher", "--dtype", "float32",
+                           "--samples", "8"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("verdict: no verdict without canaries: add --canaries 0.5"), last
+
+
 def test_a_report_on_a_cpu_keeps_the_blocks_it_frees_for_the_next_batch(heldout, monkeypatch):
     """vocagno.memory, as train.py on a CPU: the models' logits and log-softmax reused, not faulted in again (a
     report of 64 rows: 1.75M page faults without it, 0.30M with it)."""

@@ -166,6 +166,7 @@ def test_the_default_run_ends_by_showing_what_its_teacher_keeps(tiny_run):
     assert precision["topk"] > clean_share + 0.1, (precision, clean_share)
     assert abs(precision["random"] - clean_share) < 0.05, (precision, clean_share)
     assert precision["untrained_teacher"] < clean_share < precision["topk"], (precision, clean_share)
+    assert re.search(r"^verdict: the teacher separates this corpus's useful tokens: its top-k keeps ", output, re.M)
 
 
 def test_a_selection_report_the_shards_cannot_make_is_skipped_saying_why(tmp_path, capsys):

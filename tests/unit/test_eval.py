@@ -405,9 +405,9 @@ def test_bpb_reads_what_the_converter_reads_and_refuses_what_it_would_skip(tmp_p
     def refusal(*args):
         with pytest.raises(SystemExit) as exit:
             main(["--model", "m", "--bpb", *map(str, args)])
-        error = capsys.readouterr().err.strip().splitlines()[-1]
-        assert exit.value.code == 2, error
-        return error
+        error = capsys.readouterr().err.strip().splitlines()
+        assert exit.value.code == 2 and len(error) == 1 and error[0].startswith("error: --bpb "), error
+        return error[0].removesuffix(" (python -m vocagno.eval --help shows the usage)")
 
     for name in ("held.jsonl.gz", "held.parquet"):  # the field misnamed: the record's fields and the flag
         assert refusal(tmp_path / name).endswith(f"--bpb {tmp_path / name}: refused: document 1: missing text field "

@@ -408,9 +408,12 @@ class VocAgnoLM(Algorithm):
             shards = f"the training shards ({folder})" if folder else "the training shards"
             command = f"python -m vocagno.score --shards {folder or 'SHARDS'} --teacher TEACHER --out SCORED"
             if self.teachers.others:
+                others = ", then ".join(f"--name {each.name}" for each in self.teachers.others)
                 raise ValueError(f"teacher_losses: cached, but {shards} carry no losses of teacher "
-                                 f"{self.teacher.name!r} (it reads the shards' teacher tokens): score them with it "
-                                 f"({command} --name {self.teacher.name})")
+                                 f"{self.teacher.name!r} (it reads the shards' teacher tokens): score them with each "
+                                 "teacher of the set in turn, each pass on the one before's output (python -m "
+                                 f"vocagno.score --shards {folder or 'SHARDS'} --config YAML --name {self.teacher.name} "
+                                 f"--out SCORED, then {others}: docs/training.md) and train on the last")
             raise ValueError(f"teacher_losses: cached, but {shards} carry no teacher losses: score them first "
                              f"({command}) and train on SCORED")
         if scored_by is not None:

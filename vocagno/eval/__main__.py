@@ -14,7 +14,6 @@ whose data is missing is reported as such, never skipped silently; the average i
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any, Callable
 import torch
 from tqdm import tqdm
 
+from vocagno.entry import Parser
 from vocagno.errors import Refused
 from vocagno.training.models import load_model
 from vocagno.eval.benchmarks import (
@@ -116,7 +116,7 @@ def beyond_positions(tokenizer, prompts: list[str], outputs: list[str], position
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vocagno.eval", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m vocagno.eval", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="HF name or folder, or a checkpoint of train.py: .pt, sharded folder, save folder, s3://...")
     parser.add_argument("--benchmarks", help="comma-separated, of: " + ",".join(BENCHMARKS) + " (default: all of "
                         "them, none with --bpb alone)")
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             texts = [t for t in _read_texts(Path(args.bpb), args.bpb_field) if t]
         except Refused as error:  # a file the converter's reader refuses, or can't take as one
-            parser.error(terminal(f"--bpb {error}"))
+            parser.error(f"--bpb {error}")
         if not texts:
             parser.error(f"--bpb {args.bpb} holds no text")
 

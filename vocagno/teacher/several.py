@@ -187,7 +187,8 @@ class Teachers:
             by = scored.get(each.name)
             if by is None:
                 raise ValueError(f"teacher_losses: cached, but the training shards carry no losses of teacher "
-                                 f"{each.name!r}: score them with it (python -m vocagno.score ... --name {each.name})")
+                                 f"{each.name!r}: score them with it (python -m vocagno.score --shards SHARDS "
+                                 f"--config YAML --name {each.name} --out SCORED: docs/training.md) and train on SCORED")
             wanted = each.tokenizer_info() if each.tokenizer_source is not None else None
             if wanted is not None and by["tokenizer"]["fingerprint"] != wanted.fingerprint:
                 raise ValueError(f"teacher {each.name!r}: the shards' {loss_column(each.name)} was scored with the "

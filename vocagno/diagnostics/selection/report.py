@@ -11,7 +11,28 @@ from vocagno.diagnostics.canaries import CLEAN
 from vocagno.shown import html_text, terminal
 from vocagno.diagnostics.selection.settings import BINS, Settings
 
-__all__ = ["Report"]
+__all__ = ["FLAT_STUDENT", "NO_SEPARATION", "Report", "SEPARATES", "Verdict"]
+
+# The verdict's thresholds on the lift (the top-k's precision less the clean share, what a random selection keeps),
+# from the miniature's evidence (docs/selection.md#the-verdict): the top 40% whose students beat plain continual
+# pretraining beyond twice the spread over seeds kept 0.703 against a clean share of 0.512 (+0.19); the shipped
+# teacher keeps +0.20 to +0.22 over it; a random 40% (a lift of 0) did no better than plain, and a teacher at +0.04
+# (0.516 against 0.479) made training worse than plain.
+SEPARATES = 0.15  # at or above: guidance helped wherever the miniature measured a lift this large
+NO_SEPARATION = 0.05  # below: no better than a random selection, which never helped
+FLAT_STUDENT = "at initialization"  # how a report names the default student, ln V for every token
+CHUNK_BETTER = 0.05  # a chunk-level variant this much more precise than the top-k: the noise comes in whole stretches
+
+
+@dataclass
+class Verdict:
+    """Whether the teacher separates the corpus's useful tokens enough for guidance to help (``level``: separates,
+    weak, does not separate, or no verdict), why (``line``), and what to try otherwise (``advice``)."""
+
+    level: str
+    line: str
+    advice: list[str] = field(default_factory=list)
+    lift: float | None = None
 
 
 @dataclass
@@ -39,6 +60,41 @@ class Report:
     sources: dict[str, dict[str, Any]] = field(default_factory=dict)
     page_rows: list[dict] = field(default_factory=list, repr=False)
 
+    def verdict(self) -> Verdict:
+        """The verdict of the combination's top-k (``SEPARATES``, ``NO_SEPARATION``: docs/selection.md#the-verdict)
+        against the clean share and against the teacher at initialization."""
+        if self.canaries <= 0 or self.clean_share >= 1 or "topk" not in self.variants:
+            return Verdict("no verdict", "no verdict without canaries: add --canaries 0.5 (a yaml's "
+                           "selection_report.canaries), so the report can tell what the teacher keeps from noise")
+        topk = self.variants["topk"]["precision"]
+        lift = topk - self.clean_share
+        untrained = self.variants.get("untrained_teacher", {}).get("precision")
+        over_untrained = None if untrained is None else topk - untrained
+        figures = f"its top-k keeps {topk:.3f} clean against a clean share of {self.clean_share:.3f} ({lift:+.3f})"
+        advice = []
+        chunks = {n: v["precision"] for n, v in self.variants.items() if n.startswith("chunk_")}
+        best = max(chunks, key=chunks.get) if chunks else None
+        if best is not None and chunks[best] >= topk + CHUNK_BETTER:
+            advice.append(f"{best} keeps cleaner text here ({chunks[best]:.3f}): the noise comes in whole stretches "
+                          "of text, which a document filter or a chunk-level alignment catches better than tokens")
+        if self.student.startswith(FLAT_STUDENT):
+            advice.append("rank with a student that has trained on this corpus (--student CHECKPOINT of a plain run): "
+                          "the score becomes its excess loss over the teacher's")
+        advice.append("a teacher trained on this corpus's domain (in the two-teacher miniature a teacher of the other "
+                      "domain cost that domain +0.79 bits per byte)")
+        if lift >= SEPARATES and (over_untrained is None or over_untrained >= NO_SEPARATION):
+            return Verdict("separates", f"the teacher separates this corpus's useful tokens: {figures}, at or above "
+                           f"the +{SEPARATES:.2f} where guidance beat plain training in the miniature", [], lift)
+        if lift < NO_SEPARATION or (over_untrained is not None and over_untrained < NO_SEPARATION):
+            why = (f"below the +{NO_SEPARATION:.2f} under which guidance did no better than plain in the miniature"
+                   if lift < NO_SEPARATION else f"no better than the same teacher at initialization "
+                   f"({untrained:.3f})")
+            return Verdict("does not separate", f"the teacher does not separate this corpus's useful tokens: "
+                           f"{figures}, {why}; expect no gain over plain training", advice + ["or train plain"], lift)
+        return Verdict("weak", f"the teacher separates this corpus's useful tokens weakly: {figures}, between "
+                       f"+{NO_SEPARATION:.2f} and +{SEPARATES:.2f}, where the miniature measured no run; compare a "
+                       "short guided run with a plain one before a long one", advice, lift)
+
     def as_json(self) -> dict[str, Any]:
         """The report as JSON values: a mean over no tokens (NaN) is None, as strict JSON has no NaN."""
         value = asdict(self)
@@ -48,6 +104,7 @@ class Report:
         if not self.sources:  # one source: the report as it has always been
             value.pop("sources")
         value["settings"] = asdict(self.settings)
+        value["verdict"] = asdict(self.verdict())
         value["bins"] = [round(k / BINS, 2) for k in range(BINS + 1)]
         return _finite(value)
 
@@ -99,6 +156,8 @@ class Report:
         if self.dropped_tokens:
             lines.append(f"({self.dropped_tokens} student tokens after the last whole row were dropped, as the "
                          "converter drops them)")
+        verdict = self.verdict()
+        lines += [""] + [f"try: {a}" for a in verdict.advice] + [f"verdict: {verdict.line}"]
         return "\n".join(terminal(line) for line in lines)
 
     def page(self, title: str) -> str:
@@ -107,7 +166,8 @@ class Report:
         data = {"kinds": self.kinds, "rows": self.page_rows,
                 "variants": {k: {"precision": v["precision"], "recall": v["recall"], "kept_share": v["kept_share"]}
                              for k, v in self.variants.items()},
-                "clean_share": self.clean_share, "settings": self.settings.describe(), "teachers": list(self.teachers)}
+                "clean_share": self.clean_share, "settings": self.settings.describe(), "teachers": list(self.teachers),
+                "verdict": asdict(self.verdict())}
         return _PAGE.replace("__TITLE__", html_text(title)).replace("__DATA__", script_json(data))
 
 
@@ -142,9 +202,16 @@ th:first-child, td:first-child { text-align: left; }
 .bar { display: inline-block; height: .9em; vertical-align: middle; margin-right: .4em; border-radius: 2px; }
 .k0bar { background: #16a34a; } .k1bar { background: #7c3aed; }
 .k2bar { background: #dc2626; } .k3bar { background: #0891b2; }
+#verdict { border: 2px solid; border-radius: 6px; padding: .5em 1em; margin: 1em 0; }
+#verdict.separates { border-color: #16a34a; background: #f0fdf4; }
+#verdict.weak { border-color: #d97706; background: #fffbeb; }
+#verdict.does-not-separate { border-color: #dc2626; background: #fef2f2; }
+#verdict.no-verdict { border-color: #94a3b8; background: #f8fafc; }
+#verdict h2 { margin: 0 0 .3em; color: inherit; }
 #info { position: sticky; top: 0; background: #f8fafc; border: 1px solid #cbd5e1; padding: .4em .8em; min-height: 1.5em; }
 </style></head><body>
 <h1>__TITLE__</h1>
+<div id="verdict"></div>
 <div id="summary"></div>
 <h2>what each variant keeps of each kind of text (its share of the kind's mapped tokens)</h2>
 <div id="chart"></div>
@@ -220,6 +287,19 @@ function chart() {  // each variant's kept share of each kind's mapped tokens, a
   document.getElementById("chart").innerHTML =
     `<table class="chart"><tr><th>variant</th>${head.join("")}</tr>${rows}</table>`;
 }
-summary(); chart(); render();
+function verdict() {  // the verdict box: its words as text, never as markup
+  const box = document.getElementById("verdict"), v = data.verdict;
+  box.className = v.level.replaceAll(" ", "-");
+  const head = document.createElement("h2"); head.textContent = "verdict: " + v.level;
+  const line = document.createElement("p"); line.textContent = v.line;
+  box.append(head, line);
+  if (v.advice.length) {
+    const list = document.createElement("ul");
+    v.advice.forEach(a => { const item = document.createElement("li"); item.textContent = "try: " + a;
+                            list.appendChild(item); });
+    box.appendChild(list);
+  }
+}
+verdict(); summary(); chart(); render();
 </script></body></html>
 """

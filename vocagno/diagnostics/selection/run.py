@@ -21,7 +21,7 @@ from vocagno.data.batch import TEACHER_LOSS
 from vocagno.teacher.scoring import BATCH_TOKENS
 from vocagno.teacher.several import reader_first
 from vocagno.diagnostics.selection.settings import Settings
-from vocagno.diagnostics.selection.report import Report
+from vocagno.diagnostics.selection.report import FLAT_STUDENT, Report
 from vocagno.diagnostics.selection.measure import measure, student_losses
 
 __all__ = ["read_scored", "run", "same_sources", "sample_rows", "write_rows"]
@@ -168,7 +168,7 @@ def run(shards: str | dict[str, str], teacher, settings: Settings, *, student: t
         several = [t.name for t in teachers] if len(teachers) > 1 else []
         names = {"teacher": " + ".join(f"{t.name} ({t.label})" for t in teachers) + f", {combine}"
                  if several else teachers[0].label,
-                 "student": student_name or f"at initialization (ln {metadata.student.vocab_size:,} per token)"}
+                 "student": student_name or f"{FLAT_STUDENT} (ln {metadata.student.vocab_size:,} per token)"}
         report = measure(rows, made, losses, student_loss, settings, seed, names, page_rows,
                          student_tok.convert_ids_to_tokens, several, combine,
                          (list(sources), torch.tensor(source_of)) if len(sources) > 1 else None)
