@@ -436,7 +436,12 @@ def _over_cap(sources: list[tuple[int, Source]]) -> list[str]:
 
 def _convert_parts(args, output: Output, mine: list[tuple[int, Source]], config: dict, tokenizers) -> list[str]:
     done_parts, totals = [], Counter()
-    progress = tqdm(unit="doc", desc="converting", dynamic_ncols=True, mininterval=1.0)
+    sizes = [source.size for _, source in mine]
+    # Over the input's bytes where every file's size is known (local files, objects once fetched are not), read as
+    # the parts are made (a .jsonl file a line at a time); else the documents, with no total.
+    in_bytes = bool(sizes) and all(size is not None for size in sizes)
+    progress = tqdm(total=sum(sizes) if in_bytes else None, unit="B" if in_bytes else "doc", unit_scale=in_bytes,
+                    desc="converting", dynamic_ncols=True, mininterval=1.0)
     begin = time.perf_counter()
     fingerprints: dict[str, dict] = {}
 
@@ -451,10 +456,12 @@ def _convert_parts(args, output: Output, mine: list[tuple[int, Source]], config:
             output.publish_part(name)
         done_parts.append(name)
         _add_part_stats(totals, stats)
-        progress.update(stats["documents read"])
+        progress.update(sum(source.read_bytes() for _, source in mine) - progress.n if in_bytes
+                        else stats["documents read"])
         elapsed = max(time.perf_counter() - begin, 1e-9)
         rate = totals["student tokens"] / elapsed
-        progress.set_postfix_str(f"{rate:,.0f} student tok/s, {totals['samples']} samples")
+        progress.set_postfix_str(f"{totals['documents read']:,} docs, {rate:,.0f} student tok/s, "
+                                 f"{totals['samples']} samples")
 
     def todo() -> Iterator[tuple[str, list, dict]]:
         for name, records, spanned in parts_of(mine, args.docs_per_part):

@@ -1050,3 +1050,40 @@ def test_two_processes_finding_the_same_dead_owner_do_not_both_take_its_lock(tmp
     for taker in takers:
         taker.join(60)
     assert taken == [False, True]
+
+
+def test_the_progress_bar_counts_the_inputs_bytes_as_they_are_read(tmp_path, monkeypatch):
+    """The converter's bar has the input files' bytes as its total and moves as each part is read: through a large
+    .jsonl file a line at a time (gzipped too, by its compressed bytes), other formats when done."""
+    import gzip
+
+    bars = []
+
+    class Bar:
+        def __init__(self, total=None, unit="it", **options):
+            self.total, self.unit, self.n, self.seen, self.postfix = total, unit, 0, [], None
+            bars.append(self)
+
+        def update(self, n):
+            self.n += n
+            self.seen.append(self.n)
+
+        def set_postfix_str(self, text):
+            self.postfix = text
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(convert_dataset, "tqdm", Bar)
+    lines = open(SAMPLE, "rb").read()
+    (tmp_path / "big.jsonl.gz").write_bytes(gzip.compress(lines))
+    pq.write_table(pa.table({"text": ["a parquet row about 3/4 of a pizza"] * 5}), tmp_path / "rows.parquet")
+    inputs = [SAMPLE, tmp_path / "big.jsonl.gz", tmp_path / "rows.parquet"]
+    convert(tmp_path / "out", "--docs-per-part", "50", inputs=inputs)
+    (bar,) = bars
+    assert bar.unit == "B" and bar.total == sum(os.path.getsize(p) for p in inputs) == bar.n
+    sample = os.path.getsize(SAMPLE)
+    inside = [n for n in bar.seen if 0 < n < sample]  # parts made while the first file was being read
+    assert len(set(inside)) >= 3, bar.seen
+    assert any(sample < n < sample + os.path.getsize(tmp_path / "big.jsonl.gz") for n in bar.seen), bar.seen
+    assert bar.postfix.startswith(f"{ShardMetadata.read(tmp_path / 'out').totals['documents read']:,} docs, ")

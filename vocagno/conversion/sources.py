@@ -76,15 +76,26 @@ def _over_cap(where: str | None = None) -> Record:
 class Source:
     """One input file (or one shard of a Hugging Face dataset): the unit that jobs split and parts are made of."""
 
-    def __init__(self, name: str, read: Callable[[], Iterator], fingerprint: Callable[[], dict]):
+    def __init__(self, name: str, read: Callable[[], Iterator], fingerprint: Callable[[], dict],
+                 size: int | None = None, reading: Reading | None = None):
         self.name = name
         self._read = read
         self._fingerprint = fingerprint
+        self.size = size  # the file's bytes as listed (None: not known before it is read, a hub dataset's shard)
+        self._reading = reading  # where the read of a local file is, within it
+        self._done = False
         self.error: str | None = None  # why the file could not be read (to its end), once it was read
         self.over_cap: list[str] = []  # its documents skipped as over the cap, by name and place, once it was read
 
+    def read_bytes(self) -> int:
+        """How much of the file has been read: its size once read to its end, the reader's place in it while it is
+        read (.jsonl files, compressed or not, a line at a time; other formats when done), 0 before."""
+        if self._done or self.size is None:
+            return self.size or 0
+        return min(self._reading.at() if self._reading is not None else 0, self.size)
+
     def records(self) -> Iterator[Record | bytes]:
-        self.error, self.over_cap = None, []
+        self.error, self.over_cap, self._done = None, [], False
         try:
             for record in self._read():
                 if isinstance(record, Record) and record.where is not None:
@@ -93,6 +104,7 @@ class Source:
         except Exception as error:  # the file's own problem (corrupt, truncated, unsupported): name it, go on
             self.error = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             yield Record(None, "unreadable file (named in the summary)")
+        self._done = True
 
     def fingerprint(self) -> dict:
         """What the samples made from this source depend on: a changed file is refused when a conversion resumes.
@@ -104,6 +116,19 @@ class Source:
             why = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             self.error = self.error or why
             return {"unreadable": why}
+
+
+class Reading:
+    """Where the read of a local file is: the bytes of the file (as it lies, compressed or not) read so far."""
+
+    def __init__(self):
+        self.raw = None
+
+    def at(self) -> int:
+        try:
+            return self.raw.tell() if self.raw is not None and not self.raw.closed else 0
+        except (OSError, ValueError):
+            return 0
 
 
 @dataclass(frozen=True)
@@ -228,10 +253,12 @@ def _decode(raw: bytes) -> Record:
 
 
 @contextlib.contextmanager
-def _open(path: CorpusFile) -> Iterator[io.BufferedIOBase]:
+def _open(path: CorpusFile, reading: Reading | None = None) -> Iterator[io.BufferedIOBase]:
     """The file's bytes (``open_regular``: a regular file, not a link, no more than its size said), decompressed as
-    they are read when it is gzip- or zstd-compressed, whatever its name says."""
+    they are read when it is gzip- or zstd-compressed, whatever its name says; ``reading`` follows the place in it."""
     with path.open() as raw:
+        if reading is not None:
+            reading.raw = raw
         magic = raw.peek(4)[:4]
         if magic.startswith(_GZIP_MAGIC):
             with gzip.GzipFile(fileobj=raw, mode="rb") as f:
@@ -267,10 +294,10 @@ def _lines(f, limit: int) -> Iterator[tuple[int, bytes | None]]:
         yield number, None
 
 
-def _read_jsonl(path: CorpusFile) -> Iterator[bytes | Record]:
+def _read_jsonl(path: CorpusFile, reading: Reading | None = None) -> Iterator[bytes | Record]:
     """The raw lines: workers parse them (``parse_jsonl_line``), so the reading process stays light. A line over the
     ``document_bytes`` cap is a skipped record that names it."""
-    with _open(path) as f:
+    with _open(path, reading) as f:
         for number, raw in _lines(f, cap("document_bytes")):
             if raw is None:
                 yield _over_cap(f"line {number:,}")
@@ -747,7 +774,20 @@ def local_sources(inputs: list[str], text_of: TextOf, split: str = "train") -> l
             files.append((path, CorpusFile(Path(os.path.realpath(path)))))
         else:
             raise Refused(f"input {item} does not exist")
-    return [Source(str(p), lambda r=r: _read(r, text_of), lambda r=r: file_fingerprint(r)) for p, r in files]
+    sources = []
+    for p, r in files:
+        reading = Reading()
+        sources.append(Source(str(p), lambda r=r, reading=reading: _read(r, text_of, reading),
+                              lambda r=r: file_fingerprint(r), size=_size(r), reading=reading))
+    return sources
+
+
+def _size(path: CorpusFile) -> int | None:
+    """The bytes of the file as it is listed (None where it can't be reached now: named when it is read)."""
+    try:
+        return os.stat(path.relative if path.folder is None else path.folder / path.relative).st_size
+    except OSError:
+        return None
 
 
 def _kind(mode: int) -> str | None:
@@ -817,12 +857,14 @@ def _files_under(folder: Path) -> tuple[dict[Path, Path], list[str]]:
     return dict(sorted(files.items())), sorted(unreadable)
 
 
-def _read(path: CorpusFile, text_of: TextOf) -> Iterator[Record | bytes]:
-    """A local file's records, by the reader its name asks for."""
+def _read(path: CorpusFile, text_of: TextOf, reading: Reading | None = None) -> Iterator[Record | bytes]:
+    """A local file's records, by the reader its name asks for (a .jsonl file's with ``reading`` at its place)."""
     readers = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet, ".arrow": _read_arrow,
                ".txt": _read_txt}
     reader = readers[_format(path)]
-    return reader(path) if reader in (_read_jsonl, _read_txt) else reader(path, text_of)
+    if reader is _read_jsonl:
+        return reader(path, reading)
+    return reader(path) if reader is _read_txt else reader(path, text_of)
 
 
 def remote_sources(pattern: str, text_of: TextOf) -> list[Source]:
