@@ -84,6 +84,7 @@ PART_BYTES = 1 << 28
 # part: a corpus's records may each have others), so a refusal names what --text-field could be.
 FIELDS = "fields of records skipped for lacking one: "
 FIELD_SETS = 4
+OTHER_FIELDS = FIELDS + "(other sets)"
 NOT_COUNTS = ("seconds", "sources")  # part.json entries that don't add up over parts
 NAMED = 20  # documents over the cap named in a summary (a job's marker names them all)
 # A part's unfinished folder: built under a staging name (``.part-SSSSS-BBBBBB.staging-XXXX``), or an earlier
@@ -106,8 +107,10 @@ def clean(record: Record, max_doc_chars: int, stats: Counter) -> list[str]:
     """
     if record.text is None:
         stats[f"skipped: {record.problem}"] += 1
-        fields = None if record.fields is None else FIELDS + record.fields
-        if fields in stats or (fields and sum(k.startswith(FIELDS) for k in stats) < FIELD_SETS):
+        if record.fields is not None:
+            fields = FIELDS + record.fields
+            if fields not in stats and sum(k.startswith(FIELDS) and k != OTHER_FIELDS for k in stats) >= FIELD_SETS:
+                fields = OTHER_FIELDS
             stats[fields] += 1
         return []
     text = record.text
@@ -497,7 +500,10 @@ def _convert_parts(args, output: Output, mine: list[tuple[int, Source]], config:
                 if len(pending) >= 2 * args.workers:  # bounded read-ahead: the corpus never sits in memory
                     _collect(pending, finished, concurrent.futures.FIRST_COMPLETED)
             _collect(pending, finished, concurrent.futures.ALL_COMPLETED)
+    if in_bytes:  # every file read to its end: a part that filled at a file's end was counted before it was done
+        progress.update(sum(source.read_bytes() for _, source in mine) - progress.n)
     progress.close()
+    _bound_field_sets(totals)
     if args.num_jobs > 1:
         print_summary(f"job {args.job_index} of {args.num_jobs}", totals, output, sorted(done_parts),
                       over_cap=_over_cap(mine))
@@ -556,6 +562,15 @@ def _add_part_stats(totals: Counter, stats: dict) -> None:
     totals.update({k: v for k, v in stats.items() if k not in NOT_COUNTS})  # counts add up; a part's seconds don't
 
 
+def _bound_field_sets(totals: Counter) -> None:
+    """At most ``FIELD_SETS`` sets of fields kept of all the parts' (the most frequent), the others' records counted
+    together, so a corpus whose records each have other fields keeps the summary, the refusal and vocagno.json small
+    (the parts' own, FIELD_SETS each, are added up first)."""
+    sets = sorted((k for k in totals if k.startswith(FIELDS)), key=lambda k: (k == OTHER_FIELDS, -totals[k], k))
+    for key in [k for k in sets if k != OTHER_FIELDS][FIELD_SETS:]:
+        totals[OTHER_FIELDS] += totals.pop(key)
+
+
 def _collect(pending: dict, finished, return_when) -> None:
     done, _ = concurrent.futures.wait(pending, return_when=return_when)
     for future in done:
@@ -594,6 +609,7 @@ def _merge(output: Output, args: argparse.Namespace) -> int:
     totals = Counter()
     for part in parts:
         _add_part_stats(totals, _part_stats(output, part))
+    _bound_field_sets(totals)
     totals["unreadable files"] = len(unreadable)
     too_little = _too_little(totals, args.min_converted, config["seq_len"])
     if too_little:

@@ -28,14 +28,30 @@ def one_line(error: BaseException) -> str:
 
 
 class Parser(argparse.ArgumentParser):
-    """The command lines' argument parser: a mistake in the arguments (argparse's own, or one a command finds in
-    them) ends as every other refusal does, in one line ``error: ...`` that says where the usage is, exit code 2."""
+    """The command lines' argument parser: a mistake in the arguments ends as every other refusal does, in one line
+    ``error: ...``, exit code 2. argparse's own (a flag missing or unknown) adds where the usage is; a command's own
+    check of its arguments names the fix itself."""
+
+    _parsing = False
+
+    def parse_known_args(self, *args, **kwargs):
+        return self._parse(super().parse_known_args, *args, **kwargs)
+
+    def parse_args(self, *args, **kwargs):  # argparse's "unrecognized arguments" is said here
+        return self._parse(super().parse_args, *args, **kwargs)
+
+    def _parse(self, parse, *args, **kwargs):
+        before, self._parsing = self._parsing, True
+        try:
+            return parse(*args, **kwargs)
+        finally:
+            self._parsing = before
 
     def error(self, message: str) -> NoReturn:
         from vocagno.shown import terminal
 
-        print(f"error: {terminal(one_line(message))} ({self.prog} --help shows the usage)", file=sys.stderr,
-              flush=True)
+        usage = f" ({self.prog} --help shows the usage)" if self._parsing else ""
+        print(f"error: {terminal(one_line(message))}{usage}", file=sys.stderr, flush=True)
         sys.exit(MISTAKE_EXIT)
 
 

@@ -1087,3 +1087,23 @@ def test_the_progress_bar_counts_the_inputs_bytes_as_they_are_read(tmp_path, mon
     assert len(set(inside)) >= 3, bar.seen
     assert any(sample < n < sample + os.path.getsize(tmp_path / "big.jsonl.gz") for n in bar.seen), bar.seen
     assert bar.postfix.startswith(f"{ShardMetadata.read(tmp_path / 'out').totals['documents read']:,} docs, ")
+    # A part that fills at a file's end is made before the file is read to its end: the bar still ends at its total.
+    rows = [json.loads(line)["text"] for line in open(SAMPLE, encoding="utf-8")][:40]
+    pq.write_table(pa.table({"text": rows}), tmp_path / "forty.parquet")
+    convert(tmp_path / "even", "--docs-per-part", "20", inputs=[tmp_path / "forty.parquet"])
+    assert bars[-1].n == bars[-1].total == os.path.getsize(tmp_path / "forty.parquet"), bars[-1].seen
+
+
+def test_records_each_with_other_fields_keep_the_refusal_short_and_every_record_counted(tmp_path):
+    """A corpus whose records each have fields of their own (anyone's corpus): the refusal names the most frequent
+    sets of fields, at most FIELD_SETS of them, and counts the rest together; a field below a string names the fields
+    of the record holding it."""
+    records = [{f"k{i}_{j}_" + "x" * 40: j for j in range(9)} for i in range(40)] + [{"name": i, "body": "b"}
+                                                                                    for i in range(10)]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    message = converts(tmp_path / "shards", "--docs-per-part", "1", inputs=[tmp_path / "in.jsonl"])
+    assert message.startswith("error: nothing published") and len(message) < 2_000, len(message)
+    assert "name, body: 10; " in message and "(other sets): 37" in message, message
+    assert TextOf("{meta.title}").__class__ and TextOf("meta").missing("meta.title", {"meta": "s", "id": 3}).fields == (
+        "meta, id")
+    assert TextOf(template="{meta.title}")({"meta": "a string", "id": 3}).fields == "meta, id"

@@ -245,7 +245,7 @@ def test_a_second_users_path_a_parquet_a_bare_teacher_folder_two_vocabularies_a_
     model = sorted(Path("runs/two").glob("ep*-ba*-rank0.pt"))[-1]
     assert last_error(command(eval_main, ["--model", model, "--bpb", "held.jsonl.gz", "--device", "cpu"],
                               capsys)).endswith("missing text field 'text' (its fields: id, body): name the text's "
-                                                "field with --bpb-field (python -m vocagno.eval --help shows the usage)")
+                                                "field with --bpb-field")
     measured = command(eval_main, ["--model", model, "--bpb", "held.jsonl.gz", "--bpb-field", "body", "--device",
                                    "cpu"], capsys)
     assert measured.returncode == 0 and re.search(r"bits per byte: 100%.*\| 24/24 ", measured.stderr)

@@ -59,3 +59,25 @@ def test_a_refusal_naming_a_files_text_shows_it_as_characters(capsys, monkeypatc
 
     assert ended(refuse_a_name) == 2
     assert capsys.readouterr().err == "error: shards/\\x1b]0;owned\\x07\\x1b[2J\\u202ex: refused: its key 'x\\x9b' is none\n"
+
+
+def test_an_argument_mistake_is_one_error_line_and_argparses_own_says_where_the_usage_is(capsys):
+    """Every command's parser (vocagno.entry.Parser): argparse's own mistakes (a flag missing, one unknown) and a
+    command's own check of its arguments end in one line ``error: ...``, exit code 2, with no usage block; argparse's
+    add where the usage is, a command's names its fix itself. What was typed is shown as ``terminal`` shows it."""
+    from vocagno.eval.__main__ import main as eval_main
+    from vocagno.score import main as score_main
+
+    def error_lines(main, argv):
+        with pytest.raises(SystemExit) as exit:
+            main(argv)
+        assert exit.value.code == 2
+        out, err = capsys.readouterr()
+        return out, err.splitlines()
+
+    assert error_lines(score_main, ["--shards", "x"]) == ("", [
+        "error: the following arguments are required: --out (python -m vocagno.score --help shows the usage)"])
+    assert error_lines(eval_main, ["--gold", "--no-such\x1b[31m"]) == ("", [
+        "error: unrecognized arguments: --no-such\\x1b[31m (python -m vocagno.eval --help shows the usage)"])
+    assert error_lines(eval_main, ["--gold", "--limit", "-5"]) == ("", [
+        "error: --limit must be 0 (all) or a positive number of questions, got -5"])

@@ -204,8 +204,8 @@ class TextOf:
                 continue
             value = holder = obj
             for key in name.split("."):
-                if not isinstance(value, dict) or key not in value:
-                    return self.missing(name, value if isinstance(value, dict) else ())
+                if not isinstance(value, dict) or key not in value:  # the fields of the nearest record holding it
+                    return self.missing(name, value if isinstance(value, dict) else holder)
                 holder, value = value, value[key]
             if self.template is None:
                 if not isinstance(value, str):

@@ -15,6 +15,7 @@ whose data is missing is reported as such, never skipped silently; the average i
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -223,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # from a JSON escape: no character, so no bytes to score
+
+
 def _read_texts(path: Path, field: str = "text") -> list[str]:
     """The texts of ``path`` as the converter reads a corpus file (``vocagno.conversion.sources``: .jsonl, .json,
     .parquet, .arrow, .txt, any of them gzip- or zstd-compressed; a record's ``field``), held within the ``json_bytes``
@@ -243,14 +247,17 @@ def _read_texts(path: Path, field: str = "text") -> list[str]:
                                 f"{record.fields}): name the text's field with --bpb-field")
         if record.text is None:
             raise UntrustedFile(f"{path}: refused: document {number:,}: {record.problem}")
-        if record.problem:
-            raise UntrustedFile(f"{path}: refused: document {number:,}: {record.problem}: bits per byte are of the "
-                                "text as written")
-        held += len(record.text)
+        problem = record.problem or ("a lone surrogate (a JSON escape of U+D800 to U+DFFF, no character)"
+                                     if _LONE_SURROGATE.search(record.text) else None)
+        if problem:
+            raise UntrustedFile(f"{path}: refused: document {number:,}: {problem}: bits per byte are of the text as "
+                                "written")
+        held += len(record.text) + 1  # a record's own overhead counts too: a million empty ones are no text
         if held > limit:
             raise UntrustedFile(f"{path}: refused: more than {limit:,} characters of text, more than the json_bytes "
                                 "cap holds at once (raise VOCAGNO_MAX_JSON_BYTES if it is right)")
-        texts.append(record.text)
+        if record.text:  # an empty text has no bytes to score
+            texts.append(record.text)
     return texts
 
 
