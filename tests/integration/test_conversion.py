@@ -317,8 +317,8 @@ def test_nasty_documents_are_all_accounted_for(tmp_path, monkeypatch):
     expected_skips = {
         "skipped: empty or whitespace-only": 2,
         "skipped: missing text field 'text'": 2,
-        "skipped: text field is int, not a string": 1,
-        "skipped: text field is NoneType, not a string": 2,  # a JSON null, and a .parquet row's
+        "skipped: text field is a number, not a string": 1,  # the file's words, not Python's type names
+        "skipped: text field is null, not a string": 2,  # a JSON null, and a .parquet row's
         "skipped: invalid JSON line": 1,
         "skipped: not a JSON object": 1,
     }

@@ -50,7 +50,7 @@ def test_a_new_users_path_from_their_corpus_to_a_model_transformers_loads(tmp_pa
     converted = run(*convert, "--text-field", "content")
     assert converted.returncode == 0, converted.stderr[-3000:]
     assert "invalid JSON line: 1" in converted.stdout and "missing text field 'content': 1" in converted.stdout
-    assert "text field is int, not a string: 1" in converted.stdout
+    assert "text field is a number, not a string: 1" in converted.stdout
 
     # What the shipped teacher keeps of it, with canaries.
     selection = run("-m", "vocagno.selection", "--shards", "shards/mine", "--teacher", "tiny-math-teacher",

@@ -209,13 +209,13 @@ class TextOf:
                 holder, value = value, value[key]
             if self.template is None:
                 if not isinstance(value, str):
-                    return Record(None, f"text field is {type(value).__name__}, not a string")
+                    return Record(None, f"text field is {_kind_of(value)}, not a string")
             elif value is None:  # how .parquet and .arrow rows hold a field their record lacks
                 return self.missing(name, [k for k, v in holder.items() if v is not None])
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 value = str(value)
             elif not isinstance(value, str):
-                return Record(None, f"{what} {name!r} is {type(value).__name__}, not a string")
+                return Record(None, f"{what} {name!r} is {_kind_of(value)}, not a string")
             pieces.append(value)
         text = "".join(pieces)
         limit = cap("document_bytes")
@@ -225,6 +225,21 @@ class TextOf:
 
 
 SHOWN_FIELDS, SHOWN_FIELD_CHARS = 8, 40  # of a record's fields, how many a reason names, and of each name's characters
+
+
+def _kind_of(value) -> str:
+    """What a record's value is, in the words of the file (JSON's and Arrow's), not Python's type names."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    return "binary" if isinstance(value, (bytes, bytearray)) else f"a {type(value).__name__} value"
 
 
 def field_names(fields) -> str:
