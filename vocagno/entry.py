@@ -50,9 +50,25 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         from vocagno.shown import terminal
 
-        usage = f" ({self.prog} --help shows the usage)" if self._parsing else ""
+        usage = f" ({self._meant(message)}{self.prog} --help shows the usage)" if self._parsing else ""
         print(f"error: {terminal(one_line(message))}{usage}", file=sys.stderr, flush=True)
         sys.exit(MISTAKE_EXIT)
+
+    def _meant(self, message: str) -> str:
+        """For flags argparse does not know, the flags they were likely meant to be (``--text-feild``)."""
+        import difflib
+
+        if not message.startswith("unrecognized arguments: "):
+            return ""
+        flags = [f for f in self._option_string_actions if f.startswith("--")]
+        meant = []
+        for word in message.removeprefix("unrecognized arguments: ").split():
+            if word.startswith("--"):
+                close = difflib.get_close_matches(word.split("=", 1)[0], flags, n=1, cutoff=0.75)
+                meant += [f"{close[0]} for {word.split('=', 1)[0]}"] if close else []
+        from vocagno.shown import terminal
+
+        return f"did you mean {terminal(', '.join(meant))}? " if meant else ""
 
 
 def run(main: Callable[[], int | None], mistakes: tuple[type[BaseException], ...] = ()) -> NoReturn:

@@ -79,5 +79,8 @@ def test_an_argument_mistake_is_one_error_line_and_argparses_own_says_where_the_
         "error: the following arguments are required: --out (python -m vocagno.score --help shows the usage)"])
     assert error_lines(eval_main, ["--gold", "--no-such\x1b[31m"]) == ("", [
         "error: unrecognized arguments: --no-such\\x1b[31m (python -m vocagno.eval --help shows the usage)"])
+    assert error_lines(eval_main, ["--gold", "--bpb-feild=body", "--limt", "3"]) == ("", [
+        "error: unrecognized arguments: --bpb-feild=body --limt 3 (did you mean --bpb-field for --bpb-feild, --limit for "
+        "--limt? python -m vocagno.eval --help shows the usage)"])
     assert error_lines(eval_main, ["--gold", "--limit", "-5"]) == ("", [
         "error: --limit must be 0 (all) or a positive number of questions, got -5"])
