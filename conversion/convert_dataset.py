@@ -4,7 +4,7 @@
     python conversion/convert_dataset.py --input data/ more.jsonl --out-root shards/mine --workers 8
     python conversion/convert_dataset.py --out-root s3://bucket/owm --num-jobs 64 --job-index $SLURM_ARRAY_TASK_ID
 
-The input (``vocagno/conversion/sources.py``: files, local or in an object store, compressed or not, a ``save_to_disk``
+The input (``vocagno.conversion.sources``: files, local or in an object store, compressed or not, a ``save_to_disk``
 folder, or a Hugging Face dataset; each document's text one field or a ``--text-template``) is split into parts of
 ``--docs-per-part`` documents (fewer where they would hold more than ``PART_BYTES``), taken in order from the job's
 source files (a part may span several small files);
@@ -23,8 +23,8 @@ as well. The run exits non-zero when it made no sample, when fewer than ``--min-
 were converted, or when a file could not be read.
 
 The corpus and the out-root's own files (settings, locks, job markers, parts' ``part.json`` and ``index.json``) may be
-someone else's: they are read through ``vocagno.doors.untrusted`` (``vocagno/conversion/sources.py``, ``vocagno/data/outroots.py``), and a
-part is built in a fresh private folder (``vocagno.doors.writing.staging``) published by rename.
+someone else's: they are read through ``vocagno.doors.untrusted`` (``vocagno.conversion``, ``vocagno/data/outroots.py``),
+and a part is built in a fresh private folder (``vocagno.doors.writing.staging``) published by rename.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ from vocagno.data.outroots import (  # noqa: E402
     PART_STATS, OwnedLock, Output, all_jobs_done, check_or_write_settings, job_marker, merge_once, part_index,
     publish_dataset, unfinished_parts,
 )
-from vocagno.conversion.sources import Record, Source, TextOf, parse_jsonl_line, sources_of  # noqa: E402
+from vocagno.conversion.records import Record, TextOf  # noqa: E402
+from vocagno.conversion.sources import Source, parse_jsonl_line, sources_of  # noqa: E402
 from vocagno.data.shards import (  # noqa: E402
     COLUMNS, METADATA_FILE, SHARD_HASH, Encoder, Packer, ShardMetadata, TokenizerInfo, tokenizer_info,
 )

@@ -18,7 +18,8 @@ from at_once import open_dataset, read_metadata_of, run_at_once, write_many
 from helpers import assert_group_gone, command
 
 from conversion import convert_dataset
-from vocagno.conversion.sources import TextOf, hub_sources
+from vocagno.conversion.records import TextOf
+from vocagno.conversion.sources import hub_sources
 from vocagno import inspect as inspect_command
 from vocagno.errors import Refused
 from vocagno.core.alignment import align
@@ -831,7 +832,7 @@ def test_a_long_document_cut_into_pieces_gives_the_tokens_of_the_whole(tokenizer
     from collections import Counter
 
     from conversion.convert_dataset import clean
-    from vocagno.conversion.sources import Record
+    from vocagno.conversion.records import Record
     from vocagno.data.shards import Encoder
 
     text = "alpha beta gamma\nThe integral ∫x²dx = x³/3 — 中文 😀 and  two  spaces. " * 60

@@ -16,7 +16,9 @@ import pytest
 from bounded import within
 from test_conversion import converts, small_corpus
 
-from vocagno.conversion.sources import PYTHON_BYTES, Record, TextOf, sources_of
+from vocagno.conversion.columnar import PYTHON_BYTES
+from vocagno.conversion.records import Record, TextOf
+from vocagno.conversion.sources import sources_of
 from vocagno.data.shards import ShardMetadata
 
 

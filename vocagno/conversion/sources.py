@@ -18,12 +18,8 @@ read. What is read is bounded whatever the file holds: a document (a .jsonl line
 more than ``cap("document_bytes")`` bytes is skipped without being held whole (a line is read up to the cap, the
 rest of it discarded block by block; a .parquet or .arrow value is measured by pyarrow before it becomes a Python
 string), counted, and named by file and line (``Source.over_cap``, the summary); a .json file is read whole only up
-to ``cap("json_bytes")`` (a larger JSON array is refused, one of JSON lines read line by line). A .parquet file's
-pages are sized from their headers before pyarrow decodes one (``_largest_pages``): a page over ``page_bytes()``, or
-of more than the document cap a value, is refused, and rows are read in batches that decode to at most
-``BATCH_BYTES`` (or one row). An .arrow file's compressed record batches and dictionaries are sized from their
-buffers' declared lengths before pyarrow decompresses one (``_check_decompressed``): a batch, or the dictionaries
-together, over ``page_bytes()`` is refused.
+to ``cap("json_bytes")`` (a larger JSON array is refused, one of JSON lines read line by line). .parquet and .arrow
+files are read within bounds of their own (``vocagno.conversion.columnar``).
 """
 
 from __future__ import annotations
@@ -36,15 +32,17 @@ import io
 import json
 import os
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
 from vocagno.errors import Refused
-from vocagno.doors.untrusted import UntrustedFile, cap, open_regular, plain_name
+from vocagno.doors.untrusted import UntrustedFile, cap, plain_name
 from vocagno.shown import terminal
+from vocagno.conversion.columnar import read_arrow, read_parquet
+from vocagno.conversion.records import CorpusFile, Record, TextOf, numbered, over_cap_record
 
-__all__ = ["Record", "Source", "TextOf", "LOCAL_SUFFIXES", "sources_of", "hub_sources", "parse_jsonl_line"]
+__all__ = ["CorpusFile", "LOCAL_SUFFIXES", "Reading", "Source", "hub_sources", "local_sources", "parse_jsonl_line",
+           "sources_of"]
 
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow", ".txt")  # in any case, optionally followed by .gz or .zst
 # What datasets' save_to_disk writes beside its .arrow files: its metadata, no documents.
@@ -52,25 +50,6 @@ SAVE_TO_DISK_METADATA = ("dataset_info.json", "state.json", "dataset_dict.json")
 COMPRESSED_SUFFIXES = (".gz", ".zst", ".zstd")
 _GZIP_MAGIC, _ZSTD_MAGIC = b"\x1f\x8b", b"\x28\xb5\x2f\xfd"
 _BOM = b"\xef\xbb\xbf"
-
-
-@dataclass
-class Record:
-    """A document as read, or the reason it can't be one."""
-
-    text: str | None
-    problem: str | None = None  # why text is None (skipped), or what was repaired while reading
-    where: str | None = None  # where in its file a document over the cap is ("line 7"), for the summary to name it
-    fields: str | None = None  # a record skipped for lacking a field: the fields it has (``field_names``)
-
-
-def over_cap() -> str:
-    """The reason a document over the ``document_bytes`` cap is skipped, as the summary counts it."""
-    return f"over the document cap of {cap('document_bytes'):,} bytes (VOCAGNO_MAX_DOCUMENT_BYTES)"
-
-
-def _over_cap(where: str | None = None) -> Record:
-    return Record(None, over_cap(), where)
 
 
 class Source:
@@ -131,27 +110,6 @@ class Reading:
             return 0
 
 
-@dataclass(frozen=True)
-class CorpusFile:
-    """A local file of the corpus: ``relative`` below ``folder`` (a folder given as an input, resolved when it was
-    listed), opened there one folder at a time and through no link, so a subfolder swapped for a link after the
-    listing does not lead out; or, with no ``folder``, the file at the path ``relative`` (a file named as an input,
-    or an object downloaded to a temporary folder)."""
-
-    relative: Path
-    folder: Path | None = None
-
-    @property
-    def name(self) -> str:
-        return self.relative.name
-
-    def __str__(self) -> str:
-        return str(self.relative if self.folder is None else self.folder / self.relative)
-
-    def open(self) -> io.BufferedReader:
-        return open_regular(self.relative, folder=self.folder)
-
-
 def file_fingerprint(path: CorpusFile) -> dict:
     """Size and content hash (compared), and modification time (recorded) of a file, as opened to be read."""
     digest = hashlib.sha256()
@@ -160,104 +118,6 @@ def file_fingerprint(path: CorpusFile) -> dict:
             digest.update(block)
         size, mtime = f.raw.size, os.fstat(f.fileno()).st_mtime
     return {"bytes": size, "mtime": mtime, "sha256": digest.hexdigest()}
-
-
-class TextOf:
-    """A record's text: its field ``field``, or ``template`` with each ``{name}`` replaced by that field (dotted names
-    for nested ones: ``{meta.title}``; ``\\n``, ``\\t`` written out in the template are a newline and a tab; numbers
-    are written as text). A record without a field it names is counted by that reason."""
-
-    def __init__(self, field: str = "text", template: str | None = None):
-        self.field, self.template = field, template
-        if template is None:
-            self.parts = [("", field)]
-            return
-        import string
-
-        unescaped = template.replace("\\n", "\n").replace("\\t", "\t")
-        try:
-            self.parts = [(literal, name) for literal, name, _, _ in string.Formatter().parse(unescaped)]
-        except ValueError as error:
-            raise Refused(f"--text-template {template!r}: {error}") from error
-        if not any(name for _, name in self.parts):
-            raise Refused(f"--text-template {template!r} names no field: write fields as {{name}}")
-
-    @property
-    def columns(self) -> list[str]:
-        """The top-level fields the text is made of (the columns a .parquet or .arrow file is read for)."""
-        return sorted({name.split(".")[0] for _, name in self.parts if name})
-
-    def missing(self, name: str, fields) -> Record:
-        """A record skipped for lacking the field ``name``, its reason naming the fields it has (``fields``: the keys
-        where ``name`` was looked up, or a file's columns), so the summary shows what ``--text-field`` could be."""
-        what = "text field" if self.template is None else "field of the text template"
-        return Record(None, f"missing {what} {name!r}", fields=field_names(fields))
-
-    def __call__(self, obj) -> Record:
-        if not isinstance(obj, dict):
-            return Record(None, "not a JSON object")
-        what = "text field" if self.template is None else "field of the text template"
-        pieces = []
-        for literal, name in self.parts:
-            pieces.append(literal)
-            if not name:
-                continue
-            value = holder = obj
-            for key in name.split("."):
-                if not isinstance(value, dict) or key not in value:  # the fields of the nearest record holding it
-                    return self.missing(name, value if isinstance(value, dict) else holder)
-                holder, value = value, value[key]
-            if self.template is None:
-                if not isinstance(value, str):
-                    return Record(None, f"text field is {_kind_of(value)}, not a string")
-            elif value is None:  # how .parquet and .arrow rows hold a field their record lacks
-                return self.missing(name, [k for k, v in holder.items() if v is not None])
-            elif isinstance(value, (int, float)) and not isinstance(value, bool):
-                value = str(value)
-            elif not isinstance(value, str):
-                return Record(None, f"{what} {name!r} is {_kind_of(value)}, not a string")
-            pieces.append(value)
-        text = "".join(pieces)
-        limit = cap("document_bytes")
-        if len(text) > limit or (4 * len(text) > limit and len(text.encode("utf-8", "surrogatepass")) > limit):
-            return _over_cap()
-        return Record(text)
-
-
-SHOWN_FIELDS, SHOWN_FIELD_CHARS = 8, 40  # of a record's fields, how many a reason names, and of each name's characters
-
-
-def _kind_of(value) -> str:
-    """What a record's value is, in the words of the file (JSON's and Arrow's), not Python's type names."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, dict):
-        return "an object"
-    if isinstance(value, (list, tuple)):
-        return "a list"
-    return "binary" if isinstance(value, (bytes, bytearray)) else f"a {type(value).__name__} value"
-
-
-def field_names(fields) -> str:
-    """``fields`` (a record's keys) as a reason names them: the first ``SHOWN_FIELDS``, each cut at
-    ``SHOWN_FIELD_CHARS`` characters (a corpus's names are anyone's; the summary shows them through ``terminal``)."""
-    names = [str(f) if len(str(f)) <= SHOWN_FIELD_CHARS else str(f)[:SHOWN_FIELD_CHARS] + "..."
-             for f in list(fields)[:SHOWN_FIELDS + 1]]
-    if not names:
-        return "none"
-    return ", ".join(names[:SHOWN_FIELDS]) + (", ..." if len(names) > SHOWN_FIELDS else "")
-
-
-def _numbered(records: Iterator[Record], what: str) -> Iterator[Record]:
-    """``records`` with a document over the cap named by its place (``record 3``), counting from 1."""
-    for number, record in enumerate(records, 1):
-        if record.text is None and record.problem == over_cap():
-            record.where = f"{what} {number}"
-        yield record
 
 
 def _decode(raw: bytes) -> Record:
@@ -315,7 +175,7 @@ def _read_jsonl(path: CorpusFile, reading: Reading | None = None) -> Iterator[by
     with _open(path, reading) as f:
         for number, raw in _lines(f, cap("document_bytes")):
             if raw is None:
-                yield _over_cap(f"line {number:,}")
+                yield over_cap_record(f"line {number:,}")
                 continue
             if number == 1 and raw.startswith(_BOM):  # a UTF-8 byte order mark is no part of the first document
                 raw = raw[len(_BOM):]
@@ -367,384 +227,13 @@ def _read_json(path: CorpusFile, text_of: TextOf) -> Iterator[Record | bytes]:
     if not isinstance(rows, list):
         yield Record(None, "a .json file that is not a list of objects")
         return
-    yield from _numbered(map(text_of, rows), "record")
-
-
-def _mapped(path: CorpusFile):
-    """A .parquet or .arrow file (formats read by seeking) as a pyarrow buffer: a read-only memory map of the file
-    ``open_regular`` opened and checked, of the size it said (pages are read as pyarrow reaches them)."""
-    import mmap
-
-    import pyarrow as pa
-
-    with path.open() as f:
-        if f.raw.size == 0:
-            return pa.py_buffer(b"")
-        # The descriptor open_regular checked (its raw file object is the one it read through).
-        return pa.py_buffer(mmap.mmap(f.fileno(), f.raw.size, access=mmap.ACCESS_READ))
-
-
-ARROW_BATCH_ROWS = 64  # rows pyarrow decodes at a time from a .parquet file
-PYTHON_BYTES = 1 << 24  # bytes of a batch's values made Python objects at a time (one value over it: alone)
-# The most a .parquet page may decode to (a larger document cap raises it to the cap): writers cut a page at about
-# 1 MiB only after each 1,024 values, so an honest page of 1,024 documents of 300 KB is 300 MB.
-PAGE_BYTES = 1 << 30
-BATCH_BYTES = 1 << 28  # what a batch of a .parquet file's rows may decode to, sized by its largest page: 64 rows, fewer
-
-
-def page_bytes() -> int:
-    """The most pyarrow may decode whole of a file: one page of a .parquet file's text columns, one compressed record
-    batch of an .arrow file (or all its dictionaries): ``PAGE_BYTES``, or the document cap where that is larger (a
-    page holds at least one value; writers cut pages at about 1 MiB)."""
-    return max(PAGE_BYTES, cap("document_bytes"))
-
-
-class _Thrift:
-    """A reader of Thrift's compact protocol, as much of it as skipping a .parquet page header takes: each value read
-    from ``data`` at ``at``, never past ``end``, nested no deeper than 16."""
-
-    def __init__(self, data: memoryview, at: int, end: int):
-        self.data, self.at, self.end = data, at, end
-
-    def byte(self) -> int:
-        if self.at >= self.end:
-            raise ValueError("a page header runs past its column chunk")
-        self.at += 1
-        return self.data[self.at - 1]
-
-    def varint(self) -> int:
-        value = shift = 0
-        while True:
-            b = self.byte()
-            value |= (b & 0x7F) << shift
-            if not b & 0x80:
-                return value
-            shift += 7
-            if shift > 63:
-                raise ValueError("a page header's number runs over 64 bits")
-
-    def integer(self) -> int:  # zigzag
-        value = self.varint()
-        return (value >> 1) ^ -(value & 1)
-
-    def skip(self, kind: int, depth: int = 0) -> None:
-        if depth > 16:
-            raise ValueError("a page header nested too deeply")
-        if kind in (1, 2):  # booleans: in a field's header (in a list, a byte)
-            return
-        if kind == 3:
-            self.byte()
-        elif kind in (4, 5, 6):
-            self.varint()
-        elif kind == 7:
-            self.at += 8
-        elif kind == 8:
-            size = self.varint()  # read before ``at`` is: it moves it
-            self.at += size
-        elif kind in (9, 10):
-            head = self.byte()
-            size = head >> 4 if head >> 4 != 15 else self.varint()
-            for _ in range(size):
-                self.byte() if head & 15 in (1, 2) else self.skip(head & 15, depth + 1)
-        elif kind == 11:
-            size = self.varint()
-            kinds = self.byte() if size else 0
-            for _ in range(size):
-                self.skip(kinds >> 4, depth + 1)
-                self.skip(kinds & 15, depth + 1)
-        elif kind == 12:
-            self.struct(depth + 1)
-        else:
-            raise ValueError(f"a page header holds a value of unknown type {kind}")
-        if self.at > self.end:
-            raise ValueError("a page header runs past its column chunk")
-
-    def struct(self, depth: int = 0) -> dict[int, int | dict]:
-        """The struct's integer and struct fields by id (the others skipped)."""
-        fields: dict[int, int | dict] = {}
-        field = 0
-        while True:
-            head = self.byte()
-            if head == 0:
-                return fields
-            field = field + (head >> 4) if head >> 4 else self.integer()
-            if head & 15 in (4, 5, 6):
-                fields[field] = self.integer()
-            elif head & 15 == 12:
-                if depth > 16:
-                    raise ValueError("a page header nested too deeply")
-                fields[field] = self.struct(depth + 1)
-            else:
-                self.skip(head & 15, depth)
-
-
-def _page_sizes(data: memoryview, chunk) -> Iterator[tuple[int, int]]:
-    """The decoded size and the number of values of each page of a .parquet column chunk (``chunk``, pyarrow's
-    metadata of it), as its page header says before the page is read (Thrift: a ``PageHeader``'s field 2, and field
-    1 of its data, dictionary or data v2 page header): where the column chunk says it starts, one page after the
-    other for the compressed bytes it says it holds."""
-    begin = chunk.data_page_offset
-    if chunk.has_dictionary_page and chunk.dictionary_page_offset:
-        begin = min(begin, chunk.dictionary_page_offset)
-    end = begin + chunk.total_compressed_size
-    if begin < 0 or chunk.total_compressed_size < 0 or end > len(data):
-        raise ValueError(f"a column chunk at bytes {begin:,} to {end:,} of a file of {len(data):,}")
-    at = begin
-    while at < end:
-        reader = _Thrift(data, at, end)
-        header = reader.struct()
-        decoded, compressed = header.get(2, -1), header.get(3, -1)
-        if decoded < 0 or compressed < 0:
-            raise ValueError(f"a page header at byte {at:,} without its sizes")
-        kind = next((header[k] for k in (5, 7, 8) if isinstance(header.get(k), dict)), {})
-        values = kind.get(1, 0)
-        yield decoded, values if isinstance(values, int) and values > 0 else 0
-        at = reader.at + compressed
-
-
-def _largest_pages(data: memoryview, parquet, columns: list[str], path: CorpusFile) -> list[int]:
-    """The decoded size of the largest page of the text's ``columns`` in each row group of a .parquet file, read from
-    the page headers before pyarrow reads a page; refused (``UntrustedFile``) where one is over ``page_bytes()``, or
-    holds more than the document cap a value (so one of its values is over it): a dictionary page of a few KiB that
-    holds a value of gigabytes is never decoded."""
-    limit, document, metadata, largest = page_bytes(), cap("document_bytes"), parquet.metadata, []
-    for group in range(metadata.num_row_groups):
-        row_group = metadata.row_group(group)
-        largest.append(0)
-        for i in range(row_group.num_columns):
-            chunk = row_group.column(i)
-            if chunk.path_in_schema.split(".")[0] not in columns:
-                continue
-            for decoded, values in _page_sizes(data, chunk):
-                where = f"{path}: refused: row group {group + 1} of its column {chunk.path_in_schema!r} holds a page"
-                if decoded > document * max(values, 1):
-                    raise UntrustedFile(
-                        f"{where} of {values:,} value(s) that decodes to {decoded:,} bytes: a value over the document "
-                        f"cap of {document:,} bytes, which pyarrow would decode whole (raise "
-                        "VOCAGNO_MAX_DOCUMENT_BYTES if it is right)")
-                if decoded > limit:
-                    raise UntrustedFile(
-                        f"{where} that decodes to {decoded:,} bytes, more than the {limit:,} a page may (pyarrow "
-                        "decodes a page whole: write the file with smaller pages)")
-                largest[-1] = max(largest[-1], decoded)
-    return largest
-
-
-class _Flat:
-    """A reader of FlatBuffers tables, as much of them as sizing an Arrow IPC message takes: ``data`` (a message's
-    metadata, or a file's footer), every position checked against its end."""
-
-    def __init__(self, data: bytes):
-        self.data = data
-
-    def integer(self, at: int, size: int, signed: bool = True) -> int:
-        if at < 0 or at + size > len(self.data):
-            raise ValueError("an Arrow message's metadata points past its end")
-        return int.from_bytes(self.data[at:at + size], "little", signed=signed)
-
-    def root(self) -> int:
-        return self.integer(0, 4, signed=False)
-
-    def field(self, table: int, index: int) -> int | None:
-        """Where field ``index`` of the table at ``table`` is, None when the table leaves it out."""
-        vtable = table - self.integer(table, 4)
-        if 4 + 2 * index + 2 > self.integer(vtable, 2, signed=False):
-            return None
-        offset = self.integer(vtable + 4 + 2 * index, 2, signed=False)
-        return table + offset if offset else None
-
-    def table(self, table: int, index: int) -> int | None:
-        """Where the table (or vector) that field ``index`` refers to is, None when there is none."""
-        at = self.field(table, index)
-        return None if at is None else at + self.integer(at, 4, signed=False)
-
-    def structs(self, table: int, index: int, size: int) -> list[int]:
-        """Where each struct of ``size`` bytes of the vector field ``index`` is."""
-        at = self.table(table, index)
-        if at is None:
-            return []
-        count = self.integer(at, 4, signed=False)
-        if at + 4 + count * size > len(self.data):
-            raise ValueError("an Arrow message's vector runs past its metadata")
-        return [at + 4 + i * size for i in range(count)]
-
-
-def _decompressed_bytes(message) -> int:
-    """What pyarrow allocates to decompress an Arrow IPC record batch or dictionary batch ``message``: each of its
-    compressed buffers' first 8 bytes (little-endian) say what it decompresses to (-1: stored as it is, its length
-    less those 8). 0 for an uncompressed message (its buffers are the mapped file's own bytes) or another kind; read
-    from the metadata and the body, decompressing nothing (``Message``: Schema.fbs, Message.fbs)."""
-    flat, body = _Flat(message.metadata.to_pybytes()), message.body
-    header = flat.table(flat.root(), 2)  # Message: version, header_type, header, bodyLength, custom_metadata
-    if header is None:
-        return 0
-    if message.type == "dictionary":  # DictionaryBatch: id, data (a RecordBatch), isDelta
-        header = flat.table(header, 1)
-    if message.type not in ("record batch", "dictionary") or header is None or flat.table(header, 3) is None:
-        return 0  # RecordBatch: length, nodes, buffers, compression (absent: uncompressed)
-    total = 0
-    for at in flat.structs(header, 2, 16):  # Buffer: offset, length (int64 each), within the body
-        offset, length = flat.integer(at, 8), flat.integer(at + 8, 8)
-        if length == 0:
-            continue
-        if offset < 0 or length < 8 or offset + length > body.size:
-            raise ValueError(f"an Arrow buffer at bytes {offset:,} to {offset + length:,} of a body of {body.size:,}")
-        size = int.from_bytes(body.slice(offset, 8).to_pybytes(), "little", signed=True)
-        if size < -1:
-            raise ValueError(f"an Arrow buffer that says it decompresses to {size:,} bytes")
-        total += length - 8 if size == -1 else size
-    return total
-
-
-def _arrow_messages(data) -> Iterator:
-    """The messages of an Arrow IPC file (``data``, mapped) that pyarrow reads, each read (zero-copy) but not decoded:
-    those the file format's footer points at (dictionaries first), or the stream format's, one after the other."""
-    import pyarrow as pa
-
-    if data.size >= 10 and data.slice(0, 6).to_pybytes() == b"ARROW1":
-        if data.slice(data.size - 6).to_pybytes() != b"ARROW1":
-            raise ValueError("an Arrow IPC file without its footer")
-        size = int.from_bytes(data.slice(data.size - 10, 4).to_pybytes(), "little", signed=True)
-        if not 0 < size <= data.size - 18:
-            raise ValueError(f"an Arrow IPC file's footer of {size:,} bytes in a file of {data.size:,}")
-        footer = _Flat(data.slice(data.size - 10 - size, size).to_pybytes())
-        root = footer.root()
-        for at in footer.structs(root, 2, 24) + footer.structs(root, 3, 24):  # Footer: dictionaries, recordBatches
-            offset, length = footer.integer(at, 8), footer.integer(at + 8, 4) + footer.integer(at + 16, 8)
-            if offset < 8 or length < 0 or offset + length > data.size:
-                raise ValueError(f"an Arrow block at bytes {offset:,} to {offset + length:,} of a file of "
-                                 f"{data.size:,}")
-            yield pa.ipc.read_message(data.slice(offset, length))
-        return
-    reader = pa.ipc.MessageReader.open_stream(pa.BufferReader(data))
-    while True:
-        try:
-            yield reader.read_next_message()
-        except StopIteration:
-            return
-
-
-def _check_decompressed(data, path: CorpusFile) -> None:
-    """Refuse (``UntrustedFile``) an .arrow file of compressed buffers that pyarrow would decompress to more than
-    ``page_bytes()`` at once: a record batch (decompressed whole when it is read), or its dictionaries (all held
-    while its batches are read), sized before pyarrow decompresses any (``_decompressed_bytes``)."""
-    limit, dictionaries, batch = page_bytes(), 0, 0
-    for message in _arrow_messages(data):
-        size = _decompressed_bytes(message)
-        if message.type == "dictionary":
-            dictionaries += size
-            if dictionaries > limit:
-                raise UntrustedFile(
-                    f"{path}: refused: its dictionaries decompress to {dictionaries:,} bytes or more, more than the "
-                    f"{limit:,} they may (pyarrow holds them whole: write the file uncompressed, or without "
-                    "dictionary-encoding)")
-        elif message.type == "record batch":
-            batch += 1
-            if size > limit:
-                raise UntrustedFile(
-                    f"{path}: refused: its record batch {batch:,} decompresses to {size:,} bytes, more than the "
-                    f"{limit:,} a batch may (pyarrow decompresses a batch whole: write the file uncompressed, or in "
-                    "smaller record batches)")
-
-
-def _value_bytes(array):
-    """The bytes each value of the pyarrow ``array`` holds (a string's or a binary's length, what a list or a struct
-    holds, summed), measured by pyarrow on its offsets: no value is made a Python object, or copied."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    n, kind = len(array), array.type
-    if pa.types.is_dictionary(kind):
-        sizes = _value_bytes(array.dictionary)
-        if not len(sizes):
-            return np.zeros(n, np.int64)
-        valid = array.indices.is_valid().to_numpy(zero_copy_only=False)
-        return np.where(valid, sizes[array.indices.fill_null(0).to_numpy(zero_copy_only=False)], 0)
-    if pa.types.is_struct(kind):
-        return sum((_value_bytes(child) for child in array.flatten()), np.zeros(n, np.int64))
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
-        parents = pc.list_parent_indices(array).to_numpy(zero_copy_only=False)
-        return np.bincount(parents, weights=_value_bytes(pc.list_flatten(array)), minlength=n).astype(np.int64)
-    try:
-        return pc.binary_length(array).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    except (pa.ArrowNotImplementedError, pa.ArrowTypeError):  # not a string or a binary
-        pass
-    try:
-        return np.full(n, max(kind.bit_width // 8, 1), np.int64)
-    except ValueError:  # neither of fixed width (a map, a union): measured a value at a time
-        return np.array([array.slice(i, 1).nbytes for i in range(n)], np.int64)
-
-
-def _batch_records(batch, text_of: TextOf) -> Iterator[Record]:
-    """The records of a pyarrow record batch's rows, from the columns the text is made of. A row whose values there
-    hold more than the ``document_bytes`` cap (as pyarrow measures them, ``_value_bytes``) is skipped as over the
-    cap without being made a Python object; the others are made Python objects ``PYTHON_BYTES`` at a time."""
-    absent = [name for _, name in text_of.parts if name and name.split(".")[0] not in batch.schema.names]
-    if absent:  # a column the file lacks, every row lacks: counted per record, naming the file's columns
-        record = text_of.missing(absent[0], batch.schema.names)
-        yield from (Record(None, record.problem, fields=record.fields) for _ in range(batch.num_rows))
-        return
-    columns = text_of.columns
-    batch = batch.select(columns)
-    sizes = sum(_value_bytes(batch.column(c)) for c in columns)
-    limit, begin = cap("document_bytes"), 0
-    while begin < batch.num_rows:
-        if sizes[begin] > limit:
-            yield _over_cap()
-            begin += 1
-            continue
-        end, held = begin + 1, int(sizes[begin])
-        while end < batch.num_rows and sizes[end] <= limit and held + sizes[end] <= PYTHON_BYTES:
-            held += int(sizes[end])
-            end += 1
-        yield from map(text_of, batch.slice(begin, end - begin).to_pylist())
-        begin = end
-
-
-def _read_parquet(path: CorpusFile, text_of: TextOf) -> Iterator[Record]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    data = _mapped(path)
-    parquet = pq.ParquetFile(pa.BufferReader(data))
-    names = parquet.schema_arrow.names
-    absent = [name for _, name in text_of.parts if name and name.split(".")[0] not in names]
-    if absent:  # a column the file lacks, every row lacks: counted per row, naming the file's columns, none read
-        missing = text_of.missing(absent[0], names)
-        yield from (Record(None, missing.problem, fields=missing.fields) for _ in range(parquet.metadata.num_rows))
-        return
-    columns = text_of.columns
-    largest = _largest_pages(memoryview(data), parquet, columns, path)
-    # A value lies in one page: a batch of n rows decodes to at most n times the largest page of each column read.
-    leaves = sum(column.path.split(".")[0] in columns for column in parquet.schema)
-    batches = (batch for group, page in enumerate(largest) for batch in parquet.iter_batches(
-        columns=columns, row_groups=[group],
-        batch_size=max(1, min(ARROW_BATCH_ROWS, BATCH_BYTES // max(page * leaves, 1)))))
-    yield from _numbered((record for batch in batches for record in _batch_records(batch, text_of)), "row")
-
-
-def _read_arrow(path: CorpusFile, text_of: TextOf) -> Iterator[Record]:
-    """An Arrow IPC file: ``datasets``' ``save_to_disk`` and cache write the stream format, others the file format."""
-    import pyarrow as pa
-
-    data = _mapped(path)
-    _check_decompressed(data, path)
-    try:
-        reader = pa.ipc.open_stream(pa.BufferReader(data))
-    except pa.ArrowInvalid:
-        reader = pa.ipc.open_file(pa.BufferReader(data))
-        batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
-    else:
-        batches = iter(reader)
-
-    yield from _numbered((record for batch in batches for record in _batch_records(batch, text_of)), "row")
+    yield from numbered(map(text_of, rows), "record")
 
 
 def _read_txt(path: CorpusFile) -> Iterator[Record]:
     """The file as one document; one over the ``document_bytes`` cap is skipped after reading no more than it."""
     data = _read_bytes(path, cap("document_bytes"))
-    yield _over_cap("(the whole file, one document)") if data is None else _decode(data)
+    yield over_cap_record("(the whole file, one document)") if data is None else _decode(data)
 
 
 def _format(path: Path | CorpusFile) -> str | None:
@@ -874,7 +363,7 @@ def _files_under(folder: Path) -> tuple[dict[Path, Path], list[str]]:
 
 def _read(path: CorpusFile, text_of: TextOf, reading: Reading | None = None) -> Iterator[Record | bytes]:
     """A local file's records, by the reader its name asks for (a .jsonl file's with ``reading`` at its place)."""
-    readers = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet, ".arrow": _read_arrow,
+    readers = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": read_parquet, ".arrow": read_arrow,
                ".txt": _read_txt}
     reader = readers[_format(path)]
     if reader is _read_jsonl:
@@ -967,7 +456,7 @@ def hub_sources(name: str, split: str, text_of: TextOf, subset: str | None = Non
         raise ValueError(f"no configuration {subset!r}; --subset one of: {', '.join(_configurations(name))}") from None
 
     def reader(index: int):
-        return lambda: _numbered(map(text_of, dataset.shard(num_shards=dataset.n_shards, index=index)), "record")
+        return lambda: numbered(map(text_of, dataset.shard(num_shards=dataset.n_shards, index=index)), "record")
 
     label = f"{name}{f' ({subset})' if subset else ''}[{split}]"
     return [

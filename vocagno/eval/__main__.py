@@ -232,7 +232,8 @@ def _read_texts(path: Path, field: str = "text") -> list[str]:
     .parquet, .arrow, .txt, any of them gzip- or zstd-compressed; a record's ``field``), held within the ``json_bytes``
     cap in all. A record the converter would skip, or a file it can't read to its end, is refused (``UntrustedFile``),
     naming the fields the record has: a score over some of a file's documents is no score of the file."""
-    from vocagno.conversion.sources import parse_jsonl_line, sources_of, TextOf
+    from vocagno.conversion.records import TextOf
+    from vocagno.conversion.sources import parse_jsonl_line, sources_of
 
     text_of, limit = TextOf(field), cap("json_bytes")
     (source,) = sources_of([str(path)], "train", text_of)
