@@ -56,7 +56,7 @@ from vocagno.data.outroots import (  # noqa: E402
     PART_STATS, OwnedLock, Output, all_jobs_done, check_or_write_settings, job_marker, merge_once, part_index,
     publish_dataset, unfinished_parts,
 )
-from vocagno.conversion.records import Record, TextOf  # noqa: E402
+from vocagno.conversion.records import LONE_SURROGATE, Record, TextOf  # noqa: E402
 from vocagno.conversion.sources import Source, parse_jsonl_line, sources_of  # noqa: E402
 from vocagno.data.shards import (  # noqa: E402
     COLUMNS, METADATA_FILE, SHARD_HASH, Encoder, Packer, ShardMetadata, TokenizerInfo, tokenizer_info,
@@ -98,7 +98,6 @@ STALE_PART = re.compile(r"\.(?:part-(?P<source>\d{5,})-\d{6,}\.staging-.+|tmp-pa
 
 
 # ------------------------------------------------------------------------------------------------------- converting
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def clean(record: Record, max_doc_chars: int, stats: Counter) -> list[str]:
@@ -117,7 +116,7 @@ def clean(record: Record, max_doc_chars: int, stats: Counter) -> list[str]:
     text = record.text
     if record.problem:
         stats[f"repaired: {record.problem}"] += 1
-    if _LONE_SURROGATE.search(text):
+    if LONE_SURROGATE.search(text):
         # Lone surrogates (from JSON escapes like "\ud800") can't be encoded; pairs are joined, lone ones replaced.
         text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
         stats["repaired: lone surrogates replaced by U+FFFD"] += 1
@@ -191,7 +190,6 @@ def _worker_init(student: str, teacher: str) -> None:
     if _encoder is None:
         _encoder = Encoder(load_tokenizer(student), load_tokenizer(teacher))
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
-
 
 
 def _exit_with_parent(parent: int) -> None:

@@ -5,6 +5,7 @@ counted by."""
 from __future__ import annotations
 
 import io
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -12,7 +13,10 @@ from typing import Iterator
 from vocagno.errors import Refused
 from vocagno.doors.untrusted import cap, open_regular
 
-__all__ = ["CorpusFile", "Record", "TextOf", "field_names", "numbered", "over_cap", "over_cap_record"]
+__all__ = ["LONE_SURROGATE", "CorpusFile", "Record", "TextOf", "field_names", "numbered", "over_cap", "over_cap_record"]
+
+# Half of a UTF-16 pair, as a JSON escape ("\\ud800") gives it: no character, so it has no UTF-8 bytes.
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass

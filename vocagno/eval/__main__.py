@@ -15,7 +15,6 @@ whose data is missing is reported as such, never skipped silently; the average i
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -155,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         if not Path(args.bpb).is_file():
             parser.error(f"--bpb {args.bpb} is not a file")
         try:
-            texts = [t for t in _read_texts(Path(args.bpb), args.bpb_field) if t]
+            texts = _read_texts(Path(args.bpb), args.bpb_field)
         except Refused as error:  # a file the converter's reader refuses, or can't take as one
             parser.error(f"--bpb {error}")
         if not texts:
@@ -224,15 +223,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # from a JSON escape: no character, so no bytes to score
-
-
 def _read_texts(path: Path, field: str = "text") -> list[str]:
     """The texts of ``path`` as the converter reads a corpus file (``vocagno.conversion.sources``: .jsonl, .json,
     .parquet, .arrow, .txt, any of them gzip- or zstd-compressed; a record's ``field``), held within the ``json_bytes``
     cap in all. A record the converter would skip, or a file it can't read to its end, is refused (``UntrustedFile``),
     naming the fields the record has: a score over some of a file's documents is no score of the file."""
-    from vocagno.conversion.records import TextOf
+    from vocagno.conversion.records import LONE_SURROGATE, TextOf
     from vocagno.conversion.sources import parse_jsonl_line, sources_of
 
     text_of, limit = TextOf(field), cap("json_bytes")
@@ -249,7 +245,7 @@ def _read_texts(path: Path, field: str = "text") -> list[str]:
         if record.text is None:
             raise UntrustedFile(f"{path}: refused: document {number:,}: {record.problem}")
         problem = record.problem or ("a lone surrogate (a JSON escape of U+D800 to U+DFFF, no character)"
-                                     if _LONE_SURROGATE.search(record.text) else None)
+                                     if LONE_SURROGATE.search(record.text) else None)
         if problem:
             raise UntrustedFile(f"{path}: refused: document {number:,}: {problem}: bits per byte are of the text as "
                                 "written")
