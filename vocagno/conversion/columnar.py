@@ -1,7 +1,8 @@
 """Reading .parquet and .arrow files (formats read by seeking) within bounds: a .parquet file's pages are sized from
 their headers before pyarrow decodes one (``_largest_pages``), an .arrow file's compressed record batches and
 dictionaries from their buffers' declared lengths before pyarrow decompresses one (``_check_decompressed``), and
-rows become Python objects ``PYTHON_BYTES`` at a time (``_batch_records``). ``sources`` hands a file here by its name."""
+rows become Python objects ``PYTHON_BYTES`` at a time (``_batch_records``). ``sources`` hands a file here by its
+name."""
 
 from __future__ import annotations
 
@@ -319,14 +320,20 @@ def _value_bytes(array):
         return np.array([array.slice(i, 1).nbytes for i in range(n)], np.int64)
 
 
+def _lacking(text_of: TextOf, names: list[str]) -> Record | None:
+    """The skipped record every row is, where the file's columns (``names``) lack one the text is made of: a column
+    the file lacks, every row lacks; counted per row, naming the file's columns."""
+    absent = [name for _, name in text_of.parts if name and name.split(".")[0] not in names]
+    return text_of.missing(absent[0], names) if absent else None
+
+
 def _batch_records(batch, text_of: TextOf) -> Iterator[Record]:
     """The records of a pyarrow record batch's rows, from the columns the text is made of. A row whose values there
     hold more than the ``document_bytes`` cap (as pyarrow measures them, ``_value_bytes``) is skipped as over the
     cap without being made a Python object; the others are made Python objects ``PYTHON_BYTES`` at a time."""
-    absent = [name for _, name in text_of.parts if name and name.split(".")[0] not in batch.schema.names]
-    if absent:  # a column the file lacks, every row lacks: counted per record, naming the file's columns
-        record = text_of.missing(absent[0], batch.schema.names)
-        yield from (Record(None, record.problem, fields=record.fields) for _ in range(batch.num_rows))
+    lacking = _lacking(text_of, batch.schema.names)
+    if lacking is not None:
+        yield from (Record(None, lacking.problem, fields=lacking.fields) for _ in range(batch.num_rows))
         return
     columns = text_of.columns
     batch = batch.select(columns)
@@ -351,11 +358,9 @@ def read_parquet(path: CorpusFile, text_of: TextOf) -> Iterator[Record]:
 
     data = _mapped(path)
     parquet = pq.ParquetFile(pa.BufferReader(data))
-    names = parquet.schema_arrow.names
-    absent = [name for _, name in text_of.parts if name and name.split(".")[0] not in names]
-    if absent:  # a column the file lacks, every row lacks: counted per row, naming the file's columns, none read
-        missing = text_of.missing(absent[0], names)
-        yield from (Record(None, missing.problem, fields=missing.fields) for _ in range(parquet.metadata.num_rows))
+    lacking = _lacking(text_of, parquet.schema_arrow.names)
+    if lacking is not None:  # no row is read
+        yield from (Record(None, lacking.problem, fields=lacking.fields) for _ in range(parquet.metadata.num_rows))
         return
     columns = text_of.columns
     largest = _largest_pages(memoryview(data), parquet, columns, path)

@@ -93,15 +93,16 @@ def score(shards: str, output: Output, teacher: Teacher, device: str, batch_toke
         progress = tqdm(total=sum(index["shards"][i]["samples"] for i in mine), unit="sample", desc="scoring",
                         dynamic_ncols=True, mininterval=1.0, disable=rank != 0)
         begin, tokens, samples = time.perf_counter(), 0, 0
+
+        def scored(rows: int, teacher_tokens: int) -> None:  # a batch's: the bar moves within a part
+            nonlocal tokens
+            tokens += teacher_tokens
+            progress.update(rows)
+            progress.set_postfix_str(f"{tokens / (time.perf_counter() - begin):,.0f} teacher tok/s per device")
+
         for i in mine:
             name = _part(i)
             done_there = output.pull(f"{name}/{PART_STATS}")
-            def scored(rows: int, teacher_tokens: int) -> None:  # a batch's: the bar moves within a part
-                nonlocal tokens
-                tokens += teacher_tokens
-                progress.update(rows)
-                progress.set_postfix_str(f"{tokens / (time.perf_counter() - begin):,.0f} teacher tok/s per device")
-
             if not done_there and not (output.local / name / PART_STATS).exists():
                 _score_part(shards_root, index["shards"][i], output.local / name, scorer, device, batch_tokens,
                             column, side, scored)

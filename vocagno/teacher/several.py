@@ -28,7 +28,10 @@ from vocagno.errors import Refused
 from vocagno.teacher.side import TeacherSide
 from vocagno.teacher.teacher import Teacher
 
-__all__ = ["Teachers", "teachers_from", "reader_first", "WithOtherTeachers", "made_side", "teacher_shares"]
+__all__ = ["TEACHER_SHARE", "Teachers", "teachers_from", "reader_first", "WithOtherTeachers", "made_side",
+           "teacher_shares"]
+
+TEACHER_SHARE = "vocagno/teacher_share/"  # the metric of each teacher's share, by its name after this
 
 # A teachers: entry's keys: Teacher's fields, its model given as ``teacher`` (as the single teacher: section names it).
 ENTRY_KEYS = ("teacher", "tokenizer", "dtype", "placement", "chunk_size", "trust_remote_code", "kernels",
@@ -92,7 +95,7 @@ def teacher_shares(names: list[str], counts: list[float]) -> dict[str, float]:
     reference each gave, then all the kept mapped ones), its share; with ``combine: mean`` every teacher that mapped a
     token gave it, so the shares may add up to more than 1."""
     *per_teacher, kept = counts
-    return {f"vocagno/teacher_share/{name}": count / max(kept, 1) for name, count in zip(names, per_teacher)}
+    return {f"{TEACHER_SHARE}{name}": count / max(kept, 1) for name, count in zip(names, per_teacher)}
 
 
 class WithOtherTeachers:
@@ -188,7 +191,8 @@ class Teachers:
             if by is None:
                 raise ValueError(f"teacher_losses: cached, but the training shards carry no losses of teacher "
                                  f"{each.name!r}: score them with it (python -m vocagno.score --shards SHARDS "
-                                 f"--config YAML --name {each.name} --out SCORED: docs/training.md) and train on SCORED")
+                                 f"--config YAML --name {each.name} --out SCORED: docs/training.md) and train on "
+                                 "SCORED")
             wanted = each.tokenizer_info() if each.tokenizer_source is not None else None
             if wanted is not None and by["tokenizer"]["fingerprint"] != wanted.fingerprint:
                 raise ValueError(f"teacher {each.name!r}: the shards' {loss_column(each.name)} was scored with the "

@@ -16,6 +16,7 @@ from composer.utils import dist
 from vocagno.doors.writing import append
 from vocagno.shown import terminal
 from vocagno.data.batch import SELECTED
+from vocagno.teacher.several import TEACHER_SHARE
 
 __all__ = ["ConsoleLine", "JSONLinesLogger", "Narration", "RunPicture", "RunRecipe", "SampleLog"]
 
@@ -37,13 +38,12 @@ class JSONLinesLogger(LoggerDestination):
 
 # What the console line shows, in its order: (label, the metrics that give it, first one logged wins, its format).
 # A key ending in "/" is a prefix: every metric under it, by the name after it (several teachers' shares).
-TEACHER_SHARES = "vocagno/teacher_share/"
 CONSOLE_FIGURES = [
     ("loss", ("loss/train/total",), "{:.4f}"),
     ("student", ("loss/train/student_loss",), "{:.3f}"),
     ("teacher", ("loss/train/teacher_loss",), "{:.3f}"),
     ("kept", ("loss/train/kept_fraction",), "{:.3f}"),
-    ("shares", (TEACHER_SHARES,), "{:.2f}"),
+    ("shares", (TEACHER_SHARE,), "{:.2f}"),
     ("tok/s", ("throughput/tokens_per_sec", "throughput/device/tokens_per_sec"), "{:,.0f}"),
     ("lr", ("lr-DecoupledAdamW/group0",), "{:.2e}"),
     ("held-out bits/byte", ("metrics/eval/BitsPerByte",), "{:.4f}"),
@@ -53,8 +53,9 @@ CONSOLE_FIGURES = [
 class ConsoleLine(LoggerDestination):
     """One line on the console per ``every`` batches (and at the last), on the first rank: the batch and the figures
     a user watches (``CONSOLE_FIGURES``: the loss, the student's and the teacher's, the kept fraction, tokens per
-    second, the learning rate; with several teachers each one's share of the kept mapped tokens). An evaluation's held-out bits per byte joins the line of the batch it was measured
-    at, or, where that batch's line is past (an evaluation at an epoch's end) or not printed, gets a line of its own.
+    second, the learning rate; with several teachers each one's share of the kept mapped tokens). An evaluation's
+    held-out bits per byte joins the line of the batch it was measured at, or, where that batch's line is past (an
+    evaluation at an epoch's end) or not printed, gets a line of its own.
     Every metric stays in the other loggers (``jsonl``)."""
 
     EVAL = "metrics/eval/BitsPerByte"
