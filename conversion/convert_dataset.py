@@ -58,8 +58,9 @@ from vocagno.data.outroots import (  # noqa: E402
 )
 from vocagno.conversion.records import LONE_SURROGATE, Record, TextOf  # noqa: E402
 from vocagno.conversion.sources import Source, parse_jsonl_line, sources_of  # noqa: E402
+from vocagno.conversion.packer import Encoder, Packer  # noqa: E402
 from vocagno.data.shards import (  # noqa: E402
-    COLUMNS, METADATA_FILE, SHARD_HASH, Encoder, Packer, ShardMetadata, TokenizerInfo, tokenizer_info,
+    COLUMNS, METADATA_FILE, SHARD_HASH, ShardMetadata, TokenizerInfo, tokenizer_info,
 )
 from vocagno.core.tokenization import load_tokenizer  # noqa: E402
 from vocagno.shown import terminal  # noqa: E402

@@ -833,7 +833,7 @@ def test_a_long_document_cut_into_pieces_gives_the_tokens_of_the_whole(tokenizer
 
     from conversion.convert_dataset import clean
     from vocagno.conversion.records import Record
-    from vocagno.data.shards import Encoder
+    from vocagno.conversion.packer import Encoder
 
     text = "alpha beta gamma\nThe integral ∫x²dx = x³/3 — 中文 😀 and  two  spaces. " * 60
     pieces = clean(Record(text), 97, Counter())

@@ -316,9 +316,9 @@ def test_bits_per_byte_metric_matches_the_function(tokenizers):
 def test_bits_per_byte_metric_agrees_with_the_function_on_the_same_text(tokenizers, student, text):
     """A one-document row through the converter's packing and the collator, scored by the metric, gives what
     bits_per_byte gives for the document: every byte counted once, the separator not scored."""
-    from vocagno.data.shards import Encoder
+    from vocagno.conversion.packer import Encoder, Packer
     from vocagno.data.dataset import TeacherGuidedCollator
-    from vocagno.data.shards import Packer, tokenizer_info
+    from vocagno.data.shards import tokenizer_info
 
     tokenizer = tokenizers[student]
     info, teacher = tokenizer_info(tokenizer, student), tokenizer_info(tokenizers["qwen2.5"], "qwen2.5")

@@ -228,7 +228,7 @@ def test_a_copy_without_the_dummy_prefix_reads_special_tokens_as_its_tokenizer_d
 def test_text_copies_of_a_tokenizer_are_made_once_per_content_and_leave_the_tokenizer_as_it_was():
     # Copying a 151K vocabulary's tokenizer (twice: as it is, without the dummy prefix) took about a second and a
     # half: every conversion, part and Encoder paid it again for the same tokenizer file.
-    from vocagno.data.shards import Encoder
+    from vocagno.conversion.packer import Encoder
     from vocagno.core.tokenization import text_tokenizers
 
     first, second = load_tokenizer("qwen2.5"), load_tokenizer("qwen2.5")

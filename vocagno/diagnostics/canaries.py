@@ -8,7 +8,7 @@ shards (cut at their document separators); each noise document is one of them ma
 - ``shuffled_words``: the same words in a random order (the miniature's junk: right words, no sense);
 - ``scrambled_characters``: each word's characters in a random order (OCR or encoding garbage: no words at all).
 
-Documents are packed into rows exactly as ``conversion/convert_dataset.py`` packs them (``vocagno.data.shards.Encoder`` and
+Documents are packed into rows exactly as the converter packs them (``vocagno.conversion.packer``: ``Encoder`` and
 ``Packer``, the shards' tokenizers and ``seq_len``), so the rows are the training rows this corpus would give.
 """
 
@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vocagno.data.shards import Encoder, Packer, ShardMetadata
+from vocagno.conversion.packer import Encoder, Packer
+from vocagno.data.shards import ShardMetadata
 
 __all__ = ["NOISE", "CLEAN", "Canaries", "clean_documents", "mix", "pack"]
 
