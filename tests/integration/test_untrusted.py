@@ -226,7 +226,8 @@ def test_an_object_of_a_sharded_checkpoint_reads_as_torch_reads_it_and_a_gadget_
     under a number far out (Python's unpickler would allocate for it) are torch's to judge, never read as data."""
     import datetime
 
-    from vocagno.doors.untrusted import _NOT_PLAIN, UntrustedFile, _plain_data, load_torch
+    from vocagno.doors.untrusted import UntrustedFile, load_torch
+    from vocagno.doors.untrusted.torch_files import _NOT_PLAIN, _plain_data
 
     def saved(value) -> io.BytesIO:
         out = io.BytesIO()
