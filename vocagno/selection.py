@@ -272,7 +272,7 @@ def _read_shards(folder: Path, source: str | None = None) -> ShardMetadata:
     if not (folder / METADATA_FILE).exists():
         raise Refused(f"--shards {folder} holds no {METADATA_FILE}: not vocagno shards (a token MDS has no text or "
                       "offsets to align; convert the corpus with conversion/convert_dataset.py)")
-    from vocagno.data.streaming import read_index
+    from vocagno.data.shard_index import read_index
 
     index = read_index(folder)  # every count and name checked before the shards are read
     missing = sorted(set(COLUMNS) - {c for info in index["shards"][:1] for c in info.get("column_names", [])})

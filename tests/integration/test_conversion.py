@@ -88,7 +88,7 @@ def test_ranks_of_a_node_fetch_the_shards_metadata_into_one_local_at_once(sample
 def test_jobs_of_a_node_opening_datasets_at_once_each_get_their_own_shared_memory(sample_shards, tmp_path):
     """Two jobs on one node (or pytest's two workers) starting at the same moment: each dataset takes a free
     Streaming prefix, none fails on a prefix another took between Streaming's search and its registration."""
-    from vocagno.data.streaming import clean_leaked_shared_memory
+    from vocagno.compat.streaming_shm import clean_leaked_shared_memory
 
     locals_ = [str(tmp_path / f"local{job}") for job in range(4)]
     for attempt in range(5):
@@ -101,7 +101,7 @@ def test_processes_started_at_once_do_not_inherit_the_locks_the_test_process_hol
     """The processes of the tests above start from a clean server, not as forks of this process: a lock held here
     (as a thread of an earlier test may hold one at the fork), here the one around Streaming's memories, does not hang
     them inside the registration lock."""
-    from vocagno.data.streaming import _replacing_lock, clean_leaked_shared_memory
+    from vocagno.compat.streaming_shm import _replacing_lock, clean_leaked_shared_memory
 
     locals_ = [str(tmp_path / f"local{job}") for job in range(4)]
     with _replacing_lock:

@@ -1,10 +1,11 @@
 """vocagno inside llm-foundry 0.22 itself: installed beside it in one resolve, trained by its ``train_from_yaml``.
 
 The venv is built once (``pip install -e REPO llm-foundry==0.22.0``: a single resolve, so our pins and llm-foundry's
-must agree; it gets Streaming 0.12, transformers 4.51, datasets 3.6, the low ends of our ranges) and kept under
-``$VOCAGNO_TEST_VENVS`` (default ``~/.cache/vocagno-test-venvs``) until what it installs changes (``pyproject.toml``
-but for the test extra and the tools' settings, llm-foundry's pin, the Python). Where it can't be
-installed (no package registry) the test is skipped, saying so; in CI (``CI`` set) that is a failure instead.
+must agree; it gets our exact Streaming and torch, and transformers 4.51 and datasets 3.6, the low ends of our
+ranges) and kept under ``$VOCAGNO_TEST_VENVS`` (default ``~/.cache/vocagno-test-venvs``) until what it installs
+changes (``pyproject.toml`` but for the test extra and the tools' settings, llm-foundry's pin, the Python). Where it
+can't be installed (no package registry) the test is skipped, saying so; in CI (``CI`` set) that is a failure
+instead.
 """
 
 import hashlib

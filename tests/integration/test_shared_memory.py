@@ -1,4 +1,4 @@
-"""``vocagno.data.streaming.clean_leaked_shared_memory`` on a shared-memory folder of its own: which Streaming
+"""``vocagno.compat.streaming_shm.clean_leaked_shared_memory`` on a shared-memory folder of its own: which Streaming
 prefixes it takes for junk (registered on this run's locals, held by no process, still the file it examined) and which
 it leaves."""
 
@@ -16,8 +16,8 @@ import pytest
 from streaming.base.shared.prefix import _pack_locals
 
 from vocagno.data import dataset as data
-from vocagno.data import streaming
-from vocagno.data.streaming import clean_leaked_shared_memory
+from vocagno.compat import streaming_shm
+from vocagno.compat.streaming_shm import clean_leaked_shared_memory
 
 
 @contextmanager
@@ -90,14 +90,14 @@ def test_a_name_taken_again_after_it_was_examined_is_not_unlinked(shm, tmp_path,
     """Between the scan and the unlink another job's dataset takes the freed name: its new file stays."""
     ours = str(tmp_path / "cache")
     files = leave(shm, 0, [ours])
-    examine = streaming._held_files
+    examine = streaming_shm._held_files
 
     def meanwhile(shm_dir):
         (shm / "000000_barrier").unlink()
         (shm / "000000_barrier").write_bytes(b"new")
         return examine(shm_dir)
 
-    monkeypatch.setattr(streaming, "_held_files", meanwhile)
+    monkeypatch.setattr(streaming_shm, "_held_files", meanwhile)
     assert clean_leaked_shared_memory([ours], shm_dir=str(shm)) == [f for f in files if f != "000000_barrier"]
     assert os.listdir(shm) == ["000000_barrier"] and (shm / "000000_barrier").read_bytes() == b"new"
 
@@ -127,28 +127,29 @@ def test_a_registration_lock_held_too_long_or_not_a_file_of_ours_is_waited_for_a
     import time
     import warnings
 
-    monkeypatch.setattr(streaming, "REGISTRATION_WAIT_SECONDS", 0.5)
+    monkeypatch.setattr(streaming_shm, "REGISTRATION_WAIT_SECONDS", 0.5)
     path = tmp_path / "registration.lock"
-    monkeypatch.setattr(streaming, "registration_lock_path", lambda: str(path))
+    monkeypatch.setattr(streaming_shm, "registration_lock_path", lambda: str(path))
     with open(path, "w") as other_job:
         fcntl.flock(other_job, fcntl.LOCK_EX)  # another open file: another holder, as another process's
         began = time.monotonic()
-        with pytest.warns(UserWarning, match="opening the dataset without it"), streaming.registering_shared_memory():
+        with (pytest.warns(UserWarning, match="opening the dataset without it"),
+              streaming_shm.registering_shared_memory()):
             assert time.monotonic() - began >= 0.5
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with streaming.registering_shared_memory():  # let go: taken at once
+        with streaming_shm.registering_shared_memory():  # let go: taken at once
             with open(path) as other_job:
                 with pytest.raises(BlockingIOError):
                     fcntl.flock(other_job, fcntl.LOCK_EX | fcntl.LOCK_NB)
         path.unlink()
         os.mkfifo(path)  # opening a FIFO to read would wait for a writer
         began = time.monotonic()
-        with streaming.registering_shared_memory():
+        with streaming_shm.registering_shared_memory():
             assert time.monotonic() - began < 0.5
         path.unlink()
         path.symlink_to(tmp_path / "elsewhere")
-        with streaming.registering_shared_memory():
+        with streaming_shm.registering_shared_memory():
             assert not (tmp_path / "elsewhere").exists()
 
 
@@ -158,18 +159,18 @@ def test_the_leader_of_a_job_over_several_nodes_never_takes_the_registration_loc
     import fcntl
     import time
 
-    monkeypatch.setattr(streaming, "REGISTRATION_WAIT_SECONDS", 1)
+    monkeypatch.setattr(streaming_shm, "REGISTRATION_WAIT_SECONDS", 1)
     path = tmp_path / "registration.lock"
-    monkeypatch.setattr(streaming, "registration_lock_path", lambda: str(path))
+    monkeypatch.setattr(streaming_shm, "registration_lock_path", lambda: str(path))
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}.items():
         monkeypatch.setenv(key, value)
     with open(path, "w") as other_job:
         fcntl.flock(other_job, fcntl.LOCK_EX)
         began = time.monotonic()
-        with streaming.registering_shared_memory():
+        with streaming_shm.registering_shared_memory():
             assert time.monotonic() - began < 0.5
         monkeypatch.setenv("WORLD_SIZE", "2")  # the same leader in a job of one node waits
-        with pytest.warns(UserWarning, match="without it"), streaming.registering_shared_memory():
+        with pytest.warns(UserWarning, match="without it"), streaming_shm.registering_shared_memory():
             assert time.monotonic() - began >= 1
 
 
@@ -188,12 +189,12 @@ def shared_memory_held() -> Counter:
 
 def _converted(tmp_path: Path) -> Path:
     """Eight shipped documents converted into ``tmp_path / "shards"`` (TinyLlama's and Qwen2.5's tokenizers)."""
-    from conversion import convert_dataset
+    from vocagno.conversion.convert import main as convert_main
     from helpers import first_documents
 
-    assert convert_dataset.main(["--input", str(first_documents(tmp_path, 8)), "--student-tokenizer", "llama2",
-                                 "--teacher-tokenizer", "qwen2.5", "--seq-len", "64",
-                                 "--out-root", str(tmp_path / "shards")]) == 0
+    assert convert_main(["--input", str(first_documents(tmp_path, 8)), "--student-tokenizer", "llama2",
+                         "--teacher-tokenizer", "qwen2.5", "--seq-len", "64",
+                         "--out-root", str(tmp_path / "shards")]) == 0
     return tmp_path / "shards"
 
 
@@ -268,12 +269,12 @@ def test_shared_memory_another_thread_opens_meanwhile_is_left_alone():
     thread = threading.Thread(target=other_thread)
     thread.start()
     collected = []
-    with streaming.collecting_shared_memory(collected):
+    with streaming_shm.collecting_shared_memory(collected):
         built.set()
         thread.join(30)
     try:
         assert made and not collected
-        streaming.release_shared_memory(collected, os.getpid())
+        streaming_shm.release_shared_memory(collected, os.getpid())
         assert bytes(made[0].buf[:5]) == b"state" and os.path.exists(f"/dev/shm/{name}")  # still open, still there
     finally:
         made[0].cleanup()
@@ -285,13 +286,13 @@ def test_a_shared_memory_created_and_never_sized_is_named_after_the_wait(monkeyp
 
     from streaming.base.shared.memory import SharedMemory
 
-    monkeypatch.setattr(streaming, "SHARED_MEMORY_SIZE_WAIT_SECONDS", 0.2)
+    monkeypatch.setattr(streaming_shm, "SHARED_MEMORY_SIZE_WAIT_SECONDS", 0.2)
     name = f"vocagno_test_{os.getpid()}_never_sized"
     os.close(_posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600))
     try:
         began = time.monotonic()
         with pytest.raises(RuntimeError, match=f"shared memory '{name}' was created but not sized within 0.2 s"), \
-                streaming.attaching_when_sized():
+                streaming_shm.attaching_when_sized():
             SharedMemory(name, size=64)
         assert time.monotonic() - began >= 0.2
     finally:
@@ -445,9 +446,9 @@ def test_a_nodes_ranks_take_their_leaders_prefix_or_its_failure_whatever_other_j
     other_job = None
     while meanwhile == "another job exits" and other_job is None:  # the lowest free prefix, unless a job takes it
         walked_past = []  # the registrations the look maps, let go here rather than at the worker's exit
-        with streaming.collecting_shared_memory(walked_past):
+        with streaming_shm.collecting_shared_memory(walked_past):
             free = prefix._check_and_find([str(tmp_path / "another-job")], [None], LOCALS)
-        streaming.release_shared_memory(walked_past, os.getpid())
+        streaming_shm.release_shared_memory(walked_past, os.getpid())
         if _register(f"{free:06}_{LOCALS}", [str(tmp_path / "another-job")], free):
             other_job = f"{free:06}_{LOCALS}"
     try:

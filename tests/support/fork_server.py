@@ -42,7 +42,7 @@ import types
 # What train.py, the scoring pass, the selection report and Composer's launcher import.
 PREIMPORTED = ["torch", "transformers", "streaming", "composer", "composer.cli.launcher", "omegaconf",
                "vocagno.algorithms.vocagno_lm", "vocagno.algorithms.baselines", "vocagno.training.config",
-               "vocagno.data.dataset", "vocagno.data.streaming", "vocagno.training.checkpoint",
+               "vocagno.data.dataset", "vocagno.compat.streaming_shm", "vocagno.training.checkpoint",
                "vocagno.training.loggers", "vocagno.training.metrics", "vocagno.core.fsdp", "vocagno.teacher.scoring",
                "vocagno.score", "vocagno.selection"]
 # File descriptors 3..RESERVED-1 are held on /dev/null while the modules import, so that no module's own file takes a

@@ -6,9 +6,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 # Lowest first: a module may import its own package and any package on a lower floor (the commands, vocagno/*.py,
-# stand above them all).
-FLOORS = [("shown",), ("errors", "entry", "memory"), ("doors",), ("core",), ("data",), ("conversion",), ("teacher",), ("algorithms",),
-          ("training",), ("diagnostics", "eval")]
+# stand above them all). compat, one door per training framework, stands above the doors and below all that trains.
+FLOORS = [("shown",), ("errors", "entry", "memory"), ("doors",), ("compat",), ("core",), ("data",), ("conversion",),
+          ("teacher",), ("algorithms",), ("training",), ("diagnostics", "eval")]
 FLOOR = {name: level for level, names in enumerate(FLOORS) for name in names}
 
 

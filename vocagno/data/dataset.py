@@ -30,6 +30,10 @@ import torch
 from streaming import StreamingDataset
 from torch.utils.data import DataLoader
 
+from vocagno.compat.streaming import CheckedStream, local_path
+from vocagno.compat.streaming_shm import (
+    attaching_when_sized, collecting_shared_memory, registering_shared_memory, release_shared_memory,
+)
 from vocagno.core.alignment import align, check_offsets
 from vocagno.data.shards import (
     METADATA_FILE, SHARD_HASH, ShardMetadata, align_column, check_columns, describe_tokenizer, loss_column,
@@ -38,8 +42,6 @@ from vocagno.doors.untrusted import UntrustedFile, read_bytes, reason
 from vocagno.doors.writing import own_temporary, write_atomically
 from vocagno.data.batch import (ALIGN_END, ALIGN_START, SPECIAL_TOKENS, TEACHER_ATTENTION_MASK, TEACHER_INPUT_IDS,
     TEACHER_LOSS, TOKEN_BYTES, teacher_key)
-from vocagno.data.streaming import (CheckedStream, attaching_when_sized, collecting_shared_memory, local_path,
-    registering_shared_memory, release_shared_memory)
 
 __all__ = ["TeacherGuidedDataset", "TeacherGuidedCollator", "teacher_guided_loader", "read_metadata", "token_bytes"]
 
@@ -129,7 +131,7 @@ class TeacherGuidedDataset(StreamingDataset):
             # Streaming reads every index and shard through CheckedStream: a single dataset is one stream of it.
             if streams:
                 try:  # Streaming's checks of the weights (proportion, repeat, choose), its streams counted from 0
-                    made = [CheckedStream(**stream) for stream in streams.values()]
+                    made = [CheckedStream(shard_hash=SHARD_HASH, **stream) for stream in streams.values()]
                     with (registering_shared_memory(), collecting_shared_memory(opened),
                           attaching_when_sized()):
                         super().__init__(streams=made, **kwargs)
@@ -141,7 +143,8 @@ class TeacherGuidedDataset(StreamingDataset):
             else:
                 with (registering_shared_memory(), collecting_shared_memory(opened),
                       attaching_when_sized()):
-                    super().__init__(streams=[CheckedStream(local=local, remote=remote, split=split)], **kwargs)
+                    stream = CheckedStream(local=local, remote=remote, split=split, shard_hash=SHARD_HASH)
+                    super().__init__(streams=[stream], **kwargs)
         except BaseException:
             release_shared_memory(opened, os.getpid())
             raise

@@ -65,7 +65,7 @@ def score(shards: str, output: Output, teacher: Teacher, device: str, batch_toke
           rank: int = 0, world: int = 1) -> int:
     """Score this rank's parts of ``shards`` into ``output``; the last rank to finish publishes the dataset.
     Return the number of samples this rank has scored (now or in an earlier, interrupted run)."""
-    from vocagno.data.streaming import read_index
+    from vocagno.data.shard_index import read_index
 
     shards_root = Path(shards)
     index = read_index(shards_root)  # every count and name checked before anything is allocated or read from it
@@ -136,10 +136,10 @@ def _digest(value: dict) -> str:
 
 def read_shard(shards_root: Path, info: dict) -> list[dict]:
     """The samples of one input shard of ``shards_root``, in order; ``info`` is its entry of the index as
-    ``vocagno.data.streaming.read_index`` checked it. The shard is read through the one way in (a regular file, reached
-    through no link, of the size the index says), checked against its hash, decompressed into exactly the raw size the
-    index says (``untrusted.decompress``), and decoded in memory: the input folder is only read, and nothing is written. A
-    shard that is not what its index says is refused (``UntrustedFile``)."""
+    ``vocagno.data.shard_index.read_index`` checked it. The shard is read through the one way in (a regular file,
+    reached through no link, of the size the index says), checked against its hash, decompressed into exactly the raw
+    size the index says (``untrusted.decompress``), and decoded in memory: the input folder is only read, and nothing
+    is written. A shard that is not what its index says is refused (``UntrustedFile``)."""
     from streaming.base.format import reader_from_json
     from streaming.base.hashing import get_hash
 

@@ -30,7 +30,7 @@ __all__ = ["read_scored", "run", "same_sources", "sample_rows", "write_rows"]
 # --------------------------------------------------------------------------------------------------- the command
 def sample_rows(shards: Path, count: int, seed: int) -> list[dict]:
     """``count`` rows drawn at random (without replacement, all when there are fewer) from a vocagno shard folder."""
-    from vocagno.data.streaming import read_index
+    from vocagno.data.shard_index import read_index
     from vocagno.teacher.scoring import read_shard
 
     index = read_index(shards)
@@ -72,7 +72,7 @@ def write_rows(canaries: Canaries, metadata: ShardMetadata, folder: Path) -> Non
 
 def read_scored(folder: Path) -> list[dict]:
     """The scored rows of ``folder``, in order, as ``TeacherGuidedDataset`` hands samples to the collator."""
-    from vocagno.data.streaming import read_index
+    from vocagno.data.shard_index import read_index
     from vocagno.teacher.scoring import read_shard
 
     rows = []

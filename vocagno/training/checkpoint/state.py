@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf as om
 
+from vocagno.compat.torch import load_from_metadata
 from vocagno.doors.untrusted import inside, load_torch, plain_name, read_dcp_metadata
 from vocagno.training.checkpoint.files import (
     METADATA, BadCheckpoint, _first_line, _untrusted, load_checkpoint, _listing, _fetch_remote,
@@ -69,21 +70,15 @@ def _check_tensor_bytes(metadata, folder: Path) -> None:
 
 
 def _read_sharded(folder: Path, parts: tuple[str, ...] | set[str]) -> dict[str, Any]:
+    """The ``parts`` (or, a set, the flattened names) of a sharded checkpoint's ``state``, its tensors made from its
+    ``.metadata`` alone (``compat.torch.load_from_metadata``); objects other than tensors (the tokenizer's files, the
+    timestamp) are unpickled as whole checkpoints are: ``weights_only`` with ``CHECKPOINT_GLOBALS``."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.api import CheckpointException
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.metadata import StorageMeta
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    class SafeEmptyPlanner(_EmptyStateDictLoadPlanner):
-        """Builds the state dict from the metadata alone; objects other than tensors (the tokenizer's files, the
-        timestamp) are unpickled as whole checkpoints are: ``weights_only`` with ``CHECKPOINT_GLOBALS``."""
-
-        def load_bytes(self, read_item, value: io.BytesIO) -> None:
-            from torch.distributed.checkpoint._nested_dict import set_element
-
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn],
-                        _untrusted(load_torch, value, str(folder)))
+    def load_object(value: io.BytesIO) -> Any:
+        return _untrusted(load_torch, value, str(folder))
 
     class SafeReader(FileSystemReader):
         def read_metadata(self):
@@ -95,11 +90,9 @@ def _read_sharded(folder: Path, parts: tuple[str, ...] | set[str]) -> dict[str, 
             metadata.storage_meta.load_id = self.load_id
             return metadata
 
-    state: dict[str, Any] = {}
     keys = parts if isinstance(parts, set) else {f"state.{part}" for part in parts}  # a set: flattened names
     try:
-        _load_state_dict(state, storage_reader=SafeReader(str(folder)), planner=SafeEmptyPlanner(keys=keys),
-                         no_dist=True)
+        state = load_from_metadata(SafeReader(str(folder)), keys, load_object)
     except BadCheckpoint:
         raise
     except (Exception, CheckpointException) as error:  # DCP wraps each rank's error in its own (a BaseException)
