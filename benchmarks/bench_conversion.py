@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 from streaming import MDSWriter  # noqa: E402
 
-from conversion import convert_dataset  # noqa: E402
+from vocagno.conversion.convert import main as convert_main  # noqa: E402
+from vocagno.conversion.parts import ENCODE_BATCH  # noqa: E402
 from vocagno.core.tokenization import ASSETS, load_tokenizer  # noqa: E402
 
 
@@ -61,8 +62,8 @@ def floor(docs: list[str]) -> tuple[float, int]:
     student = load_tokenizer("llama2").backend_tokenizer
     teacher = load_tokenizer("qwen2.5").backend_tokenizer
     begin, tokens = time.perf_counter(), 0
-    for i in range(0, len(docs), convert_dataset.ENCODE_BATCH):
-        batch = docs[i : i + convert_dataset.ENCODE_BATCH]
+    for i in range(0, len(docs), ENCODE_BATCH):
+        batch = docs[i : i + ENCODE_BATCH]
         for tokenizer in (student, teacher):
             taken = [(e.ids, e.offsets) for e in tokenizer.encode_batch(batch, add_special_tokens=False)]
             if tokenizer is student:
@@ -72,7 +73,7 @@ def floor(docs: list[str]) -> tuple[float, int]:
 
 def conversion(inputs: Path, out: Path, workers: int, seq_len: int, tokens: int) -> float:
     begin = time.perf_counter()
-    convert_dataset.main([
+    convert_main([
         "--input", str(inputs), "--student-tokenizer", "llama2", "--teacher-tokenizer", "qwen2.5",
         "--seq-len", str(seq_len), "--out-root", str(out), "--workers", str(workers), "--docs-per-part", "500",
     ])

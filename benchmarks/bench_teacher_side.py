@@ -131,7 +131,7 @@ def end_to_end(seq_len: int = 512, batch_size: int = 8, batches: int = 12) -> di
     from composer.models import HuggingFaceModel
     from omegaconf import OmegaConf as om
 
-    from conversion import convert_dataset
+    from vocagno.conversion.convert import main as convert_main
     from vocagno.algorithms.vocagno_lm import VocAgnoLM
     from vocagno.training.config import build_causal_lm
     from vocagno.data.dataset import teacher_guided_loader
@@ -163,8 +163,8 @@ def end_to_end(seq_len: int = 512, batch_size: int = 8, batches: int = 12) -> di
             tokens = torch.utils.data.DataLoader([{"input_ids": row} for row in ids], batch_size=batch_size,
                                                  num_workers=2)
             figures["tokens_loader"] = "torch DataLoader of token rows (llm-foundry is not installed)"
-        convert_dataset.main(["--input", text, "--student-tokenizer", "llama2", "--teacher-tokenizer", "mistral",
-                              "--seq-len", str(seq_len), "--out-root", f"{work}/shards"])
+        convert_main(["--input", text, "--student-tokenizer", "llama2", "--teacher-tokenizer", "mistral",
+                      "--seq-len", str(seq_len), "--out-root", f"{work}/shards"])
         shards = teacher_guided_loader({"local": f"{work}/shards"}, student_tok, "mistral", batch_size, num_workers=2)
         student_config = om.create({"config": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 192,
                                                "num_hidden_layers": 2, "num_attention_heads": 4,

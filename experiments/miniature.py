@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 import train  # noqa: E402
-from conversion import convert_dataset  # noqa: E402
+from vocagno.conversion.convert import main as convert_main  # noqa: E402
 from vocagno import score  # noqa: E402
 from vocagno.diagnostics.canaries import NOISE  # noqa: E402
 from vocagno.training.metrics import bits_per_byte  # noqa: E402
@@ -104,8 +104,8 @@ def convert(documents: list[str], out: Path) -> Path:
     source = out.with_suffix(".jsonl")
     source.parent.mkdir(parents=True, exist_ok=True)
     source.write_text("".join(json.dumps({"text": t}) + "\n" for t in documents), encoding="utf-8")
-    code = convert_dataset.main(["--input", str(source), "--student-tokenizer", "llama2", "--teacher-tokenizer",
-                                 "mistral", "--seq-len", "128", "--out-root", str(out)])
+    code = convert_main(["--input", str(source), "--student-tokenizer", "llama2", "--teacher-tokenizer",
+                         "mistral", "--seq-len", "128", "--out-root", str(out)])
     if code != 0:
         raise SystemExit(f"error: converting {source} failed")
     return out

@@ -76,12 +76,12 @@ def test_a_teacher_sharded_over_cpu_ranks_scores_as_the_whole_one_and_each_rank_
 def shards(tmp_path_factory):
     """Shards as tiny.yaml's convert_if_missing makes them, of its first 160 documents (255 samples: the runs here
     take at most 32), converted once for the module's runs."""
-    from conversion import convert_dataset
+    from vocagno.conversion.convert import main as convert_main
 
     folder = tmp_path_factory.mktemp("shards")
-    assert convert_dataset.main(["--input", str(first_documents(folder, 160)), "--student-tokenizer", "llama2",
-                                 "--teacher-tokenizer", "mistral", "--seq-len", "128",
-                                 "--out-root", str(folder / "train")]) == 0
+    assert convert_main(["--input", str(first_documents(folder, 160)), "--student-tokenizer", "llama2",
+                         "--teacher-tokenizer", "mistral", "--seq-len", "128",
+                         "--out-root", str(folder / "train")]) == 0
     return folder / "train"
 
 
@@ -196,12 +196,12 @@ def test_the_scoring_pass_under_torchrun_on_two_cpu_processes_writes_the_one_pro
     dataset equals one process's, sample for sample."""
     import numpy as np
 
-    from conversion import convert_dataset
+    from vocagno.conversion.convert import main as convert_main
     from vocagno.teacher.scoring import read_shard
 
-    assert convert_dataset.main(["--input", str(REPO / "vocagno" / "assets" / "text" / "gsm8k_heldout_100.jsonl"),
-                                 "--student-tokenizer", "llama2", "--teacher-tokenizer", "mistral", "--seq-len", "128",
-                                 "--docs-per-part", "40", "--out-root", str(tmp_path / "shards")]) == 0
+    assert convert_main(["--input", str(REPO / "vocagno" / "assets" / "text" / "gsm8k_heldout_100.jsonl"),
+                         "--student-tokenizer", "llama2", "--teacher-tokenizer", "mistral", "--seq-len", "128",
+                         "--docs-per-part", "40", "--out-root", str(tmp_path / "shards")]) == 0
     arguments = ["-m", "vocagno.score", "--shards", str(tmp_path / "shards"), "--teacher", "tiny-math-teacher",
                  "--dtype", "float32", "--device", "cpu"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -130,12 +130,12 @@ def assert_trains_like(reference: dict, run: dict, steps, rel=1e-5):
 def shared(tmp_path_factory):
     """The shared file system: tiny.yaml's training shards (its convert_if_missing), converted once, and the
     uninterrupted reference run, 1 node x 4 ranks."""
-    from conversion import convert_dataset
+    from vocagno.conversion.convert import main as convert_main
 
     root = tmp_path_factory.mktemp("shared")
-    assert convert_dataset.main(["--input", str(TEXT / "gsm8k_train_500.jsonl"), "--student-tokenizer", "llama2",
-                                 "--teacher-tokenizer", "mistral", "--seq-len", "128",
-                                 "--out-root", str(root / "shards")]) == 0
+    assert convert_main(["--input", str(TEXT / "gsm8k_train_500.jsonl"), "--student-tokenizer", "llama2",
+                         "--teacher-tokenizer", "mistral", "--seq-len", "128",
+                         "--out-root", str(root / "shards")]) == 0
     train(root, "one-node", nodes=1, nproc=4, shards=root / "shards", save=root / "save-one-node").wait()
     return root
 
@@ -184,12 +184,12 @@ def test_the_teacher_sharded_over_two_nodes_and_cached_losses_train_as_on_one_no
 
     # The scoring pass on 2 nodes x 2 ranks writes what one process writes; the last rank to finish publishes once.
     # Its shards: 120 documents in 4 parts, a part for each rank to score.
-    from conversion import convert_dataset
+    from vocagno.conversion.convert import main as convert_main
     from vocagno.teacher.scoring import read_shard
 
-    assert convert_dataset.main(["--input", str(first_documents(tmp_path, 120)), "--student-tokenizer", "llama2",
-                                 "--teacher-tokenizer", "mistral", "--seq-len", "128", "--docs-per-part", "30",
-                                 "--out-root", str(tmp_path / "shards")]) == 0
+    assert convert_main(["--input", str(first_documents(tmp_path, 120)), "--student-tokenizer", "llama2",
+                         "--teacher-tokenizer", "mistral", "--seq-len", "128", "--docs-per-part", "30",
+                         "--out-root", str(tmp_path / "shards")]) == 0
     arguments = ["--shards", str(tmp_path / "shards"), "--config", str(REPO / "yamls" / "tiny.yaml"), "--device", "cpu"]
     scored = Nodes("score", [*arguments, "--out", str(tmp_path / "scored")], nodes=2, nproc=2,
                    where=tmp_path / "score").wait()

@@ -10,7 +10,7 @@ from helpers import Capture
 from torch.utils.data import DataLoader
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from conversion import convert_dataset
+from vocagno.conversion.convert import main as convert_main
 from vocagno.errors import Refused
 from vocagno.algorithms.vocagno_lm import VocAgnoLM, teacher_guided_loss
 from vocagno.data.dataset import TeacherGuidedCollator, TeacherGuidedDataset
@@ -29,8 +29,8 @@ def tiny(config_class, model_class, vocab_size):
 @pytest.fixture(scope="module")
 def loader(tmp_path_factory, tokenizers):
     root = tmp_path_factory.mktemp("shards")
-    convert_dataset.main(["--input", str(ASSETS / "text" / "gsm8k_heldout_100.jsonl"), "--student-tokenizer", "llama2",
-                          "--teacher-tokenizer", "qwen2.5", "--seq-len", "64", "--out-root", str(root)])
+    convert_main(["--input", str(ASSETS / "text" / "gsm8k_heldout_100.jsonl"), "--student-tokenizer", "llama2",
+                  "--teacher-tokenizer", "qwen2.5", "--seq-len", "64", "--out-root", str(root)])
     dataset = TeacherGuidedDataset(local=str(root), batch_size=8, student_tokenizer=tokenizers["llama2"],
                                    teacher_tokenizer=tokenizers["qwen2.5"])
     collate = TeacherGuidedCollator(tokenizers["llama2"].eos_token_id, tokenizers["qwen2.5"].pad_token_id)
@@ -393,8 +393,8 @@ def test_with_the_students_own_tokenizer_the_loss_is_rho1s_selective_language_mo
     import torch.nn.functional as F
 
     root = tmp_path / "shards"
-    convert_dataset.main(["--input", str(ASSETS / "text" / "gsm8k_heldout_100.jsonl"), "--student-tokenizer", "llama2",
-                          "--teacher-tokenizer", "llama2", "--seq-len", "64", "--out-root", str(root)])
+    convert_main(["--input", str(ASSETS / "text" / "gsm8k_heldout_100.jsonl"), "--student-tokenizer", "llama2",
+                  "--teacher-tokenizer", "llama2", "--seq-len", "64", "--out-root", str(root)])
     dataset = TeacherGuidedDataset(local=str(root), batch_size=4)
     eos = tokenizers["llama2"].eos_token_id
     batch = TeacherGuidedCollator(eos, eos)([dataset[i] for i in range(4)])

@@ -17,7 +17,8 @@ import torch
 from at_once import open_dataset, read_metadata_of, run_at_once, write_many
 from helpers import assert_group_gone, command
 
-from conversion import convert_dataset
+from vocagno.conversion import parts
+from vocagno.conversion.convert import main as convert_main
 from vocagno.conversion.records import TextOf
 from vocagno.conversion.sources import hub_sources
 from vocagno import inspect as inspect_command
@@ -34,7 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def convert(out_root, *args, inputs=(SAMPLE,)):
-    assert convert_dataset.main(["--input", *map(str, inputs), *BASE_ARGS, "--out-root", str(out_root), *args]) == 0
+    assert convert_main(["--input", *map(str, inputs), *BASE_ARGS, "--out-root", str(out_root), *args]) == 0
     return out_root
 
 
@@ -222,8 +223,8 @@ def test_kill_and_resume_gives_the_uninterrupted_samples(sample_samples, tmp_pat
 
 def test_changed_settings_on_an_existing_root_are_refused(sample_shards):
     with pytest.raises(Refused, match="seq_len differ"):
-        convert_dataset.main(["--input", SAMPLE, "--student-tokenizer", "llama2", "--teacher-tokenizer", "qwen2.5",
-                              "--seq-len", "64", "--out-root", str(sample_shards), "--docs-per-part", "100"])
+        convert_main(["--input", SAMPLE, "--student-tokenizer", "llama2", "--teacher-tokenizer", "qwen2.5",
+                      "--seq-len", "64", "--out-root", str(sample_shards), "--docs-per-part", "100"])
 
 
 def test_dataset_refuses_shards_of_other_tokenizers(sample_shards, tmp_path):
@@ -304,7 +305,7 @@ NASTY_LINES = [
 
 
 def test_nasty_documents_are_all_accounted_for(tmp_path, monkeypatch):
-    monkeypatch.setattr(convert_dataset, "SHARD_BYTES", 1 << 20)  # the long document's part fills several shards
+    monkeypatch.setattr(parts, "SHARD_BYTES", 1 << 20)  # the long document's part fills several shards
     corpus = tmp_path / "nasty"
     corpus.mkdir()
     (corpus / "a.jsonl").write_bytes(b"\n".join(NASTY_LINES) + b"\n\n")
@@ -367,14 +368,14 @@ def test_remote_output_uploads_parts_and_resumes_from_the_remote(sample_samples,
     # --local-root sends the output through the remote code path; Streaming's local uploader stands in for S3.
     remote = tmp_path / "remote"
     args = ["--docs-per-part", "100", "--out-root", str(remote)]
-    convert_dataset.main(["--input", SAMPLE, *BASE_ARGS, *args, "--local-root", str(tmp_path / "work1")])
+    convert_main(["--input", SAMPLE, *BASE_ARGS, *args, "--local-root", str(tmp_path / "work1")])
     assert (remote / "index.json").exists() and (remote / "vocagno.json").exists()
     assert len(list(remote.glob("part-*/shard.*"))) == 5
     # An interrupted run elsewhere: the last part never finished and nothing was merged.
     (remote / "index.json").unlink()
     (remote / "vocagno.json").unlink()
     (remote / "part-00000-000004" / "part.json").unlink()
-    convert_dataset.main(["--input", SAMPLE, *BASE_ARGS, *args, "--local-root", str(tmp_path / "work2")])
+    convert_main(["--input", SAMPLE, *BASE_ARGS, *args, "--local-root", str(tmp_path / "work2")])
     redone = [p.parent.name for p in (tmp_path / "work2").glob("part-*/shard.*")]
     assert redone == ["part-00000-000004"]  # only the unfinished part was converted again
     same_samples(read_samples(remote, tmp_path), sample_samples)
@@ -409,8 +410,8 @@ def test_a_teacher_whose_tokenizer_adds_bos_reads_rows_that_start_with_it(tmp_pa
     empty span, and the teacher's first real token gets a loss."""
     corpus = small_corpus(tmp_path / "docs.jsonl")
     root = tmp_path / "shards"
-    assert convert_dataset.main(["--input", str(corpus), "--student-tokenizer", "llama2", "--teacher-tokenizer",
-                                 "mistral", "--seq-len", "64", "--out-root", str(root)]) == 0
+    assert convert_main(["--input", str(corpus), "--student-tokenizer", "llama2", "--teacher-tokenizer",
+                         "mistral", "--seq-len", "64", "--out-root", str(root)]) == 0
     meta = ShardMetadata.read(root)
     assert (meta.teacher.bos, meta.teacher.bos_id) == ("<s>", 1) and meta.student.bos == "<s>"
     samples = read_samples(root, tmp_path)
@@ -431,9 +432,9 @@ def test_documents_end_with_end_of_text_also_for_an_instruct_teacher(tmp_path, t
     instruct.eos_token = "<|im_end|>"
     instruct.save_pretrained(tmp_path / "qwen-instruct")
     root = tmp_path / "shards"
-    assert convert_dataset.main(["--input", str(small_corpus(tmp_path / "docs.jsonl")), "--student-tokenizer", "llama2",
-                                 "--teacher-tokenizer", str(tmp_path / "qwen-instruct"), "--seq-len", "64",
-                                 "--out-root", str(root)]) == 0
+    assert convert_main(["--input", str(small_corpus(tmp_path / "docs.jsonl")), "--student-tokenizer", "llama2",
+                         "--teacher-tokenizer", str(tmp_path / "qwen-instruct"), "--seq-len", "64",
+                         "--out-root", str(root)]) == 0
     teacher = json.loads((root / "vocagno.json").read_text())["teacher"]
     assert (teacher["separator"], teacher["separator_id"]) == ("<|endoftext|>", 151643)
     ids = np.concatenate([s["teacher_ids"].numpy() for s in read_samples(root, tmp_path)])
@@ -444,9 +445,9 @@ def test_special_token_strings_in_documents_stay_text_and_are_counted(tmp_path, 
     tricky = ["Write </s> or <s> to end a Llama text.", "Qwen ends a document with <|endoftext|> and a turn with "
               "<|im_end|>; <s></s> is two more."]
     root = tmp_path / "shards"
-    assert convert_dataset.main(["--input", str(small_corpus(tmp_path / "docs.jsonl", tricky)), *BASE_ARGS[:4],
-                                 "--seq-len", "32", "--out-root", str(root)]) == 0
-    assert ShardMetadata.read(root).totals[convert_dataset.SPECIAL_STRINGS] == 6
+    assert convert_main(["--input", str(small_corpus(tmp_path / "docs.jsonl", tricky)), *BASE_ARGS[:4],
+                         "--seq-len", "32", "--out-root", str(root)]) == 0
+    assert ShardMetadata.read(root).totals[parts.SPECIAL_STRINGS] == 6
     student_specials = set(tokenizers["llama2"].all_special_ids)
     teacher_specials = set(tokenizers["qwen2.5"].all_special_ids)
     texts = []
@@ -464,8 +465,8 @@ def test_special_token_strings_in_documents_stay_text_and_are_counted(tmp_path, 
 def test_inspect_html_escapes_markup_in_documents(tmp_path, capsys):
     doc = "Comment <!--<script>alert(1)</script> and </script><b>bold</b> & more"
     root = tmp_path / "shards"
-    assert convert_dataset.main(["--input", str(small_corpus(tmp_path / "docs.jsonl", [doc] * 4)), *BASE_ARGS[:4],
-                                 "--seq-len", "64", "--out-root", str(root)]) == 0
+    assert convert_main(["--input", str(small_corpus(tmp_path / "docs.jsonl", [doc] * 4)), *BASE_ARGS[:4],
+                         "--seq-len", "64", "--out-root", str(root)]) == 0
     samples = read_samples(root, tmp_path)
     index = next(i for i, sample in enumerate(samples) if "<!--<script>" in sample["text"])
     page = tmp_path / "sample.html"
@@ -488,11 +489,11 @@ def test_a_missing_input_path_is_named_not_sent_to_the_hub(tmp_path):
 
 # ------------------------------------------------------------------------------------------ faults and careless input
 def converts(out_root, *args, inputs):
-    """convert_dataset.main's exit code, argparse's exit as its code's text, a refusal as ``"error: MESSAGE"``, for a
+    """convert_main's exit code, argparse's exit as its code's text, a refusal as ``"error: MESSAGE"``, for a
     small conversion at seq-len 64."""
     try:
-        return convert_dataset.main(["--input", *map(str, inputs), *BASE_ARGS[:4], "--seq-len", "64",
-                                     "--out-root", str(out_root), *args])
+        return convert_main(["--input", *map(str, inputs), *BASE_ARGS[:4], "--seq-len", "64",
+                             "--out-root", str(out_root), *args])
     except SystemExit as error:
         return str(error.code)
     except Refused as error:
@@ -583,7 +584,7 @@ def test_a_kept_part_of_other_documents_than_the_part_cut_now_is_refused_by_name
     corpus, root = small_corpus(tmp_path / "docs.jsonl"), tmp_path / "shards"
     assert converts(root, "--docs-per-part", "20", inputs=[corpus]) == 0
     lines = corpus.read_bytes().splitlines(keepends=True)
-    monkeypatch.setattr(convert_dataset, "PART_BYTES", sum(map(convert_dataset.held_bytes, lines[:10])))
+    monkeypatch.setattr(parts, "PART_BYTES", sum(map(parts.held_bytes, lines[:10])))
     message = converts(root, "--docs-per-part", "20", inputs=[corpus])
     assert message == (f"error: part-00000-000000 in {root} holds 20 documents, but the same part of the input is now "
                        "10 (its documents are cut into parts otherwise): convert into a new --out-root"), message
@@ -636,8 +637,8 @@ def test_many_small_files_still_make_samples(tmp_path):
     for i, doc in enumerate(docs):
         (folder / f"{i:03d}.txt").write_text(doc, encoding="utf-8")
     root = tmp_path / "shards"
-    assert convert_dataset.main(["--input", str(folder), *BASE_ARGS[:4], "--seq-len", "512",
-                                 "--out-root", str(root)]) == 0
+    assert convert_main(["--input", str(folder), *BASE_ARGS[:4], "--seq-len", "512",
+                         "--out-root", str(root)]) == 0
     meta = ShardMetadata.read(root)
     assert meta.totals["documents converted"] == 60 and meta.totals["samples"] == meta.totals["student tokens"] // 512
 
@@ -831,7 +832,7 @@ def test_a_long_document_cut_into_pieces_gives_the_tokens_of_the_whole(tokenizer
     no spurious "▁" per cut, on either side."""
     from collections import Counter
 
-    from conversion.convert_dataset import clean
+    from vocagno.conversion.parts import clean
     from vocagno.conversion.records import Record
     from vocagno.conversion.packer import Encoder
 
@@ -848,7 +849,7 @@ def test_long_documents_are_packed_a_group_at_a_time_into_the_same_samples(tmp_p
     long_doc = " ".join(json.loads(line)["text"] for line in open(SAMPLE, encoding="utf-8"))[:60000]
     corpus = small_corpus(tmp_path / "docs.jsonl", [long_doc])
     whole = read_samples(convert(tmp_path / "whole", inputs=[corpus]), tmp_path)
-    monkeypatch.setattr(convert_dataset, "ENCODE_CHARS", 5000)  # many groups, a document open across them
+    monkeypatch.setattr(parts, "ENCODE_CHARS", 5000)  # many groups, a document open across them
     cut = read_samples(convert(tmp_path / "cut", "--max-doc-chars", "3000", inputs=[corpus]), tmp_path)
     same_samples(cut, whole)
 
@@ -897,8 +898,8 @@ def test_a_dataset_saved_with_save_to_disk_converts_as_its_rows_do(tmp_path):
     arrow = next((tmp_path / "saved").glob("*.arrow"))  # an .arrow file given alone
     same_samples(read_samples(convert(tmp_path / "from_arrow", inputs=[arrow]), tmp_path), want)
     with pytest.raises(Refused, match=r"has no split 'validation'; --split one of test, train"):
-        convert_dataset.main(["--input", str(tmp_path / "saved_dict"), "--split", "validation", *BASE_ARGS,
-                              "--out-root", str(tmp_path / "nothing")])
+        convert_main(["--input", str(tmp_path / "saved_dict"), "--split", "validation", *BASE_ARGS,
+                      "--out-root", str(tmp_path / "nothing")])
 
 
 def test_a_text_template_makes_the_text_of_several_fields_and_counts_records_without_them(tmp_path):
@@ -922,12 +923,12 @@ def test_a_text_template_makes_the_text_of_several_fields_and_counts_records_wit
     # A field no record has: nothing converts, nothing is published, and the summary says why.
     with pytest.raises(Refused, match="nothing published .* only 0 of 60 documents converted .* missing field of "
                                          "the text template 'titel': 60"):
-        convert_dataset.main(["--input", str(tmp_path / "qa.jsonl"), "--text-template", "{titel}\\n{body}",
-                              *BASE_ARGS, "--out-root", str(tmp_path / "typo")])
+        convert_main(["--input", str(tmp_path / "qa.jsonl"), "--text-template", "{titel}\\n{body}",
+                      *BASE_ARGS, "--out-root", str(tmp_path / "typo")])
     assert not (tmp_path / "typo" / "index.json").exists()
     with pytest.raises(Refused, match="names no field"):
-        convert_dataset.main(["--input", str(tmp_path / "qa.jsonl"), "--text-template", "plain", *BASE_ARGS,
-                              "--out-root", str(tmp_path / "none")])
+        convert_main(["--input", str(tmp_path / "qa.jsonl"), "--text-template", "plain", *BASE_ARGS,
+                      "--out-root", str(tmp_path / "none")])
 
 
 def test_a_hub_dataset_is_read_by_its_configuration_or_its_data_files(tmp_path):
@@ -942,8 +943,8 @@ def test_a_hub_dataset_is_read_by_its_configuration_or_its_data_files(tmp_path):
     hard = convert(tmp_path / "hard", "--subset", "hard", inputs=[folder])
     assert ShardMetadata.read(hard).totals["documents read"] == 40
     with pytest.raises(Refused, match=r"no configuration 'medium'; --subset one of: easy, hard"):
-        convert_dataset.main(["--input", str(folder), "--subset", "medium", *BASE_ARGS, "--out-root",
-                              str(tmp_path / "medium")])
+        convert_main(["--input", str(folder), "--subset", "medium", *BASE_ARGS, "--out-root",
+                      str(tmp_path / "medium")])
     files = convert(tmp_path / "files", "--data-files", str(folder / "easy" / "train.jsonl"), inputs=["json"])
     assert ShardMetadata.read(files).totals["documents read"] == 20
 
@@ -1075,7 +1076,7 @@ def test_the_progress_bar_counts_the_inputs_bytes_as_they_are_read(tmp_path, mon
         def close(self):
             pass
 
-    monkeypatch.setattr(convert_dataset, "tqdm", Bar)
+    monkeypatch.setattr("vocagno.conversion.convert.tqdm", Bar)
     lines = open(SAMPLE, "rb").read()
     (tmp_path / "big.jsonl.gz").write_bytes(gzip.compress(lines))
     pq.write_table(pa.table({"text": ["a parquet row about 3/4 of a pizza"] * 5}), tmp_path / "rows.parquet")

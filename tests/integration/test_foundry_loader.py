@@ -3,7 +3,7 @@
 
 import pytest
 
-from conversion import convert_dataset
+from vocagno.conversion.convert import main as convert_main
 from vocagno.core.tokenization import ASSETS
 from vocagno.data.batch import ALIGN_END, ALIGN_START, TEACHER_INPUT_IDS
 from vocagno.training.foundry import build_vocagno_dataloader
@@ -12,9 +12,9 @@ from vocagno.training.foundry import build_vocagno_dataloader
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory, tokenizers):
     root = tmp_path_factory.mktemp("shards")
-    assert convert_dataset.main(["--input", str(ASSETS / "text" / "gsm8k_heldout_100.jsonl"), "--student-tokenizer",
-                                 "llama2", "--teacher-tokenizer", "qwen2.5", "--seq-len", "64",
-                                 "--out-root", str(root)]) == 0
+    assert convert_main(["--input", str(ASSETS / "text" / "gsm8k_heldout_100.jsonl"), "--student-tokenizer",
+                         "llama2", "--teacher-tokenizer", "qwen2.5", "--seq-len", "64",
+                         "--out-root", str(root)]) == 0
     return root
 
 

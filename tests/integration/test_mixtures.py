@@ -16,7 +16,7 @@ from composer.models import HuggingFaceModel
 from helpers import Capture, assert_same_losses, kill_when, read_log
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from conversion import convert_dataset
+from vocagno.conversion.convert import main as convert_main
 from vocagno import score
 from vocagno.algorithms.vocagno_lm import VocAgnoLM
 from vocagno.data.dataset import TeacherGuidedDataset, teacher_guided_loader
@@ -32,8 +32,8 @@ def shards(tmp_path_factory):
     for name, text, teacher in (("gsm", "gsm8k_train_500.jsonl", "mistral"), ("heldout", "gsm8k_heldout_100.jsonl",
                                                                               "mistral"),
                                 ("qwen", "gsm8k_heldout_100.jsonl", "qwen2.5")):
-        convert_dataset.main(["--input", str(TEXT / text), "--student-tokenizer", "llama2", "--teacher-tokenizer",
-                              teacher, "--seq-len", "128", "--out-root", str(root / name)])
+        convert_main(["--input", str(TEXT / text), "--student-tokenizer", "llama2", "--teacher-tokenizer",
+                      teacher, "--seq-len", "128", "--out-root", str(root / name)])
     return root
 
 

@@ -146,7 +146,7 @@ def test_a_second_users_path_a_parquet_a_bare_teacher_folder_two_vocabularies_a_
     from yaml import YAMLError
 
     import train
-    from conversion import convert_dataset
+    from vocagno.conversion.convert import main as convert_main
     from vocagno import score, selection
     from vocagno.core.tokenization import ASSETS, shipped_model_dir
     from vocagno.entry import run as entry_run
@@ -185,9 +185,9 @@ def test_a_second_users_path_a_parquet_a_bare_teacher_folder_two_vocabularies_a_
     # The converter without --text-field: the records' fields and the flag; then the corpus and the held-out file.
     docs = ["--input", "docs.parquet", *tokenizers, "--out-root", "shards/docs"]
     assert ("(the records without it have the fields: name, body: 30); --text-field NAME names the field holding "
-            "the text") in last_error(command(convert_dataset.main, docs, capsys))
-    assert command(convert_dataset.main, [*docs, "--text-field", "body"], capsys).returncode == 0
-    assert command(convert_dataset.main, ["--input", "held.jsonl.gz", "--text-field", "body", *tokenizers,
+            "the text") in last_error(command(convert_main, docs, capsys))
+    assert command(convert_main, [*docs, "--text-field", "body"], capsys).returncode == 0
+    assert command(convert_main, ["--input", "held.jsonl.gz", "--text-field", "body", *tokenizers,
                                           "--out-root", "shards/held"], capsys).returncode == 0
 
     # A colleague's teacher: weights without tokenizer files.

@@ -16,7 +16,7 @@ from helpers import bucket_keys as keys
 from test_export import from_pretrained, logits, student_with
 from test_untrusted import gadgets, whole_with
 
-from conversion import convert_dataset
+from vocagno.conversion.convert import main as convert_main
 from vocagno import score
 from vocagno.training.checkpoint import load_checkpoint
 from vocagno.export import main as export_main
@@ -41,8 +41,8 @@ def chain(s3, tmp_path_factory):
         # 160 documents (about 260 samples) in two parts: the runs take 8 a batch.
         args = ["--input", str(first_documents(tmp_path, 160)), "--student-tokenizer", "llama2", "--teacher-tokenizer",
                 "mistral", "--seq-len", "128", "--docs-per-part", "80"]
-        assert convert_dataset.main([*args, "--out-root", "s3://runs/chain/shards",
-                                     "--local-root", str(tmp_path / "work")]) == 0
+        assert convert_main([*args, "--out-root", "s3://runs/chain/shards",
+                             "--local-root", str(tmp_path / "work")]) == 0
         assert {"chain/shards/index.json", "chain/shards/vocagno.json"} <= set(keys(client, "chain/shards/"))
         assert score.main(["--shards", str(tmp_path / "work"), "--teacher", "tiny-math-teacher", "--dtype", "float32",
                            "--device", "cpu", "--out", "s3://runs/chain/scored",

@@ -18,7 +18,7 @@ from helpers import Reached, first_documents, reached
 from torch.utils.data import DataLoader
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from conversion import convert_dataset
+from vocagno.conversion.convert import main as convert_main
 from test_algorithm import Capture, tiny
 from vocagno import score
 from vocagno.teacher import scoring
@@ -38,9 +38,9 @@ PARTS = 20  # input shards, one per converter part of 5 documents
 @pytest.fixture(scope="module")
 def scored(tmp_path_factory, tokenizers):
     root = tmp_path_factory.mktemp("score")
-    convert_dataset.main(["--input", str(ASSETS / "text" / "gsm8k_heldout_100.jsonl"), "--student-tokenizer", "llama2",
-                          "--teacher-tokenizer", "qwen2.5", "--seq-len", "64", "--docs-per-part", "5",
-                          "--out-root", str(root / "shards")])
+    convert_main(["--input", str(ASSETS / "text" / "gsm8k_heldout_100.jsonl"), "--student-tokenizer", "llama2",
+                  "--teacher-tokenizer", "qwen2.5", "--seq-len", "64", "--docs-per-part", "5",
+                  "--out-root", str(root / "shards")])
     tiny(Qwen2Config, Qwen2ForCausalLM, 152064).save_pretrained(root / "teacher")
     tokenizers["qwen2.5"].save_pretrained(root / "teacher")
     assert score.main(["--shards", str(root / "shards"), "--teacher", str(root / "teacher"), "--out",
@@ -228,9 +228,9 @@ def test_a_yamls_config_built_teacher_scores_what_its_training_run_would_use(tok
     import train
 
     # 20 documents: 2 batches of 8 samples a run (scoring the fixture's 100 through a 151K head took 23 s).
-    assert convert_dataset.main(["--input", str(first_documents(tmp_path, 20)), "--student-tokenizer", "llama2",
-                                 "--teacher-tokenizer", "qwen2.5", "--seq-len", "64",
-                                 "--out-root", str(tmp_path / "shards")]) == 0
+    assert convert_main(["--input", str(first_documents(tmp_path, 20)), "--student-tokenizer", "llama2",
+                         "--teacher-tokenizer", "qwen2.5", "--seq-len", "64",
+                         "--out-root", str(tmp_path / "shards")]) == 0
     overrides = ["variables.seq_len=64", f"train_loader.dataset.local={tmp_path / 'shards'}", "eval_loader=null",
                  "max_duration=2ba", "eval_interval=1", "loggers.console=null", "loggers.picture=null",
                  "callbacks=null",

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from helpers import Reached, reached, ends
 
-from conversion import convert_dataset
+from vocagno.conversion.convert import main as convert_main
 from vocagno import selection
 from vocagno.diagnostics.selection import Report, Settings
 from vocagno.diagnostics.canaries import CLEAN, NOISE, clean_documents, mix, pack
@@ -25,8 +25,8 @@ TEXT = REPO / "vocagno" / "assets" / "text"
 def convert(texts: list[str], out: Path, seq_len: int = 128) -> Path:
     corpus = out.with_suffix(".jsonl")
     corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
-    assert convert_dataset.main(["--input", str(corpus), "--student-tokenizer", "llama2", "--teacher-tokenizer",
-                                 "mistral", "--seq-len", str(seq_len), "--out-root", str(out)]) == 0
+    assert convert_main(["--input", str(corpus), "--student-tokenizer", "llama2", "--teacher-tokenizer",
+                         "mistral", "--seq-len", str(seq_len), "--out-root", str(out)]) == 0
     return out
 
 

@@ -203,10 +203,10 @@ def test_sources_the_command_cannot_mix_are_one_line_exit_2(setup, train_source,
     corpus = tmp_path / "qwen.jsonl"
     corpus.write_text("".join(json.dumps({"text": line}) + "\n" for line in [
         json.loads(row)["text"] for row in open(TEXT / "gsm8k_train_500.jsonl", encoding="utf-8")][40:60]))
-    from conversion import convert_dataset
+    from vocagno.conversion.convert import main as convert_main
 
-    assert convert_dataset.main(["--input", str(corpus), "--student-tokenizer", "llama2", "--teacher-tokenizer",
-                                 "qwen2.5", "--seq-len", "128", "--out-root", str(tmp_path / "qwen_source")]) == 0
+    assert convert_main(["--input", str(corpus), "--student-tokenizer", "llama2", "--teacher-tokenizer",
+                         "qwen2.5", "--seq-len", "128", "--out-root", str(tmp_path / "qwen_source")]) == 0
     capsys.readouterr()  # the converter's
     for sources, message in [([shards, tmp_path / "other" / "shards"], "two sources are named 'shards'"),
                              ([shards, tmp_path / "qwen_source"], "source 'qwen_source' was made with the teacher "

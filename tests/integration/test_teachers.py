@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 import train
-from conversion import convert_dataset
+from vocagno.conversion.convert import main as convert_main
 from helpers import Capture
 from test_algorithm import tiny
 from vocagno import score
@@ -70,9 +70,9 @@ def shards(tmp_path_factory, tokenizers):
     """GSM8K text converted for a Mistral teacher (llama2 student, 64 tokens); a tiny Mistral-vocabulary teacher and
     a tiny Qwen2.5-vocabulary one (its tokens made from the text), both saved with their real tokenizers."""
     root = tmp_path_factory.mktemp("teachers")
-    convert_dataset.main(["--input", str(ASSETS / "text" / "gsm8k_heldout_100.jsonl"), "--student-tokenizer", "llama2",
-                          "--teacher-tokenizer", "mistral", "--seq-len", "64", "--docs-per-part", "50",
-                          "--out-root", str(root / "shards")])
+    convert_main(["--input", str(ASSETS / "text" / "gsm8k_heldout_100.jsonl"), "--student-tokenizer", "llama2",
+                  "--teacher-tokenizer", "mistral", "--seq-len", "64", "--docs-per-part", "50",
+                  "--out-root", str(root / "shards")])
     mistral = tiny(MistralConfig, MistralForCausalLM, 32000)
     with torch.no_grad():  # sharp: a low loss on a few tokens, a high one on most, so each teacher gives some references
         mistral.get_output_embeddings().weight.mul_(40)

@@ -349,12 +349,12 @@ def test_models_too_short_for_the_shards_are_refused(tiny_run, overrides, messag
 
 
 def test_fewer_samples_than_one_global_batch_is_refused_at_start(tmp_path):
-    from conversion import convert_dataset
+    from vocagno.conversion.convert import main as convert_main
 
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"text": f"Problem {i}: 2 + {i} = {2 + i}. " * 20}) + "\n" for i in range(3)))
-    assert convert_dataset.main(["--input", str(docs), "--student-tokenizer", "llama2", "--teacher-tokenizer",
-                                 "mistral", "--seq-len", "128", "--out-root", str(tmp_path / "shards" / "train")]) == 0
+    assert convert_main(["--input", str(docs), "--student-tokenizer", "llama2", "--teacher-tokenizer",
+                         "mistral", "--seq-len", "128", "--out-root", str(tmp_path / "shards" / "train")]) == 0
     samples = ShardMetadata.read(tmp_path / "shards" / "train").totals["samples"]
     assert 0 < samples < 8
     assert f"hold {samples} samples, fewer than one global batch of 8" in refusal(tmp_path, "eval_loader=null")

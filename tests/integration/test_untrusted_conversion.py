@@ -353,7 +353,7 @@ def test_a_remote_out_roots_working_folder_planted_in_the_temporary_folder_is_re
 def test_a_corpus_subfolder_swapped_for_a_link_after_the_listing_is_not_read(tmp_path, monkeypatch, capsys):
     """A conversion reads its corpus for hours: a subfolder swapped for a link to a folder of the victim's after the
     files were listed leads nowhere. Its file is named as one that can't be read, and the rest converts."""
-    from conversion import convert_dataset
+    from vocagno.conversion import convert
 
     corpus, victim = tmp_path / "corpus", tmp_path / "victim"
     (corpus / "a").mkdir(parents=True)
@@ -362,7 +362,7 @@ def test_a_corpus_subfolder_swapped_for_a_link_after_the_listing_is_not_read(tmp
     small_corpus(corpus / "a" / "first.jsonl")
     (corpus / "b" / "notes.txt").write_text("an ordinary document of the corpus " * 20)
     (victim / "notes.txt").write_text("SECRET-TOKEN-0123456789 the victim's private notes " * 20)
-    listed = convert_dataset.sources_of
+    listed = convert.sources_of
 
     def swaps(*args, **kwargs):
         sources = listed(*args, **kwargs)
@@ -371,7 +371,7 @@ def test_a_corpus_subfolder_swapped_for_a_link_after_the_listing_is_not_read(tmp
         (corpus / "b").symlink_to(victim)
         return sources
 
-    monkeypatch.setattr(convert_dataset, "sources_of", swaps)
+    monkeypatch.setattr(convert, "sources_of", swaps)
     root = tmp_path / "shards"
     with within():
         assert converts(root, "--compression", "none", inputs=[corpus]) == 1
@@ -451,7 +451,7 @@ def test_a_part_holds_at_most_part_bytes_of_documents_each_under_the_cap(tmp_pat
     would take it over PART_BYTES: reading the file's parts one after the other holds one part, and what the reader
     holds ahead of it, at most (peak of Python's allocations, tracemalloc), and the parts hold every document, in
     order."""
-    from conversion import convert_dataset
+    from vocagno.conversion import parts
 
     path = many_copies(tmp_path / name, 1 << 20, 600)
     assert path.stat().st_size < 64 << 10
@@ -460,7 +460,7 @@ def test_a_part_holds_at_most_part_bytes_of_documents_each_under_the_cap(tmp_pat
     with within(seconds=120, memory=4 << 30):
         tracemalloc.start()
         try:
-            for _, records, spanned in convert_dataset.parts_of([(0, source)], 5000):
+            for _, records, spanned in parts.parts_of([(0, source)], 5000):
                 assert spanned == [source] and all(
                     (r.text if isinstance(r, Record) else json.loads(r)["text"]) == "a" * (1 << 20) for r in records)
                 counts.append(len(records))
@@ -470,8 +470,8 @@ def test_a_part_holds_at_most_part_bytes_of_documents_each_under_the_cap(tmp_pat
             tracemalloc.stop()
     assert source.error is None and sum(counts) == 600
     # A part, and what the reader holds ahead of it: a .parquet batch's rows made Python strings PYTHON_BYTES at a time.
-    assert peak < convert_dataset.PART_BYTES + PYTHON_BYTES + (4 << 20), f"{peak:,} bytes at the peak"
-    per_part = convert_dataset.PART_BYTES // (1 << 20)
+    assert peak < parts.PART_BYTES + PYTHON_BYTES + (4 << 20), f"{peak:,} bytes at the peak"
+    per_part = parts.PART_BYTES // (1 << 20)
     assert counts[:-1] == [counts[0]] * (len(counts) - 1) and per_part - 2 <= counts[0] <= per_part, counts
 
 

@@ -153,9 +153,9 @@ def convert(arguments) -> None:
     import sys
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    from conversion import convert_dataset
+    from vocagno.conversion.convert import main as convert_main
 
-    code = convert_dataset.main(arguments)
+    code = convert_main(arguments)
     if code:
         raise SystemExit(code)
 

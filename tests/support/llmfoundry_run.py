@@ -35,7 +35,7 @@ from transformers import (  # noqa: E402
     LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
 )
 
-from conversion import convert_dataset  # noqa: E402
+from vocagno.conversion.convert import main as convert_main  # noqa: E402
 from vocagno import score  # noqa: E402
 from vocagno.algorithms.vocagno_lm import VocAgnoLM  # noqa: E402
 from vocagno.core.tokenization import ASSETS, load_tokenizer  # noqa: E402
@@ -101,8 +101,8 @@ def drop_in(work: Path, student: str) -> dict:
     """docs/drop-in.md's yaml, yamls/llm-foundry/tiny.yaml, as ``llmfoundry train`` runs it: llm-foundry's own MPT
     student guided by the shipped tiny teacher (Mistral's tokenizer) on vocagno shards; its data and the student's
     tokenizer (a folder: no hub here) given as overrides, 3 batches."""
-    convert_dataset.main(["--input", str(TEXT), "--student-tokenizer", "llama2", "--teacher-tokenizer", "mistral",
-                          "--seq-len", str(SEQ_LEN), "--out-root", str(work / "mistral-shards")])
+    convert_main(["--input", str(TEXT), "--student-tokenizer", "llama2", "--teacher-tokenizer", "mistral",
+                  "--seq-len", str(SEQ_LEN), "--out-root", str(work / "mistral-shards")])
     trainer = train_from_yaml(str(REPO / "yamls" / "llm-foundry" / "tiny.yaml"), [
         f"variables.data={work / 'mistral-shards'}", f"tokenizer.name={student}", "max_duration=3ba",
         "log_to_console=false"])
@@ -117,11 +117,11 @@ def main(work: Path) -> None:
     teachers = {"qwen": {"teacher": teacher, "dtype": "float32"}, "mistral": {"teacher": second, "dtype": "float32"}}
     convert_dataset_json(path=str(TEXT), out_root=str(work / "tokens"), compression=None, concat_tokens=SEQ_LEN,
                          split="train", tokenizer=student, eos_text="</s>")
-    convert_dataset.main(["--input", str(TEXT), "--student-tokenizer", student, "--teacher-tokenizer", teacher,
-                          "--seq-len", str(SEQ_LEN), "--out-root", str(work / "shards")])
+    convert_main(["--input", str(TEXT), "--student-tokenizer", student, "--teacher-tokenizer", teacher,
+                  "--seq-len", str(SEQ_LEN), "--out-root", str(work / "shards")])
     # The cached run reads 100 held-out problems, scored once (a smaller corpus: the CPU scores ~2K tokens/s).
-    convert_dataset.main(["--input", str(ASSETS / "text" / "gsm8k_heldout_100.jsonl"), "--student-tokenizer", student,
-                          "--teacher-tokenizer", teacher, "--seq-len", str(SEQ_LEN), "--out-root", str(work / "few")])
+    convert_main(["--input", str(ASSETS / "text" / "gsm8k_heldout_100.jsonl"), "--student-tokenizer", student,
+                  "--teacher-tokenizer", teacher, "--seq-len", str(SEQ_LEN), "--out-root", str(work / "few")])
     assert score.main(["--shards", str(work / "few"), "--teacher", teacher, "--dtype", "float32", "--device", "cpu",
                        "--out", str(work / "scored")]) == 0
     for name, shards in (("gsm8k", "shards"), ("heldout", "few")):  # each stream's own local, as Streaming asks

@@ -526,13 +526,13 @@ def test_the_readmes_figures_and_intervals_are_the_default_runs():
 def test_the_drop_in_pages_python_runs_as_written(tmp_path, monkeypatch, capfd):
     """docs/drop-in.md's plain Composer script, run as written (its shards converted first, as the page's commands
     convert them, here in a temporary folder)."""
-    from conversion import convert_dataset
+    from vocagno.conversion.convert import main as convert_main
 
     [code] = [lines for language, _, lines in fenced_blocks(REPO / "docs" / "drop-in.md") if language == "python"]
     shards = "shards/gsm8k_sample_mistral_128"
     monkeypatch.chdir(tmp_path)
-    assert convert_dataset.main(["--input", str(REPO / "vocagno" / "assets" / "text" / "gsm8k_heldout_100.jsonl"),
-                                 "--student-tokenizer", "llama2", "--teacher-tokenizer", "mistral", "--seq-len", "128",
-                                 "--out-root", shards]) == 0
+    assert convert_main(["--input", str(REPO / "vocagno" / "assets" / "text" / "gsm8k_heldout_100.jsonl"),
+                         "--student-tokenizer", "llama2", "--teacher-tokenizer", "mistral", "--seq-len", "128",
+                         "--out-root", shards]) == 0
     exec(compile("\n".join(code), "docs/drop-in.md", "exec"), {"__name__": "drop_in"})
     assert "'kept_fraction'" in capfd.readouterr().out

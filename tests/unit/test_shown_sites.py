@@ -59,7 +59,7 @@ def test_a_lock_files_host_and_pid_are_shown_as_escapes(tmp_path, capsys):
 
 
 def test_the_conversion_summary_shows_corpus_file_names_as_escapes(tmp_path, capsys):
-    from conversion.convert_dataset import print_summary
+    from vocagno.conversion.merge import print_summary
 
     output = SimpleNamespace(local=tmp_path, __str__=lambda self: "out")
     print_summary("merged", Counter({"documents read": 2, "student tokens": 0}), output, [],

@@ -5,7 +5,7 @@ import pytest
 import torch
 from streaming import StreamingDataset
 
-from conversion import convert_dataset
+from vocagno.conversion.convert import main as convert_main
 from vocagno.core.alignment import align
 from vocagno.data.dataset import TeacherGuidedCollator
 from vocagno.teacher.side import StudentText, TeacherSide
@@ -72,9 +72,9 @@ def converted(tmp_path_factory):
         unicode_docs.write_text("".join(
             f'{{"text": "{line}"}}\n' for line in (ASSETS / "text" / "demo.txt").read_text().replace('"', "'").split("\n")
             if line.strip()), encoding="utf-8")
-        convert_dataset.main(["--input", str(ASSETS / "text" / "gsm8k_heldout_100.jsonl"), str(unicode_docs),
-                              "--student-tokenizer", student, "--teacher-tokenizer", teacher, "--seq-len", "128",
-                              "--out-root", str(root / "shards")])
+        convert_main(["--input", str(ASSETS / "text" / "gsm8k_heldout_100.jsonl"), str(unicode_docs),
+                      "--student-tokenizer", student, "--teacher-tokenizer", teacher, "--seq-len", "128",
+                      "--out-root", str(root / "shards")])
         dataset = StreamingDataset(local=str(root / "shards"), shuffle=False)
         return [dict(dataset[i]) for i in range(len(dataset))]
     return convert
