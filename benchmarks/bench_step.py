@@ -12,9 +12,10 @@ GSM8K sample converted to shards under a temporary folder) with the preset's mod
 
 Prints one JSON line per run: ``plain_step_s`` (no teacher), ``teacher_forward_s`` (the teacher's share of a guided
 step), ``guided_step_s``, ``overhead`` = guided / (plain + teacher forward), ``student_tokens_per_s``, ``mfu`` (the
-student's training FLOPs as ``train.student_flops_per_batch`` counts them over the device's bf16 peak; null on a
-CPU), ``peak_gib`` (CUDA memory allocated at most; null on a CPU) and ``selection_scope``. Medians over the steps after
-two warm-up steps; on a GPU each step ends with ``torch.cuda.synchronize()``, so its time is its kernels' too.
+student's training FLOPs as ``vocagno.training.builders.student_flops_per_batch`` counts them over the device's
+bf16 peak; null on a CPU), ``peak_gib`` (CUDA memory allocated at most; null on a CPU) and ``selection_scope``.
+Medians over the steps after two warm-up steps; on a GPU each step ends with ``torch.cuda.synchronize()``, so its
+time is its kernels' too.
 ``batch`` scope adds a no-grad student forward per step (its scoring pass): the figure to compare with
 ``microbatch``. Every line names its ``preset`` and ``overrides``.
 
@@ -55,7 +56,9 @@ from composer import Trainer  # noqa: E402
 from composer.loggers import LoggerDestination  # noqa: E402
 from composer.models import HuggingFaceModel  # noqa: E402
 
-import train  # noqa: E402
+from vocagno.training.builders import build_algorithms, build_optimizer, student_flops_per_batch  # noqa: E402
+from vocagno.training.config import load_config  # noqa: E402
+from vocagno.training.loaders import build_loader  # noqa: E402
 from vocagno.teacher import scoring  # noqa: E402
 from vocagno.training import config  # noqa: E402
 from vocagno.data.outroots import Output  # noqa: E402
@@ -134,7 +137,7 @@ def random_init_on(device: str):
         with torch.device(device):
             return build(*args, **kwargs)
 
-    with mock.patch.object(train, "build_causal_lm", on_device), mock.patch.object(config, "build_causal_lm", on_device):
+    with mock.patch.object(config, "build_causal_lm", on_device):
         yield
 
 
@@ -142,23 +145,23 @@ def run(cfg, guided: bool, scope: str | None, steps: int, profile: Path | None =
     free_earlier_runs()
     student_tok, teacher_tok = load_tokenizer(cfg.tokenizer.name), load_tokenizer(cfg.teacher.tokenizer)
     world_batch = cfg.global_train_batch_size
-    loader = train.build_loader(cfg.train_loader, student_tok, teacher_tok, world_batch)
-    student = use_kernels(train.build_causal_lm(cfg.model, len(student_tok)), config.speed_options(cfg.model)[0],
+    loader = build_loader(cfg.train_loader, student_tok, teacher_tok, world_batch)
+    student = use_kernels(config.build_causal_lm(cfg.model, len(student_tok)), config.speed_options(cfg.model)[0],
                           "model.kernels")
     algorithms = []
     if guided:
         cfg.algorithms.vocagno.selection_scope = scope
-        algorithms = train.build_algorithms(cfg, teacher_tok)
+        algorithms = build_algorithms(cfg, teacher_tok)
     timer = StepTimes(profile, steps + WARMUP)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     model = HuggingFaceModel(student, tokenizer=student_tok, use_logits=True)
-    model.flops_per_batch = train.student_flops_per_batch(student)
+    model.flops_per_batch = student_flops_per_batch(student)
     Trainer(
         model=model, train_dataloader=loader,
         algorithms=algorithms, max_duration=f"{steps + WARMUP + (PROFILED if profile else 0)}ba",
-        optimizers=train.build_optimizer(cfg, student), compile_config=config.plain(cfg.get("compile_config")),
+        optimizers=build_optimizer(cfg, student), compile_config=config.plain(cfg.get("compile_config")),
         device_train_microbatch_size=cfg.device_train_microbatch_size, precision=cfg.get("precision"),
         loggers=[timer], progress_bar=False, seed=cfg.seed,  # a logger destination gets every event too
     ).fit()
@@ -191,7 +194,7 @@ def main() -> None:
         overrides = [f"variables.data={tmp}/train", f"train_loader.convert_if_missing.input={TRAIN_TEXT}",
                      "eval_loader=null", "train_loader.dataset.shuffle=false",
                      *PRESETS[args.preset], *args.overrides]
-        cfg = train.load_config(str(REPO / "yamls" / "tiny_qwen.yaml"), overrides)
+        cfg = load_config(str(REPO / "yamls" / "tiny_qwen.yaml"), overrides)
         label = {"preset": args.preset, "overrides": args.overrides}  # on every line
         profile = (lambda name: args.profile / f"{name}.txt") if args.profile else (lambda name: None)
         timed = slice(WARMUP, WARMUP + args.steps)

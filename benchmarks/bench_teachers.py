@@ -33,7 +33,9 @@ from composer import Trainer  # noqa: E402
 from composer.models import HuggingFaceModel  # noqa: E402
 from omegaconf import OmegaConf as om  # noqa: E402
 
-import train  # noqa: E402
+from vocagno.training.builders import build_algorithms, build_optimizer, student_flops_per_batch  # noqa: E402
+from vocagno.training.config import build_causal_lm, load_config  # noqa: E402
+from vocagno.training.loaders import build_loader  # noqa: E402
 from vocagno.teacher.scoring import score  # noqa: E402
 from vocagno.training.config import scoring_teacher  # noqa: E402
 from vocagno.data.outroots import Output  # noqa: E402
@@ -61,13 +63,13 @@ class TeacherTimes(StepTimes):
 def run(cfg, steps: int) -> TeacherTimes:
     student_tok = load_tokenizer(cfg.tokenizer.name)
     teacher_tok = load_tokenizer(cfg.teacher.tokenizer) if cfg.get("teacher") else None
-    loader = train.build_loader(cfg.train_loader, student_tok, teacher_tok, cfg.global_train_batch_size)
-    student = train.build_causal_lm(cfg.model, len(student_tok))
+    loader = build_loader(cfg.train_loader, student_tok, teacher_tok, cfg.global_train_batch_size)
+    student = build_causal_lm(cfg.model, len(student_tok))
     timer = TeacherTimes()
     model = HuggingFaceModel(student, tokenizer=student_tok, use_logits=True)
-    model.flops_per_batch = train.student_flops_per_batch(student)
-    Trainer(model=model, train_dataloader=loader, algorithms=train.build_algorithms(cfg, teacher_tok),
-            max_duration=f"{steps + WARMUP}ba", optimizers=train.build_optimizer(cfg, student),
+    model.flops_per_batch = student_flops_per_batch(student)
+    Trainer(model=model, train_dataloader=loader, algorithms=build_algorithms(cfg, teacher_tok),
+            max_duration=f"{steps + WARMUP}ba", optimizers=build_optimizer(cfg, student),
             device_train_microbatch_size=cfg.device_train_microbatch_size, precision=cfg.get("precision"),
             loggers=[timer], progress_bar=False, seed=cfg.seed).fit()
     return timer
@@ -89,7 +91,7 @@ def main() -> None:
         overrides = [f"variables.data={tmp}/train", f"train_loader.convert_if_missing.input={TRAIN_TEXT}",
                      "eval_loader=null", "train_loader.dataset.shuffle=false",
                      "selection_report=null"]
-        one = train.load_config(str(REPO / "yamls" / "tiny_qwen.yaml"), overrides)
+        one = load_config(str(REPO / "yamls" / "tiny_qwen.yaml"), overrides)
         two = with_two_teachers(one)
         for scope in args.scopes.split(","):
             two.algorithms.vocagno.selection_scope = scope

@@ -43,7 +43,8 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-import train  # noqa: E402
+from vocagno.training.config import build_causal_lm, load_config  # noqa: E402
+from vocagno.train import train  # noqa: E402
 from vocagno.conversion.convert import main as convert_main  # noqa: E402
 from vocagno import score  # noqa: E402
 from vocagno.diagnostics.canaries import NOISE  # noqa: E402
@@ -182,9 +183,9 @@ def main(argv: list[str] | None = None) -> int:
             if method not in ("init", "plain"):
                 overrides.append(f"teacher.name_or_path={teacher_name}")
             overrides += [*common, f"seed={seed}", f"run_name=miniature-{method}-{seed}"]
-            cfg = train.load_config(YAML, overrides)
-            student = (train.build_causal_lm(cfg.model, len(student_tok), seed) if method == "init" else
-                       train.main(cfg).state.model.model)
+            cfg = load_config(YAML, overrides)
+            student = (build_causal_lm(cfg.model, len(student_tok), seed) if method == "init" else
+                       train(cfg).state.model.model)
             value = bits_per_byte(student.to(args.device).eval(), student_tok, heldout)
             result["bits_per_byte"].setdefault(method, []).append(value)
             print(f"{method} seed {seed}: held-out bits per byte {value:.4f} "

@@ -32,7 +32,8 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-import train  # noqa: E402
+from vocagno.training.config import load_config  # noqa: E402
+from vocagno.train import train  # noqa: E402
 from vocagno.core.tokenization import ASSETS, SHIPPED_MODELS  # noqa: E402
 
 YAMLS = {"tiny-math-teacher": "tiny_teacher.yaml", "tiny-latex-teacher": "tiny_latex_teacher.yaml"}
@@ -50,12 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the teacher's yaml")
     args = parser.parse_args(argv)
     yaml = REPO / "yamls" / YAMLS[args.teacher]
-    cfg = train.load_config(str(yaml), ["loggers.console={}", *args.overrides])
+    cfg = load_config(str(yaml), ["loggers.console={}", *args.overrides])
     if cfg.tokenizer.name != SHIPPED_MODELS[args.teacher]:  # the tokenizer shipped beside it must be the one it read
         raise SystemExit(f"{yaml.name} trains with tokenizer {cfg.tokenizer.name!r}, but {args.teacher} ships with "
                          f"{SHIPPED_MODELS[args.teacher]!r} (vocagno.core.tokenization.SHIPPED_MODELS)")
     os.chdir(REPO)  # the yaml's shard paths are relative to the repository
-    trainer = train.main(cfg)
+    trainer = train(cfg)
     bits_per_byte = float(trainer.state.eval_metric_values["BitsPerByte"])
     model = trainer.state.model.model
     model.config.use_cache = True  # train.py turns it off for training forwards; a teacher that generates wants it

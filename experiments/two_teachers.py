@@ -41,7 +41,8 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-import train  # noqa: E402
+from vocagno.training.config import build_causal_lm, load_config  # noqa: E402
+from vocagno.train import train  # noqa: E402
 from vocagno.conversion.convert import main as convert_main  # noqa: E402
 from experiments.miniature import experiment_parser, experiment_settings, texts  # noqa: E402
 from vocagno import score  # noqa: E402
@@ -169,10 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     for method in ["init", *methods]:
         shards, overrides = METHODS.get(method, METHODS["plain"])
         for seed in seeds:
-            cfg = train.load_config(YAML, [*overrides, f"variables.data={data[shards]}", f"max_duration={size['steps']}ba",
+            cfg = load_config(YAML, [*overrides, f"variables.data={data[shards]}", f"max_duration={size['steps']}ba",
                                            f"seed={seed}", f"run_name=two-teachers-{method}-{seed}"])
-            student = (train.build_causal_lm(cfg.model, len(student_tok), seed) if method == "init" else
-                       train.main(cfg).state.model.model)
+            student = (build_causal_lm(cfg.model, len(student_tok), seed) if method == "init" else
+                       train(cfg).state.model.model)
             with torch.no_grad():
                 values = heldout_bits_per_byte(student.eval(), student_tok)
             result["bits_per_byte"].setdefault(method, []).append(values)

@@ -5,8 +5,10 @@
 - ``vocagno.data``: the MDS shards, the streaming dataset and its collator, the batch's keys.
 - ``vocagno.teacher``: the frozen teacher, its side of a batch, several teachers, the scoring pass.
 - ``vocagno.algorithms``: ``VocAgnoLM`` and the ULD and KLD baselines (Composer algorithms).
-- ``vocagno.training``: what ``train.py`` builds on; ``vocagno.eval``: the math benchmarks; ``vocagno.diagnostics``:
-  what a teacher keeps. ``vocagno.doors``: the one way in for files from elsewhere, the one way out.
+- ``vocagno.train``: a training run, ``train(cfg) -> Trainer`` (``train.py`` is its face); ``vocagno.training``: what
+  it builds on; ``vocagno.eval``: the math benchmarks; ``vocagno.diagnostics``: what a teacher keeps.
+- ``vocagno.doors``: the one way in for files from elsewhere, the one way out; ``vocagno.compat``: one door per
+  training framework for every use of its private names.
 """
 
 __version__ = "0.1.0"

@@ -341,10 +341,10 @@ def test_student_and_teacher_attend_with_sdpa(tmp_path):
     """What docs/many-nodes.md says: PyTorch's SDPA attention for both, as transformers gives by default."""
     from omegaconf import OmegaConf
 
-    import train
+    from vocagno.training.config import build_causal_lm
     from vocagno.teacher.model import load_teacher
 
-    student = train.build_causal_lm(OmegaConf.create({"config": {
+    student = build_causal_lm(OmegaConf.create({"config": {
         "model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
         "num_attention_heads": 2}}), 300)
     tiny(Qwen2Config, Qwen2ForCausalLM, 300).save_pretrained(tmp_path / "teacher")

@@ -142,14 +142,12 @@ def test_a_second_users_path_a_parquet_a_bare_teacher_folder_two_vocabularies_a_
     import pyarrow as pa
     import pyarrow.parquet as pq
     from helpers import command
-    from omegaconf.errors import OmegaConfBaseException
-    from yaml import YAMLError
 
-    import train
     from vocagno.conversion.convert import main as convert_main
     from vocagno import score, selection
     from vocagno.core.tokenization import ASSETS, shipped_model_dir
     from vocagno.entry import run as entry_run
+    from vocagno import train as training_run
     from vocagno.eval.__main__ import main as eval_main
 
     monkeypatch.chdir(tmp_path)
@@ -165,7 +163,7 @@ def test_a_second_users_path_a_parquet_a_bare_teacher_folder_two_vocabularies_a_
         handler = signal.getsignal(signal.SIGTERM)
         capsys.readouterr()
         try:
-            entry_run(train.cli, mistakes=(OmegaConfBaseException, YAMLError))
+            entry_run(lambda: training_run.command(sys.argv[1:]), training_run.MISTAKES)
             code = 0
         except SystemExit as exit:
             code = exit.code

@@ -225,7 +225,9 @@ def test_kill_and_resume_gives_the_uninterrupted_scores(scored, tmp_path):
 def test_a_yamls_config_built_teacher_scores_what_its_training_run_would_use(tokenizers, tmp_path, capsys):
     """--config builds the teacher train.py builds for the same yaml (random weights from the yaml's seed), and a
     cached run of that yaml accepts the shards: the whole Table 3 grid of tiny runs from one scoring pass."""
-    import train
+    from vocagno.training.builders import teacher_kwargs
+    from vocagno.training.config import load_config
+    from vocagno.train import train
 
     # 20 documents: 2 batches of 8 samples a run (scoring the fixture's 100 through a 151K head took 23 s).
     assert convert_main(["--input", str(first_documents(tmp_path, 20)), "--student-tokenizer", "llama2",
@@ -238,15 +240,15 @@ def test_a_yamls_config_built_teacher_scores_what_its_training_run_would_use(tok
     assert score.main(["--shards", str(tmp_path / "shards"), "--config", str(REPO / "yamls" / "tiny_qwen.yaml"),
                        *overrides,
                        "--out", str(tmp_path / "scored"), "--batch-tokens", "2048", "--device", "cpu"]) == 0
-    cfg = train.load_config(str(REPO / "yamls" / "tiny_qwen.yaml"), overrides)
-    built = train.teacher_kwargs(cfg.teacher, tokenizers["qwen2.5"], ("teacher",), cfg.seed)["teacher"]
+    cfg = load_config(str(REPO / "yamls" / "tiny_qwen.yaml"), overrides)
+    built = teacher_kwargs(cfg.teacher, tokenizers["qwen2.5"], ("teacher",), cfg.seed)["teacher"]
     assert ShardMetadata.read(tmp_path / "scored").scored_by["fingerprint"] == weights_fingerprint(built)
     for unmapped in ("include", "exclude"):
         for aggregation in ("max", "mean", "min"):
             cell = [*overrides, f"train_loader.dataset.local={tmp_path / 'scored'}",
                     "algorithms.vocagno.teacher_losses=cached", f"algorithms.vocagno.unmapped={unmapped}",
                     f"algorithms.vocagno.aggregation={aggregation}"]
-            trainer = train.main(train.load_config(str(REPO / "yamls" / "tiny_qwen.yaml"), cell))
+            trainer = train(load_config(str(REPO / "yamls" / "tiny_qwen.yaml"), cell))
             algorithm = next(a for a in trainer.state.algorithms if isinstance(a, VocAgnoLM))
             assert algorithm.scorer is None and algorithm.options["aggregation"] == aggregation
             assert int(trainer.state.timestamp.batch) == 2

@@ -6,7 +6,9 @@ import pytest
 import torch
 from helpers import own_data, read_log
 
-import train
+from vocagno.training.builders import build_algorithms
+from vocagno.training.config import load_config
+from vocagno.train import train
 from vocagno.core.kernels import LIGER_VERSION, check_kernels, fused_token_loss, use_kernels
 from vocagno.teacher.model import TeacherScorer
 from vocagno.training.config import build_causal_lm
@@ -20,11 +22,11 @@ COMPILED_REL = 1e-4
 
 
 def train_losses(tmp_path, name, *overrides):
-    cfg = train.load_config(TINY, [*own_data(TINY, f"{tmp_path}/shards/train", f"{tmp_path}/shards/heldout"),
+    cfg = load_config(TINY, [*own_data(TINY, f"{tmp_path}/shards/train", f"{tmp_path}/shards/heldout"),
                                    "loggers.console=null", "loggers.picture=null", "eval_loader=null",
                                    "selection_report=null", "max_duration=4ba", "progress_bar=false",
                                    f"loggers.jsonl.path={tmp_path}/{name}.jsonl", *overrides])
-    train.main(cfg)
+    train(cfg)
     steps = read_log(tmp_path / f"{name}.jsonl")
     return {step: steps[step]["loss/train/total"] for step in steps if "loss/train/total" in steps[step]}
 
@@ -103,10 +105,10 @@ def test_compile_options_torch_would_refuse_in_the_first_step_are_refused_before
         tmp_path, compile_config, message):
     import json
 
-    cfg = train.load_config(TINY, [*own_data(TINY, f"{tmp_path}/shards/train", f"{tmp_path}/shards/heldout"),
+    cfg = load_config(TINY, [*own_data(TINY, f"{tmp_path}/shards/train", f"{tmp_path}/shards/heldout"),
                                    f"teacher.compile_config={json.dumps(compile_config)}"])
     with pytest.raises(Refused, match=f"teacher.compile_config: {message}"):
-        train.main(cfg)
+        train(cfg)
     assert not (tmp_path / "shards").exists()  # before the conversion
 
 
@@ -128,20 +130,20 @@ def test_liger_on_a_device_that_is_not_a_gpu_is_refused():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without CUDA")
 def test_liger_on_a_machine_without_cuda_is_refused_before_anything_loads(tmp_path):
-    cfg = train.load_config(TINY, [*own_data(TINY, f"{tmp_path}/shards/train", f"{tmp_path}/shards/heldout"),
+    cfg = load_config(TINY, [*own_data(TINY, f"{tmp_path}/shards/train", f"{tmp_path}/shards/heldout"),
                                    "model.kernels=liger"])
     with pytest.raises(Refused, match="model.kernels: liger runs Triton kernels on a CUDA GPU, and this machine has "
                                       "none: use torch"):
-        train.main(cfg)
+        train(cfg)
     assert not (tmp_path / "shards").exists()  # before the conversion
     with pytest.raises(ValueError, match="model.kernels must be torch or liger, got 'fast'"):
-        train.load_config(TINY, ["model.kernels=fast"])
+        load_config(TINY, ["model.kernels=fast"])
 
 
 def test_the_baselines_refuse_teacher_speed_options_they_would_not_use(tokenizers):
-    cfg = train.load_config(TINY.replace("tiny.yaml", "tiny_uld.yaml"), ["teacher.compile_config={}"])
+    cfg = load_config(TINY.replace("tiny.yaml", "tiny_uld.yaml"), ["teacher.compile_config={}"])
     with pytest.raises(ValueError, match="teacher.compile_config: only algorithms.vocagno's teacher takes it"):
-        train.build_algorithms(cfg, tokenizers[cfg.teacher.tokenizer])
+        build_algorithms(cfg, tokenizers[cfg.teacher.tokenizer])
 
 
 # Liger-Kernel against PyTorch on a GPU, in float32: bf16 would hide a wrong gradient in its rounding.
@@ -241,10 +243,10 @@ def test_a_chunk_size_given_with_ligers_kernels_is_refused_not_dropped(tmp_path,
     from vocagno import score
     from vocagno.training.config import scoring_teacher
 
-    cfg = train.load_config(TINY, [*own_data(TINY, f"{tmp_path}/shards/train", f"{tmp_path}/shards/heldout"),
+    cfg = load_config(TINY, [*own_data(TINY, f"{tmp_path}/shards/train", f"{tmp_path}/shards/heldout"),
                                    "teacher.kernels=liger", "teacher.chunk_size=2048"])
     with pytest.raises(Refused, match="teacher: chunk_size is PyTorch's kernels' own; with kernels: liger"):
-        train.main(cfg)
+        train(cfg)
     assert not (tmp_path / "shards").exists()  # before the conversion
     with pytest.raises(Refused, match="tiny.yaml: teacher: chunk_size is PyTorch's kernels' own"):
         scoring_teacher(cfg, "tiny.yaml")

@@ -14,7 +14,8 @@ from composer.models import HuggingFaceModel
 from torch.utils.data import DataLoader
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-import train
+from vocagno.training.builders import build_algorithms
+from vocagno.training.config import load_config
 from vocagno.conversion.convert import main as convert_main
 from helpers import Capture
 from test_algorithm import tiny
@@ -392,9 +393,9 @@ def test_a_further_teacher_given_as_a_module_without_a_tokenizer_says_to_give_it
 def test_a_yaml_teachers_entry_is_named_when_it_lacks_a_tokenizer():
     """train.py and the scoring pass alike: the entry is named, before any teacher is loaded."""
     two = str(REPO / "yamls" / "tiny_two_teachers.yaml")
-    cfg = train.load_config(two, ["teachers.latex.tokenizer=null"])
+    cfg = load_config(two, ["teachers.latex.tokenizer=null"])
     with pytest.raises(ValueError, match="teachers.latex: needs its tokenizer"):
-        train.build_algorithms(cfg, None)
+        build_algorithms(cfg, None)
     with pytest.raises(Refused, match="teachers.latex needs its tokenizer"):
         scoring_teacher(cfg, two, "latex")
 
@@ -405,5 +406,5 @@ def test_the_scoring_pass_names_the_set_its_yaml_has_in_one_plain_line():
     two = str(REPO / "yamls" / "tiny_two_teachers.yaml")
     for name, message in ((None, f"{two} has teachers: "), ("nobody", f"{two} has no teachers.nobody")):
         with pytest.raises(Refused) as refused:
-            scoring_teacher(train.load_config(two, []), two, name)
+            scoring_teacher(load_config(two, []), two, name)
         assert str(refused.value).startswith(message) and "error" not in str(refused.value), str(refused.value)

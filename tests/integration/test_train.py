@@ -5,6 +5,7 @@ import json
 import math
 import os
 import re
+import runpy
 import sys
 from pathlib import Path
 
@@ -13,7 +14,14 @@ import pytest
 from helpers import Reached, assert_same_losses, kill_when, own_data, reached, read_log
 from omegaconf import OmegaConf as om
 
-import train
+from vocagno.errors import Refused
+from vocagno.training.builders import build_algorithms, build_loggers, student_model
+from vocagno.training.config import load_config
+from vocagno.training.loaders import build_loader
+from vocagno.training.registry import ALGORITHM_GROUP, OWN_ALGORITHMS, algorithm
+from vocagno.training import registry
+from vocagno import train as training_run
+from vocagno.train import report_selection, train
 from vocagno.algorithms.vocagno_lm import VocAgnoLM
 from vocagno.algorithms.baselines import KLD, ULD
 from vocagno.data.shards import ShardMetadata
@@ -35,12 +43,12 @@ def run_train(tmp_path, *overrides, check=True, timeout=900, yaml=TINY):
 
 
 def refusal(tmp_path, *overrides) -> str:
-    """What stops train.py yamls/tiny.yaml (its shards and logs under tmp_path) before it trains: ``train.main`` run in
+    """What stops train.py yamls/tiny.yaml (its shards and logs under tmp_path) before it trains: ``train`` run in
     this process, as ``train.py`` runs it, since a subprocess would spend most of its time importing Composer."""
-    cfg = train.load_config(TINY, [*own_data(TINY, f"{tmp_path}/shards/train", f"{tmp_path}/shards/heldout"),
+    cfg = load_config(TINY, [*own_data(TINY, f"{tmp_path}/shards/train", f"{tmp_path}/shards/heldout"),
                                    "loggers.console=null", "loggers.picture=null", *overrides])
     with pytest.raises(ValueError) as refused:
-        train.main(cfg)
+        train(cfg)
     return str(refused.value)
 
 
@@ -176,11 +184,11 @@ def test_a_selection_report_the_shards_cannot_make_is_skipped_saying_why(tmp_pat
 
     import torch
 
-    cfg = train.load_config(str(REPO / "yamls" / "tiny.yaml"), [f"selection_report.shards={tmp_path}"])
+    cfg = load_config(str(REPO / "yamls" / "tiny.yaml"), [f"selection_report.shards={tmp_path}"])
     student = torch.nn.Linear(2, 2)
     trainer = SimpleNamespace(state=SimpleNamespace(model=SimpleNamespace(model=student),
                                                     timestamp=SimpleNamespace(batch=3)))
-    train.report_selection(cfg, trainer, sharded=False)
+    report_selection(cfg, trainer, sharded=False)
     out = capsys.readouterr().out
     assert out.startswith(f"selection_report skipped: {tmp_path} holds no shards") and len(out.splitlines()) == 1, out
 
@@ -202,13 +210,13 @@ def test_the_student_model_shifts_labels_without_importing_every_causal_lm_class
     student = build_causal_lm(om.create({"config": {"model_type": "llama", "hidden_size": 16, "intermediate_size": 32,
                                                     "num_hidden_layers": 1, "num_attention_heads": 2}}), 32000, seed=0)
     asked = huggingface._is_registered_causal_lm
-    model = train.student_model(student, tokenizers["llama2"])
+    model = student_model(student, tokenizers["llama2"])
     assert model.shift_labels and model.use_logits and list(model.val_metrics) == ["BitsPerByte"]
     assert huggingface._is_registered_causal_lm is asked  # Composer's own question again for every other model
 
 
 def test_loggers_and_callbacks_take_llmfoundrys_names_and_refuse_unknown_ones():
-    loggers, callbacks = train.build_loggers(om.create({
+    loggers, callbacks = build_loggers(om.create({
         "loggers": {"console": {}, "inmemory": {}, "tensorboard": None},  # null: off
         "callbacks": {"speed_monitor": {"window_size": 5}, "lr_monitor": {}, "nan_monitor": {}, "optimizer_monitor": {},
                       "runtime_estimator": {}, "memory_monitor": {}},
@@ -217,12 +225,12 @@ def test_loggers_and_callbacks_take_llmfoundrys_names_and_refuse_unknown_ones():
     assert [type(x).__name__ for x in callbacks] == ["SpeedMonitor", "LRMonitor", "NaNMonitor", "OptimizerMonitor",
                                                      "RuntimeEstimator", "MemoryMonitor"]
     with pytest.raises(ValueError, match=r"speed_monitr \(did you mean speed_monitor\?\); known: .*lr_monitor"):
-        train.build_loggers(om.create({"callbacks": {"speed_monitr": {}}}))
+        build_loggers(om.create({"callbacks": {"speed_monitr": {}}}))
     with pytest.raises(ValueError,
                        match="wandbb .*known: console, inmemory, jsonl, mlflow, picture, tensorboard, wandb"):
-        train.build_loggers(om.create({"loggers": {"wandbb": {}}}))
+        build_loggers(om.create({"loggers": {"wandbb": {}}}))
     with pytest.raises(ValueError, match="callbacks.speed_monitor: .*windw_size"):
-        train.build_loggers(om.create({"callbacks": {"speed_monitor": {"windw_size": 5}}}))
+        build_loggers(om.create({"callbacks": {"speed_monitor": {"windw_size": 5}}}))
 
 
 def test_the_run_converted_the_embedded_sample_first(tiny_run):
@@ -366,16 +374,16 @@ def test_every_yaml_loads_and_validates(yaml):
     """Every yaml of train.py, the table variants (a base: plus overrides) too, loads and builds its algorithm without
     downloading anything (a named teacher is loaded when training starts). yamls/llm-foundry/ holds llm-foundry's
     (tests/integration/test_llmfoundry.py)."""
-    cfg = train.load_config(str(yaml), [])
+    cfg = load_config(str(yaml), [])
     if cfg.get("teachers") is not None:  # several teachers: one VocAgnoLM with the set, in the yaml's order
-        [algorithm] = train.build_algorithms(cfg, teacher_tok=None)
+        [algorithm] = build_algorithms(cfg, teacher_tok=None)
         assert isinstance(algorithm, VocAgnoLM) and [each.name for each in algorithm.teachers.all] == list(cfg.teachers)
     elif cfg.get("teacher") is not None:
-        algorithms = train.build_algorithms(cfg, teacher_tok=None) if cfg.teacher.get("name_or_path") else []
+        algorithms = build_algorithms(cfg, teacher_tok=None) if cfg.teacher.get("name_or_path") else []
         assert all(isinstance(a, (VocAgnoLM, ULD, KLD)) for a in algorithms)
         assert len(algorithms) == (1 if cfg.teacher.get("name_or_path") else 0)
     else:
-        assert train.build_algorithms(cfg, teacher_tok=None) == []
+        assert build_algorithms(cfg, teacher_tok=None) == []
     if not yaml.name.startswith(("tiny", "miniature")):  # the paper's scale
         assert cfg.tokenizer.name == "TinyLlama/TinyLlama_v1.1" and cfg.model.name_or_path == "TinyLlama/TinyLlama_v1.1"
         assert cfg.global_train_batch_size * cfg.variables.seq_len == 1024 * 2048
@@ -384,8 +392,8 @@ def test_every_yaml_loads_and_validates(yaml):
 
 def test_a_decoupled_weight_decay_that_shrinks_weights_each_step_is_refused():
     with pytest.raises(ValueError, match=r"optimizer.weight_decay=0.1 would shrink every weight by 10.0% per step"):
-        train.load_config(TINY, ["optimizer.weight_decay=0.1"])
-    assert train.load_config(TINY, ["optimizer.weight_decay=8e-6"]).optimizer.weight_decay == 8e-6
+        load_config(TINY, ["optimizer.weight_decay=0.1"])
+    assert load_config(TINY, ["optimizer.weight_decay=8e-6"]).optimizer.weight_decay == 8e-6
 
 
 @pytest.mark.parametrize("override, message", [
@@ -399,7 +407,7 @@ def test_a_decoupled_weight_decay_that_shrinks_weights_each_step_is_refused():
 ])
 def test_values_of_the_wrong_kind_are_refused_naming_the_key(override, message):
     with pytest.raises(ValueError, match=message):
-        train.load_config(TINY, [override])
+        load_config(TINY, [override])
 
 
 def test_a_string_trust_remote_code_is_refused_by_the_algorithm():
@@ -409,9 +417,9 @@ def test_a_string_trust_remote_code_is_refused_by_the_algorithm():
 
 def test_misspelled_keys_are_errors(tmp_path):
     with pytest.raises(ValueError, match=r"unknown config key optimiser \(did you mean optimizer\?\)"):
-        train.load_config(TINY, ["optimiser.lr=1"])
+        load_config(TINY, ["optimiser.lr=1"])
     with pytest.raises(ValueError, match=r"unknown config key teacher.dtyp \(did you mean teacher.dtype\?\)"):
-        train.load_config(TINY, ["teacher.dtyp=float32"])
+        load_config(TINY, ["teacher.dtyp=float32"])
 
 
 @pytest.mark.parametrize("override, message", [
@@ -427,9 +435,9 @@ def test_misspelled_keys_are_errors(tmp_path):
      r"train_loader.dataset.streams.a.repet \(did you mean train_loader.dataset.streams.a.repeat"),
 ])
 def test_misspelled_keys_of_nested_sections_are_refused_before_anything_loads(override, message, monkeypatch):
-    monkeypatch.setattr(train, "load_tokenizer", reached)  # refused before the first thing main loads
+    monkeypatch.setattr(training_run, "load_tokenizer", reached)  # refused before the first thing a run loads
     with pytest.raises(ValueError, match=message):
-        train.main(train.load_config(TINY, [override]))
+        train(load_config(TINY, [override]))
 
 
 @pytest.mark.parametrize("made", ["missing", "empty"])
@@ -437,9 +445,9 @@ def test_a_data_folder_named_on_the_command_line_never_gets_the_yamls_corpus(tmp
     folder = tmp_path / "mathy_mistrl"  # a typo of the folder the user converted
     if made == "empty":
         folder.mkdir()
-    cfg = train.load_config(TINY, [f"variables.data={folder}", "loggers.console=null"])
+    cfg = load_config(TINY, [f"variables.data={folder}", "loggers.console=null"])
     with pytest.raises(ValueError) as refused:
-        train.main(cfg)
+        train(cfg)
     assert str(refused.value).startswith(f"train_loader.dataset.local: {folder} holds no converted shards "
                                          f"({TINY}'s train_loader.convert_if_missing converts its input into "
                                          "shards/gsm8k_sample_mistral_128, and the command line names another folder)"
@@ -454,18 +462,18 @@ def test_a_data_folder_named_on_the_command_line_never_gets_the_yamls_corpus(tmp
 def test_a_variant_yaml_naming_a_folder_converts_into_it_only_what_it_names_and_says_so(tmp_path, capsys, tokenizers):
     heldout = REPO / "vocagno" / "assets" / "text" / "gsm8k_heldout_100.jsonl"
     (tmp_path / "mine.yaml").write_text(f"base: {TINY}\nvariables:\n  heldout: {tmp_path}/held\n")
-    cfg = train.load_config(str(tmp_path / "mine.yaml"), [])
+    cfg = load_config(str(tmp_path / "mine.yaml"), [])
     with pytest.raises(ValueError, match=rf"{tmp_path}/held holds no converted shards \({TINY}'s eval_loader"
                                          r".convert_if_missing converts its input into shards/gsm8k_heldout_mistral_"
                                          rf"128, and {tmp_path}/mine.yaml names another folder\)"):
-        train.build_loader(cfg.eval_loader, tokenizers["llama2"], tokenizers["mistral"], 8, "eval_loader")
+        build_loader(cfg.eval_loader, tokenizers["llama2"], tokenizers["mistral"], 8, "eval_loader")
     (tmp_path / "mine.yaml").write_text(f"base: {TINY}\nvariables:\n  heldout: {tmp_path}/held\n"
                                         f"eval_loader:\n  convert_if_missing:\n    input: {heldout}\n")
-    cfg = train.load_config(str(tmp_path / "mine.yaml"), [])
+    cfg = load_config(str(tmp_path / "mine.yaml"), [])
     # Naming the base's own folder again, or changing what its name is made of, keeps the base's conversion.
-    again = train.load_config(str(tmp_path / "mine.yaml"), ["variables.data=shards/gsm8k_sample_mistral_128"])
+    again = load_config(str(tmp_path / "mine.yaml"), ["variables.data=shards/gsm8k_sample_mistral_128"])
     assert again.train_loader.convert_if_missing.input == "vocagno/assets/text/gsm8k_train_500.jsonl"
-    shorter = train.load_config(TINY, ["variables.seq_len=64"])
+    shorter = load_config(TINY, ["variables.seq_len=64"])
     assert (shorter.train_loader.dataset.local, shorter.train_loader.convert_if_missing.seq_len) == (
         "shards/gsm8k_sample_mistral_64", 64)
     # Another converter flag is no input: the base's corpus still stays out of another folder; so it does out of one
@@ -473,12 +481,12 @@ def test_a_variant_yaml_naming_a_folder_converts_into_it_only_what_it_names_and_
     for other in (["variables.data=shards/mine", "train_loader.convert_if_missing.seq_len=64"],
                   ["variables.data=${variables.heldout}"], ["train_loader.dataset.local=${variables.heldout}"],
                   ["variables.data=shards/mine_${variables.seq_len}"]):
-        assert "not_for" in train.load_config(TINY, other).train_loader.convert_if_missing, other
-    same = train.load_config(TINY, ["variables.data=./shards/gsm8k_sample_mistral_128/"])
+        assert "not_for" in load_config(TINY, other).train_loader.convert_if_missing, other
+    same = load_config(TINY, ["variables.data=./shards/gsm8k_sample_mistral_128/"])
     assert same.train_loader.convert_if_missing.input == "vocagno/assets/text/gsm8k_train_500.jsonl"
     with pytest.raises(ValueError, match="a key given as another kind of value than its base gives it"):
-        train.load_config(TINY, ["train_loader.convert_if_missing=[a.jsonl]"])
-    loader = train.build_loader(cfg.eval_loader, tokenizers["llama2"], tokenizers["mistral"], 8, "eval_loader")
+        load_config(TINY, ["train_loader.convert_if_missing=[a.jsonl]"])
+    loader = build_loader(cfg.eval_loader, tokenizers["llama2"], tokenizers["mistral"], 8, "eval_loader")
     assert f"eval_loader: converting {heldout} into {tmp_path}/held (convert_if_missing)\n" in capsys.readouterr().out
     assert ShardMetadata.read(tmp_path / "held").totals["documents read"] == 100 and len(loader.dataset) > 0
 
@@ -550,7 +558,7 @@ def test_kld_refuses_a_teacher_of_another_vocabulary(tiny_run, tmp_path):
 def test_the_table_yamls_say_what_their_row_is(tmp_path):
     """Spot checks of the variants' merged configs: each differs from its base where its table says."""
     def load(name):
-        return train.load_config(str(REPO / "yamls" / name), [])
+        return load_config(str(REPO / "yamls" / name), [])
 
     assert load("table2/chunk_16.yaml").algorithms.vocagno.num_chunks == 16
     assert load("table2/chunk_16.yaml").algorithms.vocagno.aggregation == "mean"
@@ -564,7 +572,7 @@ def test_the_table_yamls_say_what_their_row_is(tmp_path):
     (tmp_path / "a.yaml").write_text("base: b.yaml\n")
     (tmp_path / "b.yaml").write_text("base: a.yaml\n")
     with pytest.raises(ValueError, match="comes back to itself"):
-        train.load_config(str(tmp_path / "a.yaml"), [])
+        load_config(str(tmp_path / "a.yaml"), [])
 
 
 def test_a_checkout_that_pip_never_installed_finds_vocagnos_algorithms(monkeypatch):
@@ -572,11 +580,11 @@ def test_a_checkout_that_pip_never_installed_finds_vocagnos_algorithms(monkeypat
     own algorithms, the ones pyproject.toml registers for llm-foundry."""
     import tomllib
 
-    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"][train.ALGORITHM_GROUP]
-    assert declared == train.OWN_ALGORITHMS
-    monkeypatch.setattr(train, "entry_points", lambda group: [])
-    cfg = train.load_config(str(REPO / "yamls" / "tiny.yaml"), [])
-    [algorithm] = train.build_algorithms(cfg, teacher_tok=None)
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"][ALGORITHM_GROUP]
+    assert declared == OWN_ALGORITHMS
+    monkeypatch.setattr(registry, "entry_points", lambda group: [])
+    cfg = load_config(str(REPO / "yamls" / "tiny.yaml"), [])
+    [algorithm] = build_algorithms(cfg, teacher_tok=None)
     assert type(algorithm).__name__ == "VocAgnoLM"
 
 
@@ -651,12 +659,12 @@ def test_a_run_cleans_what_a_killed_run_left_in_shared_memory_and_not_what_a_liv
 
 def test_a_cpu_run_keeps_the_large_blocks_its_steps_free_from_its_start(monkeypatch):
     """vocagno.memory on a CPU (tests/integration/test_memory.py shows what it changes): set before anything is built."""
-    import train
+    import torch
 
-    monkeypatch.setattr(train, "keep_freed_memory", reached)
-    monkeypatch.setattr(train.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(training_run, "keep_freed_memory", reached)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(Reached):
-        train.main(train.load_config(TINY, []))
+        train(load_config(TINY, []))
 
 
 def test_a_run_names_its_cpu_for_composer_without_a_subprocess(tiny_run, monkeypatch):
@@ -670,7 +678,7 @@ def test_a_run_names_its_cpu_for_composer_without_a_subprocess(tiny_run, monkeyp
     name = cpuinfo.get_cpu_info()["brand_raw"]
     monkeypatch.setattr(collect_env, "get_cpu_model", collect_env.get_cpu_model)  # as it was, after this test
     collect_env.get_cpu_model.cache_clear()  # not asked yet in this process, whatever ran in it before
-    refusal(tiny_run[0], "tokenizer.name=mistral")  # train.main as far as its shards' check
+    refusal(tiny_run[0], "tokenizer.name=mistral")  # train as far as its shards' check
 
     def no_subprocess(*args, **kwargs):
         raise AssertionError(f"a subprocess: {args}")
@@ -684,20 +692,25 @@ def test_vocagnos_own_algorithms_win_over_an_installs_stale_entry_points(monkeyp
     with the code on PYTHONPATH) still names the old module: train.py takes vocagno's own classes, not that."""
     from importlib.metadata import EntryPoint
 
-    stale = [EntryPoint("vocagno", "vocagno.algorithm:VocAgnoLM", train.ALGORITHM_GROUP)]
-    monkeypatch.setattr(train, "entry_points", lambda group: stale)
-    assert train._algorithm("vocagno") is VocAgnoLM
+    stale = [EntryPoint("vocagno", "vocagno.algorithm:VocAgnoLM", ALGORITHM_GROUP)]
+    monkeypatch.setattr(registry, "entry_points", lambda group: stale)
+    assert algorithm("vocagno") is VocAgnoLM
 
 
 def test_help_prints_the_usage_and_where_the_keys_are_and_no_args_names_help(monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["train.py", "--help"])
-    assert train.cli() == 0
-    out = capsys.readouterr().out
-    assert out.startswith("usage: composer train.py YAML [KEY=VALUE ...]") and f"{REPO}/docs/training.md" in out
-    assert (REPO / "docs" / "training.md").is_file()
-    monkeypatch.setattr(sys, "argv", ["train.py"])
-    with pytest.raises(train.Refused, match=r"python train.py --help says more"):
-        train.cli()
+    """train.py, the face, run as its command line runs it (in this process: its process is not the point)."""
+    from helpers import command
+
+    def face(argv):
+        monkeypatch.setattr(sys, "argv", ["train.py", *argv])
+        runpy.run_path(str(REPO / "train.py"), run_name="__main__")
+
+    helped = command(face, ["--help"], capsys)
+    assert helped.returncode == 0, helped.stderr
+    assert helped.stdout.startswith("usage: composer train.py YAML [KEY=VALUE ...]")
+    assert f"{REPO}/docs/training.md" in helped.stdout and (REPO / "docs" / "training.md").is_file()
+    with pytest.raises(Refused, match=r"python train.py --help says more"):
+        training_run.command([])
 
 
 def test_teachers_beside_an_inherited_teacher_name_the_key_that_turns_it_off(tmp_path):

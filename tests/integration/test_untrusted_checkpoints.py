@@ -198,7 +198,11 @@ def test_a_checkpoint_taken_from_a_store_is_named_by_its_address_and_a_failure_l
     download (any failure of the store) ends the run in one line, and its private folder is gone with it."""
     from composer.utils.object_store import S3ObjectStore
 
-    import train
+    from vocagno.errors import Refused
+
+    from vocagno.training.config import load_config
+
+    from vocagno.training.loading import take_checkpoint
     from vocagno.training.checkpoint import private_folder, take
 
     marker = tmp_path / "ran"
@@ -215,9 +219,9 @@ def test_a_checkpoint_taken_from_a_store_is_named_by_its_address_and_a_failure_l
 
     monkeypatch.setattr(S3ObjectStore, "download_object", gone)
     before = sorted((tmp_path / "tmp").iterdir())
-    cfg = train.load_config(str(REPO / "yamls" / "tiny.yaml"), [f"callbacks.load_checkpoint.load_path={location}"])
-    with pytest.raises(train.Refused) as refused:
-        train.take_checkpoint(cfg)
+    cfg = load_config(str(REPO / "yamls" / "tiny.yaml"), [f"callbacks.load_checkpoint.load_path={location}"])
+    with pytest.raises(Refused) as refused:
+        take_checkpoint(cfg)
     assert str(refused.value).startswith(f"callbacks.load_checkpoint.load_path: {location}: can't be read"), \
         refused.value
     assert sorted((tmp_path / "tmp").iterdir()) == before and not marker.exists()
@@ -247,14 +251,16 @@ def test_a_sharded_copy_holds_what_its_metadata_names_and_a_copy_without_room_is
 
 
 def test_a_load_checkpoint_event_after_the_trainer_is_made_is_refused_naming_the_ones_that_work(tmp_path):
-    import train
+    from vocagno.errors import Refused
+    from vocagno.training.config import load_config
+    from vocagno.training.loading import take_checkpoint
 
     torch.save({"state": {"model": {"w": torch.ones(2)}}}, tmp_path / "good.pt")
-    cfg = train.load_config(str(REPO / "yamls" / "tiny.yaml"), [
+    cfg = load_config(str(REPO / "yamls" / "tiny.yaml"), [
         f"callbacks.load_checkpoint.load_path={tmp_path / 'good.pt'}", "callbacks.load_checkpoint.event=fit_start"])
-    with pytest.raises(train.Refused, match=r"^callbacks.load_checkpoint.event: fit_start: .* give one of init, "
+    with pytest.raises(Refused, match=r"^callbacks.load_checkpoint.event: fit_start: .* give one of init, "
                                             r"before_load, after_load$"):
-        train.take_checkpoint(cfg)
+        take_checkpoint(cfg)
 
 
 # ---- 2. a config claiming far more than its weights hold: refused before anything is allocated ----

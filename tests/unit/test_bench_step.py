@@ -18,7 +18,6 @@ def test_every_random_init_model_of_a_run_and_of_its_scoring_pass_is_built_on_th
     """On a GPU the paper preset's 7B teacher is built there, not initialized on the CPU for minutes: the student and
     the teacher that train.py builds, and the scoring pass's teacher (vocagno.score). Each build records the device
     torch makes tensors on ("meta" stands in for the GPU) and builds its tiny model on the CPU."""
-    import train
     from vocagno.training import config
 
     build, devices = config.build_causal_lm, []
@@ -29,14 +28,13 @@ def test_every_random_init_model_of_a_run_and_of_its_scoring_pass_is_built_on_th
             return build(*args, **kwargs)
 
     monkeypatch.setattr(config, "build_causal_lm", recording)
-    monkeypatch.setattr(train, "build_causal_lm", recording)
     section = OmegaConf.create({"config": {"model_type": "llama", "hidden_size": 16, "intermediate_size": 32,
                                            "num_hidden_layers": 1, "num_attention_heads": 2}})
     cfg = OmegaConf.create({"seed": 0, "teacher": {**OmegaConf.to_container(section), "tokenizer": "llama2"}})
     with bench_step.random_init_on("meta"):
-        train.build_causal_lm(section, 300)
+        config.build_causal_lm(section, 300)
         config.scoring_teacher(cfg, "bench")
-    train.build_causal_lm(section, 300)
+    config.build_causal_lm(section, 300)
     assert devices == ["meta", "meta", "cpu"]  # inside it, and only there
 
 

@@ -450,15 +450,15 @@ def test_the_training_page_lists_every_key_of_the_schema():
     """Every key train.py accepts (``SCHEMA``, nested sections too) and every keyword argument a yaml gives a
     registered algorithm (those train.py fills from ``teacher:`` aside) is on docs/training.md: a new key without
     docs fails here."""
-    import train
+    from vocagno.training.registry import ALGORITHM_GROUP, TEACHER_ALGORITHMS
     from vocagno.training.config import SCHEMA
 
     text = (REPO / "docs" / "training.md").read_text(encoding="utf-8")
     missing = [key for key in schema_keys(SCHEMA) if f"`{key}`" not in text]
-    algorithms = {entry.name: entry for entry in entry_points(group=train.ALGORITHM_GROUP)}
+    algorithms = {entry.name: entry for entry in entry_points(group=ALGORITHM_GROUP)}
     assert {"vocagno", "uld", "kld"} <= set(algorithms)
     for name, entry in algorithms.items():
-        filled = set(train.TEACHER_ALGORITHMS.get(name, ()))
+        filled = set(TEACHER_ALGORITHMS.get(name, ()))
         for parameter in inspect.signature(entry.load()).parameters.values():
             if parameter.kind in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL) or parameter.name in filled:
                 continue

@@ -35,7 +35,7 @@ SCHEMA: dict[str, Any] = {
     "tokenizer": {"name": None},
     "model": MODEL_KEYS,
     "teacher": {**MODEL_KEYS, "placement": None, "chunk_size": None, "compile_config": None},
-    "teachers": None,  # several teachers: NAME -> teacher:'s keys (checked by train.py's set_of_teachers)
+    "teachers": None,  # several teachers: NAME -> teacher:'s keys (checked by builders.set_of_teachers)
     "train_loader": LOADER_KEYS,
     "eval_loader": LOADER_KEYS,
     "optimizer": {"name": None, "lr": None, "betas": None, "eps": None, "weight_decay": None},
@@ -77,7 +77,7 @@ def load_config(yaml_path: str, overrides: list[str]) -> DictConfig:
     _check_keys(cfg, SCHEMA, "")
     teachers = cfg.get("teachers")
     for name in teachers or ():
-        if isinstance(teachers[name], DictConfig):  # else train.py names what a teachers: entry needs
+        if isinstance(teachers[name], DictConfig):  # else builders.set_of_teachers names what it needs
             _check_keys(teachers[name], SCHEMA["teacher"], f"teachers.{name}.")
     missing = [key for key in REQUIRED if cfg.get(key) is None]
     if missing:

@@ -1,0 +1,198 @@
+"""What a run is made of, built from its yaml: the sections' keys checked against what reads them, the algorithms and
+their teachers, the loggers and callbacks, the optimizer and scheduler, Composer's model around the student."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+from composer.models import HuggingFaceModel
+from composer.optim import CosineAnnealingWithWarmupScheduler, DecoupledAdamW
+from omegaconf import DictConfig
+from omegaconf import OmegaConf as om
+from streaming import Stream
+
+from vocagno.compat.composer import causal_lm_model
+from vocagno.core.kernels import check_compile_config, check_kernels, check_speed
+from vocagno.core.tokenization import load_tokenizer
+from vocagno.training.config import check_names, keyword_names, plain, section_teacher, speed_options
+from vocagno.training.loaders import DATASET_KEYS, RUN_DECIDES
+from vocagno.training.loggers import ConsoleLine
+from vocagno.training.metrics import BitsPerByte
+from vocagno.training.registry import TEACHER_ALGORITHMS, algorithm, build, known
+
+__all__ = ["batches", "build_algorithms", "build_loggers", "build_optimizer", "build_scheduler", "check_sections",
+           "check_speed_options", "plain_section", "set_of_teachers", "student_flops_per_batch", "student_model",
+           "teacher_kwargs"]
+
+
+def check_sections(cfg: DictConfig) -> None:
+    """The keys of the sections ``load_config`` leaves free-form, each against what reads it: an algorithm's, a logger's
+    or a callback's options against its class, a loader's dataset against Streaming's, ``convert_if_missing``
+    against the converter's flags. Before anything is loaded: a misspelled key is one line naming the closest one."""
+    for section in ("algorithms", "loggers", "callbacks"):
+        for name, kwargs in plain_section(cfg, section).items():
+            if kwargs is None or (section, name, kwargs) == ("loggers", "console", True):  # console=true: on
+                continue
+            if not isinstance(kwargs, dict):
+                raise ValueError(f"{section}.{name}: give its options as a mapping ({{}} for none), got {kwargs!r}")
+            made = algorithm(name) if section == "algorithms" else \
+                ConsoleLine if (section, name) == ("loggers", "console") else known(section, name)
+            check_names(f"{section}.{name}.", kwargs, [] if made is ConsoleLine else keyword_names(made) or kwargs)
+    if plain_section(cfg, "loggers").get("console") is not None:
+        batches(cfg.get("console_log_interval") or "1ba", "console_log_interval")
+    for section in ("train_loader", "eval_loader"):
+        dataset = om.select(cfg, f"{section}.dataset")
+        dataset = om.to_container(dataset) if dataset is not None else {}
+        check_names(f"{section}.dataset.", dataset, DATASET_KEYS)
+        for key, stream in (dataset.get("streams") or {}).items():
+            check_names(f"{section}.dataset.streams.{key}.", stream or {}, keyword_names(Stream))
+        convert = om.select(cfg, f"{section}.convert_if_missing")
+        if convert is not None and not isinstance(convert, DictConfig):
+            raise ValueError(f"{section}.convert_if_missing: give the converter's flags as a mapping ({{input: FILE, "
+                             f"...}}), got {convert!r}")
+        if convert is not None and "not_for" not in convert:
+            from vocagno.conversion.convert import parse_args
+
+            check_names(f"{section}.convert_if_missing.", convert,
+                        [flag for flag in vars(parse_args(["--out-root", "-"])) if flag not in RUN_DECIDES])
+            if convert.get("input") is None:
+                raise ValueError(f"{section}.convert_if_missing: give its input, the corpus to convert")
+
+
+def build_algorithms(cfg: DictConfig, teacher_tok) -> list:
+    """``algorithms:`` by their registered names, each made with its options and, where it uses one, the yaml's
+    teacher (``teacher:``) or teachers (``teachers:``); a null entry is off."""
+    algorithms = []
+    chosen = {name: kwargs for name, kwargs in plain_section(cfg, "algorithms").items() if kwargs is not None}
+    for name, kwargs in chosen.items():
+        made = algorithm(name)
+        kwargs = dict(kwargs)
+        if name in TEACHER_ALGORITHMS and cfg.get("teachers") is not None:
+            if name != "vocagno":
+                raise ValueError(f"teachers: only algorithms.vocagno takes several teachers, not algorithms.{name}")
+            kwargs["teachers"] = set_of_teachers(cfg)
+        elif name in TEACHER_ALGORITHMS:
+            if cfg.get("teacher") is None:
+                raise ValueError(f"algorithms.{name} needs a teacher: section")
+            kwargs.update(teacher_kwargs(cfg.teacher, teacher_tok, TEACHER_ALGORITHMS[name], cfg.seed))
+        algorithms.append(made(**kwargs))
+    if (cfg.get("teacher") or cfg.get("teachers")) is not None and not set(chosen) & set(TEACHER_ALGORITHMS):
+        raise ValueError(f"a teacher without one of algorithms.{{{', '.join(TEACHER_ALGORITHMS)}}} would be loaded "
+                         "and never used")
+    return algorithms
+
+
+def set_of_teachers(cfg: DictConfig) -> dict[str, Any]:
+    """The yaml's ``teachers:`` (each entry with ``teacher:``'s keys, its tokenizer required) as
+    ``vocagno.teacher.teacher.Teacher`` s by name."""
+    made = {}
+    for name, section in cfg.teachers.items():
+        if not isinstance(section, DictConfig):
+            raise ValueError(f"teachers.{name}: needs teacher:'s keys, got {section!r}")
+        if section.get("tokenizer") is None:
+            raise ValueError(f"teachers.{name}: needs its tokenizer")
+        made[name] = section_teacher(section, load_tokenizer(section.tokenizer), cfg.seed, name)
+    return made
+
+
+def teacher_kwargs(section: DictConfig, teacher_tok, takes: tuple[str, ...], seed: int) -> dict[str, Any]:
+    """The ``teacher:`` section (``section_teacher``) as the keyword arguments of an algorithm that ``takes`` them."""
+    # A named teacher is loaded by the algorithm; a config-built one (random weights) is built here.
+    teacher = section_teacher(section, teacher_tok, seed)
+    kwargs = {"teacher": teacher.model, "teacher_tokenizer": teacher_tok, "teacher_dtype": teacher.dtype,
+              "teacher_placement": teacher.placement, "chunk_size": teacher.chunk_size,
+              "trust_remote_code": teacher.trust_remote_code, "teacher_kernels": teacher.kernels,
+              "teacher_compile_config": teacher.compile_config}
+    if section.get("placement") is not None and "teacher_placement" not in takes:
+        raise ValueError("teacher.placement: only algorithms.vocagno shards its teacher; the others replicate it")
+    for key in ("kernels", "compile_config"):
+        if section.get(key) is not None and f"teacher_{key}" not in takes:
+            raise ValueError(f"teacher.{key}: only algorithms.vocagno's teacher takes it; the others read its logits "
+                             "through PyTorch's own kernels")
+    return {key: value for key, value in kwargs.items() if key in takes}
+
+
+def student_flops_per_batch(student: torch.nn.Module):
+    """A batch's training FLOPs for the student, counted as llm-foundry counts them for MFU: 6 per parameter and
+    token (forward and backward) plus attention's 12 x layers x width x sequence length per token. The teacher's
+    forward and the batch scope's scoring pass are not counted: the MFU is the student's, comparable with a plain
+    run's."""
+    params = sum(p.numel() for p in student.parameters())
+    layers, width = student.config.num_hidden_layers, student.config.hidden_size
+
+    def flops(batch: dict[str, torch.Tensor]) -> int:
+        rows, seq_len = batch["input_ids"].shape[:2]
+        return rows * seq_len * (6 * params + 12 * layers * width * seq_len)
+
+    return flops
+
+
+def plain_section(cfg: DictConfig, key: str) -> dict[str, Any]:
+    """The yaml's section ``key`` as plain Python ({} where it is absent or null)."""
+    value = cfg.get(key)
+    return om.to_container(value) if value is not None else {}
+
+
+def build_loggers(cfg: DictConfig, load_path: str | None = None, resuming: bool = False) -> tuple[list, list]:
+    """``loggers:`` and ``callbacks:`` by llm-foundry's names (``LOGGERS``, ``CALLBACKS``) with their kwargs; a null
+    entry is off (``loggers.console=null`` on the command line). ``loggers.console`` prints one line every
+    ``console_log_interval`` (``ConsoleLine``). ``load_checkpoint`` loads ``load_path`` (the private copy of the one
+    its yaml names) where given, and is left out where the run ``resuming`` loads its latest instead."""
+    chosen = {section: {k: v for k, v in plain_section(cfg, section).items() if v is not None}
+              for section in ("loggers", "callbacks")}
+    if "load_checkpoint" in chosen["callbacks"]:
+        if resuming:
+            del chosen["callbacks"]["load_checkpoint"]
+        elif load_path is not None:
+            chosen["callbacks"]["load_checkpoint"] = {**chosen["callbacks"]["load_checkpoint"], "load_path": load_path}
+    loggers = [build("loggers", name, kwargs) for name, kwargs in chosen["loggers"].items() if name != "console"]
+    if "console" in chosen["loggers"]:
+        loggers.append(ConsoleLine(batches(cfg.get("console_log_interval") or "1ba", "console_log_interval")))
+    callbacks = [build("callbacks", name, kwargs) for name, kwargs in chosen["callbacks"].items()]
+    return loggers, callbacks
+
+
+def batches(value: Any, key: str) -> int:
+    """A number of batches given as ``10ba`` (a bare number would mean epochs to Composer: refused)."""
+    found = re.fullmatch(r"\s*(\d+)\s*ba\s*", str(value)) if isinstance(value, str) else None
+    if found is None or int(found.group(1)) < 1:
+        raise ValueError(f"{key} must be a number of batches (10ba), got {value!r}")
+    return int(found.group(1))
+
+
+def build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> DecoupledAdamW:
+    """``optimizer:``: Composer's DecoupledAdamW (its decay is not scaled by the learning rate)."""
+    opt = cfg.optimizer
+    if opt.get("name", "decoupled_adamw") != "decoupled_adamw":
+        raise ValueError(f"optimizer.name: only decoupled_adamw is supported, got {opt.name!r}")
+    return DecoupledAdamW(
+        model.parameters(), lr=opt.lr, betas=tuple(opt.get("betas", (0.9, 0.95))), eps=opt.get("eps", 1e-8),
+        weight_decay=opt.get("weight_decay", 0.0),
+    )
+
+
+def build_scheduler(cfg: DictConfig) -> CosineAnnealingWithWarmupScheduler:
+    """``scheduler:``: a cosine decay after a linear warmup, to ``alpha_f`` of the learning rate."""
+    sched = cfg.scheduler
+    if sched.get("name", "cosine_with_warmup") != "cosine_with_warmup":
+        raise ValueError(f"scheduler.name: only cosine_with_warmup is supported, got {sched.name!r}")
+    return CosineAnnealingWithWarmupScheduler(t_warmup=sched.t_warmup, alpha_f=sched.get("alpha_f", 0.0))
+
+
+def student_model(student: torch.nn.Module, tokenizer) -> HuggingFaceModel:
+    """Composer's model around the student: logits out, labels shifted (a causal LM), bits per byte in evaluation."""
+    return causal_lm_model(student, tokenizer, use_logits=True, eval_metrics=[BitsPerByte()])
+
+
+def check_speed_options(cfg: DictConfig) -> None:
+    """The student's and the teachers' kernels and compile options, refused in one line before anything is converted
+    or loaded (``vocagno.core.kernels``)."""
+    check_kernels(speed_options(cfg.model)[0], "model.kernels")
+    check_compile_config(plain(cfg.get("compile_config")), "compile_config")
+    sections = {"teacher": cfg.teacher} if cfg.get("teacher") is not None else {}
+    sections.update({f"teachers.{name}": section for name, section in (cfg.get("teachers") or {}).items()
+                     if isinstance(section, DictConfig)})
+    for where, section in sections.items():
+        check_speed(*speed_options(section), section.get("chunk_size"), where)
