@@ -17,7 +17,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from vocagno.doors.untrusted import UntrustedFile, check_folder, open_regular
+from vocagno.doors.untrusted.files import UntrustedFile, check_folder, open_regular
 from vocagno.errors import Refused
 
 __all__ = ["copy_file", "copy_folder", "private_folder"]
