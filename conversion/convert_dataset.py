@@ -13,10 +13,10 @@ from pathlib import Path
 if not __package__:  # run as the script it is (python conversion/convert_dataset.py): `conversion` is not installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vocagno.conversion.convert import main, parse_args  # noqa: E402
+from vocagno.conversion.convert import main  # noqa: E402
 from vocagno.entry import run  # noqa: E402
 
-__all__ = ["main", "parse_args"]
+__all__ = ["main"]
 
 if __name__ == "__main__":
     run(main)
