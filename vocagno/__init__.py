@@ -3,6 +3,8 @@
 - ``vocagno.core``: the method without a framework: token alignment (``alignment``), the teacher guided loss
   (``loss``), tokenization.
 - ``vocagno.data``: the MDS shards, the streaming dataset and its collator, the batch's keys.
+- ``vocagno.conversion``: a corpus read as documents and converted into shards (``conversion/convert_dataset.py``
+  is the converter's face).
 - ``vocagno.teacher``: the frozen teacher, its side of a batch, several teachers, the scoring pass.
 - ``vocagno.algorithms``: ``VocAgnoLM`` and the ULD and KLD baselines (Composer algorithms).
 - ``vocagno.train``: a training run, ``train(cfg) -> Trainer`` (``train.py`` is its face); ``vocagno.training``: what

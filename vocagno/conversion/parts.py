@@ -44,7 +44,7 @@ SHARD_BYTES = 1 << 26  # an MDS shard's size limit: a bigger part is written as 
 # What a part's documents may hold in memory (``held_bytes``) besides --docs-per-part: the converting process holds
 # the part it reads and up to twice --workers parts pending, each worker the part it converts, so memory is bounded
 # by the parts' bytes whatever the documents are (an honest part of 5,000 OpenWebMath documents of ~10 KB is ~50 MB
-# as str, 100 MB where each holds a character past Latin-1, so it ends at 5,000 documents as ever).
+# as str, 100 MB where each holds a character past Latin-1, so it still ends at its 5,000 documents).
 PART_BYTES = 1 << 28
 # The fields of the records skipped for lacking the text's field, counted by set of fields (at most FIELD_SETS sets a
 # part: a corpus's records may each have others), so a refusal names what --text-field could be.
