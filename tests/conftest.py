@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-# The tests' shared helpers (tests/support/) import as top-level modules: `import forked`, `from helpers import ...`.
+# The tests' shared helpers (tests/support/) import as top-level modules: `from helpers import ...`.
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 # Tests never reach the Hugging Face hub: everything they load ships in the repo.

@@ -2,14 +2,12 @@
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
-import forked
 import pytest
 import torch
-from helpers import first_documents
+from helpers import ends, first_documents, run_whole, script
 
 from vocagno.data.shards import ShardMetadata
 
@@ -58,7 +56,7 @@ def _shard_and_score(rank: int, world: int, family: str, folder: str) -> None:
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("family", sorted(TEACHERS))
 def test_a_teacher_sharded_over_cpu_ranks_scores_as_the_whole_one_and_each_rank_holds_a_share(tmp_path, family, world):
-    # forkserver: forked's server (train.py's modules imported), not a fresh interpreter per rank
+    # forkserver: not forks of this process, whose threads' locks a fork would inherit
     torch.multiprocessing.start_processes(_shard_and_score, args=(world, family, str(tmp_path)), nprocs=world,
                                           join=True, start_method="forkserver")
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
@@ -86,12 +84,17 @@ def shards(tmp_path_factory):
 
 
 def run_train(tmp_path, name, *overrides, data, ranks=2):
+    """``composer -n RANKS train.py yamls/tiny.yaml ...``: Composer's launcher and its ranks, processes; one rank,
+    the reference the ranks are compared with, is ``python train.py ...`` in this process (``helpers.script``)."""
     command = [str(Path(sys.executable).parent / "composer"), "-n", str(ranks), str(REPO / "train.py"),
                str(REPO / "yamls" / "tiny.yaml"), f"variables.data={data}", "eval_loader=null",
                "loggers.console=null", "loggers.picture=null", "selection_report=null", "max_duration=3ba",
                f"run_name={name}",
                f"loggers.jsonl.path={tmp_path}/{name}.jsonl", *overrides]
-    result = forked.run(command, cwd=REPO, timeout=900, env={**os.environ, "PYTHONPATH": str(REPO)}, fork_children=True)
+    if ranks == 1:
+        result = script(command[3], command[4:], cwd=REPO)
+    else:
+        result = run_whole(command, 900, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode == 0, result.stderr[-4000:]
     steps = {}
     for line in open(tmp_path / f"{name}.jsonl", encoding="utf-8"):
@@ -196,6 +199,7 @@ def test_the_scoring_pass_under_torchrun_on_two_cpu_processes_writes_the_one_pro
     dataset equals one process's, sample for sample."""
     import numpy as np
 
+    from vocagno import score
     from vocagno.conversion.convert import main as convert_main
     from vocagno.teacher.scoring import read_shard
 
@@ -206,11 +210,8 @@ def test_the_scoring_pass_under_torchrun_on_two_cpu_processes_writes_the_one_pro
                  "--dtype", "float32", "--device", "cpu"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     torchrun = [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "2"]
-    single = forked.run([sys.executable, *arguments, "--out", str(tmp_path / "one")], cwd=tmp_path, env=env,
-                        timeout=600)
-    assert single.returncode == 0, single.stderr[-3000:]
-    result = subprocess.run([*torchrun, *arguments, "--out", str(tmp_path / "two")], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=600)
+    assert ends(score.main, [*arguments[2:], "--out", str(tmp_path / "one")]) == 0  # one process: this one
+    result = run_whole([*torchrun, *arguments, "--out", str(tmp_path / "two")], 600, cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "rank 0 of 2" in result.stdout and "rank 1 of 2" in result.stdout
 
@@ -275,7 +276,7 @@ def test_a_run_resumed_on_a_world_size_its_batch_cant_be_split_over_is_refused(s
     command = [str(Path(sys.executable).parent / "composer"), "-n", "3", str(REPO / "train.py"),
                str(REPO / "yamls" / "tiny.yaml"), f"variables.data={tmp_path / 'shards'}", "eval_loader=null",
                "selection_report=null", "max_duration=4ba", *common]
-    result = forked.run(command, cwd=REPO, timeout=900, env={**os.environ, "PYTHONPATH": str(REPO)}, fork_children=True)
+    result = run_whole(command, 900, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode != 0
     assert "global_train_batch_size 8 is not divisible by 3 ranks" in result.stderr + result.stdout
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == before

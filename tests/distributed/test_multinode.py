@@ -16,14 +16,13 @@ import re
 import shutil
 import signal
 import socket
-import sys
+import subprocess
 import time
 from pathlib import Path
 
-import forked
 import numpy as np
 import pytest
-from helpers import assert_group_gone, first_documents, private_shm_works, read_log
+from helpers import assert_group_gone, ends, first_documents, private_shm_works, read_log, with_private_shm
 
 from vocagno.launch import node_command
 
@@ -51,7 +50,9 @@ def free_port() -> int:
 
 
 class Nodes:
-    """The node launchers of one job, each in its own process group (what a node's death kills)."""
+    """The node launchers of one job, each a process in a session of its own (its process group: what a node's death
+    kills, the launcher with its ranks) and in a mount namespace of its own with its own /dev/shm, as a machine of its
+    own has (``helpers.with_private_shm``)."""
 
     def __init__(self, job, job_args, *, nodes, nproc, where: Path, shards=None):
         self.where = where
@@ -62,10 +63,10 @@ class Nodes:
             command = node_command(job, job_args, nodes=nodes, node_rank=node, nproc=nproc, master_addr="127.0.0.1",
                                    master_port=port, cache=str(where / f"node{node}-cache"), shards=shards,
                                    logs=str(where / "logs"))
-            # The node's own /dev/shm, as a machine of its own has; its launcher and ranks forked (forked).
-            out = where / f"node{node}.out"
-            self.processes.append(forked.Forked(command, cwd=REPO, stdout=out, stderr=out, fork_children=True,
-                                                private_shm=True, env={**os.environ, "PYTHONPATH": str(REPO)}))
+            with open(where / f"node{node}.out", "ab") as out:
+                self.processes.append(subprocess.Popen(
+                    with_private_shm(command), cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                    env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True))
 
     def wait(self, timeout=900):
         try:
@@ -197,9 +198,9 @@ def test_the_teacher_sharded_over_two_nodes_and_cached_losses_train_as_on_one_no
     scored_by_rank = {int(rank): int(samples) for rank, samples in
                       re.findall(r"rank (\d) of 4: (\d+) samples scored", scored.output())}
     assert sorted(scored_by_rank) == [0, 1, 2, 3] and all(scored_by_rank.values()), scored_by_rank
-    one = forked.run([sys.executable, "-m", "vocagno.score", *arguments, "--out", str(tmp_path / "one")], cwd=REPO,
-                     timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert one.returncode == 0, one.stderr[-3000:]
+    from vocagno import score
+
+    assert ends(score.main, [*arguments, "--out", str(tmp_path / "one")]) == 0  # one process: this one
 
     def samples(folder):
         index = json.loads((folder / "index.json").read_text())
@@ -223,9 +224,9 @@ def test_the_selection_report_on_two_nodes_is_the_one_process_report_written_onc
     report = Nodes("selection", [*arguments, "--work", str(tmp_path / "work"), "--json",
                                  str(tmp_path / "two.json")], nodes=2, nproc=2, where=tmp_path / "selection").wait()
     assert report.output().count(f"wrote {tmp_path / 'two.json'}") == 1
-    one = forked.run([sys.executable, "-m", "vocagno.selection", *arguments, "--json", str(tmp_path / "one.json")],
-                     cwd=REPO, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert one.returncode == 0, one.stderr[-3000:]
+    from vocagno import selection
+
+    assert ends(selection.main, [*arguments, "--json", str(tmp_path / "one.json")]) == 0  # one process: this one
     two, one = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("two", "one"))
     two.pop("seconds", None), one.pop("seconds", None)
     _close(two, one)

@@ -5,13 +5,11 @@ remote save folders."""
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
-import forked
 import pytest
 import torch
-from helpers import bucket_keys as keys, ends
+from helpers import bucket_keys as keys, ends, script
 
 from vocagno.training.checkpoint import BadCheckpoint, repair
 from vocagno.training.config import scoring_teacher
@@ -23,8 +21,8 @@ OVERRIDES = ["selection_report=null", "eval_loader=null", "loggers.console=null"
 
 
 def train(*overrides):
-    result = forked.run([sys.executable, str(REPO / "train.py"), str(REPO / "yamls" / "tiny.yaml"), *OVERRIDES,
-                         *overrides], cwd=REPO, timeout=900, env={**os.environ, "PYTHONPATH": str(REPO)})
+    """python train.py yamls/tiny.yaml OVERRIDES, run in this process (``helpers.script``)."""
+    result = script(REPO / "train.py", [str(REPO / "yamls" / "tiny.yaml"), *OVERRIDES, *overrides], cwd=REPO)
     assert result.returncode == 0, result.stderr[-4000:]
     return result
 
@@ -100,7 +98,7 @@ def _save_sharded(rank: int, world: int, folder: str) -> None:
 def sharded_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("sharded") / "run"
     folder.mkdir()
-    # forkserver: forked's server (train.py's modules imported), not a fresh interpreter per rank
+    # forkserver: not forks of this process, whose threads' locks a fork would inherit
     torch.multiprocessing.start_processes(_save_sharded, args=(2, str(folder)), nprocs=2, join=True,
                                           start_method="forkserver")
     (folder / "rendezvous").unlink(missing_ok=True)

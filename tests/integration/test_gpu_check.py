@@ -7,8 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-import forked
 import pytest
+from helpers import script
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -17,9 +17,10 @@ import gpu_check  # noqa: E402
 
 
 def test_the_dry_run_reports_each_step_and_each_goal_and_marks_the_gpu_ones_skipped(tmp_path):
-    result = forked.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--dry-run", "--out",
-                         str(tmp_path), "--only", "gpu_tests,bench_tiny,bench_paper,fsdp_all_gpus"], timeout=900,
-                        cwd=tmp_path, fork_children=True)
+    # The check in this process (``helpers.script``); its steps are processes of their own, as it starts them.
+    result = script(REPO / "benchmarks" / "gpu_check.py", ["--dry-run", "--out", tmp_path, "--only",
+                                                           "gpu_tests,bench_tiny,bench_paper,fsdp_all_gpus"],
+                    cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
     steps = report["steps"]

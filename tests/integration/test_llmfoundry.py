@@ -68,6 +68,7 @@ def foundry_python() -> str:
     return str(python)
 
 
+@pytest.mark.timeout(3600)  # its venv's first build (pip install, its own timeouts) counts in its time
 def test_llmfoundry_trains_with_vocagno_on_its_own_text_loader_and_on_ours(foundry_python, tmp_path):
     """(a) llm-foundry's ``text`` loader on a token MDS from its ``convert_dataset_json``, the teacher side made per
     batch, in the training process and in 2 loader workers; (b) ``train_loader: {name: vocagno}`` on our shards; (c)

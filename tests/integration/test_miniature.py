@@ -1,22 +1,23 @@
 """The miniature (experiments/miniature.py) at its toy size: the product's chain runs end to end, its table prints."""
 
 import json
-import os
 import re
 import sys
 from pathlib import Path
 
-import forked
+from helpers import command, script
 
 REPO = Path(__file__).resolve().parents[2]
 METHODS = ("plain", "vocagno_40", "vocagno_clean", "random_40", "chunk_1", "chunk_16")
 
 
-def test_the_miniature_runs_the_products_chain_at_toy_size_and_reports_it(tmp_path):
-    """convert -> vocagno.score -> train.py, cached losses, per method -> held-out bits per byte -> vocagno.report."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    result = forked.run([sys.executable, str(REPO / "experiments" / "miniature.py"), "--size", "toy", "--device", "cpu",
-                         "--out", str(tmp_path / "mini")], cwd=tmp_path, env=env, timeout=1200)
+def test_the_miniature_runs_the_products_chain_at_toy_size_and_reports_it(tmp_path, capsys):
+    """convert -> vocagno.score -> train.py, cached losses, per method -> held-out bits per byte -> vocagno.report,
+    run in this process (``helpers.script``, ``helpers.command``): their process is not what this is about."""
+    from vocagno.report import main as report_main
+
+    result = script(REPO / "experiments" / "miniature.py", ["--size", "toy", "--device", "cpu",
+                                                            "--out", tmp_path / "mini"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
     measured = json.loads((tmp_path / "mini" / "miniature.json").read_text())
     assert list(measured["bits_per_byte"]) == ["init", *METHODS]
@@ -29,8 +30,8 @@ def test_the_miniature_runs_the_products_chain_at_toy_size_and_reports_it(tmp_pa
     # the method names through md_text (a miniature.json's): vocagno\_40, which renders vocagno_40
     rows = re.findall(r"^\| ([\w\\]+) \| ([0-9.]+) \|", result.stdout, re.MULTILINE)
     assert [name.replace("\\", "") for name, _ in rows] == ["init", *METHODS]
-    report = forked.run([sys.executable, "-m", "vocagno.report", "--miniature", str(tmp_path / "mini" / "miniature.json"),
-                         "--plot", str(tmp_path / "bpb.png")], timeout=120, cwd=REPO)
+    report = command(report_main, ["--miniature", tmp_path / "mini" / "miniature.json", "--plot",
+                                   tmp_path / "bpb.png"], capsys)
     assert report.returncode == 0, report.stderr
     assert "| vocagno\\_40 |" in report.stdout and "n/a (one seed)" in report.stdout
     assert (tmp_path / "bpb.png").read_bytes()[:4] == b"\x89PNG"

@@ -7,13 +7,12 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import forked
 import pytest
 import torch
 from composer import Trainer
 from composer.loggers import InMemoryLogger
 from composer.models import HuggingFaceModel
-from helpers import Capture, assert_same_losses, kill_when, read_log
+from helpers import Capture, assert_same_losses, kill_when, read_log, script
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from vocagno.conversion.convert import main as convert_main
@@ -86,11 +85,11 @@ def train_command(shards, folder, name):
 def test_a_mixture_trains_logs_each_streams_share_and_kept_fraction_and_resumes_after_a_kill(shards, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     straight = train_command(shards, tmp_path / "straight", "straight")
-    assert forked.run(straight, cwd=REPO, env=env, timeout=900).returncode == 0
+    assert script(straight[1], straight[2:], cwd=REPO).returncode == 0
     killed_at = tmp_path / "killed"
     command = train_command(shards, killed_at, "killed")
     kill_when(command, (killed_at / "ckpt" / "ep0-ba2-rank0.pt").exists, settle=0.5, cwd=REPO, env=env)
-    result = forked.run(command, cwd=REPO, env=env, timeout=900)
+    result = script(command[1], command[2:], cwd=REPO)  # the same command again, here: the kill was the process
     assert result.returncode == 0, result.stderr[-4000:]
     expected, resumed = read_log(tmp_path / "straight" / "log.jsonl"), read_log(killed_at / "log.jsonl")
     trained = assert_same_losses(expected, resumed, 6)

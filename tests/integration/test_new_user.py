@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-import forked
+from helpers import command, kill_group, script
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "yamls" / "tiny.yaml")
@@ -28,12 +28,21 @@ def one_line_error(result) -> str:
     return last
 
 
-def test_a_new_users_path_from_their_corpus_to_a_model_transformers_loads(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def test_a_new_users_path_from_their_corpus_to_a_model_transformers_loads(tmp_path, capsys, monkeypatch):
+    from vocagno import score, selection
+    from vocagno.eval.__main__ import main as eval_main
+    from vocagno.export import main as export_main
 
-    def run(*command):
-        words = [sys.executable, *map(str, command)]
-        return forked.run(words, cwd=tmp_path, env=env, timeout=600)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    monkeypatch.chdir(tmp_path)
+    mains = {"vocagno.selection": selection.main, "vocagno.score": score.main, "vocagno.eval": eval_main,
+             "vocagno.export": export_main}
+
+    def run(*words):
+        """``python WORDS``, in this process where the process is not the point (``helpers``)."""
+        if words[0] == "-m":
+            return command(mains[words[1]], words[2:], capsys)
+        return script(words[0], words[1:])
 
     documents = [json.loads(line)["text"] for line in open(REPO / "vocagno" / "assets" / "text" /
                                                             "gsm8k_train_500.jsonl", encoding="utf-8")][:60]
@@ -69,13 +78,19 @@ def test_a_new_users_path_from_their_corpus_to_a_model_transformers_loads(tmp_pa
 
     # Guided online, checkpoints every 2 batches; interrupted (SIGTERM, as a scheduler ends a job), then resumed.
     online = [*train, "variables.data=shards/mine", "save_folder=runs/mine", "save_interval=2ba", "autoresume=true"]
-    process = forked.Forked([sys.executable, *map(str, online), "max_duration=400ba"], cwd=tmp_path, env=env)
-    deadline = time.time() + 300
-    while not (tmp_path / "runs" / "mine" / "ep0-ba4-rank0.pt").exists() and time.time() < deadline:
-        time.sleep(0.05)
-    os.kill(process.pid, signal.SIGTERM)
-    assert process.wait(120) == 130
-    out, err = process.outputs()
+    with open(tmp_path / "online.out", "w") as out, open(tmp_path / "online.err", "w") as err:
+        process = subprocess.Popen([sys.executable, *map(str, online), "max_duration=400ba"], cwd=tmp_path, env=env,
+                                   stdout=out, stderr=err, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while not (tmp_path / "runs" / "mine" / "ep0-ba4-rank0.pt").exists() and time.time() < deadline:
+            time.sleep(0.05)
+        os.kill(process.pid, signal.SIGTERM)
+        assert process.wait(120) == 130
+    finally:
+        kill_group(process.pid)  # nothing of it outlives the test
+        process.wait()
+    out, err = ((tmp_path / f"online.{name}").read_text() for name in ("out", "err"))
     assert "teacher losses: online, tiny-math-teacher scores every batch" in out
     assert "saved checkpoint runs/mine/ep0-ba2-rank0.pt" in out
     assert re.fullmatch(r"interrupted in batch \d+; the last checkpoint saved: runs/mine/ep0-ba\d+-rank0.pt",
@@ -141,7 +156,6 @@ def test_a_second_users_path_a_parquet_a_bare_teacher_folder_two_vocabularies_a_
 
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from helpers import command
 
     from vocagno.conversion.convert import main as convert_main
     from vocagno import score, selection
@@ -227,10 +241,8 @@ def test_a_second_users_path_a_parquet_a_bare_teacher_folder_two_vocabularies_a_
                            "--out SCORED, then --name latex: docs/training.md) and train on the last"), cached
 
     # The run says what it will do, and each teacher's share on its console line.
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    trained = forked.run([sys.executable, str(REPO / "train.py"), "two.yaml", "max_duration=2", "eval_interval=0",
-                          "console_log_interval=2ba", "save_folder=runs/two", "save_interval=2ba"],
-                         cwd=tmp_path, env=env, timeout=600)
+    trained = train_command("two.yaml", "max_duration=2", "eval_interval=0", "console_log_interval=2ba",
+                            "save_folder=runs/two", "save_interval=2ba")
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert "max_duration 2 is 2 epochs: a number without a unit is epochs to Composer (write 2ba for batches)" in (
         trained.stdout)

@@ -1,17 +1,17 @@
 """The whole chain on an object store: moto's S3 server on this machine, through the clients a real bucket uses
 (boto3 under Streaming and Composer): converting into it, scoring into it, training from shards there with
 checkpoints saved there, killed and resumed, and exporting the run from there. One chain, run once (``chain``),
-serves the tests: each run saving to a store starts four processes (Composer's uploaders)."""
+serves the tests: each run saving to a store starts four processes (Composer's uploaders). The runs are in this process
+(``helpers.script``) but the killed one, a process of its own killed whole."""
 
 import os
 import re
 import sys
 from pathlib import Path
 
-import forked
 import pytest
 import torch
-from helpers import assert_same_losses, first_documents, kill_when, read_log
+from helpers import assert_same_losses, first_documents, kill_when, read_log, script
 from helpers import bucket_keys as keys
 from test_export import from_pretrained, logits, student_with
 from test_untrusted import gadgets, whole_with
@@ -60,7 +60,7 @@ def chain(s3, tmp_path_factory):
 
         run_env = {**os.environ, "PYTHONPATH": str(REPO)}
         for data in ("shards", "scored"):
-            straight = forked.run(command(f"straight-{data}", data), cwd=tmp_path, env=run_env, timeout=900)
+            straight = script(REPO / "train.py", command(f"straight-{data}", data)[2:], cwd=tmp_path)
             assert straight.returncode == 0, straight.stderr[-4000:]
         # The uninterrupted runs save nothing: the killed one's checkpoints are what the store must hold.
         # From tmp_path: Composer keeps a remote run's local copies in a folder named after the URI ("s3:/runs/...").
@@ -79,7 +79,7 @@ def chain(s3, tmp_path_factory):
         planted.parent.mkdir(parents=True, exist_ok=True)
         whole_with(gadgets(tmp_path / "ran")["os.system"], planted)
         # Resumed from the store: a restart instead would fail to upload ep0-ba2 again (the object exists).
-        resumed = forked.run(killed, cwd=tmp_path, env=run_env, timeout=900)
+        resumed = script(killed[1], killed[2:], cwd=tmp_path)  # the same command, here: the kill was the process
         assert resumed.returncode == 0, resumed.stderr[-4000:]
         assert not (tmp_path / "ran").exists(), "the planted local copy was loaded"
         assert re.search(r"^resuming at batch (\d+) from s3://runs/chain/killed/ep0-ba\d+-rank0.pt$", resumed.stdout,

@@ -8,13 +8,12 @@ import sys
 import time
 from pathlib import Path
 
-import forked
 import numpy as np
 import pytest
 import torch
 from composer import Trainer
 from composer.models import HuggingFaceModel
-from helpers import Reached, first_documents, reached
+from helpers import Reached, command, first_documents, kill_group, reached
 from torch.utils.data import DataLoader
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
@@ -199,24 +198,28 @@ def test_a_remote_out_root_gets_the_dataset_and_another_teacher_cannot_resume_it
         scoring.score(str(scored / "shards"), Output(str(remote), str(tmp_path / "work2")), other, "cpu", 640)
 
 
-def test_kill_and_resume_gives_the_uninterrupted_scores(scored, tmp_path):
+def test_kill_and_resume_gives_the_uninterrupted_scores(scored, tmp_path, capsys, monkeypatch):
     out = tmp_path / "killed"
-    command = [sys.executable, "-m", "vocagno.score", "--shards", str(scored / "shards"), "--teacher",
-               str(scored / "teacher"), "--dtype", "float32", "--batch-tokens", "640", "--device", "cpu",
-               "--out", str(out)]
+    line = [sys.executable, "-m", "vocagno.score", "--shards", str(scored / "shards"), "--teacher",
+            str(scored / "teacher"), "--dtype", "float32", "--batch-tokens", "640", "--device", "cpu",
+            "--out", str(out)]
     env = {**os.environ, "WORLD_SIZE": "1", "RANK": "0"}
-    process = forked.Forked(command, cwd=tmp_path, env=env, stdout=os.devnull, stderr=os.devnull)
-    deadline = time.time() + 120
+    process = subprocess.Popen(line, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    deadline = time.time() + 300
     while not list(out.glob("part-*/part.json")) and time.time() < deadline and process.poll() is None:
         time.sleep(0.01)
-    process.kill()
+    kill_group(process.pid)
     process.wait()
     done = len(list(out.glob("part-*/part.json")))
     assert 1 <= done < PARTS, f"the kill should land mid-run ({done} of {PARTS} parts done)"
     assert not (out / "index.json").exists()
     (out / f".scratch-part-{PARTS - 1:05d}").mkdir(exist_ok=True)  # as a kill while decompressing leaves it
     (out / f".scratch-part-{PARTS - 1:05d}" / "shard.00000.mds").write_bytes(b"half a shard")
-    result = forked.run(command, cwd=tmp_path, env=env, timeout=300)
+    monkeypatch.chdir(tmp_path)  # the same line again, in this process: the kill was the process
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    result = command(score.main, line[3:], capsys)
     assert result.returncode == 0, result.stderr
     assert "complete:" in result.stdout and not list(out.glob(".tmp-*")) and not list(out.glob(".scratch-*"))
     same_samples(read(out), read(scored / "scored"))

@@ -3,13 +3,13 @@
 import json
 import os
 import random
+import subprocess
 import sys
 from pathlib import Path
 
-import forked
 import numpy as np
 import pytest
-from helpers import Reached, reached, ends
+from helpers import Reached, reached, ends, kill_group
 
 from vocagno.conversion.convert import main as convert_main
 from vocagno import selection
@@ -223,13 +223,19 @@ def test_two_ranks_share_the_scoring_and_rank_0_alone_reports_and_writes_files(h
     arguments = ["--shards", str(heldout), "--teacher", "tiny-math-teacher", "--dtype", "float32", "--canaries", "0.5",
                  "--samples", "64", "--work", str(tmp_path / "work")]
     files = ["--json", str(tmp_path / "report.json"), "--html", str(tmp_path / "page.html")]
-    other = forked.Forked([sys.executable, "-m", "vocagno.selection", *arguments, *files], cwd=REPO,
-                          env={**os.environ, "RANK": "1", "WORLD_SIZE": "2"})
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("RANK", "0")
-    assert selection.main([*arguments, *files]) == 0
-    code = other.wait(timeout=600)
-    out, err = other.outputs()
+    with open(tmp_path / "rank1.out", "w") as out, open(tmp_path / "rank1.err", "w") as err:  # rank 1: a process
+        other = subprocess.Popen([sys.executable, "-m", "vocagno.selection", *arguments, *files], cwd=REPO,
+                                 env={**os.environ, "RANK": "1", "WORLD_SIZE": "2"}, stdout=out, stderr=err,
+                                 start_new_session=True)
+    try:
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        monkeypatch.setenv("RANK", "0")
+        assert selection.main([*arguments, *files]) == 0
+        code = other.wait(timeout=600)
+    finally:
+        kill_group(other.pid)  # nothing of it outlives the test
+        other.wait()
+    out, err = ((tmp_path / f"rank1.{name}").read_text() for name in ("out", "err"))
     assert code == 0, err
     assert "wrote" not in out
     assert "precision" not in out  # no report

@@ -9,9 +9,8 @@ import runpy
 import sys
 from pathlib import Path
 
-import forked
 import pytest
-from helpers import Reached, assert_same_losses, kill_when, own_data, reached, read_log
+from helpers import Reached, assert_same_losses, kill_when, own_data, reached, read_log, run_whole, script
 from omegaconf import OmegaConf as om
 
 from vocagno.errors import Refused
@@ -30,13 +29,12 @@ REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "yamls" / "tiny.yaml")
 
 
-def run_train(tmp_path, *overrides, check=True, timeout=900, yaml=TINY):
-    """python train.py yamls/tiny.yaml (or ``yaml``) in a process of its own (``forked``), with its shards and logs
-    under tmp_path."""
-    command = [sys.executable, str(REPO / "train.py"), yaml,
-               *own_data(yaml, f"{tmp_path}/shards/train", f"{tmp_path}/shards/heldout"), "loggers.console=null",
-               f"loggers.picture.path={tmp_path}/run.png", *overrides]
-    result = forked.run(command, cwd=REPO, timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO)})
+def run_train(tmp_path, *overrides, check=True, yaml=TINY):
+    """python train.py yamls/tiny.yaml (or ``yaml``), run in this process (``helpers.script``), with its shards and
+    logs under tmp_path."""
+    result = script(REPO / "train.py", [yaml, *own_data(yaml, f"{tmp_path}/shards/train", f"{tmp_path}/shards/heldout"),
+                                        "loggers.console=null", f"loggers.picture.path={tmp_path}/run.png", *overrides],
+                    cwd=REPO)
     if check:
         assert result.returncode == 0, result.stderr[-4000:]
     return result
@@ -270,7 +268,7 @@ def test_kill_and_autoresume_continue_with_the_same_losses(tiny_run, straight, t
               env={**os.environ, "PYTHONPATH": str(REPO)})
     first = read_log(killed / "log.jsonl")
     assert max(s for s in first if "loss/train/total" in first[s]) < 7, "the kill should land before the run ends"
-    result = forked.run(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=900)
+    result = script(command[1], command[2:], cwd=REPO)  # the same command again, here: the kill was the process
     assert result.returncode == 0, result.stderr[-4000:]
     assert_same_losses(straight, read_log(killed / "log.jsonl"), 8)
     resumed = re.search(r"^resuming at batch (\d+) from (\S+)$", result.stdout, re.M)
@@ -491,18 +489,21 @@ def test_a_variant_yaml_naming_a_folder_converts_into_it_only_what_it_names_and_
     assert ShardMetadata.read(tmp_path / "held").totals["documents read"] == 100 and len(loader.dataset) > 0
 
 
-def test_a_mistake_ends_train_py_in_one_line_and_the_switch_shows_its_traceback(tmp_path):
+def test_a_mistake_ends_train_py_in_one_line_and_the_switch_shows_its_traceback(tmp_path, monkeypatch):
     command = [sys.executable, str(REPO / "train.py"), TINY, f"variables.data={tmp_path}/typo"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = forked.run(command, cwd=REPO, timeout=600, env=env)
+    result = script(command[1], command[2:], cwd=REPO)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]  # one line
     assert result.stderr.startswith(f"error: train_loader.dataset.local: {tmp_path}/typo holds no converted shards")
-    shown = forked.run(command, cwd=REPO, timeout=600, env={**env, "VOCAGNO_TRACEBACK": "1"})
-    assert shown.returncode == 1 and "Traceback" in shown.stderr and "ValueError: train_loader" in shown.stderr
-    # Under Composer's launcher: the same line, then the launcher's own report of the rank's exit code.
-    launched = forked.run([sys.executable, "-m", "composer.cli.launcher", "-n", "1", *command[1:]], cwd=REPO,
-                          timeout=600, env=env)
+    monkeypatch.setenv("VOCAGNO_TRACEBACK", "1")  # the error goes on to the interpreter: its traceback, exit code 1
+    with pytest.raises(ValueError, match="^train_loader"):
+        script(command[1], command[2:], cwd=REPO)
+    monkeypatch.delenv("VOCAGNO_TRACEBACK")
+    # Under Composer's launcher, a process and its rank: the same line, then the launcher's own report of the rank's
+    # exit code.
+    launched = run_whole([sys.executable, "-m", "composer.cli.launcher", "-n", "1", *command[1:]], 600, cwd=REPO,
+                         env=env)
     lines = launched.stderr.strip().splitlines()
     assert launched.returncode == 2 and "Traceback" not in launched.stderr, launched.stderr[-3000:]
     assert lines[0].startswith(f"error: train_loader.dataset.local: {tmp_path}/typo holds no converted shards")
@@ -650,7 +651,7 @@ def test_a_run_cleans_what_a_killed_run_left_in_shared_memory_and_not_what_a_liv
                f"train_loader.dataset.local={tmp_path}/cache", "train_loader.convert_if_missing=null",
                "eval_loader=null", "selection_report=null", "loggers.console=null", "loggers.picture=null",
                "max_duration=1ba"]
-    result = forked.run(command, cwd=REPO, timeout=300, env=env)
+    result = script(command[1], command[2:], cwd=REPO)
     assert result.returncode == 0, result.stderr[-4000:]
     assert _streaming_shm(live._shm_prefix_int) == held
     assert not left & _streaming_shm(int((tmp_path / "prefix").read_text()))

@@ -13,9 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import forked
 import pytest
-from helpers import ends
+from helpers import ends, script
 import torch
 from test_untrusted import RunsACommand, dcp_save, gadgets, store, whole_with  # noqa: F401 (store: a fixture)
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -83,7 +82,7 @@ def test_a_gadget_given_as_load_path_to_train_py_runs_nothing(tmp_path):
                f"variables.data={tmp_path}/shards/train", "eval_loader=null", "selection_report=null",
                "loggers.console=null", "loggers.picture=null", "progress_bar=false", "max_duration=1ba",
                f"callbacks.load_checkpoint.load_path={checkpoint}"]
-    result = forked.run(command, cwd=REPO, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
+    result = script(command[1], command[2:], cwd=REPO)
     assert not marker.exists(), "the checkpoint's pickle ran"
     # one line, the last (torch may warn before it about the pickle's protocol), and no traceback
     err = [line for line in result.stderr.splitlines() if line.startswith("error:")]

@@ -1,15 +1,17 @@
 """Calls run in a process of their own with a ceiling on memory and time, for tests that feed a reader files an
 attacker wrote: what a call allocates past the ceiling fails there (``MemoryError``), not in the pytest worker, and
-a call that hangs is killed. The process is forked from ``forked.context`` (multiprocessing's forkserver), not from
-the pytest worker (whose threads' locks a fork would inherit)."""
+a call that hangs is killed. The process is started by multiprocessing's forkserver, not forked from the pytest worker
+(whose threads' locks a fork would inherit)."""
 
 import contextlib
+import multiprocessing
 import os
 import resource
 import signal
+import time
 import traceback
 
-from forked import context as _context
+_context = multiprocessing.get_context("forkserver")
 
 MEMORY = 1 << 30  # the ceiling above the process's address space at its start: the caps' allocations fit far below
 
@@ -23,7 +25,8 @@ class Hung(BaseException):
 def within(seconds=60, memory=1 << 30):
     """A call in this process that must end within ``seconds`` and allocate less than ``memory`` more address space:
     a reader that blocks on a FIFO or reads /dev/zero fails the test instead of hanging it or exhausting the machine
-    (cheaper than a ``Worker`` where the call is short and its imports are the test's own)."""
+    (cheaper than a ``Worker`` where the call is short and its imports are the test's own). The timer it takes is
+    pytest-timeout's too: what was left of that one is set again after it."""
     def hung(signum, frame):
         raise Hung(f"still running after {seconds} s")
 
@@ -31,6 +34,7 @@ def within(seconds=60, memory=1 << 30):
         ceiling = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE") + memory
     limits = resource.getrlimit(resource.RLIMIT_AS)
     previous = signal.signal(signal.SIGALRM, hung)
+    left, start = signal.getitimer(signal.ITIMER_REAL)[0], time.monotonic()
     resource.setrlimit(resource.RLIMIT_AS, (ceiling, limits[1]))
     signal.alarm(seconds)
     try:
@@ -39,6 +43,8 @@ def within(seconds=60, memory=1 << 30):
         signal.alarm(0)
         resource.setrlimit(resource.RLIMIT_AS, limits)
         signal.signal(signal.SIGALRM, previous)
+        if left:  # pytest-timeout's timer: what was left of it, at least a moment
+            signal.setitimer(signal.ITIMER_REAL, max(left - (time.monotonic() - start), 0.01))
 
 
 class Worker:

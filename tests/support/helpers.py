@@ -1,14 +1,19 @@
-"""What several test files share: killing a run at a moment, reading back its JSON lines log and comparing it with
-an uninterrupted run's, an S3 bucket's keys, what the algorithm left in a Trainer's batches and losses, a stand-in
-that says it was reached."""
+"""What several test files share: a command run in this process where the process is not what a test is about
+(``command``, ``ends``, ``script``), a process and its children run or killed whole where it is (``run_whole``,
+``kill_when``), reading back a run's JSON lines log and comparing it with an uninterrupted run's, an S3 bucket's
+keys, what the algorithm left in a Trainer's batches and losses, a stand-in that says it was reached."""
 
+import contextlib
+import gc
 import json
 import os
+import runpy
 import signal
 import subprocess
+import sys
+import tempfile
 import time
 
-import forked
 import pytest
 import torch
 from composer import Callback
@@ -75,25 +80,41 @@ def bucket_keys(client, prefix, bucket="runs"):
 
 
 def kill_when(command, ready, settle=0.0, timeout=600, **popen):
-    """Start ``command`` in a process group of its own and ``kill -9`` the whole group, as a node's death kills a
+    """Start ``command`` in a session of its own and ``kill -9`` its whole process group, as a node's death kills a
     run with its children (dataloader workers, spawned ranks, resource trackers), as soon as ``ready()`` holds
-    (``settle`` seconds later), or when ``timeout`` passed or it ended by itself; nothing of it outlives this. A
-    ``python`` command runs forked (``forked``)."""
-    try:
-        process = forked.Forked(command, stdout=os.devnull, stderr=os.devnull, **popen)
-    except ValueError:  # not python
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                   start_new_session=True, **popen)
+    (``settle`` seconds later), or when ``timeout`` passed or it ended by itself; nothing of it outlives this."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                               **popen)
     deadline = time.time() + timeout
     while not ready() and time.time() < deadline and process.poll() is None:
         time.sleep(0.05)
     time.sleep(settle)
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:  # it ended by itself, its group with it
-        pass
+    kill_group(process.pid)
     process.wait()
     assert_group_gone(process.pid)
+
+
+def kill_group(group: int) -> None:
+    """``kill -9`` every process of the process group ``group`` (none left: nothing to do)."""
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except ProcessLookupError:  # it ended by itself, its group with it
+        pass
+
+
+def run_whole(command, timeout, **popen) -> subprocess.CompletedProcess:
+    """``subprocess.run(command, capture_output=True, text=True, timeout=timeout)`` for a command that starts
+    processes of its own (a launcher and its ranks): in a session of its own, killed whole past ``timeout`` or when
+    the wait is interrupted, so that no rank outlives the test."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True, **popen)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except BaseException:
+        kill_group(process.pid)
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 def assert_group_gone(group: int, timeout: float = 30.0) -> None:
@@ -157,3 +178,43 @@ def command(main, argv, capsys) -> subprocess.CompletedProcess:
     code = ends(main, [str(arg) for arg in argv])
     out, err = capsys.readouterr()
     return subprocess.CompletedProcess(argv, code, out, err)
+
+
+def script(path, argv, cwd=None) -> subprocess.CompletedProcess:
+    """``python PATH ARGV`` in this process, where the process is not what a test is about (a run of ``train.py``
+    whose losses, checkpoints or lines are the point): the script run as ``__main__`` as the interpreter runs it
+    (``runpy``), its exit code and what it printed. ``sys.argv``, the working folder (``cwd``) and the SIGTERM and
+    SIGINT handlers it set are restored after it, and what it left for the collector collected (the shared memory of
+    its datasets); so is ``sys.path``, which a script may add its checkout to. An exception it does not end in is
+    raised here, as a traceback would end the process."""
+    # Files, not StringIO: as a process's redirected output, they have a file descriptor (Composer's progress bar asks
+    # whether stderr is a terminal).
+    out, err = (tempfile.TemporaryFile("w+", encoding="utf-8", errors="backslashreplace") for _ in range(2))
+    argv = [str(path), *map(str, argv)]
+    saved_argv, saved_path, here = sys.argv, list(sys.path), os.getcwd()
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)}
+    code = 0
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        sys.argv = list(argv)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                runpy.run_path(str(path), run_name="__main__")
+            except SystemExit as exit:
+                code = exit.code
+                if code is not None and not isinstance(code, int):  # sys.exit("message"): printed, exit code 1
+                    print(code, file=sys.stderr)
+                    code = 1
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        os.chdir(here)
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+        gc.collect()
+        printed = []
+        for file in (out, err):
+            file.seek(0)
+            printed.append(file.read())
+            file.close()
+    return subprocess.CompletedProcess([sys.executable, *argv], code or 0, *printed)

@@ -1,10 +1,10 @@
-"""The order the test files run in, kept up to date by the runs themselves.
+"""The order the test files run in: the longest first, from ``durations.json``, refreshed on purpose.
 
-Each whole run that passes (every test under the testpaths: no file named, no -k, -m or --lf) writes the seconds each
-file took (each worker's wall per test, summed by file) to ``durations.json``, where the figures moved by more than a
-quarter (and 5 s) or files came or went; the next run sorts the files longest first, so that with
-``pytest -n 2 --dist loadfile`` the long ones start at once and the short ones fill the end. A file not listed yet
-goes last. Commit ``durations.json`` when it changes.
+``durations.json`` holds the seconds each test file took (each worker's wall per test, summed by file) in the last
+whole run that measured them: ``pytest -n 2 --dist loadfile --write-durations`` (every test under the testpaths: no
+file named, no -k, -m or --lf) writes it when it passes; no other run writes it. Every run sorts the files longest
+first, so that with ``pytest -n 2 --dist loadfile`` the long ones start at once and the short ones fill the end. A
+file not listed yet goes last. Commit ``durations.json`` when you refreshed it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import pytest
 
 from vocagno.doors.writing import write_atomically
 
-__all__ = ["Schedule"]
+__all__ = ["OPTION", "Schedule"]
+
+OPTION = "--write-durations"
 
 
 class Schedule:
@@ -28,7 +30,7 @@ class Schedule:
 
     def seconds(self) -> dict[str, int]:
         """The figures of the last whole run; none where the file is missing, not a regular file or not a mapping of
-        test files to seconds (it only orders the run: a bad one is ignored, and the next whole run writes it)."""
+        test files to seconds (it only orders the run: a bad one is ignored, and the next refresh replaces it)."""
         from vocagno.doors.untrusted import read_json
 
         try:
@@ -55,19 +57,25 @@ class Schedule:
 
     def hooks(self) -> dict:
         """The pytest hooks a conftest.py takes from it: ``globals().update(Schedule(path).hooks())``."""
-        return {"pytest_collection_modifyitems": self.order, "pytest_runtest_logreport": self.record,
-                "pytest_sessionfinish": self.write}
+        return {"pytest_addoption": self.addoption, "pytest_collection_modifyitems": self.order,
+                "pytest_runtest_logreport": self.record, "pytest_sessionfinish": self.write}
+
+    def addoption(self, parser) -> None:
+        parser.addoption(OPTION, action="store_true",
+                         help=f"write each test file's seconds to {self.durations.name} (a whole run that passes)")
 
     def write(self, session, exitstatus) -> None:
         config = session.config
+        if not config.getoption(OPTION) or hasattr(config, "workerinput"):
+            return  # not asked for, or a worker (xdist's controller sees every report)
         whole = (config.args_source == pytest.Config.ArgsSource.TESTPATHS and not config.option.keyword
                  and not config.option.markexpr and not getattr(config.option, "lf", False))
-        if hasattr(config, "workerinput") or not whole or exitstatus != 0 or not self.spent:
-            return  # a worker (xdist's controller sees every report), or not a whole run that passed
+        if not whole or exitstatus != 0 or not self.spent:
+            reporter = config.pluginmanager.get_plugin("terminalreporter")
+            if reporter is not None:
+                reporter.write_line(f"{OPTION}: {self.durations.name} not written: it takes a whole run (every test "
+                                    "under the testpaths) that passes")
+            return
         seconds = {self.file_of(config, nodeid): round(spent) for nodeid, spent in self.spent.items()}
-        earlier = self.seconds()
-        moved = set(seconds) != set(earlier) or any(
-            abs(seconds[name] - earlier[name]) > max(5, earlier[name] / 4) for name in seconds)
-        if moved:
-            ordered = dict(sorted(seconds.items(), key=lambda item: -item[1]))
-            write_atomically(self.durations, json.dumps(ordered, indent=1) + "\n")  # never through a link
+        ordered = dict(sorted(seconds.items(), key=lambda item: -item[1]))
+        write_atomically(self.durations, json.dumps(ordered, indent=1) + "\n")  # never through a link
