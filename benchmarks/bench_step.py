@@ -60,6 +60,7 @@ from vocagno.training.builders import build_algorithms, build_optimizer, student
 from vocagno.training.config import load_config  # noqa: E402
 from vocagno.training.loaders import build_loader  # noqa: E402
 from vocagno.teacher import scoring  # noqa: E402
+from vocagno.teacher import config as sections  # noqa: E402
 from vocagno.training import config  # noqa: E402
 from vocagno.data.outroots import Output  # noqa: E402
 from vocagno.core.tokenization import load_tokenizer  # noqa: E402
@@ -131,13 +132,13 @@ def random_init_on(device: str):
     """The runs' random-init models (student, teacher, the scoring pass's teacher) built on ``device``: initializing
     the paper preset's 7B teacher on the CPU takes minutes each time (on an H100 machine the preset printed nothing in
     420 s), on a GPU a second. The weights differ from a CPU build's; no figure here depends on them."""
-    build = config.build_causal_lm
+    build = sections.build_causal_lm
 
     def on_device(*args, **kwargs):
         with torch.device(device):
             return build(*args, **kwargs)
 
-    with mock.patch.object(config, "build_causal_lm", on_device):
+    with mock.patch.object(sections, "build_causal_lm", on_device):
         yield
 
 
@@ -146,8 +147,8 @@ def run(cfg, guided: bool, scope: str | None, steps: int, profile: Path | None =
     student_tok, teacher_tok = load_tokenizer(cfg.tokenizer.name), load_tokenizer(cfg.teacher.tokenizer)
     world_batch = cfg.global_train_batch_size
     loader = build_loader(cfg.train_loader, student_tok, teacher_tok, world_batch)
-    student = use_kernels(config.build_causal_lm(cfg.model, len(student_tok)), config.speed_options(cfg.model)[0],
-                          "model.kernels")
+    student = use_kernels(sections.build_causal_lm(cfg.model, len(student_tok)),
+                          sections.ModelConfig.of(cfg.model).kernels, "model.kernels")
     algorithms = []
     if guided:
         cfg.algorithms.vocagno.selection_scope = scope

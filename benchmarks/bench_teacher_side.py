@@ -133,9 +133,10 @@ def end_to_end(seq_len: int = 512, batch_size: int = 8, batches: int = 12) -> di
 
     from vocagno.conversion.convert import main as convert_main
     from vocagno.algorithms.vocagno_lm import VocAgnoLM
-    from vocagno.training.config import build_causal_lm
+    from vocagno.teacher.config import build_causal_lm
     from vocagno.data.dataset import teacher_guided_loader
     from vocagno.teacher.model import load_teacher
+    from vocagno.teacher.teacher import Teacher
 
     class Clock(Callback):
         def __init__(self):
@@ -174,8 +175,8 @@ def end_to_end(seq_len: int = 512, batch_size: int = 8, batches: int = 12) -> di
             student = build_causal_lm(student_config, len(student_tok), seed=0)
             Trainer(model=HuggingFaceModel(student, tokenizer=student_tok, use_logits=True), train_dataloader=loader,
                     max_duration=f"{batches}ba", callbacks=[clock], device="cpu", loggers=[], progress_bar=False,
-                    algorithms=[VocAgnoLM(teacher=load_teacher("tiny-math-teacher", "float32"),
-                                          teacher_tokenizer="mistral")],
+                    algorithms=[VocAgnoLM(teacher=Teacher(load_teacher("tiny-math-teacher", "float32"),
+                                                          tokenizer="mistral"))],
                     optimizers=torch.optim.AdamW(student.parameters(), lr=1e-3)).fit()
             seconds = clock.ends[-1] - clock.ends[1]  # after two batches: the workers started, the caches warm
             figures[f"{name}_student_tokens_per_s"] = round((batches - 2) * batch_size * seq_len / seconds)

@@ -34,7 +34,8 @@ from composer.models import HuggingFaceModel  # noqa: E402
 from omegaconf import OmegaConf as om  # noqa: E402
 
 from vocagno.training.builders import build_algorithms, build_optimizer, student_flops_per_batch  # noqa: E402
-from vocagno.training.config import build_causal_lm, load_config  # noqa: E402
+from vocagno.teacher.config import build_causal_lm  # noqa: E402
+from vocagno.training.config import load_config  # noqa: E402
 from vocagno.training.loaders import build_loader  # noqa: E402
 from vocagno.teacher.scoring import score  # noqa: E402
 from vocagno.training.config import scoring_teacher  # noqa: E402

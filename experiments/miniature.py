@@ -43,7 +43,8 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from vocagno.training.config import build_causal_lm, load_config  # noqa: E402
+from vocagno.teacher.config import build_causal_lm  # noqa: E402
+from vocagno.training.config import load_config  # noqa: E402
 from vocagno.train import train  # noqa: E402
 from vocagno.conversion.convert import main as convert_main  # noqa: E402
 from vocagno import score  # noqa: E402

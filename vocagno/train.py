@@ -40,8 +40,9 @@ from vocagno.shown import terminal  # noqa: E402
 from vocagno.training.builders import (  # noqa: E402
     build_algorithms, build_loggers, build_optimizer, build_scheduler, check_sections, check_speed_options,
     plain_section, student_flops_per_batch, student_model)
-from vocagno.training.config import build_causal_lm, load_config, plain, published_yaml, scoring_teachers  # noqa: E402
-from vocagno.training.config import speed_options  # noqa: E402
+from vocagno.teacher.config import ModelConfig, build_causal_lm  # noqa: E402
+from vocagno.teacher.several import check_one_or_several  # noqa: E402
+from vocagno.training.config import load_config, plain, published_yaml, scoring_teachers  # noqa: E402
 from vocagno.training.loaders import build_loader, conversion_flags, dataset_locals  # noqa: E402
 from vocagno.training.loading import take_checkpoint  # noqa: E402
 from vocagno.training.loggers import Narration, RunRecipe  # noqa: E402
@@ -71,9 +72,7 @@ def train(cfg: DictConfig) -> Trainer:
     device_batch = cfg.global_train_batch_size // world
 
     student_tok = load_tokenizer(cfg.tokenizer.name)
-    if cfg.get("teacher") is not None and cfg.get("teachers") is not None:
-        raise Refused("give teacher: (one) or teachers: (several, by name), not both: where a base: yaml gives "
-                      "teacher:, set teacher: null beside your teachers:")
+    check_one_or_several(cfg.get("teacher"), cfg.get("teachers"), yaml=True)
     # Several teachers: the shards' teacher tokens are taken as they are; the algorithm finds the teacher they fit.
     teacher_tok = load_tokenizer(cfg.teacher.tokenizer) if cfg.get("teacher") is not None else None
     flags = conversion_flags(cfg)  # what a missing folder's message suggests converting with
@@ -108,7 +107,7 @@ def train(cfg: DictConfig) -> Trainer:
     if positions is not None and positions < seq_len:
         raise ValueError(f"the shards' samples hold {seq_len} student tokens, but the student (model) has "
                          f"max_position_embeddings={positions}: convert with --seq-len {positions} or less")
-    use_kernels(student, speed_options(cfg.model)[0], "model.kernels")
+    use_kernels(student, ModelConfig.of(cfg.model, "model.").kernels, "model.kernels")
     compile_config = plain(cfg.get("compile_config"))  # Composer compiles the student's forward
     model = student_model(wrap_per_decoder_layer(student), student_tok)
     model.flops_per_batch = student_flops_per_batch(student)  # SpeedMonitor's MFU

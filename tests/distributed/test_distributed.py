@@ -31,7 +31,7 @@ def _shard_and_score(rank: int, world: int, family: str, folder: str) -> None:
     from omegaconf import OmegaConf as om
     from torch.distributed.fsdp import FullyShardedDataParallel
 
-    from vocagno.training.config import build_causal_lm
+    from vocagno.teacher.config import build_causal_lm
     from vocagno.teacher.model import TeacherScorer, shard_teacher
 
     dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world)

@@ -16,8 +16,10 @@ from vocagno.algorithms.vocagno_lm import VocAgnoLM, teacher_guided_loss
 from vocagno.data.dataset import TeacherGuidedCollator, TeacherGuidedDataset
 from vocagno.core.loss import teacher_token_loss
 from vocagno.teacher.model import TeacherScorer
+from vocagno.teacher.teacher import Teacher
 from vocagno.core.tokenization import ASSETS
 
+QWEN = "Qwen/Qwen2.5-Math-7B-Instruct"
 
 def tiny(config_class, model_class, vocab_size):
     torch.manual_seed(0)
@@ -42,7 +44,7 @@ def test_the_teacher_guides_and_stays_out_of_the_optimizer_and_checkpoints(loade
     teacher = tiny(Qwen2Config, Qwen2ForCausalLM, 152064)  # Qwen pads its embedding past the 151,665 tokens
     forward_kwargs = []
     student.register_forward_pre_hook(lambda module, args, kwargs: forward_kwargs.append(set(kwargs)), with_kwargs=True)
-    algorithm = VocAgnoLM(teacher=teacher, teacher_tokenizer=tokenizers["qwen2.5"], teacher_dtype="float32")
+    algorithm = VocAgnoLM(teacher=Teacher(teacher, tokenizer=tokenizers["qwen2.5"], dtype="float32"))
     model = HuggingFaceModel(student, tokenizer=tokenizers["llama2"], use_logits=True)
     trainer = Trainer(model=model, train_dataloader=loader, max_duration="2ba", algorithms=[algorithm],
                       optimizers=torch.optim.SGD(model.parameters(), lr=0.1), device="cpu",
@@ -76,8 +78,8 @@ def test_a_model_computing_its_own_loss_from_the_labels_trains_with_the_teachers
 
     student = tiny(LlamaConfig, LlamaForCausalLM, 32000)
     teacher = tiny(Qwen2Config, Qwen2ForCausalLM, 152064)
-    algorithm = VocAgnoLM(teacher=teacher, teacher_tokenizer=tokenizers["qwen2.5"], teacher_dtype="float32") if (
-        method == "vocagno") else ULD(teacher=teacher, teacher_dtype="float32")
+    algorithm = VocAgnoLM(teacher=Teacher(teacher, tokenizer=tokenizers["qwen2.5"], dtype="float32")) if (
+        method == "vocagno") else ULD(teacher=Teacher(teacher, dtype="float32"))
     model = OwnLossModel(student, tokenizer=tokenizers["llama2"], use_logits=True)
     trainer = Trainer(model=model, train_dataloader=loader, max_duration="1ba", algorithms=[algorithm],
                       optimizers=torch.optim.SGD(model.parameters(), lr=0.1), device="cpu", loggers=[],
@@ -106,7 +108,7 @@ def test_a_teacher_too_small_for_the_shards_vocabulary_is_refused(loader, tokeni
     student = tiny(LlamaConfig, LlamaForCausalLM, 32000)
     teacher = tiny(Qwen2Config, Qwen2ForCausalLM, 32000)  # a Llama-sized embedding for Qwen's tokens
     trainer = Trainer(model=HuggingFaceModel(student, use_logits=True), train_dataloader=loader, max_duration="1ba",
-                      algorithms=[VocAgnoLM(teacher=teacher, teacher_dtype="float32")], device="cpu", loggers=[],
+                      algorithms=[VocAgnoLM(teacher=Teacher(teacher, dtype="float32"))], device="cpu", loggers=[],
                       progress_bar=False)
     with pytest.raises(ValueError, match="teacher's embedding has 32000 rows.*'qwen2.5' has 151665 tokens"):
         trainer.fit()
@@ -116,7 +118,7 @@ def test_a_teacher_tokenizer_other_than_the_shards_is_refused(loader, tokenizers
     student = tiny(LlamaConfig, LlamaForCausalLM, 32000)
     teacher = tiny(Qwen2Config, Qwen2ForCausalLM, 152064)
     trainer = Trainer(model=HuggingFaceModel(student, use_logits=True), train_dataloader=loader, max_duration="1ba",
-                      algorithms=[VocAgnoLM(teacher=teacher, teacher_tokenizer="deepseek-llm")], device="cpu",
+                      algorithms=[VocAgnoLM(teacher=Teacher(teacher, tokenizer="deepseek-llm"))], device="cpu",
                       loggers=[], progress_bar=False)
     with pytest.raises(ValueError, match="teacher tokenizer is 'qwen2.5'.*teacher tokenizer is 'deepseek-llm'"):
         trainer.fit()
@@ -124,28 +126,30 @@ def test_a_teacher_tokenizer_other_than_the_shards_is_refused(loader, tokenizers
 
 def test_a_teacher_folder_without_tokenizer_files_names_the_argument_that_gives_one(loader, tmp_path):
     """The plain-Composer drop-in given a colleague's folder of weights alone: one line naming the folder and
-    VocAgnoLM's teacher_tokenizer (and llm-foundry's key for it), not transformers' converter list."""
+    how VocAgnoLM's teacher takes its tokenizer (and llm-foundry's key for it), not transformers' converter list."""
     student = tiny(LlamaConfig, LlamaForCausalLM, 32000)
     tiny(Qwen2Config, Qwen2ForCausalLM, 152064).save_pretrained(tmp_path / "weights")
     trainer = Trainer(model=HuggingFaceModel(student, use_logits=True), train_dataloader=loader, max_duration="1ba",
-                      algorithms=[VocAgnoLM(teacher=str(tmp_path / "weights"), teacher_dtype="float32")],
+                      algorithms=[VocAgnoLM(teacher={"name_or_path": str(tmp_path / "weights"), "dtype": "float32"})],
                       device="cpu", loggers=[], progress_bar=False)
     with pytest.raises(Refused) as refused:
         trainer.fit()
     assert str(refused.value) == (
         f"the teacher: its folder {tmp_path / 'weights'} holds no tokenizer files (tokenizer.json, tokenizer.model, "
-        "vocab.json, vocab.txt, tokenizer_config.json): give VocAgnoLM(teacher_tokenizer=NAME_OR_FOLDER), or each "
-        "of teachers= its 'tokenizer' (in an llm-foundry yaml: algorithms.vocagno.teacher_tokenizer)")
+        "vocab.json, vocab.txt, tokenizer_config.json): give VocAgnoLM(teacher={'name_or_path': MODEL, 'tokenizer': "
+        "NAME_OR_FOLDER}) or a Teacher with its tokenizer, or each of teachers= its 'tokenizer' (in an llm-foundry "
+        "yaml: algorithms.vocagno.teacher.tokenizer)")
 
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"topk_ratio": 2.0}, "topk_ratio"), ({"aggregation": "median"}, "aggregation"),
-    ({"unmapped": "keep"}, "unmapped"), ({"teacher_placement": "cpu"}, "teacher_placement"),
-    ({"teacher_dtype": "bf16"}, "teacher_dtype"),
+    ({"unmapped": "keep"}, "unmapped"), ({"teacher": {"name_or_path": QWEN, "placement": "cpu"}}, "teacher_placement"),
+    ({"teacher": {"name_or_path": QWEN, "dtype": "bf16"}}, "teacher_dtype"),
+    ({"teacher": {"name_or_path": QWEN, "dtyp": "float32"}}, r"teacher.dtyp \(did you mean teacher.dtype\?\)"),
 ])
 def test_bad_options_are_refused_at_once(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        VocAgnoLM(teacher="Qwen/Qwen2.5-Math-7B-Instruct", **kwargs)
+        VocAgnoLM(**{"teacher": QWEN, **kwargs})
 
 
 @pytest.mark.gpu
@@ -156,7 +160,7 @@ def test_fsdp_run_shards_the_teacher(loader, tokenizers):
 
     student = tiny(LlamaConfig, LlamaForCausalLM, 32000)
     teacher = tiny(Qwen2Config, Qwen2ForCausalLM, 152064).to(torch.bfloat16)
-    algorithm = VocAgnoLM(teacher=teacher, teacher_tokenizer=tokenizers["qwen2.5"])
+    algorithm = VocAgnoLM(teacher=Teacher(teacher, tokenizer=tokenizers["qwen2.5"]))
     trainer = Trainer(model=HuggingFaceModel(student, use_logits=True), train_dataloader=loader, max_duration="2ba",
                       algorithms=[algorithm], device="gpu", precision="amp_bf16", loggers=[], progress_bar=False,
                       parallelism_config={"fsdp": {"sharding_strategy": "FULL_SHARD", "mixed_precision": "PURE"}})
@@ -177,7 +181,7 @@ def test_the_teacher_builds_no_kv_cache():
 def guided_fit(loader, microbatch, scope, lr=0.5, batches=2, **options):
     student, teacher = tiny(LlamaConfig, LlamaForCausalLM, 32000), tiny(Qwen2Config, Qwen2ForCausalLM, 152064)
     capture = Capture()
-    algorithm = VocAgnoLM(teacher=teacher, teacher_dtype="float32", selection_scope=scope, **options)
+    algorithm = VocAgnoLM(teacher=Teacher(teacher, dtype="float32"), selection_scope=scope, **options)
     trainer = Trainer(model=HuggingFaceModel(student, use_logits=True), train_dataloader=loader,
                       max_duration=f"{batches}ba", device_train_microbatch_size=microbatch, callbacks=[capture],
                       algorithms=[algorithm],
@@ -232,7 +236,7 @@ def test_batches_of_student_tokens_alone_get_their_teacher_side_made(loader, tok
     capture = Capture()
     trainer = Trainer(model=HuggingFaceModel(student, tokenizer=tokenizers["llama2"], use_logits=True),
                       train_dataloader=plain, max_duration="2ba", device_train_microbatch_size=4, callbacks=[capture],
-                      algorithms=[VocAgnoLM(teacher=teacher, teacher_tokenizer="qwen2.5", teacher_dtype="float32")],
+                      algorithms=[VocAgnoLM(teacher=Teacher(teacher, tokenizer="qwen2.5", dtype="float32"))],
                       optimizers=torch.optim.SGD(student.parameters(), lr=0.1), device="cpu", loggers=[],
                       progress_bar=False)
     trainer.fit()
@@ -253,7 +257,7 @@ def test_student_tokens_alone_without_a_student_tokenizer_are_refused(loader):
     plain = DataLoader([{"input_ids": batch["input_ids"]}], batch_size=None)
     student, teacher = tiny(LlamaConfig, LlamaForCausalLM, 32000), tiny(Qwen2Config, Qwen2ForCausalLM, 152064)
     trainer = Trainer(model=HuggingFaceModel(student, use_logits=True), train_dataloader=plain, max_duration="1ba",
-                      algorithms=[VocAgnoLM(teacher=teacher, teacher_tokenizer="qwen2.5", teacher_dtype="float32")],
+                      algorithms=[VocAgnoLM(teacher=Teacher(teacher, tokenizer="qwen2.5", dtype="float32"))],
                       optimizers=torch.optim.SGD(student.parameters(), lr=0.1), device="cpu", loggers=[],
                       progress_bar=False)
     with pytest.raises(ValueError, match="give it student_tokenizer"):
@@ -278,7 +282,7 @@ def _fit_on_gpu(loader, tokenizers, fsdp, placement, tmp_path=None, batches=2, *
 
     student = wrap_per_decoder_layer(tiny(LlamaConfig, LlamaForCausalLM, 32000))
     teacher = tiny(Qwen2Config, Qwen2ForCausalLM, 152064).to(torch.bfloat16)
-    algorithm = VocAgnoLM(teacher=teacher, teacher_tokenizer=tokenizers["qwen2.5"], teacher_placement=placement)
+    algorithm = VocAgnoLM(teacher=Teacher(teacher, tokenizer=tokenizers["qwen2.5"], placement=placement))
     capture = Capture()
     trainer = Trainer(model=HuggingFaceModel(student, use_logits=True), train_dataloader=loader,
                       max_duration=f"{batches}ba", algorithms=[algorithm], device="gpu", precision="amp_bf16",
@@ -341,7 +345,7 @@ def test_student_and_teacher_attend_with_sdpa(tmp_path):
     """What docs/many-nodes.md says: PyTorch's SDPA attention for both, as transformers gives by default."""
     from omegaconf import OmegaConf
 
-    from vocagno.training.config import build_causal_lm
+    from vocagno.teacher.config import build_causal_lm
     from vocagno.teacher.model import load_teacher
 
     student = build_causal_lm(OmegaConf.create({"config": {
@@ -428,7 +432,7 @@ def token_rows(loader, batches=3):
 def tokens_fit(rows, tokenizers, workers, batches=3, **options):
     student, teacher = tiny(LlamaConfig, LlamaForCausalLM, 32000), tiny(Qwen2Config, Qwen2ForCausalLM, 152064)
     capture = Capture()
-    algorithm = VocAgnoLM(teacher=teacher, teacher_tokenizer="qwen2.5", teacher_dtype="float32", **options)
+    algorithm = VocAgnoLM(teacher=Teacher(teacher, tokenizer="qwen2.5", dtype="float32"), **options)
     trainer = Trainer(model=HuggingFaceModel(student, tokenizer=tokenizers["llama2"], use_logits=True),
                       train_dataloader=DataLoader(rows, batch_size=8, num_workers=workers),
                       max_duration=f"{batches}ba", device_train_microbatch_size=4, callbacks=[capture],
@@ -487,7 +491,7 @@ def test_with_loader_workers_a_resumed_run_takes_the_batches_and_steps_of_an_uni
         trainer = Trainer(model=HuggingFaceModel(student, tokenizer=tokenizers["llama2"], use_logits=True),
                           train_dataloader=DataLoader(dataset, batch_size=4, num_workers=2, collate_fn=collate),
                           max_duration=f"{batches}ba", callbacks=[capture], seed=1,
-                          algorithms=[VocAgnoLM(teacher=teacher, teacher_tokenizer="qwen2.5", teacher_dtype="float32")],
+                          algorithms=[VocAgnoLM(teacher=Teacher(teacher, tokenizer="qwen2.5", dtype="float32"))],
                           optimizers=torch.optim.SGD(student.parameters(), lr=0.1), device="cpu", loggers=[],
                           progress_bar=False, **checkpointing)
         trainer.fit()

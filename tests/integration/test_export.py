@@ -53,7 +53,8 @@ def _save_sharded(rank: int, world: int, folder: str) -> None:
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
 
-    from vocagno.training.config import build_causal_lm, load_config
+    from vocagno.teacher.config import build_causal_lm
+    from vocagno.training.config import load_config
     from vocagno.core.fsdp import wrap_per_decoder_layer
     from vocagno.training.loggers import RunRecipe
     from vocagno.core.tokenization import load_tokenizer
@@ -107,7 +108,8 @@ def sharded_run(tmp_path_factory):
 
 def student_with(weights: dict[str, torch.Tensor]):
     """The tiny yaml's student built as train.py builds it, holding ``weights`` (a checkpoint's model state)."""
-    from vocagno.training.config import build_causal_lm, load_config
+    from vocagno.teacher.config import build_causal_lm
+    from vocagno.training.config import load_config
     from vocagno.core.tokenization import load_tokenizer
 
     cfg = load_config(str(REPO / "yamls" / "tiny.yaml"), [])
@@ -296,7 +298,8 @@ def test_no_path_that_builds_or_loads_a_bf16_model_narrows_its_rotary_frequencie
     from transformers import AutoModelForCausalLM
 
     from vocagno.training.checkpoint import model_from_checkpoint
-    from vocagno.training.config import build_causal_lm, load_config
+    from vocagno.teacher.config import build_causal_lm
+    from vocagno.training.config import load_config
     from vocagno.training.models import load_model
     from vocagno.teacher.model import load_teacher
     from vocagno.core.tokenization import load_tokenizer

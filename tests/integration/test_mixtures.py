@@ -20,6 +20,7 @@ from vocagno import score
 from vocagno.algorithms.vocagno_lm import VocAgnoLM
 from vocagno.data.dataset import TeacherGuidedDataset, teacher_guided_loader
 from vocagno.core.tokenization import ASSETS
+from vocagno.teacher.teacher import Teacher
 
 REPO = Path(__file__).resolve().parents[2]
 TEXT = ASSETS / "text"
@@ -114,7 +115,7 @@ def mixture_fit(shards, streams, teacher, scope="batch", batches=1, **options):
     memory, capture, student = InMemoryLogger(), Capture(), tiny_llama()
     trainer = Trainer(model=HuggingFaceModel(student, use_logits=True), train_dataloader=loader,
                       max_duration=f"{batches}ba", device_train_microbatch_size=4, callbacks=[capture],
-                      algorithms=[VocAgnoLM(teacher=teacher, teacher_dtype="float32", selection_scope=scope,
+                      algorithms=[VocAgnoLM(teacher=Teacher(teacher, dtype="float32"), selection_scope=scope,
                                             **options)],
                       optimizers=torch.optim.SGD(student.parameters(), lr=0.1), device="cpu", loggers=[memory],
                       progress_bar=False)

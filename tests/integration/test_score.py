@@ -73,7 +73,7 @@ def fit(shards, tokenizers, teacher, lr=0.5, **options):
     loader = DataLoader(dataset, batch_size=8, collate_fn=TeacherGuidedCollator(tokenizers["llama2"].eos_token_id,
                                                                                tokenizers["qwen2.5"].pad_token_id))
     student, capture = tiny(LlamaConfig, LlamaForCausalLM, 32000), Capture()
-    algorithm = VocAgnoLM(teacher=teacher, teacher_dtype="float32", **options)
+    algorithm = VocAgnoLM(teacher=Teacher(teacher, dtype="float32"), **options)
     Trainer(model=HuggingFaceModel(student, use_logits=True), train_dataloader=loader, max_duration="2ba",
             device_train_microbatch_size=4, callbacks=[capture], algorithms=[algorithm],
             optimizers=torch.optim.SGD(student.parameters(), lr=lr), device="cpu", loggers=[],
@@ -228,7 +228,7 @@ def test_kill_and_resume_gives_the_uninterrupted_scores(scored, tmp_path, capsys
 def test_a_yamls_config_built_teacher_scores_what_its_training_run_would_use(tokenizers, tmp_path, capsys):
     """--config builds the teacher train.py builds for the same yaml (random weights from the yaml's seed), and a
     cached run of that yaml accepts the shards: the whole Table 3 grid of tiny runs from one scoring pass."""
-    from vocagno.training.builders import teacher_kwargs
+    from vocagno.training.builders import build_algorithms
     from vocagno.training.config import load_config
     from vocagno.train import train
 
@@ -244,7 +244,8 @@ def test_a_yamls_config_built_teacher_scores_what_its_training_run_would_use(tok
                        *overrides,
                        "--out", str(tmp_path / "scored"), "--batch-tokens", "2048", "--device", "cpu"]) == 0
     cfg = load_config(str(REPO / "yamls" / "tiny_qwen.yaml"), overrides)
-    built = teacher_kwargs(cfg.teacher, tokenizers["qwen2.5"], ("teacher",), cfg.seed)["teacher"]
+    [algorithm] = build_algorithms(cfg, tokenizers["qwen2.5"])  # the teacher train.py builds for the yaml
+    built = algorithm.teacher.model
     assert ShardMetadata.read(tmp_path / "scored").scored_by["fingerprint"] == weights_fingerprint(built)
     for unmapped in ("include", "exclude"):
         for aggregation in ("max", "mean", "min"):

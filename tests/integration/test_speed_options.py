@@ -11,7 +11,7 @@ from vocagno.training.config import load_config
 from vocagno.train import train
 from vocagno.core.kernels import LIGER_VERSION, check_kernels, fused_token_loss, use_kernels
 from vocagno.teacher.model import TeacherScorer
-from vocagno.training.config import build_causal_lm
+from vocagno.teacher.config import build_causal_lm
 from vocagno.errors import Refused
 
 from test_train import TINY
@@ -114,9 +114,10 @@ def test_compile_options_torch_would_refuse_in_the_first_step_are_refused_before
 
 def test_a_chunk_size_beside_liger_is_refused_by_the_algorithm_too(tokenizers):
     from vocagno.algorithms.vocagno_lm import VocAgnoLM
+    from vocagno.teacher.teacher import Teacher
 
     with pytest.raises(ValueError, match="teacher: chunk_size is PyTorch's kernels' own; with kernels: liger"):
-        VocAgnoLM(teacher=tiny_qwen(tokenizers), teacher_kernels="liger", chunk_size=2048)
+        VocAgnoLM(teacher=Teacher(tiny_qwen(tokenizers), kernels="liger", chunk_size=2048))
 
 
 def test_liger_on_a_device_that_is_not_a_gpu_is_refused():

@@ -198,7 +198,7 @@ def test_the_student_model_shifts_labels_without_importing_every_causal_lm_class
     from composer.models import huggingface
     from transformers.models.auto import modeling_auto
 
-    from vocagno.training.config import build_causal_lm
+    from vocagno.teacher.config import build_causal_lm
 
     class Unasked:
         def values(self):
@@ -410,7 +410,7 @@ def test_values_of_the_wrong_kind_are_refused_naming_the_key(override, message):
 
 def test_a_string_trust_remote_code_is_refused_by_the_algorithm():
     with pytest.raises(ValueError, match="trust_remote_code must be True or False, got 'false'"):
-        VocAgnoLM(teacher="Qwen/Qwen2.5-Math-7B-Instruct", trust_remote_code="false")
+        VocAgnoLM(teacher={"name_or_path": "Qwen/Qwen2.5-Math-7B-Instruct", "trust_remote_code": "false"})
 
 
 def test_misspelled_keys_are_errors(tmp_path):

@@ -64,7 +64,7 @@ def run(work: Path, name: str, train_loader: dict, student: str, teacher: str | 
         "model": {"name": "hf_causal_lm", "pretrained_model_name_or_path": student, "pretrained": True},
         "tokenizer": {"name": student, "kwargs": {"model_max_length": SEQ_LEN}},
         "train_loader": train_loader,
-        "algorithms": {"vocagno": {**({"teacher": teacher, "teacher_dtype": "float32"} if teacher else {}),
+        "algorithms": {"vocagno": {**({"teacher": {"name_or_path": teacher, "dtype": "float32"}} if teacher else {}),
                                    **options}},
         "optimizer": {"name": "decoupled_adamw", "lr": 1.0e-3, "weight_decay": 0.0},
         "scheduler": {"name": "constant_with_warmup", "t_warmup": "0ba"},
@@ -114,7 +114,8 @@ def main(work: Path) -> None:
     student = tiny_model(LlamaConfig, LlamaForCausalLM, "llama2", work / "student")
     teacher = tiny_model(Qwen2Config, Qwen2ForCausalLM, "qwen2.5", work / "teacher")
     second = tiny_model(MistralConfig, MistralForCausalLM, "mistral", work / "second")
-    teachers = {"qwen": {"teacher": teacher, "dtype": "float32"}, "mistral": {"teacher": second, "dtype": "float32"}}
+    teachers = {"qwen": {"name_or_path": teacher, "dtype": "float32"},
+                "mistral": {"name_or_path": second, "dtype": "float32"}}
     convert_dataset_json(path=str(TEXT), out_root=str(work / "tokens"), compression=None, concat_tokens=SEQ_LEN,
                          split="train", tokenizer=student, eos_text="</s>")
     convert_main(["--input", str(TEXT), "--student-tokenizer", student, "--teacher-tokenizer", teacher,

@@ -18,7 +18,8 @@ def test_every_random_init_model_of_a_run_and_of_its_scoring_pass_is_built_on_th
     """On a GPU the paper preset's 7B teacher is built there, not initialized on the CPU for minutes: the student and
     the teacher that train.py builds, and the scoring pass's teacher (vocagno.score). Each build records the device
     torch makes tensors on ("meta" stands in for the GPU) and builds its tiny model on the CPU."""
-    from vocagno.training import config
+    from vocagno.teacher import config
+    from vocagno.training.config import scoring_teacher
 
     build, devices = config.build_causal_lm, []
 
@@ -33,7 +34,7 @@ def test_every_random_init_model_of_a_run_and_of_its_scoring_pass_is_built_on_th
     cfg = OmegaConf.create({"seed": 0, "teacher": {**OmegaConf.to_container(section), "tokenizer": "llama2"}})
     with bench_step.random_init_on("meta"):
         config.build_causal_lm(section, 300)
-        config.scoring_teacher(cfg, "bench")
+        scoring_teacher(cfg, "bench")
     config.build_causal_lm(section, 300)
     assert devices == ["meta", "meta", "cpu"]  # inside it, and only there
 

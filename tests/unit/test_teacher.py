@@ -14,7 +14,6 @@ from vocagno.data.shards import ShardMetadata, describe_tokenizer
 from vocagno.errors import Refused
 from vocagno.teacher.several import Teachers, reader_first, teachers_from
 from vocagno.teacher.teacher import Teacher
-from vocagno.training.config import section_teacher
 
 TINY = {"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
         "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 128}
@@ -28,7 +27,8 @@ def metadata(tokenizers):
 
 
 def qwen(tokenizers, **fields):
-    return section_teacher(om.create({"config": TINY, "dtype": "float32"}), tokenizers["qwen2.5"], 0, **fields)
+    return Teacher.from_config(om.create({"config": TINY, "dtype": "float32"}), seed=0, tokenizer=tokenizers["qwen2.5"],
+                               **fields)
 
 
 def test_a_named_teacher_takes_its_folders_tokenizer_and_a_module_none(tokenizers, metadata):
@@ -75,7 +75,7 @@ def test_a_chunk_size_given_beside_liger_is_refused_even_the_default_one(tokeniz
     """A chunk size given is a setting, whatever its value: Liger's kernels choose their own chunks."""
     model = qwen(tokenizers).model
     with pytest.raises(ValueError, match="chunk_size is PyTorch's kernels' own"):
-        VocAgnoLM(teacher=model, teacher_kernels="liger", chunk_size=CHUNK_SIZE)
+        VocAgnoLM(teacher=Teacher(model, kernels="liger", chunk_size=CHUNK_SIZE))
     with pytest.raises(ValueError, match="chunk_size is PyTorch's kernels' own"):
         Teacher(model, kernels="liger", chunk_size=CHUNK_SIZE).check_options()
     assert Teacher(model).scorer().chunk_size == CHUNK_SIZE  # unset: the default of PyTorch's kernels
@@ -85,15 +85,16 @@ def test_the_algorithm_takes_a_teacher_and_refuses_options_beside_it(tokenizers)
     teacher = qwen(tokenizers)
     algorithm = VocAgnoLM(teacher=teacher)
     assert algorithm.teacher is teacher and algorithm.teachers.names == ["teacher"]
-    with pytest.raises(ValueError, match="teacher_dtype is a Teacher's option: give it to the Teacher"):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'teacher_dtype'"):  # the Teacher's dtype
         VocAgnoLM(teacher=teacher, teacher_dtype="float32")
-    with pytest.raises(ValueError, match="chunk_size is a single teacher's option: give it in each teachers: entry"):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'chunk_size'"):  # each teacher's own
         VocAgnoLM(teachers={"a": "tiny-math-teacher", "b": teacher}, chunk_size=512)
     assert KLD(teacher="tiny-math-teacher").teacher_tokenizer == "tiny-math-teacher"
+    assert KLD(teacher={"name_or_path": "tiny-math-teacher", "tokenizer": "mistral"}).teacher_tokenizer == "mistral"
 
 
 def test_a_set_names_its_teachers_and_reads_with_the_first_of_the_shards_vocabulary(tokenizers, metadata):
-    made = teachers_from({"qwen": qwen(tokenizers), "math": {"teacher": "tiny-math-teacher", "chunk_size": 512}})
+    made = teachers_from({"qwen": qwen(tokenizers), "math": {"name_or_path": "tiny-math-teacher", "chunk_size": 512}})
     assert [t.name for t in made] == ["qwen", "math"] and made[1].chunk_size == 512
     assert [t.name for t in reader_first(made, metadata)] == ["math", "qwen"]
     teachers = Teachers(made, cached=False)
@@ -101,8 +102,9 @@ def test_a_set_names_its_teachers_and_reads_with_the_first_of_the_shards_vocabul
     assert not teachers.choose_reader(metadata) and teachers.other_names == ["qwen"]
     with pytest.raises(Refused, match=r"none of the teachers qwen, q2 reads the shards' teacher tokens"):
         reader_first([made[0], qwen(tokenizers, name="q2")], metadata)
-    with pytest.raises(ValueError, match="teachers.x: needs teacher, may have tokenizer, .*; unknown: tokeniser"):
-        teachers_from({"x": {"teacher": "tiny-math-teacher", "tokeniser": "qwen2.5"}, "y": "tiny-math-teacher"})
+    with pytest.raises(ValueError, match=r"unknown config key teachers.x.tokeniser \(did you mean teachers.x.tokenizer"
+                                         r"\?\); allowed here: name_or_path, config, dtype, "):
+        teachers_from({"x": {"name_or_path": "tiny-math-teacher", "tokeniser": "qwen2.5"}, "y": "tiny-math-teacher"})
 
 
 def test_a_named_teacher_records_the_dtype_it_was_told_as_older_passes_did(tokenizers):
@@ -165,3 +167,24 @@ def test_a_teacher_sharded_by_an_earlier_run_is_loaded_again_not_sharded_twice(t
     finally:
         if ours:
             dist.destroy_process_group()
+
+
+def test_a_section_an_entry_and_a_mapping_become_a_teacher_one_way(tokenizers):
+    """``Teacher.from_config`` takes a yaml's section, a ``teachers:`` entry and llm-foundry's mapping alike: each key
+    its ``TeacherConfig`` default where unset, an unknown key refused naming the closest one."""
+    from vocagno.algorithms.baselines import ULD
+    from vocagno.teacher.config import LOADED_DTYPE, TeacherConfig
+
+    named = Teacher.from_config({"name_or_path": "tiny-math-teacher", "dtype": None})
+    assert (named.model, named.dtype, named.placement, named.kernels) == (
+        "tiny-math-teacher", LOADED_DTYPE, TeacherConfig.placement, TeacherConfig.kernels)
+    algorithm = VocAgnoLM(teacher={"name_or_path": "tiny-math-teacher", "tokenizer": "mistral", "chunk_size": 512})
+    assert algorithm.teacher.tokenizer_source == "mistral" and algorithm.teacher.chunk_size == 512
+    with pytest.raises(ValueError, match=r"unknown config key teacher.chunksize \(did you mean teacher.chunk_size\?\)"):
+        VocAgnoLM(teacher={"name_or_path": "tiny-math-teacher", "chunksize": 512})
+    with pytest.raises(Refused, match="teacher is built from its config and needs its tokenizer"):
+        Teacher.from_config(om.create({"config": TINY}))
+    same = [Teacher.from_config({"config": TINY, "tokenizer": "qwen2.5"}, seed=3).fingerprint() for _ in range(2)]
+    assert same[0] == same[1]  # a config-built teacher's weights: the section's and the seed's alone
+    with pytest.raises(ValueError, match="teacher.placement: only algorithms.vocagno shards its teacher"):
+        ULD(teacher={"name_or_path": "tiny-math-teacher", "placement": "replicate"})

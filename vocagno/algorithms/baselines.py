@@ -20,6 +20,7 @@ from composer.loggers import Logger
 from torch import nn
 
 from vocagno.core.distill import kld_loss, uld_loss
+from vocagno.teacher.config import TeacherConfig
 from vocagno.teacher.teacher import Teacher
 from vocagno.core.tokenization import as_tokenizer
 from vocagno.core.loss import CHUNK_SIZE
@@ -29,13 +30,20 @@ __all__ = ["ULD", "KLD"]
 
 
 class _Distillation(Algorithm):
-    """What ULD and KLD share: the frozen teacher, and the student's loss replaced by the baseline's."""
+    """What ULD and KLD share: the frozen teacher (as ``VocAgnoLM`` takes one: ``Teacher.of``; its dtype,
+    trust_remote_code, tokenizer and chunk_size used), and the student's loss replaced by the baseline's. Its
+    placement, kernels and compile options are ``VocAgnoLM``'s alone: one given is refused, not dropped."""
 
-    def __init__(self, teacher: str | nn.Module, teacher_dtype: str = "bfloat16", chunk_size: int | None = None,
-                 trust_remote_code: bool = False):
-        self.teacher = Teacher(teacher, dtype=teacher_dtype, trust_remote_code=trust_remote_code)
+    def __init__(self, teacher: Any):
+        self.teacher = Teacher.of(teacher)
+        if self.teacher.placement != TeacherConfig.placement:
+            raise ValueError("teacher.placement: only algorithms.vocagno shards its teacher; the others replicate it")
+        for key in ("kernels", "compile_config"):
+            if getattr(self.teacher, key) != getattr(TeacherConfig, key):
+                raise ValueError(f"teacher.{key}: only algorithms.vocagno's teacher takes it; the others read its "
+                                 "logits through PyTorch's own kernels")
         self.teacher.check_options()
-        self.chunk_size = CHUNK_SIZE if chunk_size is None else chunk_size
+        self.chunk_size = CHUNK_SIZE if self.teacher.chunk_size is None else self.teacher.chunk_size
         self.model: nn.Module | None = None
         self._labels: torch.Tensor | None = None
         self._loss: dict[str, torch.Tensor] | None = None
@@ -87,16 +95,15 @@ class ULD(_Distillation):
     """Universal Logit Distillation (Boizard et al.) with a teacher of any vocabulary: ``vocagno.core.distill.uld_loss``,
     the teacher reading its own tokens of the same text (``teacher_input_ids`` from ``TeacherGuidedCollator``).
 
-    Args: ``teacher``, ``teacher_dtype``, ``chunk_size``, ``trust_remote_code`` as ``VocAgnoLM``'s; ``weight``,
+    Args: ``teacher`` as ``VocAgnoLM``'s; ``weight``,
     ``student_temperature``, ``teacher_temperature``, ``skip_student_eos``: ``uld_loss``'s (the reference code's
     defaults: 1.5, 1, 1, True); ``pairing``: ``position`` (ULD's) or ``alignment`` (each student position with the
     teacher position predicting the first teacher token aligned to the student's next token; not in the references).
     """
 
-    def __init__(self, teacher: str | nn.Module, weight: float = 1.5, student_temperature: float = 1.0,
-                 teacher_temperature: float = 1.0, skip_student_eos: bool = True, pairing: str = "position",
-                 **kwargs: Any):
-        super().__init__(teacher, **kwargs)
+    def __init__(self, teacher: Any, weight: float = 1.5, student_temperature: float = 1.0,
+                 teacher_temperature: float = 1.0, skip_student_eos: bool = True, pairing: str = "position"):
+        super().__init__(teacher)
         if pairing not in ("position", "alignment"):
             raise ValueError(f"pairing must be 'position' (ULD's) or 'alignment' (through vocagno's), got {pairing!r}")
         self.pairing = pairing
@@ -123,25 +130,23 @@ class KLD(_Distillation):
     student's token ids. A teacher whose vocabulary is not the student's (its first ids the student's ids, with the
     same pieces) is refused, naming both.
 
-    Args: ``teacher``, ``teacher_dtype``, ``chunk_size``, ``trust_remote_code`` as ``VocAgnoLM``'s; ``kd_ratio``
-    (0.5); ``student_tokenizer``, ``teacher_tokenizer`` (names, folders or objects; unset, the model's and the
-    teacher's name) for the vocabulary check.
+    Args: ``teacher`` as ``VocAgnoLM``'s; ``kd_ratio`` (0.5); ``student_tokenizer`` (a name, folder or object;
+    unset, the model's) and the teacher's tokenizer (its own, or its name's) for the vocabulary check.
     """
 
-    def __init__(self, teacher: str | nn.Module, kd_ratio: float = 0.5, student_tokenizer: Any = None,
-                 teacher_tokenizer: Any = None, **kwargs: Any):
-        super().__init__(teacher, **kwargs)
+    def __init__(self, teacher: Any, kd_ratio: float = 0.5, student_tokenizer: Any = None):
+        super().__init__(teacher)
         if not 0.0 <= kd_ratio <= 1.0:
             raise ValueError(f"kd_ratio must be in [0, 1], got {kd_ratio}")
         self.kd_ratio = kd_ratio
         self.student_tokenizer = student_tokenizer
-        self.teacher_tokenizer = teacher_tokenizer if teacher_tokenizer is not None else self.teacher.tokenizer_source
+        self.teacher_tokenizer = self.teacher.tokenizer_source
 
     def _check_teacher(self, teacher, state):
         student = self.student_tokenizer or getattr(state.model, "tokenizer", None)
         if student is None or self.teacher_tokenizer is None:
             raise ValueError("KLD checks that the teacher shares the student's vocabulary: give it student_tokenizer "
-                             "(or a HuggingFaceModel with its tokenizer) and teacher_tokenizer")
+                             "(or a HuggingFaceModel with its tokenizer) and the teacher its tokenizer")
         student, teacher_tok = as_tokenizer(student), as_tokenizer(self.teacher_tokenizer)
         student_vocab = student.get_vocab()
         teacher_pieces = {i: piece for piece, i in teacher_tok.get_vocab().items()}

@@ -33,7 +33,7 @@ batch's rows and the share of its labeled tokens kept, counted over every microb
 loss as ``vocagno/stream_share/NAME`` and ``vocagno/kept_fraction/NAME``.
 
 The teacher lives in the algorithm, never in ``state.model``: not in the optimizer, not in checkpoints. It is placed
-on every device whole, or sharded with FSDP when the run uses FSDP (``teacher_placement``).
+on every device whole, or sharded with FSDP when the run uses FSDP (its ``placement``).
 """
 
 from __future__ import annotations
@@ -50,14 +50,13 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
 from vocagno.core.alignment import ALIGNMENT, NUM_CHUNKS, check_alignment, chunk_align
-from vocagno.core.kernels import DEFAULT_KERNELS
 from vocagno.shown import terminal
 from vocagno.data.dataset import TeacherGuidedCollator
 from vocagno.core.loss import (AGGREGATION, COMBINE, SELECTION, SELECTION_SCOPE, TOPK_RATIO, UNMAPPED,
     check_options, excess_loss, guided_loss, next_token_cross_entropy)
 from vocagno.teacher.model import shard_teacher
 from vocagno.teacher.side import TeacherSide, WithTeacherSide, unpack_teacher_side
-from vocagno.teacher.several import Teachers, WithOtherTeachers, teachers_from
+from vocagno.teacher.several import Teachers, WithOtherTeachers, check_one_or_several, teachers_from
 from vocagno.teacher.teacher import NoTokenizer, Teacher
 from vocagno.errors import Refused
 from vocagno.data.batch import (ALIGN_END, ALIGN_START, SELECTED, TEACHER_ATTENTION_MASK, TEACHER_INPUT_IDS,
@@ -129,8 +128,11 @@ class VocAgnoLM(Algorithm):
     """Teacher guided language modeling with a teacher of any vocabulary (Shin et al., ICML 2025).
 
     Args:
-        teacher: a Hugging Face name or folder (loaded in ``teacher_dtype``), a causal LM module, or a
-            ``vocagno.teacher.teacher.Teacher`` (which has the ``teacher_*`` options of its own).
+        teacher: the teacher: a ``vocagno.teacher.teacher.Teacher``, a Hugging Face name or folder or a shipped name
+            (loaded in bfloat16), a causal LM module, or a mapping of a ``teacher:`` section's keys
+            (``vocagno.teacher.config.TeacherConfig``: ``{"name_or_path": DIR, "tokenizer": ..., "dtype": ...}``, as
+            an llm-foundry yaml gives it). Its tokenizer, given or its folder's when it is named, must be the one the
+            shards' teacher tokens were made with.
         topk_ratio, aggregation, unmapped: as in ``vocagno.core.loss.guided_loss``.
         selection_scope: ``batch`` (the global batch), ``microbatch`` or ``sequence``: see the module's docstring.
         selection: ``topk`` (by score), or ``random``: as many mapped tokens drawn at random (a control), from a
@@ -145,23 +147,15 @@ class VocAgnoLM(Algorithm):
             paper's Table 2 baseline as reconstructed (``vocagno.core.alignment.chunk_align``: each row cut into
             ``num_chunks`` chunks by token count on each side, chunk k to chunk k; every token is mapped, so
             ``unmapped`` has nothing to act on; the reconstruction takes the chunk's mean: ``aggregation: mean``).
-        teacher_tokenizer: the teacher's tokenizer (name, folder or object). Given, or loaded from ``teacher`` when it
-            is a name, it must be the tokenizer the shards' teacher tokens were made with.
         student_tokenizer: for batches of student tokens alone: the student's tokenizer (name, folder or object);
             unset, the model's (``HuggingFaceModel.tokenizer``).
-        teacher_dtype: dtype of a teacher loaded by name.
-        teacher_placement: ``replicate`` (a whole copy per device), ``fsdp`` (sharded with PyTorch FSDP), or ``auto``
-            (``fsdp`` when the run uses FSDP, else ``replicate``).
-        chunk_size: teacher tokens per chunk of its LM head and cross-entropy (unset: ``CHUNK_SIZE``; not with
-            Liger's kernels, which choose their own).
-        trust_remote_code: for a teacher loaded by name; off unless asked.
-        teacher_kernels: ``torch``, or ``liger`` (a CUDA GPU): ``vocagno.core.kernels``.
-        teacher_compile_config: torch.compile's options for each of the teacher's decoder layers; None: not compiled.
+        teachers: several teachers, by name: each as ``teacher`` takes one (``vocagno.teacher.several``).
+        combine: several teachers: a student token's reference is their ``min`` or ``mean``.
     """
 
     def __init__(
         self,
-        teacher: str | nn.Module | Teacher | None = None,
+        teacher: Any = None,
         topk_ratio: float = TOPK_RATIO,
         aggregation: str = AGGREGATION,
         unmapped: str = UNMAPPED,
@@ -172,48 +166,20 @@ class VocAgnoLM(Algorithm):
         num_chunks: int = NUM_CHUNKS,
         teacher_losses: str = "online",
         check_scored_by: bool = True,
-        teacher_tokenizer: Any = None,
         student_tokenizer: Any = None,
-        teacher_dtype: str = "bfloat16",
-        teacher_placement: str = "auto",
-        chunk_size: int | None = None,
-        trust_remote_code: bool = False,
-        teacher_kernels: str = DEFAULT_KERNELS,
-        teacher_compile_config: dict | None = None,
         teachers: Mapping[str, Any] | None = None,
         combine: str = COMBINE,
     ):
         check_options(topk_ratio, aggregation, unmapped, selection_scope, selection, combine)
-        if (teacher is None) == (teachers is None):
-            raise ValueError("VocAgnoLM: give teacher (one) or teachers (several, by name), not both")
-        single = {"teacher_tokenizer": teacher_tokenizer is not None, "teacher_dtype": teacher_dtype != "bfloat16",
-                  "teacher_placement": teacher_placement != "auto", "chunk_size": chunk_size is not None,
-                  "trust_remote_code": trust_remote_code is not False,
-                  "teacher_kernels": teacher_kernels != DEFAULT_KERNELS,
-                  "teacher_compile_config": teacher_compile_config is not None}
-        alone = isinstance(teacher, (str, nn.Module))  # a teacher the options describe
-        for option in (option for option, given in single.items() if given and not alone):
-            where = ("a Teacher's option: give it to the Teacher" if isinstance(teacher, Teacher) else
-                     "a single teacher's option: give it in each teachers: entry (tokenizer, dtype, placement, "
-                     "chunk_size, trust_remote_code, kernels, compile_config)")
-            raise ValueError(f"{option} is {where}")
-        if teachers is not None:
-            chosen = teachers_from(teachers)
-        elif isinstance(teacher, Teacher):
-            chosen = [teacher]
-        else:
-            chosen = [Teacher(teacher, None, teacher_tokenizer, teacher_dtype, teacher_placement, chunk_size,
-                              trust_remote_code, teacher_kernels, teacher_compile_config)]
+        check_one_or_several(teacher, teachers)
+        chosen = teachers_from(teachers) if teachers is not None else [Teacher.of(teacher)]
         if len(chosen) > 1 and alignment == "chunk":
             raise ValueError("alignment: chunk takes one teacher (the paper's Table 2 baseline), not teachers")
         if teacher_losses not in ("online", "cached"):
             raise ValueError(f"teacher_losses must be 'online' or 'cached', got {teacher_losses!r}")
         check_alignment(alignment, num_chunks)
         for each in chosen:
-            try:
-                each.check_options()
-            except ValueError as error:
-                raise ValueError(f"teachers.{each.name}: {error}" if teachers is not None else str(error)) from None
+            each.check_options()
         self.options = dict(topk_ratio=topk_ratio, aggregation=aggregation, unmapped=unmapped, combine=combine)
         self.selection_scope = selection_scope
         self.selection, self.seed = selection, seed
@@ -289,8 +255,9 @@ class VocAgnoLM(Algorithm):
             try:
                 self._fit_start(state)
             except NoTokenizer as error:  # how a plain Composer recipe gives it
-                raise Refused(f"{error}: give VocAgnoLM(teacher_tokenizer=NAME_OR_FOLDER), or each of teachers= its "
-                              "'tokenizer' (in an llm-foundry yaml: algorithms.vocagno.teacher_tokenizer)") from None
+                raise Refused(f"{error}: give VocAgnoLM(teacher={{'name_or_path': MODEL, 'tokenizer': NAME_OR_FOLDER}}) "
+                              "or a Teacher with its tokenizer, or each of teachers= its 'tokenizer' (in an llm-foundry "
+                              "yaml: algorithms.vocagno.teacher.tokenizer)") from None
         elif event == Event.AFTER_DATALOADER:
             state.batch = unpack_teacher_side(state.batch)  # as loader workers send it
             if TEACHER_INPUT_IDS not in state.batch:  # a loader without workers: made here
@@ -381,7 +348,7 @@ class VocAgnoLM(Algorithm):
             student = self._student_tokenizer(state)
             if student is None or self.teacher.tokenizer_source is None:
                 missing = "student_tokenizer (or a HuggingFaceModel with its tokenizer)" if student is None else \
-                    "teacher_tokenizer"
+                    "the teacher its tokenizer"
                 raise ValueError(
                     "VocAgnoLM got a batch of student tokens alone (no teacher_input_ids): it makes the teacher's side "
                     f"from their text, which needs the tokenizers; give it {missing}, or train on shards made by "

@@ -20,6 +20,7 @@ from vocagno.core.kernels import (
 )
 from vocagno.core.loss import CHUNK_SIZE, teacher_token_loss
 from vocagno.data.shards import describe_tokenizer
+from vocagno.teacher.config import is_dtype
 from vocagno.core.tokenization import resolve_shipped
 from vocagno.doors.untrusted import from_pretrained
 
@@ -77,7 +78,7 @@ def check_teacher_options(teacher_dtype: str, trust_remote_code: Any) -> None:
     """Refuse teacher options every teacher algorithm takes, naming the option, before training starts."""
     if not isinstance(trust_remote_code, bool):  # the string "false" is truthy: it would run a folder's code
         raise ValueError(f"trust_remote_code must be True or False, got {trust_remote_code!r}")
-    if not isinstance(getattr(torch, teacher_dtype, None), torch.dtype):
+    if not is_dtype(teacher_dtype):
         raise ValueError(f"teacher_dtype must name a torch dtype, got {teacher_dtype!r}")
 
 

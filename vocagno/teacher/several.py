@@ -15,7 +15,6 @@ when it has some) into the batch keys ``teachers.NAME.input_ids``, ``.attention_
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Any, Mapping
 
 import torch
@@ -28,20 +27,28 @@ from vocagno.errors import Refused
 from vocagno.teacher.side import TeacherSide
 from vocagno.teacher.teacher import Teacher
 
-__all__ = ["TEACHER_SHARE", "Teachers", "teachers_from", "reader_first", "WithOtherTeachers", "made_side",
-           "teacher_shares"]
+__all__ = ["TEACHER_SHARE", "Teachers", "check_one_or_several", "teachers_from", "reader_first", "WithOtherTeachers",
+           "made_side", "teacher_shares"]
 
 TEACHER_SHARE = "vocagno/teacher_share/"  # the metric of each teacher's share, by its name after this
 
-# A teachers: entry's keys: Teacher's fields, its model given as ``teacher`` (as the single teacher: section names it).
-ENTRY_KEYS = ("teacher", "tokenizer", "dtype", "placement", "chunk_size", "trust_remote_code", "kernels",
-              "compile_config")
 SIDE_KEYS = ("input_ids", "attention_mask", ALIGN_START, ALIGN_END)
 
 
+def check_one_or_several(teacher: Any, teachers: Any, yaml: bool = False) -> None:
+    """A teacher (one) or teachers (several, by name), not both: ``VocAgnoLM``'s arguments, one of which it needs, or
+    a yaml's ``teacher:`` and ``teachers:`` sections (``yaml``), neither of which is a run without a teacher."""
+    if yaml and teacher is not None and teachers is not None:
+        raise Refused("give teacher: (one) or teachers: (several, by name), not both: where a base: yaml gives "
+                      "teacher:, set teacher: null beside your teachers:")
+    if not yaml and (teacher is None) == (teachers is None):
+        raise ValueError("VocAgnoLM: give teacher (one) or teachers (several, by name), not both")
+
+
 def teachers_from(teachers: Mapping[str, Any]) -> list[Teacher]:
-    """``teachers`` (a mapping name -> a ``Teacher``, a dict of ``ENTRY_KEYS``, or a model) as ``Teacher`` s named
-    by their keys, checked: at least two, each name once and well-formed, known keys only."""
+    """``teachers`` (a mapping name -> a ``Teacher``, a model, or a mapping of a ``teacher:`` section's keys: as
+    ``Teacher.of`` takes them) as ``Teacher`` s named by their keys, checked: at least two, each name once and
+    well-formed."""
     if not isinstance(teachers, Mapping):
         raise ValueError(f"teachers must be a mapping of name -> teacher, got {type(teachers).__name__}")
     if len(teachers) < 2:
@@ -52,16 +59,7 @@ def teachers_from(teachers: Mapping[str, Any]) -> list[Teacher]:
         if name.lower() in seen:  # a mapping can't repeat a key, but two spellings would collide in metric names
             raise ValueError(f"teachers: two teachers are named {name!r}")
         seen.add(name.lower())
-        if isinstance(value, Teacher):
-            made.append(value if value.name == name else replace(value, name=name))
-            continue
-        fields = dict(value) if isinstance(value, Mapping) else {"teacher": value}
-        unknown = sorted(set(fields) - set(ENTRY_KEYS))
-        if unknown or fields.get("teacher") is None:
-            raise ValueError(f"teachers.{name}: needs teacher, may have {', '.join(ENTRY_KEYS[1:])}"
-                             + (f"; unknown: {', '.join(unknown)}" if unknown else ""))
-        model = fields.pop("teacher")
-        made.append(Teacher(model, name, **{k: v for k, v in fields.items() if v is not None}))
+        made.append(Teacher.of(value, name))
     return made
 
 

@@ -4,12 +4,14 @@ A ``Teacher`` is its model (a Hugging Face name, folder or shipped name, or a ca
 its options. It loads its model once (``load``) into the module that scores its tokens (``scorer``:
 ``vocagno.teacher.model.TeacherScorer``), makes its tokens and alignment from a student's (``side``:
 ``vocagno.teacher.side.TeacherSide``), checks that it can read shards (``check_reads``), says where its cached losses go
-in them (``column``) and whether cached losses are its own (``check_scored_by``). Several guiding one student are
+in them (``column``) and whether cached losses are its own (``check_scored_by``). A yaml's section becomes one in one
+way (``Teacher.from_config``), and any teacher an algorithm is given (``Teacher.of``). Several guiding one student are
 ``vocagno.teacher.several.Teachers``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from vocagno.core.tokenization import as_tokenizer
 from vocagno.data.shards import ShardMetadata, describe_tokenizer
 from vocagno.shown import terminal
 from vocagno.errors import Refused
+from vocagno.teacher.config import LOADED_DTYPE, TeacherConfig
 from vocagno.teacher.model import (
     TeacherScorer, check_teacher_options, check_teacher_reads, load_teacher, weights_fingerprint,
 )
@@ -67,21 +70,23 @@ class Teacher:
         tokenizer: its tokenizer (name, folder or object); unset, its model's folder's when ``model`` is a name
             (``tokenizer_source``).
         dtype, trust_remote_code: how a model given by name loads.
-        placement: ``replicate``, ``fsdp`` or ``auto`` (``VocAgnoLM``'s ``teacher_placement``).
+        placement: ``replicate``, ``fsdp`` or ``auto`` (``fsdp`` when the run uses FSDP); ``VocAgnoLM``'s alone.
         chunk_size, kernels, compile_config: how its scorer runs (``TeacherScorer``; a ``chunk_size`` of None:
             ``CHUNK_SIZE`` with PyTorch's kernels, Liger's own chunks with theirs).
         label: what runs and the scoring pass's ``scored_by`` call it; unset, ``teacher_label(model)``.
+
+    Its options' defaults are a ``teacher:`` section's (``TeacherConfig``).
     """
 
     model: str | nn.Module
     name: str | None = None
-    tokenizer: Any = None
-    dtype: str = "bfloat16"
-    placement: str = "auto"
-    chunk_size: int | None = None
-    trust_remote_code: bool = False
-    kernels: str = DEFAULT_KERNELS
-    compile_config: dict | None = None
+    tokenizer: Any = TeacherConfig.tokenizer
+    dtype: str = LOADED_DTYPE
+    placement: str = TeacherConfig.placement
+    chunk_size: int | None = TeacherConfig.chunk_size
+    trust_remote_code: bool = TeacherConfig.trust_remote_code
+    kernels: str = TeacherConfig.kernels
+    compile_config: dict | None = TeacherConfig.compile_config
     label: str = ""
     _tokenizer: Any = field(default=None, init=False, repr=False, compare=False)  # loaded once
     _module: nn.Module | None = field(default=None, init=False, repr=False, compare=False)  # loaded once
@@ -90,6 +95,44 @@ class Teacher:
 
     def __post_init__(self):
         self.label = self.label or teacher_label(self.model)
+
+    @classmethod
+    def from_config(cls, section: Any, name: str | None = None, seed: int | None = None, tokenizer: Any = None,
+                    label: str = "", where: str | None = None) -> "Teacher":
+        """A ``teacher:`` section, a ``teachers:`` entry (``name``), or the mapping an llm-foundry yaml gives
+        ``algorithms.vocagno.teacher`` (``TeacherConfig``'s keys; another is refused naming ``where``, by default
+        ``teacher`` or ``teachers.NAME``) as a ``Teacher``. One given by ``name_or_path`` is loaded when first needed;
+        one built from its ``config`` is built here, its random weights a function of the section and ``seed`` (the
+        scoring pass builds the very teacher a run of the same yaml builds), its vocabulary its tokenizer's.
+        ``tokenizer``: its tokenizer, loaded (None: the section's, loaded where needed)."""
+        # Its build_causal_lm looked up when called: benchmarks/bench_step.py builds them on a device by replacing it.
+        from vocagno.teacher import config as sections
+
+        where = where or (f"teachers.{name}" if name is not None else "teacher")
+        config = TeacherConfig.of(section, f"{where}.")
+        if config.name_or_path:
+            model = config.name_or_path
+        elif config.config is None:
+            raise ValueError(f"{where}: needs name_or_path (pretrained) or config (random init)")
+        else:
+            if tokenizer is None and config.tokenizer is None:  # its vocabulary is its tokenizer's
+                raise Refused(f"{where} is built from its config and needs its tokenizer")
+            tokenizer = as_tokenizer(config.tokenizer) if tokenizer is None else tokenizer
+            model = sections.build_causal_lm(config, len(tokenizer), seed)
+        return cls(model, name, config.tokenizer if tokenizer is None else tokenizer, config.dtype or LOADED_DTYPE,
+                   config.placement, config.chunk_size, config.trust_remote_code, config.kernels,
+                   config.compile_config, label)
+
+    @classmethod
+    def of(cls, given: Any, name: str | None = None) -> "Teacher":
+        """A teacher as an algorithm is given it, named ``name`` (a set's, or None): a ``Teacher`` (renamed where a set
+        names it otherwise), a model (a Hugging Face name or folder, a shipped name, or a causal LM module), or a
+        mapping of a ``teacher:`` section's keys (``from_config``)."""
+        if isinstance(given, Teacher):
+            return given if name is None or given.name == name else replace(given, name=name)
+        if isinstance(given, (str, nn.Module)):
+            return cls(given, name)
+        return cls.from_config(given, name)
 
     @property
     def tokenizer_source(self) -> Any:
@@ -105,11 +148,15 @@ class Teacher:
         return f"teacher {self.name!r}" if self.name else "the teacher"
 
     def check_options(self) -> None:
-        """Refuse options it can't run with, before anything loads."""
-        if self.placement not in PLACEMENTS:
-            raise ValueError(f"teacher_placement must be one of {PLACEMENTS}, got {self.placement!r}")
-        check_teacher_options(self.dtype, self.trust_remote_code)
-        check_speed(self.kernels, self.compile_config, self.chunk_size, "teacher")
+        """Refuse options it can't run with, before anything loads, naming it (``teachers.NAME`` in a set)."""
+        where = f"teachers.{self.name}" if self.name else "teacher"
+        try:
+            if self.placement not in PLACEMENTS:
+                raise ValueError(f"teacher_placement must be one of {PLACEMENTS}, got {self.placement!r}")
+            check_teacher_options(self.dtype, self.trust_remote_code)
+        except ValueError as error:
+            raise ValueError(f"{where}: {error}" if self.name else str(error)) from None
+        check_speed(self.kernels, self.compile_config, self.chunk_size, where)
 
     def loaded_tokenizer(self):
         """Its tokenizer, loaded once (None for a module given without one); one that won't load names the teacher

@@ -14,17 +14,17 @@ from omegaconf import OmegaConf as om
 from streaming import Stream
 
 from vocagno.compat.composer import causal_lm_model
-from vocagno.core.kernels import check_compile_config, check_kernels, check_speed
-from vocagno.core.tokenization import load_tokenizer
-from vocagno.training.config import check_names, keyword_names, plain, section_teacher, speed_options
+from vocagno.core.kernels import check_compile_config, check_kernels
+from vocagno.teacher.config import ModelConfig, TeacherConfig, check_names
+from vocagno.teacher.teacher import Teacher
+from vocagno.training.config import keyword_names, plain, yaml_teacher
 from vocagno.training.loaders import DATASET_KEYS, RUN_DECIDES
 from vocagno.training.loggers import ConsoleLine
 from vocagno.training.metrics import BitsPerByte
 from vocagno.training.registry import TEACHER_ALGORITHMS, algorithm, build, known
 
 __all__ = ["batches", "build_algorithms", "build_loggers", "build_optimizer", "build_scheduler", "check_sections",
-           "check_speed_options", "plain_section", "set_of_teachers", "student_flops_per_batch", "student_model",
-           "teacher_kwargs"]
+           "check_speed_options", "plain_section", "set_of_teachers", "student_flops_per_batch", "student_model"]
 
 
 def check_sections(cfg: DictConfig) -> None:
@@ -63,7 +63,8 @@ def check_sections(cfg: DictConfig) -> None:
 
 def build_algorithms(cfg: DictConfig, teacher_tok) -> list:
     """``algorithms:`` by their registered names, each made with its options and, where it uses one, the yaml's
-    teacher (``teacher:``) or teachers (``teachers:``); a null entry is off."""
+    teacher (``teacher:``, its tokenizer ``teacher_tok`` loaded already) or teachers (``teachers:``); a null entry is
+    off."""
     algorithms = []
     chosen = {name: kwargs for name, kwargs in plain_section(cfg, "algorithms").items() if kwargs is not None}
     for name, kwargs in chosen.items():
@@ -76,7 +77,8 @@ def build_algorithms(cfg: DictConfig, teacher_tok) -> list:
         elif name in TEACHER_ALGORITHMS:
             if cfg.get("teacher") is None:
                 raise ValueError(f"algorithms.{name} needs a teacher: section")
-            kwargs.update(teacher_kwargs(cfg.teacher, teacher_tok, TEACHER_ALGORITHMS[name], cfg.seed))
+            # A named teacher is loaded by the algorithm; a config-built one (random weights) is built here.
+            kwargs["teacher"] = Teacher.from_config(cfg.teacher, seed=cfg.seed, tokenizer=teacher_tok)
         algorithms.append(made(**kwargs))
     if (cfg.get("teacher") or cfg.get("teachers")) is not None and not set(chosen) & set(TEACHER_ALGORITHMS):
         raise ValueError(f"a teacher without one of algorithms.{{{', '.join(TEACHER_ALGORITHMS)}}} would be loaded "
@@ -85,33 +87,14 @@ def build_algorithms(cfg: DictConfig, teacher_tok) -> list:
 
 
 def set_of_teachers(cfg: DictConfig) -> dict[str, Any]:
-    """The yaml's ``teachers:`` (each entry with ``teacher:``'s keys, its tokenizer required) as
+    """The yaml's ``teachers:`` (each entry with ``teacher:``'s keys, its tokenizer required: ``yaml_teacher``) as
     ``vocagno.teacher.teacher.Teacher`` s by name."""
     made = {}
     for name, section in cfg.teachers.items():
         if not isinstance(section, DictConfig):
             raise ValueError(f"teachers.{name}: needs teacher:'s keys, got {section!r}")
-        if section.get("tokenizer") is None:
-            raise ValueError(f"teachers.{name}: needs its tokenizer")
-        made[name] = section_teacher(section, load_tokenizer(section.tokenizer), cfg.seed, name)
+        made[name] = yaml_teacher(cfg, name)
     return made
-
-
-def teacher_kwargs(section: DictConfig, teacher_tok, takes: tuple[str, ...], seed: int) -> dict[str, Any]:
-    """The ``teacher:`` section (``section_teacher``) as the keyword arguments of an algorithm that ``takes`` them."""
-    # A named teacher is loaded by the algorithm; a config-built one (random weights) is built here.
-    teacher = section_teacher(section, teacher_tok, seed)
-    kwargs = {"teacher": teacher.model, "teacher_tokenizer": teacher_tok, "teacher_dtype": teacher.dtype,
-              "teacher_placement": teacher.placement, "chunk_size": teacher.chunk_size,
-              "trust_remote_code": teacher.trust_remote_code, "teacher_kernels": teacher.kernels,
-              "teacher_compile_config": teacher.compile_config}
-    if section.get("placement") is not None and "teacher_placement" not in takes:
-        raise ValueError("teacher.placement: only algorithms.vocagno shards its teacher; the others replicate it")
-    for key in ("kernels", "compile_config"):
-        if section.get(key) is not None and f"teacher_{key}" not in takes:
-            raise ValueError(f"teacher.{key}: only algorithms.vocagno's teacher takes it; the others read its logits "
-                             "through PyTorch's own kernels")
-    return {key: value for key, value in kwargs.items() if key in takes}
 
 
 def student_flops_per_batch(student: torch.nn.Module):
@@ -189,10 +172,10 @@ def student_model(student: torch.nn.Module, tokenizer) -> HuggingFaceModel:
 def check_speed_options(cfg: DictConfig) -> None:
     """The student's and the teachers' kernels and compile options, refused in one line before anything is converted
     or loaded (``vocagno.core.kernels``)."""
-    check_kernels(speed_options(cfg.model)[0], "model.kernels")
+    check_kernels(ModelConfig.of(cfg.model, "model.").kernels, "model.kernels")
     check_compile_config(plain(cfg.get("compile_config")), "compile_config")
     sections = {"teacher": cfg.teacher} if cfg.get("teacher") is not None else {}
     sections.update({f"teachers.{name}": section for name, section in (cfg.get("teachers") or {}).items()
                      if isinstance(section, DictConfig)})
     for where, section in sections.items():
-        check_speed(*speed_options(section), section.get("chunk_size"), where)
+        TeacherConfig.of(section, f"{where}.").check_speed(where)

@@ -1,11 +1,11 @@
-"""The training yaml: its keys (llm-foundry's), how it is read (``base:`` variants, command-line overrides, values
-checked before anything runs), and the models its sections build. Used by ``train.py`` and by the scoring pass, which
-builds the teacher a yaml names (``python -m vocagno.score --config``).
+"""The training yaml: its keys (llm-foundry's; the model sections' are ``vocagno.teacher.config``'s typed ones), how
+it is read (``base:`` variants, command-line overrides, values checked before anything runs), and the teachers its
+sections name (``yaml_teacher``). Used by ``train.py`` and by the scoring pass, which builds the teacher a yaml names
+(``python -m vocagno.score --config``).
 """
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import os
 import re
@@ -13,19 +13,17 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-import torch
 from omegaconf import DictConfig
 from omegaconf import OmegaConf as om
 
-from vocagno.core.kernels import DEFAULT_KERNELS, KERNELS, check_on_gpu, check_speed
+from vocagno.core.kernels import KERNELS, check_on_gpu
 from vocagno.errors import Refused
+from vocagno.teacher.config import ModelConfig, TeacherConfig, check_names, is_dtype
 
-__all__ = ["SCHEMA", "load_config", "published_yaml", "build_causal_lm", "check_names", "keyword_names", "plain",
-           "speed_options", "section_teacher", "scoring_teacher", "scoring_teachers"]
+__all__ = ["SCHEMA", "load_config", "published_yaml", "keyword_names", "plain", "yaml_teacher", "scoring_teacher",
+           "scoring_teachers"]
 
 # The keys a yaml may hold; a nested dict names the keys of that section, None leaves a section free-form.
-MODEL_KEYS = {"name_or_path": None, "config": None, "dtype": None, "trust_remote_code": None, "tokenizer": None,
-              "kernels": None}
 LOADER_KEYS = {"dataset": None, "drop_last": None, "num_workers": None, "teacher_seq_len": None,
                "convert_if_missing": None}
 SCHEMA: dict[str, Any] = {
@@ -33,8 +31,8 @@ SCHEMA: dict[str, Any] = {
     "run_name": None,
     "seed": None,
     "tokenizer": {"name": None},
-    "model": MODEL_KEYS,
-    "teacher": {**MODEL_KEYS, "placement": None, "chunk_size": None, "compile_config": None},
+    "model": dict.fromkeys(ModelConfig.keys()),
+    "teacher": dict.fromkeys(TeacherConfig.keys()),
     "teachers": None,  # several teachers: NAME -> teacher:'s keys (checked by builders.set_of_teachers)
     "train_loader": LOADER_KEYS,
     "eval_loader": LOADER_KEYS,
@@ -278,10 +276,6 @@ def _drop_foreign_conversions(cfg: DictConfig, layers: list[tuple[str, DictConfi
             f"{layers[namer][0]} names another folder")}
 
 
-def _is_dtype(value: Any) -> bool:
-    return isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype)
-
-
 def _is_bool(value: Any) -> bool:
     return isinstance(value, bool)
 
@@ -304,8 +298,8 @@ VALUE_CHECKS: dict[str, tuple[Any, str]] = {
     "train_loader.drop_last": (_is_bool, "true or false"),
     "eval_loader.drop_last": (_is_bool, "true or false"),
     "train_loader.dataset.shuffle": (_is_bool, "true or false"),
-    "model.dtype": (_is_dtype, "a torch dtype (float32, bfloat16, float16)"),
-    "teacher.dtype": (_is_dtype, "a torch dtype (float32, bfloat16, float16)"),
+    "model.dtype": (is_dtype, "a torch dtype (float32, bfloat16, float16)"),
+    "teacher.dtype": (is_dtype, "a torch dtype (float32, bfloat16, float16)"),
     "model.kernels": (lambda v: v in KERNELS, " or ".join(KERNELS)),
     "teacher.kernels": (lambda v: v in KERNELS, " or ".join(KERNELS)),
     "optimizer.lr": (lambda v: _is_number(v) and v > 0, "a positive number"),
@@ -345,17 +339,6 @@ def _check_keys(cfg: DictConfig, schema: dict[str, Any], where: str) -> None:
             _check_keys(cfg[key], schema[key], f"{where}{key}.")
 
 
-def check_names(where: str, given: Iterable[Any], allowed: Iterable[str]) -> None:
-    """Every key of ``given`` (a yaml section at ``where``, dotted, ending in ``.`` unless empty) among ``allowed``:
-    else a ValueError naming the first unknown one, the closest allowed one and all of them."""
-    allowed = list(allowed)
-    for key in given:
-        if key not in allowed:
-            close = difflib.get_close_matches(str(key), allowed, n=1)
-            hint = f" (did you mean {where}{close[0]}?)" if close else ""
-            raise ValueError(f"unknown config key {where}{key}{hint}; allowed here: {', '.join(allowed)}")
-
-
 def keyword_names(function: Callable[..., Any]) -> list[str] | None:
     """The keyword arguments ``function`` (a class: its ``__init__``) takes by name; None where it takes any
     (``**kwargs``), so only its own code can say what it accepts."""
@@ -365,89 +348,55 @@ def keyword_names(function: Callable[..., Any]) -> list[str] | None:
     return [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"]
 
 
-def build_causal_lm(section: DictConfig, vocab_size: int, seed: int | None = None) -> torch.nn.Module:
-    """A pretrained model by name, folder or shipped name (``tiny-math-teacher``), or a randomly initialized one from ``config`` (``model_type`` + fields).
-    ``seed`` makes the random weights a function of the section and the seed alone, whatever ran before: the
-    scoring pass (``python -m vocagno.score --config``) builds the very teacher a run of the same yaml builds."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    dtype = getattr(torch, section.get("dtype") or "float32")
-    trust = section.get("trust_remote_code", False)
-    if section.get("name_or_path"):
-        from vocagno.core.tokenization import resolve_shipped
-        from vocagno.doors.untrusted import from_pretrained
-
-        return from_pretrained(AutoModelForCausalLM, resolve_shipped(section.name_or_path), trust_remote_code=trust,
-                               torch_dtype=dtype)
-    if section.get("config") is None:
-        raise ValueError("a model section needs name_or_path (pretrained) or config (random init)")
-    fields = om.to_container(section.config)
-    config = AutoConfig.for_model(fields.pop("model_type"), **{"vocab_size": vocab_size, **fields})
-    with torch.random.fork_rng(devices=[]):
-        if seed is not None:
-            torch.manual_seed(seed)
-        return AutoModelForCausalLM.from_config(config, torch_dtype=dtype, trust_remote_code=trust is True)
-
-
 def plain(value: Any) -> Any:
     """A yaml's mapping as a plain dict (what torch.compile's options must be); any other value as it is."""
     return om.to_container(value) if isinstance(value, DictConfig) else value
 
 
-def speed_options(section: DictConfig) -> tuple[str, dict | None]:
-    """A model section's kernels (its ``kernels``, PyTorch's when unset) and compile options (its ``compile_config``,
-    None when unset: not compiled): ``vocagno.core.kernels``."""
-    return section.get("kernels") or DEFAULT_KERNELS, plain(section.get("compile_config"))
-
-
-def section_teacher(section: DictConfig, tokenizer: Any, seed: int | None, name: str | None = None,
-                    label: str = ""):
-    """A yaml's ``teacher:`` section (or a ``teachers:`` entry, ``name``) as a ``vocagno.teacher.teacher.Teacher``:
-    one given by ``name_or_path`` is loaded by the ``Teacher`` when first needed; a config-built one is built here,
-    its random weights a function of the section and ``seed`` (the scoring pass builds the very teacher a run of the
-    same yaml builds). ``tokenizer``: its tokenizer, loaded (None: a named teacher's folder's, where it is needed)."""
+def yaml_teacher(cfg: DictConfig, name: str | None = None, source: str = "", device: str | None = None):
+    """The ``Teacher`` of a training config's ``teachers:`` entry ``name``, or of its ``teacher:`` section (named
+    ``name`` where given), as a run of it builds it (``Teacher.from_config``: a config-built one's weights from the
+    yaml's ``seed``), checked before it loads: a named teacher needs its tokenizer (which of a set reads the shards'
+    tokens depends on it), and its speed options (and, given a ``device``, its kernels there) are checked. Its
+    tokenizer is loaded where the section names one. ``source`` (the scoring pass's yaml) begins each refusal and
+    labels a config-built teacher."""
+    from vocagno.core.tokenization import load_tokenizer
     from vocagno.teacher.teacher import Teacher
 
-    kernels, compile_config = speed_options(section)
-    pretrained = bool(section.get("name_or_path"))
-    model = section.name_or_path if pretrained else build_causal_lm(section, len(tokenizer), seed)
-    return Teacher(model, name, tokenizer, section.get("dtype") or "bfloat16", section.get("placement") or "auto",
-                   section.get("chunk_size"), section.get("trust_remote_code", False), kernels, compile_config, label)
+    several = cfg.get("teachers") is not None
+    where = f"teachers.{name}" if several else "teacher"
+    named = f"{source}: {where}" if source else where
+    section = cfg.teachers[name] if several else cfg.teacher
+    if name is not None and not section.get("tokenizer"):
+        raise Refused(f"{named}: needs its tokenizer")
+    config = TeacherConfig.of(section, f"{where}.")
+    config.check_speed(named)
+    if device is not None:
+        check_on_gpu(config.kernels, device, f"{named}.kernels")
+    # A teacher alone named without a tokenizer reads the shards' teacher tokens: its folder may hold weights alone.
+    tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else None
+    label = f"{source}: {where} (config, seed {cfg.seed})" if source and not config.name_or_path else ""
+    return Teacher.from_config(config, name, cfg.seed, tokenizer, label, where=named)
 
 
 def scoring_teacher(cfg: DictConfig, source: str, name: str | None = None, device: str | None = None):
     """The scoring pass's ``Teacher`` of a loaded training config's ``teacher:`` section (or of its ``teachers:``,
-    ``name``'s), as ``train.py`` builds it (``section_teacher``). A config-built one is labelled by ``source``
-    (the yaml). Its speed options are checked (against ``device``, when given) before it loads."""
-    from vocagno.core.tokenization import load_tokenizer
+    ``name``'s), as ``train.py`` builds it (``yaml_teacher``); ``source``, the yaml, names it in refusals and labels a
+    config-built one. Its speed options are checked (against ``device``, when given) before it loads."""
     from vocagno.data.shards import check_teacher_name
 
-    where, section = "teacher", cfg.get("teacher")
     if cfg.get("teachers") is not None:
         if name not in cfg.teachers:
             raise Refused(f"{source} has teachers: {', '.join(cfg.teachers)}: name the one to score "
                           "(--name)" if name is None else f"{source} has no teachers.{name}")
-        where, section = f"teachers.{name}", cfg.teachers[name]
-    if section is None:
+    elif cfg.get("teacher") is None:
         raise Refused(f"{source} has no teacher: section")
     if name is not None:  # a yaml's key becomes a column and a folder name
         try:
             check_teacher_name(name)
         except ValueError as error:
             raise Refused(f"{source}: {error}") from None
-        if not section.get("tokenizer"):  # which of the set reads the shards' tokens depends on it
-            raise Refused(f"{source}: teachers.{name} needs its tokenizer")
-    kernels, compile_config = speed_options(section)
-    check_speed(kernels, compile_config, section.get("chunk_size"), f"{source}: {where}")
-    if device is not None:
-        check_on_gpu(kernels, device, f"{source}: {where}.kernels")
-    pretrained = bool(section.get("name_or_path"))
-    if not pretrained and not section.get("tokenizer"):  # its vocabulary is its tokenizer's
-        raise Refused(f"{source}: {where} is built from its config and needs its tokenizer")
-    # A teacher alone named without a tokenizer reads the shards' teacher tokens: its folder may hold weights alone.
-    tokenizer = load_tokenizer(section.tokenizer) if section.get("tokenizer") else None
-    label = "" if pretrained else f"{source}: {where} (config, seed {cfg.seed})"
-    return section_teacher(section, tokenizer, cfg.seed, name, label)
+    return yaml_teacher(cfg, name, source, device)
 
 
 def scoring_teachers(cfg: DictConfig, source: str):

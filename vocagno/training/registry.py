@@ -19,13 +19,8 @@ ALGORITHM_GROUP = "llmfoundry_algorithms"  # the entry points llm-foundry's regi
 # (on PYTHONPATH, as on the GPU image of ../shared/gpu/README.md): no entry point is registered there.
 OWN_ALGORITHMS = {"vocagno": "vocagno.algorithms.vocagno_lm:VocAgnoLM", "uld": "vocagno.algorithms.baselines:ULD",
                   "kld": "vocagno.algorithms.baselines:KLD"}
-# The algorithms that use the teacher: section, and which of its keyword arguments each takes.
-TEACHER_ALGORITHMS = {
-    "vocagno": ("teacher", "teacher_tokenizer", "teacher_dtype", "teacher_placement", "chunk_size",
-                "trust_remote_code", "teacher_kernels", "teacher_compile_config"),
-    "uld": ("teacher", "teacher_dtype", "chunk_size", "trust_remote_code"),
-    "kld": ("teacher", "teacher_tokenizer", "teacher_dtype", "chunk_size", "trust_remote_code"),
-}
+# The algorithms that take the teacher: section (``teacher=``, a ``Teacher``; algorithms.vocagno also teachers:).
+TEACHER_ALGORITHMS = ("vocagno", "uld", "kld")
 # llm-foundry's names for Composer's loggers and callbacks (its registries), and vocagno's own.
 LOGGERS: dict[str, Any] = {
     "wandb": "WandBLogger", "mlflow": "MLFlowLogger", "tensorboard": "TensorboardLogger", "inmemory": "InMemoryLogger",
