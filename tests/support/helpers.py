@@ -113,6 +113,7 @@ def run_whole(command, timeout, **popen) -> subprocess.CompletedProcess:
     except BaseException:
         kill_group(process.pid)
         process.communicate()
+        assert_group_gone(process.pid)
         raise
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
