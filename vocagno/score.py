@@ -36,6 +36,7 @@ from vocagno.core.loss import CHUNK_SIZE
 from vocagno.data.outroots import Output
 from vocagno.data.shards import ShardMetadata, check_teacher_name
 from vocagno.errors import Refused
+from vocagno.teacher.config import LOADED_DTYPE
 from vocagno.teacher.scoring import BATCH_TOKENS, rank_and_world, score, scoring_device
 from vocagno.teacher.teacher import Teacher
 from vocagno.training.config import load_config, scoring_teacher
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="key=value overrides of --config's yaml")
     parser.add_argument("--out", required=True, help="the scored shards' out-root: a folder, or a remote (s3://...)")
     parser.add_argument("--local-root", help="the local working folder for a remote --out")
-    parser.add_argument("--dtype", default="bfloat16", help="the --teacher's dtype (a yaml's says its own)")
+    parser.add_argument("--dtype", default=LOADED_DTYPE, help="the --teacher's dtype (a yaml's says its own)")
     parser.add_argument("--chunk-size", type=int,
                         help=f"the --teacher's tokens per chunk of its LM head (default {CHUNK_SIZE}; not with "
                              "--kernels liger, which chooses its own)")

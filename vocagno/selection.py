@@ -61,6 +61,7 @@ import pickle
 from pathlib import Path
 
 
+from vocagno.core.loss import COMBINE
 from vocagno.entry import Parser
 from vocagno.errors import Refused
 from vocagno.diagnostics.canaries import NOISE
@@ -72,6 +73,7 @@ from vocagno.diagnostics.selection.report import Report
 from vocagno.diagnostics.selection.settings import Settings
 from vocagno.diagnostics.selection.run import run, same_sources
 from vocagno.training.config import scoring_teachers
+from vocagno.teacher.config import LOADED_DTYPE
 from vocagno.teacher.scoring import BATCH_TOKENS, scoring_device
 from vocagno.teacher.several import reader_first
 
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--combine", choices=("min", "mean"),
                         help="several teachers: how their losses make a token's reference (default: the yaml's, "
                              "else min)")
-    parser.add_argument("--dtype", default="bfloat16", help="the --teacher's dtype (a yaml's says its own)")
+    parser.add_argument("--dtype", default=LOADED_DTYPE, help="the --teacher's dtype (a yaml's says its own)")
     parser.add_argument("--student", help="a Hugging Face name or folder, or a train.py checkpoint (.pt); unset, a "
                                           "student at initialization (a flat loss)")
     parser.add_argument("--samples", type=int, default=64, help="rows drawn from the shards")
@@ -155,12 +157,12 @@ def _main(args: argparse.Namespace) -> Report | None:
     metadata = same_sources({name: _read_shards(folder, name if len(sources) > 1 else None)
                               for name, folder in sources.items()})
     try:
-        combine = args.combine or "min"
+        combine = args.combine or COMBINE
         if cfg is not None:
             settings = Settings.from_config(cfg)
             chosen = scoring_teachers(cfg, args.config)
             if isinstance(chosen, list):
-                combine = args.combine or ((cfg.get("algorithms") or {}).get("vocagno") or {}).get("combine", "min")
+                combine = args.combine or ((cfg.get("algorithms") or {}).get("vocagno") or {}).get("combine", COMBINE)
         elif len(args.teacher) > 1:
             if args.teacher_tokenizer:
                 raise Refused("--teacher-tokenizer is for one --teacher: several take each one's folder's tokenizer")

@@ -11,7 +11,6 @@ way (``Teacher.from_config``), and any teacher an algorithm is given (``Teacher.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
