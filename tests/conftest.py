@@ -1,4 +1,5 @@
 import json
+import multiprocessing
 import os
 import sys
 from pathlib import Path
@@ -7,6 +8,11 @@ import pytest
 
 # The tests' shared helpers (tests/support/) import as top-level modules: `from helpers import ...`.
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
+# The functions the tests run in processes of their own (tests/support/at_once.py and bounded.py, the gloo ranks of
+# torch.multiprocessing) start from multiprocessing's forkserver, a fresh interpreter, not as forks of this worker (whose
+# threads' locks a fork would inherit). The forkserver imports the libraries they call once: each process is a fork of
+# it, not a fresh interpreter spending 5 to 7 s of CPU importing torch, transformers, Composer and Streaming.
+multiprocessing.set_forkserver_preload(["torch", "transformers", "composer", "vocagno.data.dataset"])
 
 # Tests never reach the Hugging Face hub: everything they load ships in the repo.
 os.environ["HF_HUB_OFFLINE"] = "1"

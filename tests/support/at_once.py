@@ -1,14 +1,12 @@
 """Several processes let go at the same moment, as the ranks or jobs of one node start: each started by
 multiprocessing's forkserver, not forked from the pytest worker. A fork of the worker inherits the threads and locks
 that the tests it ran before left (Streaming's threads, torch's, execnet's): a lock some thread held at the fork stays
-held in the child for good, and the child hangs on it. The forkserver, a fresh interpreter, imports the module the
-processes' calls read shards with first (``set_forkserver_preload``): each process is a fork of it, not a fresh
-interpreter spending 5 s of CPU importing torch and Streaming before it reaches the barrier."""
+held in the child for good, and the child hangs on it. The forkserver imports the libraries the calls use first
+(``tests/conftest.py``)."""
 
 import multiprocessing
 
 _context = multiprocessing.get_context("forkserver")
-_context.set_forkserver_preload(["vocagno.data.dataset"])
 
 
 def run_at_once(target, args_per_process, timeout: float = 120.0) -> list[int]:

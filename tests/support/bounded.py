@@ -1,7 +1,8 @@
 """Calls run in a process of their own with a ceiling on memory and time, for tests that feed a reader files an
 attacker wrote: what a call allocates past the ceiling fails there (``MemoryError``), not in the pytest worker, and
 a call that hangs is killed. The process is started by multiprocessing's forkserver, not forked from the pytest worker
-(whose threads' locks a fork would inherit)."""
+(whose threads' locks a fork would inherit); the forkserver imports the libraries the calls use first
+(``tests/conftest.py``)."""
 
 import contextlib
 import multiprocessing
