@@ -188,3 +188,15 @@ def test_a_section_an_entry_and_a_mapping_become_a_teacher_one_way(tokenizers):
     assert same[0] == same[1]  # a config-built teacher's weights: the section's and the seed's alone
     with pytest.raises(ValueError, match="teacher.placement: only algorithms.vocagno shards its teacher"):
         ULD(teacher={"name_or_path": "tiny-math-teacher", "placement": "replicate"})
+
+
+def test_a_teacher_given_as_a_path_is_its_folder_as_a_name_would_give_it():
+    """A ``pathlib.Path`` is a folder as a string is (as before the one way to build a teacher), not a mapping."""
+    from pathlib import Path
+
+    from vocagno.core.tokenization import shipped_model_dir
+
+    folder = Path(shipped_model_dir("tiny-math-teacher"))
+    pair = VocAgnoLM(teachers={"math": folder, "again": str(folder)}).teachers.all
+    for teacher in (Teacher.of(folder), VocAgnoLM(teacher=folder).teacher, KLD(teacher=folder).teacher, pair[0]):
+        assert teacher.model == str(folder) and teacher.label == str(folder), teacher

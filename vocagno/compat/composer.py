@@ -8,7 +8,7 @@
 - ``promptly_linked``: the checkpoint saver looks every second, not every 30 s, whether a checkpoint reached its
   object store before it points the latest link at it (no public setting; no upstream issue).
 
-Each relies on a private name of Composer 0.32.1; ``tests/unit/test_compat.py`` fails when the installed Composer
+Each relies on a private name of Composer 0.32.1; ``tests/unit/test_compat_composer.py`` fails when the installed Composer
 is another version or no longer has what a work-around relies on. ``install`` puts the process-wide ones in place
 once, however often a run starts in one process.
 """

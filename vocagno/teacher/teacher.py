@@ -11,6 +11,7 @@ way (``Teacher.from_config``), and any teacher an algorithm is given (``Teacher.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -125,12 +126,14 @@ class Teacher:
     @classmethod
     def of(cls, given: Any, name: str | None = None) -> "Teacher":
         """A teacher as an algorithm is given it, named ``name`` (a set's, or None): a ``Teacher`` (renamed where a set
-        names it otherwise), a model (a Hugging Face name or folder, a shipped name, or a causal LM module), or a
-        mapping of a ``teacher:`` section's keys (``from_config``)."""
+        names it otherwise), a model (a Hugging Face name or folder, a shipped name, a folder as a ``pathlib.Path``,
+        or a causal LM module), or a mapping of a ``teacher:`` section's keys (``from_config``)."""
         if isinstance(given, Teacher):
             return given if name is None or given.name == name else replace(given, name=name)
         if isinstance(given, (str, nn.Module)):
             return cls(given, name)
+        if isinstance(given, os.PathLike):  # a folder, as its name as a string gives it
+            return cls(os.fspath(given), name)
         return cls.from_config(given, name)
 
     @property
