@@ -65,21 +65,39 @@ def math_texts():
 
 @pytest.fixture(scope="session")
 def s3():
-    """An S3 object store on this machine (moto's server), with a bucket "runs": the environment that points
-    boto3 under Composer and Streaming at it, and a client."""
-    import boto3
-    from moto.server import ThreadedMotoServer
+    """An S3 object store on this machine (moto's server, in a process of its own as a store is: the runs the tests
+    make in their own process would otherwise share its interpreter lock), with a bucket "runs": the environment that
+    points boto3 under Composer and Streaming at it, and a client."""
+    import socket
+    import subprocess
+    import time
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    env = {"S3_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-           "AWS_DEFAULT_REGION": "us-east-1"}
-    client = boto3.client("s3", endpoint_url=env["S3_ENDPOINT_URL"], region_name="us-east-1",
-                          aws_access_key_id="test", aws_secret_access_key="test")
-    client.create_bucket(Bucket="runs")
-    yield env, client
-    server.stop()
+    import boto3
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.time() > deadline:
+                    raise RuntimeError(f"moto's server did not start (exit code {server.poll()})") from None
+                time.sleep(0.1)
+        env = {"S3_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test",
+               "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
+        client = boto3.client("s3", endpoint_url=env["S3_ENDPOINT_URL"], region_name="us-east-1",
+                              aws_access_key_id="test", aws_secret_access_key="test")
+        client.create_bucket(Bucket="runs")
+        yield env, client
+    finally:
+        server.terminate()
+        server.wait(30)
 
 
 @pytest.fixture(scope="session")
