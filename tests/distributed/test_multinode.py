@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import assert_group_gone, ends, first_documents, private_shm_works, read_log, with_private_shm
+from helpers import assert_group_gone, ends, first_documents, private_shm_works, read_log, script, with_private_shm
 
-from vocagno.launch import node_command
+from vocagno.launch import TRAIN_SCRIPT, node_command
 
 pytestmark = pytest.mark.distributed
 
@@ -115,10 +115,24 @@ def seen(folder: Path, name: str) -> dict[int, list[tuple]]:
 def train(tmp: Path, log: str, *overrides, nodes: int, nproc: int, shards: Path, save: Path | None = None):
     """tiny.yaml on ``nodes`` x ``nproc`` ranks, saving every 2 batches to ``save`` (default: a folder of its own);
     its losses in ``tmp/LOG.jsonl``, its samples in ``tmp/LOG-RANK.jsonl``."""
-    job = [str(REPO / "yamls" / "tiny.yaml"), *TRAIN, "run_name=multinode", f"max_duration={STEPS}ba",
-           f"loggers.jsonl.path={tmp}/{log}.jsonl", f"callbacks.sample_log.path={tmp}/{log}-{{rank}}.jsonl",
-           f"save_folder={save or tmp / f'{log}-save'}", "save_interval=2ba", *overrides]
-    return Nodes("train", job, nodes=nodes, nproc=nproc, where=tmp / log, shards=str(shards))
+    return Nodes("train", job(tmp, log, *overrides, save=save), nodes=nodes, nproc=nproc, where=tmp / log,
+                 shards=str(shards))
+
+
+def job(tmp: Path, log: str, *overrides, save: Path | None = None) -> list[str]:
+    return [str(REPO / "yamls" / "tiny.yaml"), *TRAIN, "run_name=multinode", f"max_duration={STEPS}ba",
+            f"loggers.jsonl.path={tmp}/{log}.jsonl", f"callbacks.sample_log.path={tmp}/{log}-{{rank}}.jsonl",
+            f"save_folder={save or tmp / f'{log}-save'}", "save_interval=2ba", *overrides]
+
+
+def train_here(tmp: Path, log: str, *overrides, shards: Path) -> None:
+    """What ``train`` runs on 1 node x 1 rank, in this process (``helpers.script``): the node's command, less
+    Composer's launcher, as one process runs it."""
+    command = node_command("train", job(tmp, log, *overrides), nodes=1, node_rank=0, nproc=1, master_addr="127.0.0.1",
+                           cache=str(tmp / log / "node0-cache"), shards=str(shards))
+    at = command.index(str(TRAIN_SCRIPT))
+    result = script(command[at], command[at + 1:], cwd=REPO)
+    assert result.returncode == 0, result.stderr[-4000:]
 
 
 def assert_trains_like(reference: dict, run: dict, steps, rel=1e-5):
@@ -212,8 +226,8 @@ def test_the_teacher_sharded_over_two_nodes_and_cached_losses_train_as_on_one_no
     # Cached losses are stored in float16: a run from them is compared with one from them on one node, in one process
     # (its batch of 8 in 4 microbatches: the batch scope's one top-k, as the four ranks of the one-node reference).
     cached = ["algorithms.vocagno.teacher_losses=cached", "max_duration=2ba"]
-    for log, nodes, nproc in (("cached1x1", 1, 1), ("cached2x2", 2, 2)):
-        train(tmp_path, log, *cached, nodes=nodes, nproc=nproc, shards=tmp_path / "scored").wait()
+    train_here(tmp_path, "cached1x1", *cached, shards=tmp_path / "scored")
+    train(tmp_path, "cached2x2", *cached, nodes=2, nproc=2, shards=tmp_path / "scored").wait()
     assert_trains_like(read_log(tmp_path / "cached1x1.jsonl"), read_log(tmp_path / "cached2x2.jsonl"), steps)
     assert seen(tmp_path, "cached2x2") == seen(tmp_path, "cached1x1")
 
