@@ -32,19 +32,30 @@ def select_over_ranks(score: torch.Tensor, labeled: torch.Tensor, topk_ratio: fl
     ``labeled``: which predicted tokens have a label). Ranks may hold different numbers of rows: each is padded to the
     longest with ``-inf``. A random selection draws alike on every rank from ``generator``, seeded alike."""
     size = score.shape[0]
-    rows = torch.tensor([size], device=score.device)
-    dist.all_reduce(rows, reduce_operation="MAX")
-    padded = torch.full((int(rows), score.shape[1]), float("-inf"), device=score.device)
+    sizes = _rows_of_every_rank(size, score.device)
+    rows = max(sizes)
+    padded = torch.full((rows, score.shape[1]), float("-inf"), device=score.device)
     padded[:size] = score
     everything = torch.cat(list(dist.all_gather(padded)))  # every rank's scores, in rank order
     rank = dist.get_global_rank()
     chosen = (select_top(everything, topk_ratio) if selection == "topk"
               else select_random(everything, topk_ratio, generator=generator))
-    selected = chosen[rank * int(rows) : rank * int(rows) + size]
+    selected = chosen[rank * rows : rank * rows + size]
 
     mapped = torch.isfinite(score)
-    counts = torch.stack([labeled.sum(), mapped.sum(), selected.sum(), torch.tensor(size, device=score.device)])
+    counts = torch.stack([labeled.sum(), mapped.sum(), selected.sum()])
     dist.all_reduce(counts, reduce_operation="SUM")
-    n_labeled, n_mapped, n_selected, n_samples = counts.float()
+    n_labeled, n_mapped, n_selected = counts.float()
     kept = n_selected + (n_labeled - n_mapped if unmapped == "include" else 0)
-    return GlobalSelection(selected, {"labeled": n_labeled, "mapped": n_mapped, "kept": kept}, int(n_samples))
+    return GlobalSelection(selected, {"labeled": n_labeled, "mapped": n_mapped, "kept": kept}, sum(sizes))
+
+
+def _rows_of_every_rank(size: int, device: torch.device) -> list[int]:
+    """Every rank's number of rows, on the host (they shape the gather). On one process its own: nothing to wait
+    for; over several, one all-reduce read on the host once a step."""
+    world = dist.get_world_size()
+    if world == 1:
+        return [size]
+    sizes = torch.where(torch.arange(world, device=device) == dist.get_global_rank(), size, 0)
+    dist.all_reduce(sizes, reduce_operation="SUM")
+    return sizes.tolist()

@@ -16,6 +16,7 @@ __all__ = ["StepMetrics"]
 
 class StepMetrics:
     def __init__(self):
+        self.stream_count = 0  # a mixture's streams, counted this step (0: none)
         self.streams: torch.Tensor | None = None  # per stream: rows, labeled tokens, kept tokens
         self.teachers: torch.Tensor | None = None  # per teacher: kept mapped tokens it gave
 
@@ -23,20 +24,22 @@ class StepMetrics:
         """At BEFORE_TRAIN_BATCH (also before each retry of a batch): counts from zero; per stream when the loader
         is a mixture whose batches name each row's stream."""
         names = getattr(getattr(state.train_dataloader, "dataset", None), "stream_names", None)
-        self.teachers = None
-        self.streams = torch.zeros(len(names), 3, device=state.batch["stream"].device) if (
-            "stream" in state.batch and names) else None
+        self.teachers = self.streams = None
+        self.stream_count = len(names) if "stream" in state.batch and names else 0
 
     @property
     def per_stream(self) -> bool:
         """Whether the guided loss should count its rows (``row_counts``) for this step."""
-        return self.streams is not None
+        return self.stream_count > 0
 
     def add(self, stream: torch.Tensor | None, loss: dict[str, torch.Tensor]) -> None:
-        """A microbatch's counts, taken out of its guided loss's dict (``row_counts``, ``teacher_counts``)."""
-        if self.streams is not None:
+        """A microbatch's counts, taken out of its guided loss's dict (``row_counts``, ``teacher_counts``), added
+        where they are: on the microbatch's device (the whole batch, at ``start``, is still on the host)."""
+        if self.per_stream:
             row_counts = loss.pop("row_counts")
             counts = torch.cat([torch.ones_like(row_counts[:, :1]), row_counts], dim=1)
+            if self.streams is None:
+                self.streams = torch.zeros(self.stream_count, 3, device=row_counts.device)
             self.streams.index_add_(0, stream.long(), counts.detach().float())
         if "teacher_counts" in loss:
             counts = loss.pop("teacher_counts")

@@ -412,7 +412,7 @@ class VocAgnoLM(Algorithm):
         batch = state.batch
         size = batch["input_ids"].shape[0]
         step = state.device_train_microbatch_size or size
-        teacher_losses, scores = [], []
+        teacher_losses, scores, labeled = [], [], []
         for begin in range(0, size, step):
             piece = state.device.batch_to_device(
                 {k: v[begin : begin + step] for k, v in batch.items() if isinstance(v, torch.Tensor)})
@@ -430,9 +430,10 @@ class VocAgnoLM(Algorithm):
             )
             teacher_losses.append([teacher_loss, *others.values()])
             scores.append(score)
+            labeled.append(piece["labels"][:, 1:] != -100)  # the batch's own labels are still on the host
         score = torch.cat(scores)
-        chosen = select_over_ranks(score, batch["labels"][:, 1:].to(score.device) != -100, self.options["topk_ratio"],
-                                   self.options["unmapped"], self.selection, self._generator)
+        chosen = select_over_ranks(score, torch.cat(labeled), self.options["topk_ratio"], self.options["unmapped"],
+                                   self.selection, self._generator)
         self._global_counts, self._global_samples = chosen.counts, chosen.samples
         batch[SELECTED] = chosen.selected
         for t, key in enumerate([TEACHER_LOSS, *(teacher_key(n, TEACHER_LOSS) for n in self.teachers.other_names)]):

@@ -130,7 +130,7 @@ def aggregate_ranges(values: torch.Tensor, start: torch.Tensor, end: torch.Tenso
         )
     start, end = start.long(), end.long()
     defined = ~torch.isnan(values)
-    nan = torch.tensor(float("nan"), device=values.device, dtype=values.dtype)
+    nan = float("nan")  # a Python scalar: torch.tensor(nan, device=...) would copy it to the device and wait
     if how in ("sum", "mean"):
         sums = F.pad(torch.where(defined, values, 0).double().cumsum(-1), (1, 0))
         counts = F.pad(defined.long().cumsum(-1), (1, 0))
