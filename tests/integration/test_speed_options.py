@@ -198,11 +198,12 @@ def test_liger_kernels_give_the_per_token_losses_and_gradients_of_pytorchs(archi
         torch.testing.assert_close(parameter.grad, grads[name].grad, rtol=1e-3, atol=1e-4, msg=name)
 
 
+@pytest.mark.parametrize("chunk_mem_const", [None, 8])
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_ligers_fused_linear_cross_entropy_gives_per_token_losses_and_gradients_of_pytorchs():
+def test_ligers_fused_linear_cross_entropy_gives_per_token_losses_and_gradients_of_pytorchs(chunk_mem_const):
     """reduction="none" with an uneven gradient per token and ignored targets: the mode whose gradients liger-kernel
-    got wrong until 2026-07."""
+    got wrong until 2026-07; in Liger's default chunks, and in chunks of a larger budget (``chunk_mem_const``)."""
     from vocagno.core.loss import token_cross_entropy
 
     _with_liger_available()
@@ -214,7 +215,7 @@ def test_ligers_fused_linear_cross_entropy_gives_per_token_losses_and_gradients_
     upstream = torch.rand(300, device="cuda")
     results = {}
     for name, loss in (("reference", lambda h, t: token_cross_entropy(head(h), t)),
-                       ("fused", lambda h, t: fused_token_loss(h, head, t))):
+                       ("fused", lambda h, t: fused_token_loss(h, head, t, chunk_mem_const))):
         hidden.grad, head.weight.grad = None, None
         per_token = loss(hidden, targets)
         (per_token * upstream).sum().backward()
