@@ -6,13 +6,15 @@ A CPU has no device to wait for, so the device here is PyTorch's "meta" device: 
 there, as Composer moves them to a GPU (a microbatch at a time, after BEFORE_TRAIN_BATCH; the whole batch stays on the
 host until then), and ``HostReads`` (a dispatch mode over every op the step runs) refuses what would wait for a GPU
 or fail on one. Reading a meta tensor raises by itself. The events run in Composer's order; AFTER_TRAIN_BATCH, where
-the step's counts are read once for the loggers, is left out."""
+the step's counts are read once for the loggers, is left out. Last, the teacher's forward timed on a GPU without a
+wait (``VocAgnoLM.teacher_timing``), with CUDA's events stood in for."""
 
 from __future__ import annotations
 
 import contextlib
 import traceback
 from types import SimpleNamespace
+from typing import ClassVar
 
 import pytest
 import torch
@@ -21,9 +23,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from vocagno.algorithms.step_metrics import StepMetrics
 from vocagno.algorithms.vocagno_lm import VocAgnoLM
+from vocagno.data.batch import ALIGN_END, ALIGN_START, STREAM, TEACHER_ATTENTION_MASK, TEACHER_INPUT_IDS, TEACHER_LOSS
 from vocagno.teacher.model import TeacherScorer
-from vocagno.data.batch import (ALIGN_END, ALIGN_START, SELECTED, STREAM, TEACHER_ATTENTION_MASK, TEACHER_INPUT_IDS,
-                                TEACHER_LOSS)
 
 aten = torch.ops.aten
 HOST = torch.device("cpu")
@@ -44,6 +45,8 @@ class HostReads(TorchDispatchMode):
     made from host data (``torch.tensor``: on a GPU, a copy that waits), a copy between host and device, and an op
     that mixes a host tensor (other than a 0-dim scalar, which PyTorch passes by value) or a host generator into the
     device's work (on a GPU: an error or a copy)."""
+
+    generators = True  # whether a generator's device is checked
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -75,9 +78,9 @@ class HostReads(TorchDispatchMode):
             return "a copy between host and device"
         if len(devices) > 1:
             return f"host and device tensors in one op ({sorted(devices)})"
-        generator = kwargs.get("generator")
-        if generator is not None and (wanted or (tensors[0].device if tensors else HOST)) and \
-                generator.device.type != torch.device(wanted or tensors[0].device).type:
+        generator = kwargs.get("generator") if HostReads.generators else None
+        target = torch.device(wanted) if wanted is not None else tensors[0].device if tensors else HOST
+        if generator is not None and generator.device.type != target.type:
             return "a generator of another device"
         return None
 
@@ -144,6 +147,10 @@ class OnDevice:
         with _disable_current_modes():
             return {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
+    def tensor_to_device(self, tensor):
+        with _disable_current_modes():
+            return tensor.to(DEVICE)
+
 
 def split(batch, size):
     """Composer's split of a dict batch into microbatches (``split_batch``: every tensor along its rows)."""
@@ -180,6 +187,27 @@ def test_a_cached_step_reads_nothing_on_the_host_and_copies_nothing(monkeypatch,
     with no_host_reads(monkeypatch):
         losses = a_step(algorithm, batch, microbatch=4)
     assert len(losses) == 2 and all(loss["total"].device == DEVICE for loss in losses)
+
+
+@pytest.mark.parametrize("scope", ["batch", "microbatch"])
+def test_a_random_selection_draws_on_the_device_from_a_generator_there(monkeypatch, scope):
+    """The control draws its tokens where the scores are, from a generator made there (one on the host would be
+    refused by the GPU's ``torch.rand``). A generator can't be made on the meta device: one of the CPU's stands in,
+    and the generator's device is checked where it is made, not where it draws."""
+    made, real = [], torch.Generator
+
+    def generator(device="cpu"):
+        made.append(torch.device(device))
+        return real("cpu" if torch.device(device) == DEVICE else device)
+
+    algorithm = VocAgnoLM(teacher="tiny-math-teacher", teacher_losses="cached", selection_scope=scope,
+                          selection="random")
+    batch = cached_batch()
+    monkeypatch.setattr(torch, "Generator", generator)
+    monkeypatch.setattr(HostReads, "generators", False)
+    with no_host_reads(monkeypatch):
+        losses = a_step(algorithm, batch, microbatch=4)
+    assert made == [DEVICE] and len(losses) == 2
 
 
 class Teacher(torch.nn.Module):
@@ -236,3 +264,65 @@ def test_step_metrics_sums_its_microbatches_on_their_device_and_logs_the_shares(
     metrics.log(state, SimpleNamespace(log_metrics=logged.update), ["teacher"])
     assert logged == {"vocagno/stream_share/a": 1 / 3, "vocagno/stream_share/b": 2 / 3,
                       "vocagno/kept_fraction/a": 0.5, "vocagno/kept_fraction/b": 0.8}
+
+
+class OnGpu(torch.Tensor):
+    """A CPU tensor that says it is on a GPU (and so does every tensor made from it), for the timing's GPU paths."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+class CudaEvent:
+    """``torch.cuda.Event``, as a CPU has none: each records in turn; 5 ms between a start and its end."""
+
+    made: ClassVar[list] = []
+
+    def __init__(self, enable_timing=False):
+        assert enable_timing
+        self.recorded = self.synchronized = False
+        CudaEvent.made.append(self)
+
+    def record(self):
+        self.recorded = True
+
+    def synchronize(self):
+        self.synchronized = True
+
+    def elapsed_time(self, end):
+        assert self.recorded and end.recorded
+        return 5.0
+
+
+@pytest.mark.parametrize("timing", ["wall", "device"])
+def test_the_teachers_forward_is_timed_by_events_without_a_wait_or_by_the_wall_clock_after_one(monkeypatch, timing):
+    """``device``: CUDA events around each microbatch's teacher forward, read once at BATCH_END (the last one waited
+    for there, when Composer has read the step's loss already); no synchronisation inside the step. ``wall``: the
+    host's clock, after a synchronisation each microbatch (the default)."""
+    waits, logged = [], {}
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: waits.append(args))
+    monkeypatch.setattr(torch.cuda, "Event", CudaEvent)
+    monkeypatch.setattr(CudaEvent, "made", [])
+    algorithm = VocAgnoLM(teacher=Teacher(), selection_scope="microbatch")
+    algorithm.teacher_timing = timing
+    scorer = TeacherScorer(Teacher().to_empty(device="cpu"))
+    algorithm.scorer = lambda ids, mask: scorer(ids, mask).as_subclass(OnGpu)
+    batch = {k: v.as_subclass(OnGpu) for k, v in cached_batch().items() if k != TEACHER_LOSS}
+    for begin in (0, 4):
+        assert algorithm._teacher_loss({k: v[begin : begin + 4] for k, v in batch.items()}).shape == (4, 30)
+    algorithm.apply(Event.BATCH_END, SimpleNamespace(), SimpleNamespace(log_metrics=logged.update))
+    if timing == "device":
+        assert waits == [] and [e.synchronized for e in CudaEvent.made] == [False] * 3 + [True]
+        assert logged["vocagno/teacher_forward_seconds"] == pytest.approx(0.010)
+    else:
+        assert len(waits) == 2 and CudaEvent.made == []
+        assert 0 < logged["vocagno/teacher_forward_seconds"] < 60
+    assert algorithm._teacher_events == () and algorithm._teacher_seconds == 0.0
+
+
+def test_an_unknown_teacher_timing_is_refused_at_fit_start():
+    algorithm = VocAgnoLM(teacher=Teacher(), selection_scope="microbatch")
+    algorithm.teacher_timing = "gpu"
+    with pytest.raises(ValueError, match=r"teacher_timing must be one of \('wall', 'device'\), got 'gpu'"):
+        algorithm.apply(Event.FIT_START, SimpleNamespace(), None)

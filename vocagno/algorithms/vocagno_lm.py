@@ -64,7 +64,9 @@ from vocagno.data.batch import (ALIGN_END, ALIGN_START, SELECTED, TEACHER_ATTENT
 from vocagno.algorithms.global_selection import select_over_ranks
 from vocagno.algorithms.step_metrics import StepMetrics
 
-__all__ = ["teacher_guided_loss", "VocAgnoLM"]
+__all__ = ["TEACHER_TIMINGS", "teacher_guided_loss", "VocAgnoLM"]
+
+TEACHER_TIMINGS = ("wall", "device")  # VocAgnoLM.teacher_timing's choices
 
 
 def teacher_guided_loss(
@@ -151,7 +153,16 @@ class VocAgnoLM(Algorithm):
             unset, the model's (``HuggingFaceModel.tokenizer``).
         teachers: several teachers, by name: each as ``teacher`` takes one (``vocagno.teacher.several``).
         combine: several teachers: a student token's reference is their ``min`` or ``mean``.
+
+    ``teacher_timing`` (set on the instance; ``wall`` unless set): how the teacher's forward is timed for
+    ``vocagno/teacher_forward_seconds``. ``wall``: the host's clock from its launch to its end, which on a GPU waits
+    for the device every microbatch. ``device``: on a GPU, CUDA events around the forward, read at BATCH_END (after
+    Composer has read the step's loss): no wait inside the step; the device's time on the forward, without the work
+    queued before it. Off until a GPU has measured both.
     """
+
+    teacher_timing = "wall"
+    _teacher_events: tuple = ()  # with teacher_timing "device": this step's (start, end) CUDA events
 
     def __init__(
         self,
@@ -235,6 +246,8 @@ class VocAgnoLM(Algorithm):
         return False
 
     def _fit_start(self, state: State) -> None:
+        if self.teacher_timing not in TEACHER_TIMINGS:
+            raise ValueError(f"teacher_timing must be one of {TEACHER_TIMINGS}, got {self.teacher_timing!r}")
         self._choose_teacher(state)
         self._teacher_side_in_workers(state)
         if self.cached:
@@ -271,9 +284,9 @@ class VocAgnoLM(Algorithm):
                     torch.full(ids.shape[:1], ids.shape[1], device=ids.device)
                 batch[ALIGN_START], batch[ALIGN_END] = chunk_align(
                     lengths, batch[TEACHER_ATTENTION_MASK].sum(1), self.num_chunks, ids.shape[1])
-            if self.selection == "random":  # on the batch's device, which Composer has moved it to
-                if self._generator is None:
-                    self._generator = torch.Generator(device=state.batch["input_ids"].device)
+            if self.selection == "random":  # drawn where the scores are: the training device
+                if self._generator is None:  # (the batch is still on the host: Composer moves each microbatch)
+                    self._generator = torch.Generator(device=state.device.tensor_to_device(torch.zeros(())).device)
                 self._generator.manual_seed(self.seed * 1_000_003 + int(state.timestamp.batch))
             if self.selection_scope == "batch":
                 self._select_over_global_batch(state)
@@ -310,6 +323,7 @@ class VocAgnoLM(Algorithm):
         elif event == Event.AFTER_TRAIN_BATCH:  # every microbatch done, the step not yet counted: the loss's step
             self._metrics.log(state, logger, self.teachers.names)
         elif event == Event.BATCH_END:
+            self._teacher_seconds += self._take_device_seconds()
             others = self.teachers.take_seconds()
             seconds = {f"vocagno/teacher_forward_seconds/{name}": value for name, value in others.items()}
             if seconds:
@@ -392,12 +406,29 @@ class VocAgnoLM(Algorithm):
                 raise KeyError("teacher_losses: cached, but the batch has no teacher_loss: train on shards "
                                "scored by python -m vocagno.score")
             return batch[TEACHER_LOSS].float()
+        ids, mask = batch[TEACHER_INPUT_IDS], batch[TEACHER_ATTENTION_MASK]
+        if self.teacher_timing == "device" and ids.is_cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            teacher_loss = self.scorer(ids, mask)
+            end.record()
+            self._teacher_events = (*self._teacher_events, (start, end))
+            return teacher_loss
         begin = time.perf_counter()
-        teacher_loss = self.scorer(batch[TEACHER_INPUT_IDS], batch[TEACHER_ATTENTION_MASK])
+        teacher_loss = self.scorer(ids, mask)
         if teacher_loss.is_cuda:
             torch.cuda.synchronize()  # so that the time is the teacher's forward, not its launch
         self._teacher_seconds += time.perf_counter() - begin
         return teacher_loss
+
+    def _take_device_seconds(self) -> float:
+        """The seconds of this step's teacher forwards timed by CUDA events (``teacher_timing`` ``device``); the
+        events start again."""
+        events, self._teacher_events = self._teacher_events, ()
+        if not events:
+            return 0.0
+        events[-1][1].synchronize()  # done already: Composer has read the step's loss
+        return sum(start.elapsed_time(end) for start, end in events) / 1000
 
     @torch.no_grad()
     def _select_over_global_batch(self, state: State) -> None:
