@@ -1,4 +1,5 @@
-"""vocagno.training.optimizers.MultiTensorDecoupledAdamW against Composer's DecoupledAdamW on the CPU.
+"""vocagno.training.optimizers.MultiTensorDecoupledAdamW against Composer's DecoupledAdamW on the CPU, and its float32
+master weights for bfloat16 parameters (fewer casts).
 
 The tolerance: after 20 steps from the same initial weights and gradients, every parameter and every state tensor
 within atol 1e-6, rtol 1e-5 (float32) of Composer's (in torch 2.7 on a CPU they come out bit for bit equal; the
@@ -145,3 +146,112 @@ def test_sparse_gradients_are_refused_as_composer_refuses_them():
     param.grad = torch.ones(3).to_sparse()
     with pytest.raises(RuntimeError, match="sparse"):
         MultiTensorDecoupledAdamW([param]).step()
+
+
+def test_master_weights_leave_float32_parameters_as_they_were_and_round_masters_into_bfloat16_ones():
+    """A float32 parameter is its own master (the same update, bit for bit); a bfloat16 one gets a float32 master and
+    float32 moments, and after every step holds its master rounded."""
+    torch.manual_seed(0)
+    init = Several()
+    plain, _ = trained(MultiTensorDecoupledAdamW, copy.deepcopy(init))
+    with_masters, opt = trained(lambda *a, **k: MultiTensorDecoupledAdamW(*a, master_weights=True, **k),
+                                copy.deepcopy(init))
+    for a, b in zip(plain.parameters(), with_masters.parameters()):
+        assert torch.equal(a, b)
+    assert not any("master" in state for state in opt.state.values())
+
+    halved = copy.deepcopy(init).to(torch.bfloat16)
+    halved.wide.data = halved.wide.data.double()  # a float64 parameter is its own master too
+    model, opt = trained(lambda *a, **k: MultiTensorDecoupledAdamW(*a, master_weights=True, **k), halved, steps=3)
+    for name, param in model.named_parameters():
+        if param not in opt.state:
+            continue
+        state = opt.state[param]
+        if param.dtype == torch.bfloat16:
+            assert state["master"].dtype == state["exp_avg"].dtype == torch.float32, name
+            assert torch.equal(param, state["master"].to(torch.bfloat16)), name
+            assert not torch.equal(state["master"], param.float()), name  # the master keeps what bfloat16 drops
+        else:
+            assert "master" not in state and state["exp_avg"].dtype == param.dtype, name
+
+
+def test_a_tiny_llama_in_bfloat16_with_float32_master_weights_trains_the_losses_of_float32():
+    """Fewer casts: the weights held in bfloat16 (what the matmuls use) and float32 masters in the optimizer, against
+    float32 weights and Composer's DecoupledAdamW: 16 steps on real text (GSM8K, the llama2 tokenizer's tokens, their
+    ids made dense) give each step's loss within 1e-3 relative (1.1e-4 measured); without masters, the updates
+    rounded into bfloat16 drift at least 5 times as far (28 times measured)."""
+    import json
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from vocagno.core.tokenization import ASSETS, load_tokenizer
+
+    with open(ASSETS / "text" / "gsm8k_train_500.jsonl", encoding="utf-8") as f:
+        text = "\n".join(json.loads(line)["text"] for line in f.readlines()[:60])
+    steps = 16
+    vocab, ids = torch.unique(torch.tensor(load_tokenizer("llama2")(text)["input_ids"][: steps * 4 * 32]),
+                              return_inverse=True)
+    ids = ids.view(steps, 4, 32)
+    torch.manual_seed(0)
+    init = LlamaForCausalLM(LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64,
+                                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                        max_position_embeddings=64))
+
+    def losses(dtype, optimizer_class, **options):
+        model = copy.deepcopy(init).to(dtype)
+        opt = optimizer_class(model.parameters(), lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=1e-5, **options)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 5))
+        out = []
+        for batch in ids:
+            loss = model(input_ids=batch, labels=batch).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            out.append(loss.item())
+        return torch.tensor(out)
+
+    reference = losses(torch.float32, DecoupledAdamW)
+    mastered = losses(torch.bfloat16, MultiTensorDecoupledAdamW, master_weights=True)
+    rounded = losses(torch.bfloat16, MultiTensorDecoupledAdamW)
+    assert reference[-1] < reference[0] - 0.3  # it learns
+    torch.testing.assert_close(mastered, reference, rtol=1e-3, atol=0)
+    drift = {name: ((run - reference).abs() / reference).max() for name, run in (("mastered", mastered),
+                                                                                ("rounded", rounded))}
+    assert drift["rounded"] > 5 * drift["mastered"], drift
+
+
+def test_master_weights_resume_from_a_state_dict_as_if_never_stopped():
+    """torch's load_state_dict casts state to each parameter's dtype; the masters and their moments come back in
+    float32, and ten steps, a save and ten more are twenty straight, bit for bit."""
+    import io
+
+    def mastered(*args, **kwargs):
+        return MultiTensorDecoupledAdamW(*args, master_weights=True, **kwargs)
+
+    torch.manual_seed(0)
+    init = Several().to(torch.bfloat16)
+    straight, straight_opt = trained(mastered, copy.deepcopy(init))
+    model, opt = trained(mastered, copy.deepcopy(init), steps=STEPS // 2)
+    buffer = io.BytesIO()
+    torch.save(opt.state_dict(), buffer)
+    resumed = mastered([{"params": [p for n, p in model.named_parameters() if n != "scale"]},
+                        {"params": [model.scale], "lr": 3e-3, "weight_decay": 0.0}],
+                       lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=1e-2)
+    resumed.load_state_dict(torch.load(io.BytesIO(buffer.getvalue()), weights_only=True))
+    assert all(state["master"].dtype == state["exp_avg_sq"].dtype == torch.float32
+               for state in resumed.state.values())
+    sched = torch.optim.lr_scheduler.LambdaLR(resumed, lambda s: min(1.0, (s + 1) / 5) * 0.9 ** max(0, s - 5),
+                                              last_epoch=STEPS // 2 - 1)
+    torch.manual_seed(1)
+    for _ in range(STEPS // 2):
+        torch.randint(0, 37, (4, 7))
+    for step in range(STEPS // 2, STEPS):
+        resumed.zero_grad(set_to_none=True)
+        model(torch.randint(0, 37, (4, 7)), even=step % 2 == 0).backward()
+        resumed.step()
+        sched.step()
+    for a, b in zip(model.parameters(), straight.parameters()):
+        assert torch.equal(a, b)
+    for a, b in zip(resumed.state.values(), straight_opt.state.values()):
+        assert torch.equal(a["master"], b["master"])

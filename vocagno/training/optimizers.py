@@ -13,17 +13,24 @@ On a CPU the parameters come out bit for bit as Composer's (the foreach ops run 
 the multi-tensor kernels may round a last bit differently (a scalar division Composer's kernel does as a multiplication
 by the reciprocal, fused multiply-adds).
 
+``master_weights=True`` (off by default: fewer casts, a GPU to measure) keeps a float32 master copy of each bfloat16
+or float16 parameter in the optimizer's state (``master``): the model holds its weights in the dtype its matmuls use, so
+autocast recasts none of them each forward, and the update runs on the masters (float32 moments, the gradient cast to
+float32) and is rounded into the parameter after. A float32 parameter is its own master. What it costs: the gradients
+are the parameters' dtype, so microbatches add up in bfloat16.
+
 Each parameter's ``step`` is kept as a float32 scalar on the CPU, as ``torch.optim.AdamW`` keeps it when not
 capturable, so reading it is no host synchronisation (Composer's lives on the parameter's device and is read with
 ``.item()`` for every parameter every step). The state keys are Composer's (``step``, ``exp_avg``, ``exp_avg_sq``,
-``max_exp_avg_sq``): either optimizer loads the other's state dict; a ``step`` loaded onto a GPU moves to the CPU once,
-at the first step after the load.
+``max_exp_avg_sq``; ``master`` besides with master weights): either optimizer loads the other's state dict; a ``step``
+loaded onto a GPU moves to the CPU once, at the first step after the load.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
+from itertools import chain
 
 import torch
 from composer.optim import DecoupledAdamW
@@ -31,9 +38,31 @@ from composer.optim import DecoupledAdamW
 __all__ = ["MultiTensorDecoupledAdamW"]
 
 
+LOW_PRECISION = (torch.bfloat16, torch.float16)  # the dtypes that get a float32 master with master_weights
+
+
 class MultiTensorDecoupledAdamW(DecoupledAdamW):
     """Composer's ``DecoupledAdamW`` (same constructor, defaults, state keys and per-parameter metrics), stepping each
-    group's parameters of one device, dtype and step count in a dozen multi-tensor kernels."""
+    group's parameters of one device, dtype and step count in a dozen multi-tensor kernels. ``master_weights``: see
+    the module's docstring."""
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
+                 weight_decay: float = 1e-5, amsgrad: bool = False, master_weights: bool = False):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad)
+        self.master_weights = master_weights
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's, then each master and its moments float32 again: torch casts every state tensor to its parameter's
+        dtype, which would round a master into bfloat16."""
+        super().load_state_dict(state_dict)
+        saved = chain.from_iterable(group["params"] for group in state_dict["param_groups"])
+        params = chain.from_iterable(group["params"] for group in self.param_groups)
+        for index, param in zip(saved, params):
+            state = state_dict["state"].get(index, {})
+            if "master" in state:
+                for key in ("master", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
+                    if key in state:
+                        self.state[param][key] = state[key].to(param.device, torch.float32, copy=True)
 
     @torch.no_grad()  # pyright: ignore[reportUntypedFunctionDecorator]
     def step(self, closure=None):
@@ -46,36 +75,44 @@ class MultiTensorDecoupledAdamW(DecoupledAdamW):
             if "initial_lr" not in group:
                 group["initial_lr"] = group["lr"]
             amsgrad = group["amsgrad"]
-            # (device, dtype, step) -> the lists of one multi-tensor update
-            buckets: dict[tuple, tuple[list, ...]] = defaultdict(lambda: ([], [], [], [], []))
+            # (device, dtype, step) -> the lists of one multi-tensor update, and the parameters its masters round into
+            buckets: dict[tuple, tuple[list, ...]] = defaultdict(lambda: ([], [], [], [], [], []))
             for p in group["params"]:
                 if p.grad is None or not p.requires_grad:
                     continue
                 if p.grad.is_sparse:
                     raise RuntimeError("AdamW does not support sparse gradients")
                 state = self.state[p]
+                mastered = self.master_weights and p.dtype in LOW_PRECISION
+                if mastered and "master" not in state:  # also a state saved without masters
+                    state["master"] = p.detach().to(torch.float32, copy=True)
+                weights = state["master"] if mastered else p
                 if "step" not in state:
                     state["step"] = torch.zeros((), dtype=torch.float)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg"] = torch.zeros_like(weights, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(weights, memory_format=torch.preserve_format)
                     if amsgrad:
-                        state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                        state["max_exp_avg_sq"] = torch.zeros_like(weights, memory_format=torch.preserve_format)
                 elif state["step"].device.type != "cpu":
                     state["step"] = state["step"].to("cpu", torch.float)  # a state dict saved by Composer's
                 state["step"] += 1
-                params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs = buckets[
-                    (p.device, p.dtype, state["step"].item())]
-                params.append(p)
-                grads.append(p.grad)
+                params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, rounded = buckets[
+                    (weights.device, weights.dtype, state["step"].item())]
+                params.append(weights)
+                grads.append(p.grad.to(weights.dtype))
                 exp_avgs.append(state["exp_avg"])
                 exp_avg_sqs.append(state["exp_avg_sq"])
                 if amsgrad:
                     max_exp_avg_sqs.append(state["max_exp_avg_sq"])
-            for (_, _, step), lists in buckets.items():
+                if mastered:
+                    rounded.append((p, weights))
+            for (_, _, step), (*lists, rounded) in buckets.items():
                 self.multi_tensor_adamw(
                     *lists, step=step, amsgrad=amsgrad, beta1=group["betas"][0], beta2=group["betas"][1],
                     lr=group["lr"], initial_lr=group["initial_lr"], weight_decay=group["weight_decay"],
                     eps=group["eps"])
+                if rounded:
+                    torch._foreach_copy_([p for p, _ in rounded], [master for _, master in rounded])
         return loss
 
     @staticmethod
