@@ -2,10 +2,12 @@
 
 The venv is built once (``pip install -e REPO llm-foundry==0.22.0``: a single resolve, so our pins and llm-foundry's
 must agree; it gets our exact Streaming and torch, and transformers 4.51 and datasets 3.6, the low ends of our
-ranges) and kept under ``$VOCAGNO_TEST_VENVS`` (default ``~/.cache/vocagno-test-venvs``) until what it installs
-changes (``pyproject.toml`` but for the test extra and the tools' settings, llm-foundry's pin, the Python). Where it
-can't be installed (no package registry) the test is skipped, saying so; in CI (``CI`` set) that is a failure
-instead.
+ranges) on top of the test's own venv: a ``.pth`` file puts the test venv's site-packages after its own, so pip takes
+what is installed there where it satisfies both (torch and its CUDA libraries, about 3 GB, are not installed again)
+and installs the versions llm-foundry needs otherwise into the new venv, where they come first. It is kept under
+``$VOCAGNO_TEST_VENVS`` (default ``~/.cache/vocagno-test-venvs``) until what it installs changes (``pyproject.toml``
+but for the test extra and the tools' settings, llm-foundry's pin, the Python, the venv beneath it). Where it can't be
+installed (no package registry) the test is skipped, saying so; in CI (``CI`` set) that is a failure instead.
 """
 
 import hashlib
@@ -25,21 +27,30 @@ FOUNDRY = "llm-foundry==0.22.0"
 
 
 def _what_it_installs() -> str:
-    """llm-foundry's pin, the Python and ``pyproject.toml`` but for what the install does not record (the test extra,
-    pytest's and ruff's settings): editing those keeps the venv."""
+    """llm-foundry's pin, the Python, the venv it is layered over, and ``pyproject.toml`` but for what the install does
+    not record (the test extra, pytest's and ruff's settings): editing those keeps the venv."""
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10: the whole file
-        return FOUNDRY + (REPO / "pyproject.toml").read_text()
+        return FOUNDRY + sys.prefix + (REPO / "pyproject.toml").read_text()
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     project["project"].pop("optional-dependencies", None)
     for tool in ("pytest", "ruff"):
         project.get("tool", {}).pop(tool, None)
-    return json.dumps([FOUNDRY, list(sys.version_info[:2]), project], sort_keys=True)
+    return json.dumps([FOUNDRY, list(sys.version_info[:2]), sys.prefix, project], sort_keys=True)
 
 
 def _run(command: list[str], timeout: int, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def _layer_over_this_venv(python: Path) -> None:
+    """The venv of ``python`` sees this interpreter's site-packages after its own (a ``.pth`` file, read at start)."""
+    import sysconfig
+
+    theirs = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], 120)
+    ours = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+    (Path(theirs.stdout.strip()) / "_vocagno_test_venv.pth").write_text("".join(f"{path}\n" for path in ours))
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +64,7 @@ def foundry_python() -> str:
         shutil.rmtree(venv, ignore_errors=True)
         made = _run([sys.executable, "-m", "venv", str(venv)], 300)
         if made.returncode == 0:
+            _layer_over_this_venv(python)
             made = _run([str(python), "-m", "pip", "install", "-q", "-e", str(REPO), FOUNDRY], 1800)
         if made.returncode != 0:
             message = f"could not install vocagno beside {FOUNDRY}:\n{made.stdout[-3000:]}\n{made.stderr[-3000:]}"
