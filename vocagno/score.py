@@ -14,6 +14,14 @@ its weights, dtype).
 
 How it runs (parts, ranks, resuming, remotes): ``vocagno.teacher.scoring``.
 
+``--top-k K`` stores, from the same forward, the teacher's next-token distribution at each of its positions: its K
+most probable tokens' ids and probabilities and the mass outside them (``--top-k-dtype``: float16, or float32), for
+ULD and cross-vocabulary KD from the cache (``algorithms.uld`` and ``algorithms.cross_kd`` with ``teacher_losses:
+cached``). With ``--config``, K is the yaml's ``algorithms.uld.top_k`` or ``algorithms.cross_kd.top_k`` when the
+command line gives none.
+
+    python -m vocagno.score --shards S --teacher tiny-math-teacher --dtype float32 --top-k 32 --out S32
+
 Several teachers (``teachers:``, ``vocagno.teacher.several``) are scored once each, one pass per teacher, each pass reading
 the previous one's output: ``--name NAME`` is the teacher's name in the run (with ``--config``, it picks the teacher
 of the yaml's ``teachers:``). The teacher whose vocabulary the shards were made with, scored first, fills
@@ -34,14 +42,29 @@ from vocagno.entry import Parser
 from vocagno.core.kernels import DEFAULT_KERNELS, KERNELS, check_chunk_size, check_kernels, check_on_gpu
 from vocagno.core.loss import CHUNK_SIZE
 from vocagno.data.outroots import Output
-from vocagno.data.shards import ShardMetadata, check_teacher_name
+from vocagno.data.shards import DISTRIBUTION_DTYPES, ShardMetadata, check_teacher_name
 from vocagno.errors import Refused
 from vocagno.teacher.config import LOADED_DTYPE
 from vocagno.teacher.scoring import BATCH_TOKENS, rank_and_world, score, scoring_device
 from vocagno.teacher.teacher import Teacher
 from vocagno.training.config import load_config, scoring_teacher
 
-__all__ = ["main"]
+__all__ = ["main", "yaml_top_k"]
+
+CACHED_DISTILLATION = ("uld", "cross_kd")  # the algorithms that train from cached distributions
+
+
+def yaml_top_k(cfg) -> int | None:
+    """The ``top_k`` a yaml's distillation algorithm (``uld``, ``cross_kd``) asks its cached distributions to have, if
+    it names one; two that differ are refused."""
+    wanted = {}
+    for name in CACHED_DISTILLATION:
+        section = (cfg.get("algorithms") or {}).get(name)
+        if section is not None and section.get("top_k") is not None:
+            wanted[name] = section.get("top_k")
+    if len(set(wanted.values())) > 1:
+        raise Refused(f"the yaml's algorithms ask for distributions of different top_k ({wanted}): give --top-k")
+    return next(iter(wanted.values()), None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="the --teacher's kernels: liger's fused ones need a CUDA GPU (a yaml's teacher.kernels)")
     parser.add_argument("--compile", action="store_true",
                         help="compile the --teacher's decoder layers (a yaml's teacher.compile_config)")
+    parser.add_argument("--top-k", type=int,
+                        help="store the teacher's distributions too: its K most probable next tokens at each position "
+                             "(with --config, default the yaml's algorithms.uld.top_k or algorithms.cross_kd.top_k)")
+    parser.add_argument("--top-k-dtype", choices=DISTRIBUTION_DTYPES, default="float16",
+                        help="the stored probabilities' dtype (float16: 2 bytes a value)")
     args = parser.parse_args(argv)
     if args.name is not None:
         try:
@@ -75,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(error))
     if args.overrides and not args.config:
         parser.error(f"overrides {args.overrides} need --config")
+    if args.top_k is not None and args.top_k < 1:
+        parser.error(f"--top-k must be at least 1, got {args.top_k}")
     try:
         check_chunk_size(args.kernels, args.chunk_size, None, ("--chunk-size", "--kernels liger"))
     except Refused as error:
@@ -90,15 +120,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--shards {args.shards} holds no index.json: its conversion has not finished (run the same "
                      "conversion command again to finish it)")
     device = scoring_device(args.device)
+    top_k = args.top_k
     if args.config:
-        chosen = scoring_teacher(load_config(args.config, args.overrides), args.config, args.name, device)
+        cfg = load_config(args.config, args.overrides)
+        chosen = scoring_teacher(cfg, args.config, args.name, device)
+        if top_k is None:
+            top_k = yaml_top_k(cfg)
     else:
         check_kernels(args.kernels, "--kernels")  # before a teacher of minutes loads
         check_on_gpu(args.kernels, device, "--kernels")
         chosen = Teacher(args.teacher, args.name, args.teacher_tokenizer, args.dtype, chunk_size=args.chunk_size,
                          kernels=args.kernels, compile_config={} if args.compile else None)
     rank, world = rank_and_world()
-    samples = score(args.shards, Output(args.out, args.local_root), chosen, device, args.batch_tokens, rank, world)
+    samples = score(args.shards, Output(args.out, args.local_root), chosen, device, args.batch_tokens, rank, world,
+                    top_k, args.top_k_dtype)
     print(f"rank {rank} of {world}: {samples} samples scored with {chosen.label} into {args.out}")
     return 0
 

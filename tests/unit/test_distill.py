@@ -78,3 +78,44 @@ def test_uld_paired_through_the_alignment_compares_the_positions_it_names():
             pairs.append(sum(abs(x - y) for x, y in zip(p_s, p_t)))
         rows.append(sum(pairs) / len(pairs))
     torch.testing.assert_close(out["uld"], torch.tensor(sum(rows) / 2), rtol=1e-5, atol=1e-6)
+
+
+def cached(teacher_logits, top_k, dtype=torch.float32):
+    """What the scoring pass stores of these logits: the top-k's probabilities and the rest, rounded to ``dtype``."""
+    from vocagno.core.distill import teacher_top_k
+
+    mask = torch.ones(teacher_logits.shape[:2], dtype=torch.long)
+    ids, probs, rest = teacher_top_k(teacher_logits, torch.nn.Identity(), mask, top_k, chunk_size=3)
+    return ids, probs.to(dtype).float(), rest.to(dtype).float()
+
+
+def test_cached_uld_with_the_whole_vocabulary_is_live_uld_and_with_fewer_lies_within_its_bound():
+    """k = the teacher's vocabulary: the live loss (its pairs, by position and through the alignment); smaller k: the
+    live loss within min(S, r) per pair, the bound cached_uld_loss reports, however the vocabularies compare."""
+    from vocagno.core.distill import cached_uld_loss
+
+    for student_vocab, teacher_vocab in ((7, 11), (11, 7), (9, 9)):
+        student_logits, teacher_logits, labels, teacher_mask = batch(student_vocab, teacher_vocab)
+        teacher_logits = teacher_logits * 3  # peaked, as a trained teacher's: a small rest at small k
+        aligned = torch.tensor([[0, 0, 2, -1, 3], [1, 2, 2, -1, -1]])
+        for pairing in (None, aligned):
+            live = uld_loss(student_logits, labels, teacher_logits, torch.nn.Identity(), teacher_mask,
+                            aligned_teacher_positions=pairing, chunk_size=2)
+            for k in range(1, teacher_vocab + 1):
+                _, probs, rest = cached(teacher_logits, k)
+                out = cached_uld_loss(student_logits, labels, probs, rest, teacher_mask,
+                                      aligned_teacher_positions=pairing, chunk_size=2)
+                assert abs(float(out["uld"] - live["uld"])) <= float(out["uld_bound"]) + 1e-6, (k, pairing)
+                if k == teacher_vocab:
+                    torch.testing.assert_close(out["uld"], live["uld"], rtol=1e-6, atol=1e-6)
+                    torch.testing.assert_close(out["total"], live["total"], rtol=1e-6, atol=1e-6)
+                    assert float(out["uld_bound"]) <= 1e-6
+            _, probs, rest = cached(teacher_logits, 2)
+            assert float(cached_uld_loss(student_logits, labels, probs, rest, teacher_mask)["uld_bound"]) > 0.01
+    # float16 storage: within the rounding's 2^-11 of the float32 cache
+    student_logits, teacher_logits, labels, teacher_mask = batch(7, 11)
+    exact, rounded = (cached_uld_loss(student_logits, labels, *cached(teacher_logits, 11, dtype)[1:], teacher_mask)
+                      for dtype in (torch.float32, torch.float16))
+    assert 0 < abs(float(exact["uld"] - rounded["uld"])) <= 2**-11 + 12 * 2**-25
+    rounded["total"].backward()
+    assert student_logits.grad.abs().sum() > 0

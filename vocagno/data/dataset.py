@@ -10,6 +10,8 @@ tokenizers) and ``TeacherGuidedCollator`` turns samples into a batch:
     special_tokens                     [B, N]  True at specials (BOS, separators: empty spans), which hold no text
     teacher_input_ids, teacher_attention_mask  [B, M]  teacher tokens, padded to the batch's longest (or a fixed M)
     teacher_loss                       [B, M]  scored shards only: the teacher's loss of each of its tokens (NaN: none)
+    teacher_topk_ids, _probs           [B, M, K]  shards scored with --top-k K: the teacher's distributions, truncated
+    teacher_topk_rest                  [B, M]  (vocagno.data.batch), and with them starts_together [B, N]
     stream                             [B]     a mixture's (``streams``) only: the stream each row was drawn from
 
 Every student tensor is per input position, as Hugging Face models and Composer's ``HuggingFaceModel`` expect; the
@@ -36,12 +38,13 @@ from vocagno.compat.streaming_shm import (
 )
 from vocagno.core.alignment import align, check_offsets
 from vocagno.data.shards import (
-    METADATA_FILE, SHARD_HASH, ShardMetadata, align_column, check_columns, describe_tokenizer, loss_column,
+    METADATA_FILE, SHARD_HASH, ShardMetadata, align_column, check_columns, describe_tokenizer, distribution_of,
+    loss_column,
 )
-from vocagno.doors.untrusted import UntrustedFile, read_bytes, reason
+from vocagno.doors.untrusted import UntrustedFile, check_distribution, read_bytes, reason
 from vocagno.doors.writing import own_temporary, write_atomically
-from vocagno.data.batch import (ALIGN_END, ALIGN_START, SPECIAL_TOKENS, TEACHER_ATTENTION_MASK, TEACHER_INPUT_IDS,
-    TEACHER_LOSS, TOKEN_BYTES, teacher_key)
+from vocagno.data.batch import (ALIGN_END, ALIGN_START, SPECIAL_TOKENS, STARTS_TOGETHER, TEACHER_ATTENTION_MASK,
+    TEACHER_INPUT_IDS, TEACHER_LOSS, TOKEN_BYTES, TOPK_IDS, TOPK_PROBS, TOPK_REST, teacher_key)
 
 __all__ = ["TeacherGuidedDataset", "TeacherGuidedCollator", "teacher_guided_loader", "read_metadata", "token_bytes"]
 
@@ -196,9 +199,22 @@ class TeacherGuidedDataset(StreamingDataset):
             where = os.path.join(shard.dirname, shard.split or "", shard.raw_data.basename)
             raise UntrustedFile(f"{where}: refused: its sample {index_in_shard} does not hold vocagno's columns "
                                 f"({reason(error)})") from None
+        distribution = distribution_of(self.metadata)
+        if distribution is not None:  # shards scored with --top-k: checked before training indexes with the ids
+            columns = [sample.get(column) for column in (TOPK_IDS, TOPK_PROBS, TOPK_REST)]
+            check_distribution(*columns, len(out["teacher_ids"]), distribution.top_k, distribution.logits,
+                               distribution.dtype, self._where(idx))
+            out[TOPK_IDS] = torch.from_numpy(columns[0].astype(np.int64))
+            out[TOPK_PROBS], out[TOPK_REST] = (torch.from_numpy(np.array(c, dtype=np.float32)) for c in columns[1:])
         if len(self.stream_names) > 1:
             out["stream"] = torch.tensor(int(self.stream_per_shard[self.spanner[idx][0]]))
         return out
+
+    def _where(self, idx: int) -> str:
+        """Sample ``idx`` as a refusal names it: its shard file and its place in it."""
+        shard_id, index_in_shard = self.spanner[idx]
+        shard = self.shards[shard_id]
+        return f"{os.path.join(shard.dirname, shard.split or '', shard.raw_data.basename)}: its sample {index_in_shard}"
 
 
 def _check_same_shards(first: ShardMetadata, other: ShardMetadata, first_name: str) -> None:
@@ -215,6 +231,11 @@ def _check_same_shards(first: ShardMetadata, other: ShardMetadata, first_name: s
     if others[0] != others[1]:  # every sample of a batch carries the same columns
         raise ValueError(f"other teachers' losses {others[0]}, stream {first_name!r}'s {others[1]}: score every "
                          "stream with the same teachers")
+    distributions = [distribution_of(metadata) for metadata in (other, first)]
+    if distributions[0] != distributions[1]:
+        shown = ["no distributions" if d is None else f"distributions of {d}" for d in distributions]
+        raise ValueError(f"{shown[0]}, stream {first_name!r} {shown[1]}: score every stream with the same --top-k and "
+                         "--top-k-dtype")
 
 
 def _byte_offsets(text: str) -> np.ndarray:
@@ -304,6 +325,8 @@ class TeacherGuidedCollator:
             if TEACHER_LOSS in sample:
                 cached = out.setdefault(TEACHER_LOSS, torch.full((batch, m), float("nan")))
                 cached[b, : len(teacher_ids)] = sample[TEACHER_LOSS][: len(teacher_ids)]
+            if TOPK_IDS in sample:  # shards scored with --top-k
+                _collate_distribution(out, b, sample, len(teacher_ids), m, start, end, offsets, teacher_offsets)
         others = [column[len(loss_column("")):] for column in samples[0] if column.startswith(loss_column(""))]
         if others:  # shards scored by other teachers of a set
             out.update(_collate_other_teachers(samples, others, n))
@@ -348,6 +371,24 @@ def teacher_guided_loader(
     )
     return DataLoader(shards, batch_size=batch_size, collate_fn=collate, **loader_kwargs)
 
+
+
+def _collate_distribution(out: dict[str, torch.Tensor], b: int, sample: dict[str, Any], kept: int, width: int,
+                          start: np.ndarray, end: np.ndarray, offsets: np.ndarray, teacher_offsets: np.ndarray) -> None:
+    """Row ``b`` of the teacher's cached distributions (its first ``kept`` positions, padded with zeros to ``width``),
+    and ``STARTS_TOGETHER``: its student tokens that begin where their first aligned teacher token begins."""
+    rows, k = len(sample["student_ids"]), sample[TOPK_IDS].shape[1]
+    if TOPK_IDS not in out:
+        out[TOPK_IDS] = torch.zeros(len(out["input_ids"]), width, k, dtype=torch.long)
+        out[TOPK_PROBS] = torch.zeros(len(out["input_ids"]), width, k)
+        out[TOPK_REST] = torch.zeros(len(out["input_ids"]), width)
+        out[STARTS_TOGETHER] = torch.zeros(out["input_ids"].shape, dtype=torch.bool)
+    for key in (TOPK_IDS, TOPK_PROBS, TOPK_REST):
+        out[key][b, :kept] = sample[key][:kept]
+    mapped = end > start
+    together = np.zeros(rows, dtype=bool)
+    together[mapped] = teacher_offsets[start[mapped], 0] == offsets[mapped, 0]
+    out[STARTS_TOGETHER][b, :rows] = torch.from_numpy(together)
 
 
 def _collate_other_teachers(samples: list[dict[str, Any]], names: list[str], width: int) -> dict[str, torch.Tensor]:

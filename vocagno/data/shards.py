@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from vocagno.data.batch import TOPK_IDS, TOPK_PROBS, TOPK_REST
 from vocagno.doors.writing import write_atomically
 
 __all__ = [
@@ -54,6 +55,10 @@ __all__ = [
     "check_columns",
     "loss_column",
     "align_column",
+    "DISTRIBUTION_COLUMNS",
+    "DISTRIBUTION_DTYPES",
+    "Distribution",
+    "distribution_of",
 ]
 
 COLUMNS = {
@@ -65,6 +70,11 @@ COLUMNS = {
 }
 # Shards scored by ``python -m vocagno.score`` add each teacher token's loss (float16, NaN where undefined).
 SCORED_COLUMNS = {**COLUMNS, "teacher_loss": "ndarray"}
+# ``python -m vocagno.score --top-k K`` adds, at each teacher position m (the distribution of teacher token m + 1),
+# the teacher's top-k next-token distribution: its ids ``[M, K]`` (uint16 when the vocabulary fits, else uint32), their
+# probabilities ``[M, K]`` (sorted, decreasing) and the mass left outside them ``[M]`` (both float16, or float32).
+DISTRIBUTION_COLUMNS = {TOPK_IDS: "ndarray", TOPK_PROBS: "ndarray", TOPK_REST: "ndarray"}
+DISTRIBUTION_DTYPES = ("float16", "float32")
 # A set of teachers (vocagno.teacher.several): the other teachers' losses and alignment, scored, are columns named
 # after them.
 TEACHER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
@@ -105,6 +115,35 @@ def align_column(name: str) -> str:
 def compact(array: np.ndarray) -> np.ndarray:
     """The array as uint16 when its values fit, else uint32 (ids and offsets are never negative)."""
     return array.astype(np.uint16 if array.size == 0 or array.max() < 2**16 else np.uint32)
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """What scored shards record of their distribution columns (``scored_by["distribution"]``): the ``top_k`` most
+    probable of the teacher's ``logits`` next tokens at each teacher position (its LM head's size, which may pass its
+    tokenizer's: Qwen2.5's 152,064 rows for 151,665 tokens), their probabilities and the remaining mass as ``dtype``."""
+
+    top_k: int
+    logits: int
+    dtype: str = "float16"
+
+    def bytes_per_token(self) -> int:
+        """The bytes the three columns hold per teacher token (the MDS headers aside)."""
+        ids = 2 if self.logits <= 2**16 else 4
+        value = 2 if self.dtype == "float16" else 4
+        return self.top_k * (ids + value) + value
+
+    def recorded(self) -> dict:
+        return {"top_k": self.top_k, "logits": self.logits, "dtype": self.dtype}
+
+    def __str__(self) -> str:
+        return f"the top {self.top_k} of {self.logits:,} in {self.dtype}"
+
+
+def distribution_of(metadata: "ShardMetadata | None") -> Distribution | None:
+    """The teacher distribution scored shards carry (checked when ``vocagno.json`` was read), or None."""
+    recorded = ((getattr(metadata, "scored_by", None) or {}).get("distribution"))
+    return None if recorded is None else Distribution(recorded["top_k"], recorded["logits"], recorded["dtype"])
 
 
 @dataclass(frozen=True)
@@ -317,6 +356,15 @@ def _check_metadata(raw: Any, path: Path) -> None:
     scored_by = raw.get("scored_by")
     if scored_by is not None and not isinstance(scored_by.get("name"), str):
         raise refuse("its scored_by names no teacher")
+    distribution = (scored_by or {}).get("distribution")
+    if distribution is not None:  # its numbers size every sample's columns: whole numbers, k within the logits
+        k, logits, dtype = (distribution.get(key) if isinstance(distribution, dict) else None
+                            for key in ("top_k", "logits", "dtype"))
+        if not (all(isinstance(n, int) and not isinstance(n, bool) for n in (k, logits))
+                and 1 <= k <= logits <= _MOST_TOKENS and dtype in DISTRIBUTION_DTYPES
+                and set(distribution) == {"top_k", "logits", "dtype"}):
+            raise refuse(f"its scored_by's distribution {distribution!r} is not a top_k of 1 to its logits (at most "
+                         f"{_MOST_TOKENS:,}) and a dtype of {', '.join(DISTRIBUTION_DTYPES)}")
 
 
 def _checked_names(scored: Any, path: Path) -> dict | None:

@@ -45,7 +45,10 @@ class TeacherScorer(nn.Module):
         return super().train(False)  # always in eval mode, whatever the trainer asks of modules
 
     @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, top_k: int | None = None):
+        """The loss of each token ``[B, M]``; with ``top_k``, also its next-token distribution at each position,
+        truncated to its ``top_k`` most probable tokens (``vocagno.core.distill.teacher_top_k``: ids, probabilities,
+        the rest), from the same forward: ``(losses, ids, probs, rest)``."""
         check_on_gpu(self.kernels, input_ids.device, "teacher kernels")
         # The base model's hidden states and the LM head in chunks: the full logits are never materialized. No KV
         # cache: nothing is generated, and a 7B teacher's cache is ~5 GB at 4 x 2560 tokens.
@@ -54,8 +57,13 @@ class TeacherScorer(nn.Module):
         ).last_hidden_state
         head = self.model.get_output_embeddings()
         fused = (lambda flat, targets: fused_token_loss(flat, head, targets)) if self.kernels == "liger" else None
-        return teacher_token_loss(hidden, head, input_ids, attention_mask, chunk_size=self.chunk_size,
-                                  linear_cross_entropy=fused)
+        losses = teacher_token_loss(hidden, head, input_ids, attention_mask, chunk_size=self.chunk_size,
+                                    linear_cross_entropy=fused)
+        if top_k is None:
+            return losses
+        from vocagno.core.distill import teacher_top_k
+
+        return (losses, *teacher_top_k(hidden, head, attention_mask, top_k, self.chunk_size))
 
 
 def load_teacher(name_or_path: str, dtype: str = "bfloat16", trust_remote_code: bool = False) -> nn.Module:

@@ -9,6 +9,10 @@ How it runs, as the converter does (``vocagno/data/outroots.py``):
   length (sorted by teacher tokens, ``--batch-tokens`` per batch) and written in their order.
 - A part is written beside its place and renamed into it when complete: after a kill, the same command scores only
   what is missing. Settings that change the losses (input, teacher, chunk size) must be the same to resume.
+- ``top_k`` (``--top-k K``) stores, beside the losses and from the same forward, the teacher's next-token distribution
+  at each of its positions, truncated to its K most probable tokens (``vocagno.core.distill.teacher_top_k``: columns
+  ``vocagno.data.shards.DISTRIBUTION_COLUMNS``, recorded as ``scored_by["distribution"]``), for ULD and KD from the
+  cache (``vocagno.algorithms.baselines``). Only the teacher whose tokens the shards hold stores one.
 - ``--out`` may be a remote Streaming can write (``s3://...``), through ``--local-root``. The last rank to finish
   verifies every shard there and publishes ``vocagno.json`` and ``index.json``, ``index.json`` last.
 """
@@ -35,11 +39,11 @@ from vocagno.data.outroots import (
 )
 from vocagno.teacher.model import TeacherScorer
 from vocagno.teacher.teacher import Teacher
-from vocagno.data.shards import (SCORED_COLUMNS, SHARD_HASH, ShardMetadata, align_column, check_columns, compact,
-    loss_column)
+from vocagno.data.shards import (DISTRIBUTION_COLUMNS, DISTRIBUTION_DTYPES, SCORED_COLUMNS, SHARD_HASH, Distribution,
+    ShardMetadata, align_column, check_columns, compact, loss_column)
 from vocagno.doors.untrusted import UntrustedFile, check_mds, decompress, inside, read_bytes
 from vocagno.doors.writing import make_readable, publish, remove, staging, write_atomically
-from vocagno.data.batch import ALIGN_END, ALIGN_START, teacher_key
+from vocagno.data.batch import ALIGN_END, ALIGN_START, TOPK_IDS, TOPK_PROBS, TOPK_REST, teacher_key
 
 __all__ = ["BATCH_TOKENS", "scoring_device", "length_batches", "rank_and_world", "read_shard", "score"]
 
@@ -62,21 +66,26 @@ def scoring_device(device: str | None = None) -> str:
 
 
 def score(shards: str, output: Output, teacher: Teacher, device: str, batch_tokens: int = BATCH_TOKENS,
-          rank: int = 0, world: int = 1) -> int:
+          rank: int = 0, world: int = 1, top_k: int | None = None, top_k_dtype: str = "float16") -> int:
     """Score this rank's parts of ``shards`` into ``output``; the last rank to finish publishes the dataset.
-    Return the number of samples this rank has scored (now or in an earlier, interrupted run)."""
+    Return the number of samples this rank has scored (now or in an earlier, interrupted run). ``top_k``: store the
+    teacher's distributions too, truncated to its ``top_k`` most probable tokens, their probabilities and the rest
+    as ``top_k_dtype`` (float16 or float32)."""
     from vocagno.data.shard_index import read_index
 
     shards_root = Path(shards)
     index = read_index(shards_root)  # every count and name checked before anything is allocated or read from it
     metadata = ShardMetadata.read(shards_root)
     column = teacher.column(metadata, shards)
+    distribution = _distribution(teacher, top_k, top_k_dtype, column)
     # A resumed pass must score as the interrupted one did: the same input shards (by their index: names, sizes and
     # hashes, wherever the folder is now), teacher, chunk size, kernels and compiling (either changes the losses'
     # last bits); a further teacher's tokenizer too (it makes its tokens and alignment).
     settings = {"input_index": _digest(index), **teacher.scoring_settings(), "column": column}
     if column is not None:
         settings["tokenizer"] = asdict(teacher.tokenizer_info())
+    if distribution is not None:  # no key without one, as before there was a choice
+        settings["distribution"] = distribution.recorded()
     check_or_write_settings(output, SETTINGS_FILE, settings, "scoring pass", "--out")
     side = None if column is None else teacher.student_side(metadata)
     marker = job_marker(rank, world)
@@ -105,7 +114,7 @@ def score(shards: str, output: Output, teacher: Teacher, device: str, batch_toke
             done_there = output.pull(f"{name}/{PART_STATS}")
             if not done_there and not (output.local / name / PART_STATS).exists():
                 _score_part(shards_root, index["shards"][i], output.local / name, scorer, device, batch_tokens,
-                            column, side, scored)
+                            column, side, scored, distribution)
             else:  # scored before this run
                 progress.update(index["shards"][i]["samples"])
             if not done_there:  # scored now, or scored here before an upload broke off
@@ -118,12 +127,30 @@ def score(shards: str, output: Output, teacher: Teacher, device: str, batch_toke
         lock.release()
     if all_jobs_done(output, world):
         parts = [_part(i) for i in range(len(index["shards"]))]
-        scored = replace(metadata, scored_by=teacher.scored_by()) if column is None else replace(
+        by = teacher.scored_by() if distribution is None else {**teacher.scored_by(),
+                                                                "distribution": distribution.recorded()}
+        scored = replace(metadata, scored_by=by) if column is None else replace(
             metadata, also_scored_by={**(metadata.also_scored_by or {}), column: teacher.recorded()})
         merge_once(output, lambda: _merge(output, parts, scored, teacher.label))
     else:
         print(f"rank {rank} of {world} done; the last rank to finish publishes {output}")
     return samples
+
+
+def _distribution(teacher: Teacher, top_k: int | None, dtype: str, column: str | None) -> Distribution | None:
+    """What ``top_k`` and ``dtype`` ask the pass to store, checked against the teacher (its logits) before a part is
+    scored."""
+    if top_k is None:
+        return None
+    if column is not None:
+        raise Refused(f"--top-k: distributions are stored by the pass of the teacher whose tokens the shards hold (the "
+                      f"first); {teacher.called} scores its own tokens, and its pass stores its losses alone")
+    if dtype not in DISTRIBUTION_DTYPES:
+        raise Refused(f"--top-k-dtype must be one of {', '.join(DISTRIBUTION_DTYPES)}, got {dtype!r}")
+    logits = teacher.load().get_output_embeddings().weight.shape[0]
+    if not isinstance(top_k, int) or not 1 <= top_k <= logits:
+        raise Refused(f"--top-k must be 1 to the teacher's {logits:,} logits, got {top_k!r}")
+    return Distribution(top_k, logits, dtype)
 
 
 def _part(i: int) -> str:
@@ -198,10 +225,11 @@ def _other_teacher_rows(samples: list[dict], side) -> tuple[list[np.ndarray], li
 @torch.no_grad()
 def _score_part(shards_root: Path, info: dict, final: Path, scorer: TeacherScorer, device: str,
                 batch_tokens: int, column: str | None = None, side=None,
-                scored_batch: Callable[[int, int], None] = lambda rows, tokens: None) -> int:
+                scored_batch: Callable[[int, int], None] = lambda rows, tokens: None,
+                distribution: Distribution | None = None) -> int:
     """Score one input shard into the part ``final``; return its teacher tokens. ``column``: a further teacher of a
     set, whose tokens ``side`` makes (``vocagno.teacher.teacher.Teacher.column``). ``scored_batch(rows, teacher
-    tokens)`` after each batch (the progress bar)."""
+    tokens)`` after each batch (the progress bar). ``distribution``: the truncated distributions to store too."""
     from streaming import MDSWriter
 
     begin = time.perf_counter()
@@ -211,6 +239,7 @@ def _score_part(shards_root: Path, info: dict, final: Path, scorer: TeacherScore
     else:
         rows, aligns = _other_teacher_rows(samples, side)
     losses: list[np.ndarray] = [np.empty(0)] * len(rows)
+    stored: list[dict[str, np.ndarray]] = [{} for _ in rows]
     for batch in length_batches([len(row) for row in rows], batch_tokens):
         width = _padded(max(len(rows[i]) for i in batch))
         ids = torch.zeros(len(batch), width, dtype=torch.long)
@@ -218,14 +247,27 @@ def _score_part(shards_root: Path, info: dict, final: Path, scorer: TeacherScore
         for b, i in enumerate(batch):
             ids[b, : len(rows[i])] = torch.from_numpy(rows[i])
             mask[b, : len(rows[i])] = 1
-        scored = scorer(ids.to(device), mask.to(device)).float().cpu().numpy()
+        if distribution is None:
+            scored = scorer(ids.to(device), mask.to(device)).float().cpu().numpy()
+        else:
+            scored, *top = scorer(ids.to(device), mask.to(device), distribution.top_k)
+            scored = scored.float().cpu().numpy()
+            top_ids, top_probs, rest = (each.cpu().numpy() for each in top)
+            ids_dtype = np.uint16 if distribution.logits <= 2**16 else np.uint32
         for b, i in enumerate(batch):
             losses[i] = scored[b, : len(rows[i])].astype(np.float16)
+            if distribution is not None:
+                length = len(rows[i])
+                stored[i] = {TOPK_IDS: top_ids[b, :length].astype(ids_dtype),
+                             TOPK_PROBS: top_probs[b, :length].astype(distribution.dtype),
+                             TOPK_REST: rest[b, :length].astype(distribution.dtype)}
         scored_batch(len(batch), sum(len(rows[i]) for i in batch))
     # One shard per part (no size limit): the scored dataset's shards hold the input's samples, shard for shard.
     kept = dict(zip(info["column_names"], info["column_encodings"]))  # earlier passes' columns too (checked)
     columns = {**kept, **(SCORED_COLUMNS if column is None else {loss_column(column): "ndarray",
                                                                  align_column(column): "ndarray"})}
+    if distribution is not None:
+        columns.update(DISTRIBUTION_COLUMNS)
     built = staging(final)  # a fresh private folder: nothing planted at a known name is written through
     try:
         with MDSWriter(out=str(built), columns=columns, compression=info.get("compression"), hashes=[SHARD_HASH],
@@ -233,7 +275,7 @@ def _score_part(shards_root: Path, info: dict, final: Path, scorer: TeacherScore
             for i, (sample, loss) in enumerate(zip(samples, losses)):
                 scored = {"teacher_loss": loss} if column is None else {loss_column(column): loss,
                                                                         align_column(column): compact(aligns[i])}
-                writer.write({**{name: sample[name] for name in kept}, **scored})
+                writer.write({**{name: sample[name] for name in kept}, **scored, **stored[i]})
         stats = {"samples": len(samples), "teacher tokens": int(sum(map(len, rows))),
                  "seconds": round(time.perf_counter() - begin, 3)}
         write_atomically(built / PART_STATS, json.dumps(stats))

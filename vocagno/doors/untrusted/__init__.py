@@ -5,7 +5,8 @@ every file from elsewhere comes in through, the one place that decides what of t
   job with ``VOCAGNO_MAX_<NAME>``) and files (``open_regular``, ``read_bytes``, ``read_json``, ``check_folder``: a
   regular file, never through a link, never more bytes than its size said, within its cap).
 - ``mds``: Streaming's ``index.json`` (``check_index``) before Streaming sees it, an MDS shard's header
-  (``check_mds``), a compressed shard (``decompress``, its output capped at what the index says).
+  (``check_mds``), a compressed shard (``decompress``, its output capped at what the index says), a sample's
+  teacher distribution (``check_distribution``).
 - ``pretrained``: a Hugging Face model or tokenizer (``from_pretrained``): ``trust_remote_code`` explicit, a local
   folder's files regular and inside it, its config without ``CODE_FIELDS`` and no larger than its weights.
 - ``dcp``: a sharded checkpoint's ``.metadata`` (``read_dcp_metadata``): only the exact ``(module, name)`` pairs
@@ -20,7 +21,9 @@ from vocagno.doors.untrusted.dcp import DCP_METADATA_GLOBALS, read_dcp_metadata
 from vocagno.doors.untrusted.files import (
     CAPS, BadCap, UntrustedFile, cap, check_folder, inside, open_regular, plain_name, read_bytes, read_json, reason,
 )
-from vocagno.doors.untrusted.mds import COMPRESSIONS, check_index, check_mds, decompress, mds_header_bytes
+from vocagno.doors.untrusted.mds import (
+    COMPRESSIONS, check_distribution, check_index, check_mds, decompress, mds_header_bytes,
+)
 from vocagno.doors.untrusted.pretrained import (
     ATTENTION_IMPLEMENTATIONS, CODE_FIELDS, LOOP_FIELDS, LOOP_LIKE, WEIGHT_FILES, build_on_meta, check_config,
     check_loops, check_model_fits, from_pretrained, saved_shapes,
@@ -29,7 +32,7 @@ from vocagno.doors.untrusted.torch_files import CHECKPOINT_GLOBALS, check_torch_
 
 __all__ = ["ATTENTION_IMPLEMENTATIONS", "CAPS", "CHECKPOINT_GLOBALS", "CODE_FIELDS", "COMPRESSIONS",
            "DCP_METADATA_GLOBALS", "LOOP_FIELDS", "LOOP_LIKE", "WEIGHT_FILES", "BadCap", "UntrustedFile",
-           "build_on_meta", "cap", "check_config", "check_folder", "check_index", "check_loops", "check_mds",
+           "build_on_meta", "cap", "check_config", "check_distribution", "check_folder", "check_index", "check_loops", "check_mds",
            "check_model_fits", "check_torch_zip", "decompress", "from_pretrained", "inside", "load_torch",
            "mds_header_bytes", "open_regular", "plain_name", "read_bytes", "read_dcp_metadata", "read_json", "reason",
            "saved_shapes"]

@@ -1,6 +1,7 @@
 """Streaming's MDS shards from elsewhere: every number that becomes an allocation or a loop bound checked against the
 bytes that hold it and a cap. Streaming's ``index.json`` by ``check_index`` before Streaming sees it, a shard's header
-by ``check_mds``, a compressed shard by ``decompress`` (its output capped at what the index says).
+by ``check_mds``, a compressed shard by ``decompress`` (its output capped at what the index says), a sample's teacher
+distribution by ``check_distribution`` before training indexes with its ids.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 
 from vocagno.doors.untrusted.files import UntrustedFile, _whole, cap, inside
 
-__all__ = ["COMPRESSIONS", "check_index", "check_mds", "decompress", "mds_header_bytes"]
+__all__ = ["COMPRESSIONS", "check_distribution", "check_index", "check_mds", "decompress", "mds_header_bytes"]
 
 
 # The compressions whose output vocagno can cap as it decompresses (Streaming's names; ":LEVEL" may follow).
@@ -154,3 +155,36 @@ def decompress(compression: str, data: bytes, size: int, source: str, exact: boo
     if exact and len(out) != size:
         raise UntrustedFile(f"{source}: refused: it decompresses to {len(out):,} bytes, its index says {size:,}")
     return out
+
+
+def check_distribution(ids: object, probs: object, rest: object, positions: int, top_k: int, logits: int,
+                       dtype: str, source: str) -> None:
+    """A sample's teacher distribution columns as decoded from a shard (``vocagno.data.shards.DISTRIBUTION_COLUMNS``),
+    refused (``UntrustedFile``, one line naming the column and what is wrong) unless they are what ``vocagno.score
+    --top-k`` writes for a teacher row of ``positions`` tokens: ids ``[positions, top_k]`` (uint16 or uint32, each
+    below ``logits``), probabilities ``[positions, top_k]`` of ``dtype`` in [0, 1], decreasing along each row, and the
+    remaining mass ``[positions]`` of ``dtype`` in [0, 1]. Training reads their ids as indices and their values as
+    a target: a wrong one would index out of a vocabulary or train toward no distribution."""
+    def refuse(column: str, why: str) -> UntrustedFile:
+        return UntrustedFile(f"{source}: refused: its {column} {why}: not what python -m vocagno.score --top-k "
+                             f"{top_k} writes (score the shards again)")
+
+    shape = (positions, top_k)
+    if not isinstance(ids, np.ndarray) or ids.dtype not in (np.uint16, np.uint32) or ids.shape != shape:
+        raise refuse("teacher_topk_ids", f"is {_described(ids)}, not uint16 or uint32 {shape}")
+    if ids.size and int(ids.max()) >= logits:
+        raise refuse("teacher_topk_ids", f"holds id {int(ids.max())}, past the teacher's {logits:,} logits")
+    for column, values, wanted in (("teacher_topk_probs", probs, shape), ("teacher_topk_rest", rest, shape[:1])):
+        if not isinstance(values, np.ndarray) or values.dtype != np.dtype(dtype) or values.shape != wanted:
+            raise refuse(column, f"is {_described(values)}, not {dtype} {wanted}")
+        with np.errstate(invalid="ignore"):
+            if not ((values >= 0) & (values <= 1)).all():  # NaN fails too
+                raise refuse(column, "holds values outside [0, 1]")
+    if top_k > 1 and (np.diff(probs.astype(np.float32), axis=1) > 0).any():
+        raise refuse("teacher_topk_probs", "is not sorted, most probable first")
+
+
+def _described(value: object) -> str:
+    if value is None:
+        return "missing"
+    return f"{value.dtype} {value.shape}" if isinstance(value, np.ndarray) else type(value).__name__
