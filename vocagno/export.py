@@ -176,6 +176,8 @@ METHODS = {
                              "another vocabulary"),
     "uld": ("uld", "Universal Logit Distillation from a teacher of another vocabulary"),
     "kld": ("kld", "KL-divergence distillation from a teacher, on the tokens both vocabularies share"),
+    "cross_kd": ("cross-vocabulary-kd", "knowledge distillation from a teacher of another vocabulary, its "
+                                        "distributions projected onto the student's tokens of the same text"),
 }
 
 

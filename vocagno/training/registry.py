@@ -18,9 +18,9 @@ ALGORITHM_GROUP = "llmfoundry_algorithms"  # the entry points llm-foundry's regi
 # vocagno's own entry points (pyproject.toml's), found also where the package runs from a checkout pip never installed
 # (on PYTHONPATH, as on the GPU image of ../shared/gpu/README.md): no entry point is registered there.
 OWN_ALGORITHMS = {"vocagno": "vocagno.algorithms.vocagno_lm:VocAgnoLM", "uld": "vocagno.algorithms.baselines:ULD",
-                  "kld": "vocagno.algorithms.baselines:KLD"}
+                  "kld": "vocagno.algorithms.baselines:KLD", "cross_kd": "vocagno.algorithms.baselines:CrossVocabKD"}
 # The algorithms that take the teacher: section (``teacher=``, a ``Teacher``; algorithms.vocagno also teachers:).
-TEACHER_ALGORITHMS = ("vocagno", "uld", "kld")
+TEACHER_ALGORITHMS = ("vocagno", "uld", "kld", "cross_kd")
 # llm-foundry's names for Composer's loggers and callbacks (its registries), and vocagno's own.
 LOGGERS: dict[str, Any] = {
     "wandb": "WandBLogger", "mlflow": "MLFlowLogger", "tensorboard": "TensorboardLogger", "inmemory": "InMemoryLogger",
