@@ -6,6 +6,7 @@ within atol 1e-6, rtol 1e-5 (float32) of Composer's (in torch 2.7 on a CPU they 
 tolerance leaves room for a kernel that rounds a last bit differently)."""
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -79,6 +80,17 @@ def test_twenty_steps_match_composers_decoupled_adamw(amsgrad):
     assert not torch.allclose(ours.proj.weight, init.proj.weight)
     assert opt.state[ours.sometimes]["step"].item() == STEPS // 2 and opt.state[ours.proj.weight]["step"] == STEPS
     assert ours.unused not in opt.state and ours.frozen not in opt.state
+
+
+@pytest.mark.parametrize("amsgrad", [False, True])
+def test_the_fused_kernel_gives_composers_update_within_the_tolerance(amsgrad):
+    torch.manual_seed(0)
+    init = Several()
+    fused, opt = trained(lambda *a, **k: MultiTensorDecoupledAdamW(*a, fused=True, **k), copy.deepcopy(init), amsgrad)
+    theirs, their_opt = trained(DecoupledAdamW, copy.deepcopy(init), amsgrad)
+    assert_same(fused, opt, theirs, their_opt)
+    assert not torch.allclose(fused.proj.weight, init.proj.weight)
+    assert opt.state[fused.sometimes]["step"].item() == STEPS // 2 and opt.state[fused.proj.weight]["step"] == STEPS
 
 
 def test_a_state_dict_round_trips_and_each_optimizer_resumes_from_the_others():
@@ -160,19 +172,21 @@ def test_master_weights_leave_float32_parameters_as_they_were_and_round_masters_
         assert torch.equal(a, b)
     assert not any("master" in state for state in opt.state.values())
 
-    halved = copy.deepcopy(init).to(torch.bfloat16)
-    halved.wide.data = halved.wide.data.double()  # a float64 parameter is its own master too
-    model, opt = trained(lambda *a, **k: MultiTensorDecoupledAdamW(*a, master_weights=True, **k), halved, steps=3)
-    for name, param in model.named_parameters():
-        if param not in opt.state:
-            continue
-        state = opt.state[param]
-        if param.dtype == torch.bfloat16:
-            assert state["master"].dtype == state["exp_avg"].dtype == torch.float32, name
-            assert torch.equal(param, state["master"].to(torch.bfloat16)), name
-            assert not torch.equal(state["master"], param.float()), name  # the master keeps what bfloat16 drops
-        else:
-            assert "master" not in state and state["exp_avg"].dtype == param.dtype, name
+    for fused in (False, True):
+        halved = copy.deepcopy(init).to(torch.bfloat16)
+        halved.wide.data = halved.wide.data.double()  # a float64 parameter is its own master too
+        model, opt = trained(functools.partial(MultiTensorDecoupledAdamW, master_weights=True, fused=fused),
+                             halved, steps=3)
+        for name, param in model.named_parameters():
+            if param not in opt.state:
+                continue
+            state = opt.state[param]
+            if param.dtype == torch.bfloat16:
+                assert state["master"].dtype == state["exp_avg"].dtype == torch.float32, name
+                assert torch.equal(param, state["master"].to(torch.bfloat16)), name
+                assert not torch.equal(state["master"], param.float()), name  # the master keeps what bf16 drops
+            else:
+                assert "master" not in state and state["exp_avg"].dtype == param.dtype, name
 
 
 def test_a_tiny_llama_in_bfloat16_with_float32_master_weights_trains_the_losses_of_float32():
