@@ -329,7 +329,7 @@ class CrossVocabKD(_Distillation):
         starts, or -1."""
         if STARTS_TOGETHER not in batch:
             raise KeyError("cross_kd needs where the two tokenizations cut the text alike (starts_together): batches "
-                           "of shards scored with --top-k from vocagno.data.dataset.TeacherGuidedCollator")
+                           "from vocagno.data.dataset.TeacherGuidedCollator")
         start, end = batch[ALIGN_START][:, 1:], batch[ALIGN_END][:, 1:]
         covered = (end > start) & batch[STARTS_TOGETHER][:, 1:] & (start >= 1)
         return torch.where(covered, start - 1, -1)

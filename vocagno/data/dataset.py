@@ -10,8 +10,9 @@ tokenizers) and ``TeacherGuidedCollator`` turns samples into a batch:
     special_tokens                     [B, N]  True at specials (BOS, separators: empty spans), which hold no text
     teacher_input_ids, teacher_attention_mask  [B, M]  teacher tokens, padded to the batch's longest (or a fixed M)
     teacher_loss                       [B, M]  scored shards only: the teacher's loss of each of its tokens (NaN: none)
+    starts_together                    [B, N]  True where token i starts where its first aligned teacher token starts
     teacher_topk_ids, _probs           [B, M, K]  shards scored with --top-k K: the teacher's distributions, truncated
-    teacher_topk_rest                  [B, M]  (vocagno.data.batch), and with them starts_together [B, N]
+    teacher_topk_rest                  [B, M]  (vocagno.data.batch)
     stream                             [B]     a mixture's (``streams``) only: the stream each row was drawn from
 
 Every student tensor is per input position, as Hugging Face models and Composer's ``HuggingFaceModel`` expect; the
@@ -295,6 +296,7 @@ class TeacherGuidedCollator:
             ALIGN_END: torch.zeros(batch, n, dtype=torch.long),
             TOKEN_BYTES: torch.zeros(batch, n, dtype=torch.long),
             SPECIAL_TOKENS: torch.zeros(batch, n, dtype=torch.bool),
+            STARTS_TOGETHER: torch.zeros(batch, n, dtype=torch.bool),
             TEACHER_INPUT_IDS: torch.full((batch, m), self.teacher_pad_id, dtype=torch.long),
             TEACHER_ATTENTION_MASK: torch.zeros(batch, m, dtype=torch.long),
         }
@@ -325,8 +327,11 @@ class TeacherGuidedCollator:
             if TEACHER_LOSS in sample:
                 cached = out.setdefault(TEACHER_LOSS, torch.full((batch, m), float("nan")))
                 cached[b, : len(teacher_ids)] = sample[TEACHER_LOSS][: len(teacher_ids)]
+            mapped = end > start  # where the two tokenizers cut the text alike: cross_kd's positions
+            out[STARTS_TOGETHER][b, np.flatnonzero(mapped)] = torch.from_numpy(
+                teacher_offsets[start[mapped], 0] == offsets[mapped, 0])
             if TOPK_IDS in sample:  # shards scored with --top-k
-                _collate_distribution(out, b, sample, len(teacher_ids), m, start, end, offsets, teacher_offsets)
+                _collate_distribution(out, b, sample, len(teacher_ids), m)
         others = [column[len(loss_column("")):] for column in samples[0] if column.startswith(loss_column(""))]
         if others:  # shards scored by other teachers of a set
             out.update(_collate_other_teachers(samples, others, n))
@@ -373,22 +378,15 @@ def teacher_guided_loader(
 
 
 
-def _collate_distribution(out: dict[str, torch.Tensor], b: int, sample: dict[str, Any], kept: int, width: int,
-                          start: np.ndarray, end: np.ndarray, offsets: np.ndarray, teacher_offsets: np.ndarray) -> None:
-    """Row ``b`` of the teacher's cached distributions (its first ``kept`` positions, padded with zeros to ``width``),
-    and ``STARTS_TOGETHER``: its student tokens that begin where their first aligned teacher token begins."""
-    rows, k = len(sample["student_ids"]), sample[TOPK_IDS].shape[1]
+def _collate_distribution(out: dict[str, torch.Tensor], b: int, sample: dict[str, Any], kept: int, width: int) -> None:
+    """Row ``b`` of the teacher's cached distributions: its first ``kept`` positions, padded with zeros to ``width``."""
     if TOPK_IDS not in out:
+        k = sample[TOPK_IDS].shape[1]
         out[TOPK_IDS] = torch.zeros(len(out["input_ids"]), width, k, dtype=torch.long)
         out[TOPK_PROBS] = torch.zeros(len(out["input_ids"]), width, k)
         out[TOPK_REST] = torch.zeros(len(out["input_ids"]), width)
-        out[STARTS_TOGETHER] = torch.zeros(out["input_ids"].shape, dtype=torch.bool)
     for key in (TOPK_IDS, TOPK_PROBS, TOPK_REST):
         out[key][b, :kept] = sample[key][:kept]
-    mapped = end > start
-    together = np.zeros(rows, dtype=bool)
-    together[mapped] = teacher_offsets[start[mapped], 0] == offsets[mapped, 0]
-    out[STARTS_TOGETHER][b, :rows] = torch.from_numpy(together)
 
 
 def _collate_other_teachers(samples: list[dict[str, Any]], names: list[str], width: int) -> dict[str, torch.Tensor]:
