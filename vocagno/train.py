@@ -47,6 +47,7 @@ from vocagno.training.loaders import build_loader, conversion_flags, dataset_loc
 from vocagno.training.loading import take_checkpoint  # noqa: E402
 from vocagno.training.loggers import Narration, RunRecipe  # noqa: E402
 from vocagno.training.plan import plan_line  # noqa: E402
+from vocagno.training.sections import RunConfig, SelectionReportConfig  # noqa: E402
 
 __all__ = ["MISTAKES", "USAGE", "command", "report_selection", "train"]
 
@@ -61,7 +62,8 @@ def train(cfg: DictConfig) -> Trainer:
     check_speed_options(cfg)
     if not torch.cuda.is_available():  # the steps' logits and gradients reused, not faulted in again each step
         keep_freed_memory()
-    dist.initialize_dist(get_device(None), timeout=cfg.get("dist_timeout", 600))
+    run = RunConfig.of(cfg)
+    dist.initialize_dist(get_device(None), timeout=run.dist_timeout)
     composer_compat.install()
     loading, private = take_checkpoint(cfg)  # removed as soon as Composer has loaded it
     clean_leaked_shared_memory(dataset_locals(cfg))  # what a killed run left on them would refuse Streaming
@@ -128,8 +130,8 @@ def train(cfg: DictConfig) -> Trainer:
         model=model,
         train_dataloader=train_loader,
         eval_dataloader=evaluators or None,
-        eval_interval=cfg.get("eval_interval", 1) if evaluators else 1,  # none: Composer warns of an interval
-        eval_subset_num_batches=cfg.get("eval_subset_num_batches", -1),
+        eval_interval=run.eval_interval if evaluators else 1,  # none: Composer warns of an interval
+        eval_subset_num_batches=run.eval_subset_num_batches,
         optimizers=optimizer,
         schedulers=scheduler,
         algorithms=algorithms,
@@ -139,9 +141,9 @@ def train(cfg: DictConfig) -> Trainer:
         compile_config=compile_config,
         parallelism_config={"fsdp": fsdp} if fsdp else None,
         save_folder=cfg.get("save_folder"),
-        save_interval=cfg.get("save_interval", "1ep"),
-        save_num_checkpoints_to_keep=cfg.get("save_num_checkpoints_to_keep", -1),
-        save_overwrite=cfg.get("save_overwrite", False),
+        save_interval=run.save_interval,
+        save_num_checkpoints_to_keep=run.save_num_checkpoints_to_keep,
+        save_overwrite=run.save_overwrite,
         autoresume=False,  # vocagno chose what the run resumes from: load_path, its private copy
         load_path=loading.copy if resuming else None,
         run_name=cfg.run_name,
@@ -190,8 +192,8 @@ def report_selection(cfg: DictConfig, trainer: Trainer, sharded: bool) -> None:
     (``vocagno.selection``), printed."""
     from vocagno.diagnostics.selection import Settings, run
 
-    section = cfg.selection_report
-    shards = section.get("shards") or om.select(cfg, "eval_loader.dataset.local")
+    section = SelectionReportConfig.of(cfg.selection_report, "selection_report.")
+    shards = section.shards or om.select(cfg, "eval_loader.dataset.local")
     skipped = ("the student is sharded (FSDP): run python -m vocagno.selection --student CHECKPOINT" if sharded else
                "it needs a teacher: or teachers: section" if cfg.get("teacher") is None and cfg.get("teachers") is None
                else "no shards: give selection_report.shards or an eval_loader" if shards is None else None)
@@ -204,7 +206,7 @@ def report_selection(cfg: DictConfig, trainer: Trainer, sharded: bool) -> None:
         report = run(shards, scoring_teachers(cfg, "the run's yaml"), Settings.from_config(cfg), student=student,
                      combine=combine,
                      student_name=f"{cfg.run_name} after {int(trainer.state.timestamp.batch)} batches",
-                     samples=section.get("samples") or 64, canaries=section.get("canaries") or 0.5, seed=cfg.seed,
+                     samples=section.samples, canaries=section.canaries, seed=cfg.seed,
                      device=str(next(student.parameters()).device))
     except (Refused, OSError) as error:  # the run is done and saved: say why there is no report, end as it would
         print(f"selection_report skipped: {terminal(error)}", flush=True)

@@ -178,7 +178,7 @@ def test_the_teacher_builds_no_kv_cache():
     assert len(outputs) == 1 and outputs[0].past_key_values is None
 
 
-def guided_fit(loader, microbatch, scope, lr=0.5, batches=2, **options):
+def guided_fit(loader, microbatch, scope, lr=0.5, batches=2, seed=0, **options):
     student, teacher = tiny(LlamaConfig, LlamaForCausalLM, 32000), tiny(Qwen2Config, Qwen2ForCausalLM, 152064)
     capture = Capture()
     algorithm = VocAgnoLM(teacher=Teacher(teacher, dtype="float32"), selection_scope=scope, **options)
@@ -186,7 +186,7 @@ def guided_fit(loader, microbatch, scope, lr=0.5, batches=2, **options):
                       max_duration=f"{batches}ba", device_train_microbatch_size=microbatch, callbacks=[capture],
                       algorithms=[algorithm],
                       optimizers=torch.optim.SGD(student.parameters(), lr=lr), device="cpu", loggers=[],
-                      progress_bar=False)
+                      progress_bar=False, seed=seed)
     trainer.fit()
     return student, teacher, capture
 
@@ -358,7 +358,7 @@ def test_student_and_teacher_attend_with_sdpa(tmp_path):
 
 def test_random_selection_keeps_as_many_tokens_drawn_by_a_seed_however_the_batch_is_split(loader):
     """The control: as many tokens as the top-k keeps, at random among the mapped ones; the same draw for 1 x 8 and
-    2 x 4 microbatches (one draw over the global batch, seeded by the batch index), another with another seed."""
+    2 x 4 microbatches (one draw over the global batch, seeded by the batch index), another with another run seed."""
     _, _, topk = guided_fit(loader, 8, "batch", lr=0.0, batches=1)
     _, _, whole = guided_fit(loader, 8, "batch", lr=0.0, batches=1, selection="random")
     _, _, split = guided_fit(loader, 4, "batch", lr=0.0, batches=1, selection="random")

@@ -68,12 +68,12 @@ def same_samples(ours: list[dict], theirs: list[dict]) -> None:
                 assert value == other[key], key
 
 
-def fit(shards, tokenizers, teacher, lr=0.5, **options):
+def fit(shards, tokenizers, teacher, lr=0.5, check_scored_by=True, **options):
     dataset = TeacherGuidedDataset(local=str(shards), batch_size=8)
     loader = DataLoader(dataset, batch_size=8, collate_fn=TeacherGuidedCollator(tokenizers["llama2"].eos_token_id,
                                                                                tokenizers["qwen2.5"].pad_token_id))
     student, capture = tiny(LlamaConfig, LlamaForCausalLM, 32000), Capture()
-    algorithm = VocAgnoLM(teacher=Teacher(teacher, dtype="float32"), **options)
+    algorithm = VocAgnoLM(teacher=Teacher(teacher, dtype="float32", check_scored_by=check_scored_by), **options)
     Trainer(model=HuggingFaceModel(student, use_logits=True), train_dataloader=loader, max_duration="2ba",
             device_train_microbatch_size=4, callbacks=[capture], algorithms=[algorithm],
             optimizers=torch.optim.SGD(student.parameters(), lr=lr), device="cpu", loggers=[],

@@ -65,3 +65,59 @@ def test_a_yaml_that_does_not_exist_is_named_with_the_shipped_one_of_that_name(t
     assert str(refused.value) == f"tiny.yaml: no such yaml file (the shipped one: {TINY})"
     with pytest.raises(Refused, match=r"^nothing\.yaml: no such yaml file$"):
         load_config("nothing.yaml", [])
+
+
+def test_a_yaml_that_leaves_out_the_optional_keys_runs_on_the_typed_sections_defaults():
+    """tiny.yaml's sections, with what they may leave out taken away: each default comes from its typed section (one
+    place), the keys a yaml may hold are those sections' keys, and a key given as null is its default too."""
+    from omegaconf import OmegaConf as om
+
+    from vocagno.teacher.config import TeacherConfig
+    from vocagno.training.config import SCHEMA
+    from vocagno.training.sections import (LoaderConfig, OptimizerConfig, RunConfig, SchedulerConfig,
+                                           SelectionReportConfig)
+
+    cfg = load_config(str(Path(__file__).resolve().parents[2] / "yamls" / "tiny.yaml"),
+                      ["optimizer.weight_decay=null", "optimizer.betas=null", "train_loader.num_workers=null"])
+    optimizer = OptimizerConfig.of(cfg.optimizer, "optimizer.")
+    assert (optimizer.lr, optimizer.weight_decay, optimizer.betas) == (cfg.optimizer.lr, 0.0, (0.9, 0.95))
+    assert LoaderConfig.of(cfg.train_loader).num_workers == 0 and LoaderConfig.of(cfg.train_loader).drop_last is True
+    run = RunConfig.of(om.create({"eval_interval": "40ba", "run_name": "x"}))
+    assert (run.eval_interval, run.save_interval, run.dist_timeout, run.autoresume) == ("40ba", "1ep", 600, False)
+    assert SelectionReportConfig.of(None) == SelectionReportConfig(shards=None, samples=64, canaries=0.5)
+    for key, section in (("optimizer", OptimizerConfig), ("scheduler", SchedulerConfig),
+                         ("train_loader", LoaderConfig), ("selection_report", SelectionReportConfig),
+                         ("teacher", TeacherConfig)):
+        assert list(SCHEMA[key]) == section.keys()
+    assert set(RunConfig.keys()) < set(SCHEMA)
+    with pytest.raises(ValueError, match=r"unknown config key optimizer\.weight_decy \(did you mean "
+                                         r"optimizer\.weight_decay\?\)"):
+        OptimizerConfig.of({"lr": 1e-3, "weight_decy": 0.0}, "optimizer.")
+
+
+def test_optimizer_kernels_build_the_multi_tensor_decoupled_adamw_and_master_weights_need_them():
+    from composer.optim import DecoupledAdamW
+    from omegaconf import OmegaConf as om
+    from torch import nn
+
+    from vocagno.training.builders import build_optimizer
+    from vocagno.training.optimizers import MultiTensorDecoupledAdamW
+
+    model = nn.Linear(4, 4)
+
+    def built(dtype="bfloat16", **optimizer):
+        return build_optimizer(om.create({"model": {"dtype": dtype},
+                                          "optimizer": {"lr": 1e-3, "weight_decay": 1e-5, **optimizer}}), model)
+
+    assert type(built()) is DecoupledAdamW
+    for kernels in ("foreach", "fused"):
+        multi = built(kernels=kernels, master_weights=True)
+        assert type(multi) is MultiTensorDecoupledAdamW and multi.master_weights
+        assert multi.one_kernel is (kernels == "fused")
+        assert multi.defaults["weight_decay"] == 1e-5 and multi.defaults["betas"] == (0.9, 0.95)
+    with pytest.raises(ValueError, match="optimizer.master_weights needs optimizer.kernels: foreach or fused"):
+        built(master_weights=True)
+    with pytest.raises(ValueError, match="the student's are float32: set model.dtype: bfloat16"):
+        built(dtype=None, kernels="fused", master_weights=True)
+    with pytest.raises(ValueError, match="optimizer.kernels must be one of composer, foreach, fused, got 'apex'"):
+        built(kernels="apex")

@@ -105,7 +105,7 @@ def test_who_scored_cached_losses_is_shown_as_escapes_when_unchecked(capsys):
     from vocagno.teacher.teacher import Teacher
 
     # check_scored_by false: only says who scored them, as the shards' metadata names it (whatever it holds)
-    Teacher.check_scored_by(None, ATTACK, False, "teacher_loss was")
+    Teacher("tiny-math-teacher", check_scored_by=False).check_scorer(ATTACK, "teacher_loss was")
     out = capsys.readouterr().out
     shows_nothing_acted_on(out.replace("\n", ""))
     assert f"VocAgnoLM: teacher_loss was scored by {terminal(ATTACK)}; not checked" in out

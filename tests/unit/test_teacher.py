@@ -122,16 +122,16 @@ def test_a_control_keeps_its_fresh_weights_and_refuses_the_trained_teachers_loss
     assert fresh["fingerprint"] != trained["fingerprint"]
     [named, _] = teachers_from({"a": control, "b": "tiny-math-teacher"})  # renamed in a set: the same weights
     assert named.scored_by()["fingerprint"] == fresh["fingerprint"] and named.tokenizer_source == "tiny-math-teacher"
-    control.check_scored_by(fresh, True, "the shards were")
+    control.check_scorer(fresh, "the shards were")
     with pytest.raises(ValueError, match="other weights"):
-        control.check_scored_by(trained, True, "the shards were")
+        control.check_scorer(trained, "the shards were")
 
 
 def test_a_labelled_teacher_takes_the_losses_it_scored_itself():
     teacher = Teacher("tiny-math-teacher", dtype="float32", label="math-v1")
-    teacher.check_scored_by(teacher.scored_by(), True, "the shards were")
+    teacher.check_scorer(teacher.scored_by(), "the shards were")
     with pytest.raises(ValueError, match="scored by 'tiny-math-teacher', but the teacher is 'math-v1'"):
-        teacher.check_scored_by({**teacher.scored_by(), "name": "tiny-math-teacher"}, True, "the shards were")
+        teacher.check_scorer({**teacher.scored_by(), "name": "tiny-math-teacher"}, "the shards were")
 
 
 def test_a_fit_without_shards_keeps_the_reader_an_earlier_fit_chose(tokenizers, metadata):

@@ -138,13 +138,13 @@ class VocAgnoLM(Algorithm):
         topk_ratio, aggregation, unmapped: as in ``vocagno.core.loss.guided_loss``.
         selection_scope: ``batch`` (the global batch), ``microbatch`` or ``sequence``: see the module's docstring.
         selection: ``topk`` (by score), or ``random``: as many mapped tokens drawn at random (a control), from a
-            generator seeded with ``seed`` and the batch index (the same draws on every rank, and after a resume).
+            generator seeded with the run's seed (the Trainer's, rank zero's) and the batch index (the same draws on
+            every rank, and after a resume).
         teacher_losses: ``online`` (the teacher scores each batch), or ``cached``: the batches carry the teacher's
             token losses (shards scored by ``python -m vocagno.score``) and no teacher is loaded; shards scored by
             another teacher are refused: another name than ``teacher``, or for a teacher given as a module (a
-            config-built one), other weights.
-        check_scored_by: with ``cached``, False takes the shards' losses whoever scored them (``teacher`` is only a
-            label then: a teacher scored from a local copy and named by its hub name); the scorer is printed.
+            config-built one), other weights (unless the teacher's ``check_scored_by`` is false: its name is only a
+            label then).
         alignment: ``token`` (each student token to the teacher tokens over its characters), or ``chunk``: the
             paper's Table 2 baseline as reconstructed (``vocagno.core.alignment.chunk_align``: each row cut into
             ``num_chunks`` chunks by token count on each side, chunk k to chunk k; every token is mapped, so
@@ -172,11 +172,9 @@ class VocAgnoLM(Algorithm):
         unmapped: str = UNMAPPED,
         selection_scope: str = SELECTION_SCOPE,
         selection: str = SELECTION,
-        seed: int = 0,
         alignment: str = ALIGNMENT,
         num_chunks: int = NUM_CHUNKS,
         teacher_losses: str = "online",
-        check_scored_by: bool = True,
         student_tokenizer: Any = None,
         teachers: Mapping[str, Any] | None = None,
         combine: str = COMBINE,
@@ -193,10 +191,9 @@ class VocAgnoLM(Algorithm):
             each.check_options()
         self.options = dict(topk_ratio=topk_ratio, aggregation=aggregation, unmapped=unmapped, combine=combine)
         self.selection_scope = selection_scope
-        self.selection, self.seed = selection, seed
+        self.selection = selection
         self.alignment, self.num_chunks = alignment, num_chunks
         self.cached = teacher_losses == "cached"
-        self.check_scored_by = check_scored_by
         self._generator: torch.Generator | None = None  # for selection="random", seeded per batch
         # The reader (the set's teacher that reads the shards' teacher side) is chosen at FIT_START.
         self.teachers = Teachers(chosen, self.cached)
@@ -287,7 +284,7 @@ class VocAgnoLM(Algorithm):
             if self.selection == "random":  # drawn where the scores are: the training device
                 if self._generator is None:  # (the batch is still on the host: Composer moves each microbatch)
                     self._generator = torch.Generator(device=state.device.tensor_to_device(torch.zeros(())).device)
-                self._generator.manual_seed(self.seed * 1_000_003 + int(state.timestamp.batch))
+                self._generator.manual_seed(state.rank_zero_seed * 1_000_003 + int(state.timestamp.batch))
             if self.selection_scope == "batch":
                 self._select_over_global_batch(state)
         elif event == Event.BEFORE_TRAIN_BATCH:  # also before each retry of the batch (Composer's auto microbatching)
@@ -379,7 +376,7 @@ class VocAgnoLM(Algorithm):
         for name, metadata in streams.items():
             try:
                 self._check_scored_by_one(metadata, folders.get(name))
-                self.teachers.check_cached(metadata, self.check_scored_by)
+                self.teachers.check_cached(metadata)
             except ValueError as error:
                 raise ValueError(f"stream {name!r}: {error}" if len(streams) > 1 else str(error)) from None
 
@@ -398,7 +395,7 @@ class VocAgnoLM(Algorithm):
             raise ValueError(f"teacher_losses: cached, but {shards} carry no teacher losses: score them first "
                              f"({command}) and train on SCORED")
         if scored_by is not None:
-            self.teacher.check_scored_by(scored_by, self.check_scored_by, "the shards were")
+            self.teacher.check_scorer(scored_by, "the shards were")
 
     def _teacher_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.cached:

@@ -1,4 +1,4 @@
-"""A yaml's model sections, typed, each key with its one default: ``ModelConfig`` (``model:``, the student's) and
+"""A yaml's model sections, typed (``Section``: a frozen dataclass), each key with its one default: ``ModelConfig`` (``model:``, the student's) and
 ``TeacherConfig`` (``teacher:``, a ``teachers:`` entry, or the mapping an llm-foundry yaml gives
 ``algorithms.vocagno.teacher``; ``vocagno.teacher.teacher.Teacher.from_config`` makes a teacher of one). A key a
 section does not have is refused naming the closest one (``check_names``). ``build_causal_lm``: the model a section
@@ -19,7 +19,7 @@ from torch import nn
 
 from vocagno.core.kernels import DEFAULT_KERNELS, check_speed
 
-__all__ = ["BUILT_DTYPE", "LOADED_DTYPE", "ModelConfig", "TeacherConfig", "build_causal_lm", "check_names", "is_dtype"]
+__all__ = ["BUILT_DTYPE", "LOADED_DTYPE", "ModelConfig", "Section", "TeacherConfig", "build_causal_lm", "check_names", "is_dtype"]
 
 BUILT_DTYPE = "float32"  # a model's dtype where its section gives none: built from its config, or a student by name
 LOADED_DTYPE = "bfloat16"  # a teacher's loaded by name, where its section gives none
@@ -41,8 +41,33 @@ def is_dtype(value: Any) -> bool:
     return isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype)
 
 
+class Section:
+    """What a typed yaml section (a frozen dataclass of its keys and their defaults) shares: its keys, and ``of``."""
+
+    @classmethod
+    def keys(cls) -> list[str]:
+        """The section's keys, in the order refusals list them."""
+        return [each.name for each in fields(cls)]
+
+    @classmethod
+    def of(cls, section: Any, where: str = ""):
+        """``section`` (a yaml's mapping or a dict; one typed already is taken as it is) typed: a key it does not
+        have refused (``check_names``, ``where`` the section's dotted place ending in ``.``), a null value its
+        key's default."""
+        if isinstance(section, cls):
+            return section
+        if section is None:
+            section = {}
+        if not isinstance(section, Mapping):
+            raise ValueError(f"{where.rstrip('.') or 'a ' + cls.__name__}: give its keys as a mapping "
+                             f"({', '.join(cls.keys())}), got {section!r}")
+        values = om.to_container(section, resolve=True) if isinstance(section, DictConfig) else dict(section)
+        check_names(where, values, cls.keys())
+        return cls(**{key: value for key, value in values.items() if value is not None})
+
+
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(Section):
     """A ``model:`` section: the student.
 
     Args:
@@ -61,27 +86,6 @@ class ModelConfig:
     tokenizer: Any = None
     kernels: str = DEFAULT_KERNELS
 
-    @classmethod
-    def keys(cls) -> list[str]:
-        """The section's keys, in the order refusals list them."""
-        return [each.name for each in fields(cls)]
-
-    @classmethod
-    def of(cls, section: Any, where: str = ""):
-        """``section`` (a yaml's mapping or a dict; one typed already is taken as it is) typed: a key it does not
-        have refused (``check_names``, ``where`` the section's dotted place ending in ``.``), a null value its
-        key's default."""
-        if isinstance(section, cls):
-            return section
-        if section is None:
-            section = {}
-        if not isinstance(section, Mapping):
-            raise ValueError(f"{where.rstrip('.') or 'a model section'}: give its keys as a mapping "
-                             f"({', '.join(cls.keys())}), got {section!r}")
-        values = om.to_container(section, resolve=True) if isinstance(section, DictConfig) else dict(section)
-        check_names(where, values, cls.keys())
-        return cls(**{key: value for key, value in values.items() if value is not None})
-
 
 @dataclass(frozen=True)
 class TeacherConfig(ModelConfig):
@@ -94,11 +98,15 @@ class TeacherConfig(ModelConfig):
         chunk_size: teacher tokens per chunk of its LM head (unset: ``CHUNK_SIZE`` with PyTorch's kernels, Liger's own
             chunks with theirs).
         compile_config: torch.compile's options for each of its decoder layers; unset, not compiled.
+        check_scored_by: with cached losses, refuse shards another teacher scored (another name where it is given
+            by name, other weights where it is built); false takes them whoever scored them (its name is only a
+            label then: a teacher scored from a local copy and named by its hub name) and says who did.
     """
 
     placement: str = "auto"
     chunk_size: int | None = None
     compile_config: dict | None = None
+    check_scored_by: bool = True
 
     def check_speed(self, where: str) -> None:
         """Its speed options, refused in one line before anything loads (``vocagno.core.kernels.check_speed``)."""

@@ -180,7 +180,7 @@ class Teachers:
                 each.check_reads(metadata, own_tokens=True)
                 self.scorers[each.name] = place(each.scorer(), each)
 
-    def check_cached(self, metadata, check_scored_by: bool) -> None:
+    def check_cached(self, metadata) -> None:
         """Refuse shards (``metadata``: their ``ShardMetadata``) that lack an other teacher's cached losses, or hold
         another teacher's under its name, naming the teacher."""
         scored = getattr(metadata, "also_scored_by", None) or {}
@@ -196,8 +196,7 @@ class Teachers:
                 raise ValueError(f"teacher {each.name!r}: the shards' {loss_column(each.name)} was scored with the "
                                  f"tokenizer {by['tokenizer']['name']!r}, but this run's is {wanted.name!r}: its "
                                  "tokens and alignment would differ; score them with this tokenizer")
-            each.check_scored_by(by, check_scored_by,
-                                 f"teacher {each.name!r}: the shards' {loss_column(each.name)} was")
+            each.check_scorer(by, f"teacher {each.name!r}: the shards' {loss_column(each.name)} was")
 
     def losses(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Each other teacher's token losses ``[B, M_t]`` of ``batch``: its forward, or its cached losses."""

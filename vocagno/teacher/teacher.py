@@ -4,7 +4,7 @@ A ``Teacher`` is its model (a Hugging Face name, folder or shipped name, or a ca
 its options. It loads its model once (``load``) into the module that scores its tokens (``scorer``:
 ``vocagno.teacher.model.TeacherScorer``), makes its tokens and alignment from a student's (``side``:
 ``vocagno.teacher.side.TeacherSide``), checks that it can read shards (``check_reads``), says where its cached losses go
-in them (``column``) and whether cached losses are its own (``check_scored_by``). A yaml's section becomes one in one
+in them (``column``) and whether cached losses are its own (``check_scorer``). A yaml's section becomes one in one
 way (``Teacher.from_config``), and any teacher an algorithm is given (``Teacher.of``). Several guiding one student are
 ``vocagno.teacher.several.Teachers``.
 """
@@ -74,6 +74,7 @@ class Teacher:
         chunk_size, kernels, compile_config: how its scorer runs (``TeacherScorer``; a ``chunk_size`` of None:
             ``CHUNK_SIZE`` with PyTorch's kernels, Liger's own chunks with theirs).
         label: what runs and the scoring pass's ``scored_by`` call it; unset, ``teacher_label(model)``.
+        check_scored_by: with cached losses, refuse those another teacher scored (``check_scorer``).
 
     Its options' defaults are a ``teacher:`` section's (``TeacherConfig``).
     """
@@ -88,6 +89,7 @@ class Teacher:
     kernels: str = TeacherConfig.kernels
     compile_config: dict | None = TeacherConfig.compile_config
     label: str = ""
+    check_scored_by: bool = TeacherConfig.check_scored_by
     _tokenizer: Any = field(default=None, init=False, repr=False, compare=False)  # loaded once
     _module: nn.Module | None = field(default=None, init=False, repr=False, compare=False)  # loaded once
     _scorer: TeacherScorer | None = field(default=None, init=False, repr=False, compare=False)  # built once
@@ -121,7 +123,7 @@ class Teacher:
             model = sections.build_causal_lm(config, len(tokenizer), seed)
         return cls(model, name, config.tokenizer if tokenizer is None else tokenizer, config.dtype or LOADED_DTYPE,
                    config.placement, config.chunk_size, config.trust_remote_code, config.kernels,
-                   config.compile_config, label)
+                   config.compile_config, label, config.check_scored_by)
 
     @classmethod
     def of(cls, given: Any, name: str | None = None) -> "Teacher":
@@ -245,16 +247,16 @@ class Teacher:
         self._fingerprint = self._fingerprint or weights_fingerprint(self.load())
         return self._fingerprint
 
-    def check_scored_by(self, by: dict, check: bool, losses: str) -> None:
+    def check_scorer(self, by: dict, losses: str) -> None:
         """Refuse cached losses that ``by`` (a ``ShardMetadata.scored_by`` entry) says another teacher scored: another
         name when it is given by name, other weights when given as a module. ``losses`` begins the message (which
-        losses, and "was"/"were"); with ``check`` false, only say who scored them."""
-        if not check:
+        losses, and "was"/"were"); with ``check_scored_by`` false, only say who scored them."""
+        if not self.check_scored_by:
             print(terminal(f"VocAgnoLM: {losses} scored by {by}; not checked (check_scored_by: false)"), flush=True)
         elif isinstance(self.model, str) and by["name"] != self.label:
             raise ValueError(f"{losses} scored by {by['name']!r}, but the teacher is {self.label!r}: score them with "
-                             "this teacher, name the one that scored them, or set check_scored_by: false when the "
-                             "teacher's name is only a label")
+                             "this teacher, name the one that scored them, or set the teacher's check_scored_by: false "
+                             "when its name is only a label")
         elif isinstance(self.model, nn.Module) and by["fingerprint"] != self.fingerprint():
             raise ValueError(f"{losses} scored by {by['name']!r} (weights {by['fingerprint']}), but this run's teacher "
                              f"has other weights ({self.fingerprint()}): score them with this teacher")

@@ -15,13 +15,15 @@ from streaming import Stream
 
 from vocagno.compat.composer import causal_lm_model
 from vocagno.core.kernels import check_compile_config, check_kernels
-from vocagno.teacher.config import ModelConfig, TeacherConfig, check_names
+from vocagno.teacher.config import BUILT_DTYPE, ModelConfig, TeacherConfig, check_names
 from vocagno.teacher.teacher import Teacher
 from vocagno.training.config import keyword_names, plain, yaml_teacher
 from vocagno.training.loaders import DATASET_KEYS, RUN_DECIDES
 from vocagno.training.loggers import ConsoleLine
 from vocagno.training.metrics import BitsPerByte
 from vocagno.training.registry import TEACHER_ALGORITHMS, algorithm, build, known
+from vocagno.training.optimizers import OPTIMIZER_KERNELS, MultiTensorDecoupledAdamW
+from vocagno.training.sections import OptimizerConfig, RunConfig, SchedulerConfig
 
 __all__ = ["batches", "build_algorithms", "build_loggers", "build_optimizer", "build_scheduler", "check_sections",
            "check_speed_options", "plain_section", "set_of_teachers", "student_flops_per_batch", "student_model"]
@@ -41,7 +43,7 @@ def check_sections(cfg: DictConfig) -> None:
                 ConsoleLine if (section, name) == ("loggers", "console") else known(section, name)
             check_names(f"{section}.{name}.", kwargs, [] if made is ConsoleLine else keyword_names(made) or kwargs)
     if plain_section(cfg, "loggers").get("console") is not None:
-        batches(cfg.get("console_log_interval") or "1ba", "console_log_interval")
+        batches(RunConfig.of(cfg).console_log_interval, "console_log_interval")
     for section in ("train_loader", "eval_loader"):
         dataset = om.select(cfg, f"{section}.dataset")
         dataset = om.to_container(dataset) if dataset is not None else {}
@@ -132,7 +134,7 @@ def build_loggers(cfg: DictConfig, load_path: str | None = None, resuming: bool 
             chosen["callbacks"]["load_checkpoint"] = {**chosen["callbacks"]["load_checkpoint"], "load_path": load_path}
     loggers = [build("loggers", name, kwargs) for name, kwargs in chosen["loggers"].items() if name != "console"]
     if "console" in chosen["loggers"]:
-        loggers.append(ConsoleLine(batches(cfg.get("console_log_interval") or "1ba", "console_log_interval")))
+        loggers.append(ConsoleLine(batches(RunConfig.of(cfg).console_log_interval, "console_log_interval")))
     callbacks = [build("callbacks", name, kwargs) for name, kwargs in chosen["callbacks"].items()]
     return loggers, callbacks
 
@@ -146,22 +148,32 @@ def batches(value: Any, key: str) -> int:
 
 
 def build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> DecoupledAdamW:
-    """``optimizer:``: Composer's DecoupledAdamW (its decay is not scaled by the learning rate)."""
-    opt = cfg.optimizer
-    if opt.get("name", "decoupled_adamw") != "decoupled_adamw":
-        raise ValueError(f"optimizer.name: only decoupled_adamw is supported, got {opt.name!r}")
-    return DecoupledAdamW(
-        model.parameters(), lr=opt.lr, betas=tuple(opt.get("betas", (0.9, 0.95))), eps=opt.get("eps", 1e-8),
-        weight_decay=opt.get("weight_decay", 0.0),
-    )
+    """``optimizer:``: Composer's DecoupledAdamW (its decay is not scaled by the learning rate), or the same update in
+    multi-tensor or fused kernels (``OptimizerConfig``)."""
+    opt = OptimizerConfig.of(cfg.optimizer, "optimizer.")
+    if opt.name != OptimizerConfig.name:
+        raise ValueError(f"optimizer.name: only {OptimizerConfig.name} is supported, got {opt.name!r}")
+    if opt.kernels not in OPTIMIZER_KERNELS:
+        raise ValueError(f"optimizer.kernels must be one of {', '.join(OPTIMIZER_KERNELS)}, got {opt.kernels!r}")
+    if opt.master_weights and opt.kernels == "composer":
+        raise ValueError("optimizer.master_weights needs optimizer.kernels: foreach or fused (their DecoupledAdamW "
+                         "keeps the master weights)")
+    if opt.master_weights and (ModelConfig.of(cfg.get("model"), "model.").dtype or BUILT_DTYPE) == "float32":
+        raise ValueError("optimizer.master_weights keeps float32 copies of bfloat16 or float16 weights, but the "
+                         "student's are float32: set model.dtype: bfloat16, or leave master_weights out")
+    options = dict(lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps, weight_decay=opt.weight_decay)
+    if opt.kernels == "composer":
+        return DecoupledAdamW(model.parameters(), **options)
+    return MultiTensorDecoupledAdamW(model.parameters(), **options, fused=opt.kernels == "fused",
+                                     master_weights=opt.master_weights)
 
 
 def build_scheduler(cfg: DictConfig) -> CosineAnnealingWithWarmupScheduler:
     """``scheduler:``: a cosine decay after a linear warmup, to ``alpha_f`` of the learning rate."""
-    sched = cfg.scheduler
-    if sched.get("name", "cosine_with_warmup") != "cosine_with_warmup":
-        raise ValueError(f"scheduler.name: only cosine_with_warmup is supported, got {sched.name!r}")
-    return CosineAnnealingWithWarmupScheduler(t_warmup=sched.t_warmup, alpha_f=sched.get("alpha_f", 0.0))
+    sched = SchedulerConfig.of(cfg.scheduler, "scheduler.")
+    if sched.name != SchedulerConfig.name:
+        raise ValueError(f"scheduler.name: only {SchedulerConfig.name} is supported, got {sched.name!r}")
+    return CosineAnnealingWithWarmupScheduler(t_warmup=sched.t_warmup, alpha_f=sched.alpha_f)
 
 
 def student_model(student: torch.nn.Module, tokenizer) -> HuggingFaceModel:

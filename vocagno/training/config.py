@@ -19,13 +19,14 @@ from omegaconf import OmegaConf as om
 from vocagno.core.kernels import KERNELS, check_on_gpu
 from vocagno.errors import Refused
 from vocagno.teacher.config import ModelConfig, TeacherConfig, check_names, is_dtype
+from vocagno.training.sections import LoaderConfig, OptimizerConfig, SchedulerConfig, SelectionReportConfig
 
 __all__ = ["SCHEMA", "load_config", "published_yaml", "keyword_names", "plain", "yaml_teacher", "scoring_teacher",
            "scoring_teachers"]
 
-# The keys a yaml may hold; a nested dict names the keys of that section, None leaves a section free-form.
-LOADER_KEYS = {"dataset": None, "drop_last": None, "num_workers": None, "teacher_seq_len": None,
-               "convert_if_missing": None}
+# The keys a yaml may hold; a nested dict names the keys of that section, None leaves a section free-form. The
+# defaults are the typed sections' (vocagno.training.sections, vocagno.teacher.config).
+LOADER_KEYS = dict.fromkeys(LoaderConfig.keys())
 SCHEMA: dict[str, Any] = {
     "variables": None,
     "run_name": None,
@@ -36,8 +37,8 @@ SCHEMA: dict[str, Any] = {
     "teachers": None,  # several teachers: NAME -> teacher:'s keys (checked by builders.set_of_teachers)
     "train_loader": LOADER_KEYS,
     "eval_loader": LOADER_KEYS,
-    "optimizer": {"name": None, "lr": None, "betas": None, "eps": None, "weight_decay": None},
-    "scheduler": {"name": None, "t_warmup": None, "alpha_f": None},
+    "optimizer": dict.fromkeys(OptimizerConfig.keys()),
+    "scheduler": dict.fromkeys(SchedulerConfig.keys()),
     "algorithms": None,
     "precision": None,
     "compile_config": None,  # torch.compile's options for the student (Composer's); null: not compiled
@@ -59,7 +60,7 @@ SCHEMA: dict[str, Any] = {
     "console_log_interval": None,
     "dist_timeout": None,
     # After training: what the teacher keeps of held-out shards with canaries (vocagno.selection), with the student.
-    "selection_report": {"shards": None, "samples": None, "canaries": None},
+    "selection_report": dict.fromkeys(SelectionReportConfig.keys()),
 }
 REQUIRED = ("run_name", "seed", "tokenizer", "model", "train_loader", "optimizer", "scheduler", "max_duration",
             "global_train_batch_size", "device_train_microbatch_size")
@@ -293,9 +294,11 @@ def _is_positive_int(value: Any) -> bool:
 VALUE_CHECKS: dict[str, tuple[Any, str]] = {
     "model.trust_remote_code": (_is_bool, "true or false"),
     "teacher.trust_remote_code": (_is_bool, "true or false"),
+    "teacher.check_scored_by": (_is_bool, "true or false"),
     "autoresume": (_is_bool, "true or false"),
     "save_overwrite": (_is_bool, "true or false"),
     "train_loader.drop_last": (_is_bool, "true or false"),
+    "optimizer.master_weights": (_is_bool, "true or false"),
     "eval_loader.drop_last": (_is_bool, "true or false"),
     "train_loader.dataset.shuffle": (_is_bool, "true or false"),
     "model.dtype": (is_dtype, "a torch dtype (float32, bfloat16, float16)"),
@@ -323,7 +326,7 @@ MAX_DECOUPLED_DECAY = 1e-3
 
 
 def _check_weight_decay(optimizer: DictConfig) -> None:
-    decay = optimizer.get("weight_decay", 0.0)
+    decay = OptimizerConfig.of(optimizer, "optimizer.").weight_decay
     if decay > MAX_DECOUPLED_DECAY:
         raise ValueError(
             f"optimizer.weight_decay={decay} would shrink every weight by {decay:.1%} per step: decoupled_adamw's "

@@ -15,6 +15,7 @@ from streaming import StreamingDataset
 from vocagno.data.dataset import teacher_guided_loader
 from vocagno.shown import terminal
 from vocagno.training.config import keyword_names
+from vocagno.training.sections import LoaderConfig
 
 __all__ = ["DATASET_KEYS", "RUN_DECIDES", "build_loader", "conversion_flags", "convert_if_missing", "dataset_locals"]
 
@@ -42,19 +43,18 @@ def build_loader(section: DictConfig, student_tok, teacher_tok, batch_size: int,
                  flags: str = "--student-tokenizer ... --teacher-tokenizer ..."):
     """The loader of the yaml's section ``name`` (train_loader or eval_loader), its shards converted first where
     ``convert_if_missing`` says so; ``flags``: the converter's flags a missing folder's message suggests."""
-    dataset_cfg = om.to_container(section.dataset)
-    convert = section.get("convert_if_missing")
+    loader = LoaderConfig.of(section, f"{name}.")
+    dataset_cfg, convert = loader.dataset, loader.convert_if_missing
     folders = [(f"{name}.dataset", dataset_cfg, convert)]
     folders += [(f"{name}.dataset.streams.{key}", stream, None)
                 for key, stream in (dataset_cfg.get("streams") or {}).items()]
     for where, one, converting in folders:
         if one.get("local") is not None and one.get("remote") is None:
             local = os.path.join(str(one["local"]), str(one["split"])) if one.get("split") else str(one["local"])
-            convert_if_missing(local, om.to_container(converting) if converting is not None else None, where, flags)
-    return teacher_guided_loader(
-        dataset_cfg, student_tok, teacher_tok, batch_size, teacher_seq_len=section.get("teacher_seq_len"),
-        num_workers=section.get("num_workers", 0), drop_last=section.get("drop_last", True),
-    )
+            convert_if_missing(local, converting, where, flags)
+    return teacher_guided_loader(dataset_cfg, student_tok, teacher_tok, batch_size,
+                                 teacher_seq_len=loader.teacher_seq_len, num_workers=loader.num_workers,
+                                 drop_last=loader.drop_last)
 
 
 def convert_if_missing(local: str, convert: dict[str, Any] | None, where: str, flags: str) -> None:

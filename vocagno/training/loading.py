@@ -14,6 +14,7 @@ from vocagno.doors.untrusted import reason
 from vocagno.doors.writing import remove
 from vocagno.errors import Refused
 from vocagno.training.builders import plain_section
+from vocagno.training.sections import RunConfig
 from vocagno.training.checkpoint import BadCheckpoint, has_latest, private_folder, repair, resolve, resolve_remote, take
 
 __all__ = ["LOAD_EVENTS", "Loading", "take_checkpoint"]
@@ -41,7 +42,7 @@ def take_checkpoint(cfg: DictConfig) -> tuple[Loading | None, Path | None]:
     its one line."""
     save_folder = cfg.get("save_folder")
     folder = format_name_with_dist(str(save_folder), cfg.run_name) if save_folder else None
-    resumes = bool(cfg.get("autoresume", False) and folder)
+    resumes = bool(RunConfig.of(cfg).autoresume and folder)
     chosen: tuple | None = None
     if dist.get_global_rank() == 0:
         try:

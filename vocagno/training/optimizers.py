@@ -41,7 +41,10 @@ from itertools import chain
 import torch
 from composer.optim import DecoupledAdamW
 
-__all__ = ["MultiTensorDecoupledAdamW"]
+__all__ = ["OPTIMIZER_KERNELS", "MultiTensorDecoupledAdamW"]
+
+# optimizer.kernels: Composer's DecoupledAdamW, or this one's multi-tensor or fused update.
+OPTIMIZER_KERNELS = ("composer", "foreach", "fused")
 
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)  # the dtypes that get a float32 master with master_weights

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from vocagno.training.sections import LoaderConfig, RunConfig
+
 __all__ = ["batches_of", "plan_line"]
 
 
@@ -37,7 +39,8 @@ def plan_line(cfg: Any, samples: int, seq_len: int) -> str:
     """One line: how many batches (and tokens) the run trains, its warm-up, when it evaluates and saves. ``samples``:
     the training shards' samples; ``seq_len``: student tokens a sample."""
     batch = int(cfg.global_train_batch_size)
-    drop_last = (cfg.train_loader.get("drop_last") if cfg.train_loader.get("drop_last") is not None else True)
+    drop_last = LoaderConfig.of(cfg.train_loader, "train_loader.").drop_last
+    run = RunConfig.of(cfg)
     an_epoch = samples // batch if drop_last else math.ceil(samples / batch)
     total = batches_of(cfg.max_duration, an_epoch, batch, seq_len)
     said = [f"training {total:,} batches of {batch} samples x {seq_len} student tokens ({total * batch * seq_len:,} "
@@ -49,9 +52,9 @@ def plan_line(cfg: Any, samples: int, seq_len: int) -> str:
     if warmup is not None:
         said.append(f"warm-up {batches_of(warmup, an_epoch, batch, seq_len, total, 'scheduler.t_warmup'):,} batches")
     if cfg.get("eval_loader") is not None:
-        every = batches_of(cfg.get("eval_interval", 1), an_epoch, batch, seq_len, total, "eval_interval")
+        every = batches_of(run.eval_interval, an_epoch, batch, seq_len, total, "eval_interval")
         said.append(f"held-out bits per byte every {every:,} batches" if every else "no held-out evaluation")
     if cfg.get("save_folder"):
-        every = batches_of(cfg.get("save_interval", "1ep"), an_epoch, batch, seq_len, total, "save_interval")
+        every = batches_of(run.save_interval, an_epoch, batch, seq_len, total, "save_interval")
         said.append(f"a checkpoint every {every:,} batches into {cfg.save_folder}")
     return "; ".join(said)
