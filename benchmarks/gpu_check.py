@@ -21,7 +21,8 @@ reported as such and the others still run:
 Goals, each beside its figure in the report: ``microbatch`` overhead (guided / (plain + teacher forward)) at most
 1.05 and cached steps at most 1.03 x plain (paper preset); plain MFU at least 40%; the scoring pass at least 29,000
 teacher tokens/s; the gpu tests passing (and ``speed_tests``: Liger's kernels against PyTorch's). The speed options'
-steps, ``bench_paper_torch``, ``bench_paper_liger`` and ``bench_paper_liger_compiled`` (``SPEED_VARIANTS``), run the
+steps, ``bench_paper_torch``, ``bench_paper_liger``, ``bench_paper_liger_compiled`` and ``bench_paper_liger_levers``
+(``SPEED_VARIANTS``), run the
 paper preset's ``microbatch`` scope with each option, profiled (``OUT/profile_VARIANT/``). On one H200:
 bench_paper 72 s, fsdp_all_gpus 74 s, sharded_resume_export 169 s, gpu_tests 42 s; on one H100: speed_tests 43 s,
 bench_paper_torch 98 s, bench_paper_liger 82 s, bench_paper_liger_compiled over 287 s; the miniature alone runs for
@@ -112,6 +113,10 @@ SPEED_VARIANTS = [
     ("liger", ["model.kernels=liger", "teacher.kernels=liger"], 200),
     ("liger_compiled", ["model.kernels=liger", "teacher.kernels=liger", "compile_config={}",
                         "teacher.compile_config={}"], 360),
+    # Issue 62's levers together, off by default until measured: the optimizer's update in one fused kernel, and
+    # Liger's teacher chunks 8 x its default budget.
+    ("liger_levers", ["model.kernels=liger", "teacher.kernels=liger", "teacher.chunk_mem_const=8",
+                      "optimizer.kernels=fused"], 200),
 ]
 
 

@@ -39,7 +39,8 @@ from pathlib import Path
 
 
 from vocagno.entry import Parser
-from vocagno.core.kernels import DEFAULT_KERNELS, KERNELS, check_chunk_size, check_kernels, check_on_gpu
+from vocagno.core.kernels import (DEFAULT_KERNELS, KERNELS, check_chunk_mem_const, check_chunk_size, check_kernels,
+                                  check_on_gpu)
 from vocagno.core.loss import CHUNK_SIZE
 from vocagno.data.outroots import Output
 from vocagno.data.shards import DISTRIBUTION_DTYPES, ShardMetadata, check_teacher_name
@@ -80,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-size", type=int,
                         help=f"the --teacher's tokens per chunk of its LM head (default {CHUNK_SIZE}; not with "
                              "--kernels liger, which chooses its own)")
+    parser.add_argument("--chunk-mem-const", type=int,
+                        help="with --kernels liger: the bound on a chunk's logits in multiples of the hidden states' "
+                             "size (Liger's default 1; a yaml's teacher.chunk_mem_const)")
     parser.add_argument("--batch-tokens", type=int, default=BATCH_TOKENS,
                         help="padded teacher tokens per scoring batch")
     parser.add_argument("--device", help="default: this rank's GPU (LOCAL_RANK), else the CPU")
@@ -107,11 +111,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--top-k must be at least 1, got {args.top_k}")
     try:
         check_chunk_size(args.kernels, args.chunk_size, None, ("--chunk-size", "--kernels liger"))
+        check_chunk_mem_const(args.kernels, args.chunk_mem_const, "--chunk-mem-const")
     except Refused as error:
         parser.error(str(error))
-    if args.config and (args.kernels != DEFAULT_KERNELS or args.compile or args.chunk_size is not None):
-        parser.error("--kernels, --compile and --chunk-size are the --teacher's: with --config, give "
-                     "teacher.kernels=liger, teacher.compile_config={} or teacher.chunk_size=N as overrides")
+    if args.config and (args.kernels != DEFAULT_KERNELS or args.compile or args.chunk_size is not None
+                        or args.chunk_mem_const is not None):
+        parser.error("--kernels, --compile, --chunk-size and --chunk-mem-const are the --teacher's: with --config, "
+                     "give teacher.kernels=liger, teacher.compile_config={}, teacher.chunk_size=N or "
+                     "teacher.chunk_mem_const=N as overrides")
     try:
         ShardMetadata.read(args.shards)  # what a folder that holds no vocagno shards lacks, and what to do
     except (FileNotFoundError, Refused) as error:
@@ -130,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         check_kernels(args.kernels, "--kernels")  # before a teacher of minutes loads
         check_on_gpu(args.kernels, device, "--kernels")
         chosen = Teacher(args.teacher, args.name, args.teacher_tokenizer, args.dtype, chunk_size=args.chunk_size,
-                         kernels=args.kernels, compile_config={} if args.compile else None)
+                         kernels=args.kernels, compile_config={} if args.compile else None,
+                         chunk_mem_const=args.chunk_mem_const)
     rank, world = rank_and_world()
     samples = score(args.shards, Output(args.out, args.local_root), chosen, device, args.batch_tokens, rank, world,
                     top_k, args.top_k_dtype)

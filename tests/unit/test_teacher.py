@@ -200,3 +200,34 @@ def test_a_teacher_given_as_a_path_is_its_folder_as_a_name_would_give_it():
     pair = VocAgnoLM(teachers={"math": folder, "again": str(folder)}).teachers.all
     for teacher in (Teacher.of(folder), VocAgnoLM(teacher=folder).teacher, KLD(teacher=folder).teacher, pair[0]):
         assert teacher.model == str(folder) and teacher.label == str(folder), teacher
+
+
+def test_ligers_chunk_budget_is_a_teacher_key_refused_without_its_kernels_and_resumed_only_with_the_same():
+    """teacher.chunk_mem_const: Liger's fused cross-entropy's chunk budget, from a yaml section to the scorer; with
+    PyTorch's kernels (which chunk by chunk_size) it is refused before anything loads, as is one that is no positive
+    integer; a resumed scoring pass compares it (a key only where it is set, so older passes resume as before)."""
+    from vocagno.errors import Refused
+    from vocagno.teacher.config import TeacherConfig
+    from vocagno.teacher.model import TeacherScorer
+
+    with pytest.raises(Refused, match=r"^teacher\.chunk_mem_const is Liger's fused cross-entropy's; with kernels: "
+                                      r"torch, chunk_size sets the chunks"):
+        TeacherConfig.of({"chunk_mem_const": 8}).check_speed("teacher")
+    with pytest.raises(Refused, match=r"teachers\.b\.chunk_mem_const must be a positive integer .* got 0"):
+        TeacherConfig.of({"kernels": "liger", "chunk_mem_const": 0}).check_speed("teachers.b")
+    teacher = Teacher.from_config({"name_or_path": "tiny-math-teacher", "dtype": "float32"})
+    assert teacher.chunk_mem_const is None and "chunk_mem_const" not in teacher.scoring_settings()
+    liger = Teacher.from_config({"name_or_path": "tiny-math-teacher", "kernels": "liger", "chunk_mem_const": 4})
+    assert liger.chunk_mem_const == 4
+    with pytest.raises(Refused, match="chunk_mem_const is Liger's"):
+        TeacherScorer(teacher.load(), chunk_mem_const=4)
+
+
+def test_the_scoring_pass_takes_ligers_chunk_budget_only_with_its_kernels(tmp_path, capsys):
+    from vocagno import score
+
+    with pytest.raises(SystemExit) as ended:
+        score.main(["--shards", str(tmp_path), "--teacher", "tiny-math-teacher", "--chunk-mem-const", "8",
+                    "--out", str(tmp_path / "out")])
+    assert ended.value.code == 2
+    assert "--chunk-mem-const is Liger's fused cross-entropy's; with kernels: torch" in capsys.readouterr().err

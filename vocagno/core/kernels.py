@@ -59,11 +59,12 @@ def check_chunk_size(kernels: str, chunk_size, where: str | None = "teacher",
                       f"linear cross-entropy chooses its chunks: leave {chunk} out")
 
 
-def check_speed(kernels: str, compile_config, chunk_size, where: str) -> None:
-    """A teacher section's speed options (``kernels``, ``compile_config``, a ``chunk_size`` given or None), refused in
-    one line before anything loads: ``where`` names the section. What the settings say comes before what the
-    machine can do."""
+def check_speed(kernels: str, compile_config, chunk_size, where: str, chunk_mem_const=None) -> None:
+    """A teacher section's speed options (``kernels``, ``compile_config``, a ``chunk_size`` or ``chunk_mem_const`` given
+    or None), refused in one line before anything loads: ``where`` names the section. What the settings say comes
+    before what the machine can do."""
     check_chunk_size(kernels, chunk_size, where)
+    check_chunk_mem_const(kernels, chunk_mem_const, f"{where}.chunk_mem_const")
     check_compile_config(compile_config, f"{where}.compile_config")
     check_kernels(kernels, f"{where}.kernels")
 

@@ -98,6 +98,9 @@ class TeacherConfig(ModelConfig):
         chunk_size: teacher tokens per chunk of its LM head (unset: ``CHUNK_SIZE`` with PyTorch's kernels, Liger's own
             chunks with theirs).
         compile_config: torch.compile's options for each of its decoder layers; unset, not compiled.
+        chunk_mem_const: with ``kernels: liger``, the bound on a chunk's logits in multiples of the hidden states'
+            size, which sets Liger's chunk of tokens (``vocagno.core.kernels.liger_chunk_tokens``); unset, Liger's
+            default (1).
         check_scored_by: with cached losses, refuse shards another teacher scored (another name where it is given
             by name, other weights where it is built); false takes them whoever scored them (its name is only a
             label then: a teacher scored from a local copy and named by its hub name) and says who did.
@@ -106,11 +109,12 @@ class TeacherConfig(ModelConfig):
     placement: str = "auto"
     chunk_size: int | None = None
     compile_config: dict | None = None
+    chunk_mem_const: int | None = None
     check_scored_by: bool = True
 
     def check_speed(self, where: str) -> None:
         """Its speed options, refused in one line before anything loads (``vocagno.core.kernels.check_speed``)."""
-        check_speed(self.kernels, self.compile_config, self.chunk_size, where)
+        check_speed(self.kernels, self.compile_config, self.chunk_size, where, self.chunk_mem_const)
 
 
 def build_causal_lm(section: ModelConfig | Mapping, vocab_size: int, seed: int | None = None) -> nn.Module:

@@ -16,7 +16,7 @@ from torch import nn
 
 from vocagno.core.fsdp import decoder_layer_classes
 from vocagno.core.kernels import (
-    DEFAULT_KERNELS, check_chunk_size, check_on_gpu, compile_layers, fused_token_loss, use_kernels,
+    DEFAULT_KERNELS, check_chunk_mem_const, check_chunk_size, check_on_gpu, compile_layers, fused_token_loss, use_kernels,
 )
 from vocagno.core.loss import CHUNK_SIZE, teacher_token_loss
 from vocagno.data.shards import describe_tokenizer
@@ -30,12 +30,15 @@ __all__ = ["TeacherScorer", "load_teacher", "weights_fingerprint", "check_teache
 
 class TeacherScorer(nn.Module):
     """A frozen Hugging Face causal LM that returns the loss of each of its tokens: ``[B, M]``, NaN where undefined.
-    ``chunk_size``: teacher tokens per chunk of its LM head (None: ``CHUNK_SIZE``; Liger's kernels choose their own)."""
+    ``chunk_size``: teacher tokens per chunk of its LM head (None: ``CHUNK_SIZE``; Liger's kernels choose their own,
+    bounded by ``chunk_mem_const``: ``vocagno.core.kernels.fused_token_loss``)."""
 
     def __init__(self, model: nn.Module, chunk_size: int | None = None, kernels: str = DEFAULT_KERNELS,
-                 compile_config: dict | None = None):
+                 compile_config: dict | None = None, chunk_mem_const: int | None = None):
         super().__init__()
         check_chunk_size(kernels, chunk_size)
+        check_chunk_mem_const(kernels, chunk_mem_const, "teacher chunk_mem_const")
+        self.chunk_mem_const = chunk_mem_const
         self.model = use_kernels(model.eval().requires_grad_(False), kernels, "teacher kernels")
         self.chunk_size = CHUNK_SIZE if chunk_size is None else chunk_size  # None: PyTorch's kernels' default
         self.kernels, self.compile_config = kernels, compile_config
@@ -56,7 +59,8 @@ class TeacherScorer(nn.Module):
             input_ids=input_ids, attention_mask=attention_mask, use_cache=False
         ).last_hidden_state
         head = self.model.get_output_embeddings()
-        fused = (lambda flat, targets: fused_token_loss(flat, head, targets)) if self.kernels == "liger" else None
+        fused = (lambda flat, targets: fused_token_loss(flat, head, targets, self.chunk_mem_const)) \
+            if self.kernels == "liger" else None
         losses = teacher_token_loss(hidden, head, input_ids, attention_mask, chunk_size=self.chunk_size,
                                     linear_cross_entropy=fused)
         if top_k is None:

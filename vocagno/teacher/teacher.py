@@ -71,8 +71,9 @@ class Teacher:
             (``tokenizer_source``).
         dtype, trust_remote_code: how a model given by name loads.
         placement: ``replicate``, ``fsdp`` or ``auto`` (``fsdp`` when the run uses FSDP); ``VocAgnoLM``'s alone.
-        chunk_size, kernels, compile_config: how its scorer runs (``TeacherScorer``; a ``chunk_size`` of None:
-            ``CHUNK_SIZE`` with PyTorch's kernels, Liger's own chunks with theirs).
+        chunk_size, kernels, compile_config, chunk_mem_const: how its scorer runs (``TeacherScorer``; a
+            ``chunk_size`` of None: ``CHUNK_SIZE`` with PyTorch's kernels, Liger's own chunks with theirs, bounded
+            by ``chunk_mem_const``).
         label: what runs and the scoring pass's ``scored_by`` call it; unset, ``teacher_label(model)``.
         check_scored_by: with cached losses, refuse those another teacher scored (``check_scorer``).
 
@@ -90,6 +91,7 @@ class Teacher:
     compile_config: dict | None = TeacherConfig.compile_config
     label: str = ""
     check_scored_by: bool = TeacherConfig.check_scored_by
+    chunk_mem_const: int | None = TeacherConfig.chunk_mem_const
     _tokenizer: Any = field(default=None, init=False, repr=False, compare=False)  # loaded once
     _module: nn.Module | None = field(default=None, init=False, repr=False, compare=False)  # loaded once
     _scorer: TeacherScorer | None = field(default=None, init=False, repr=False, compare=False)  # built once
@@ -123,7 +125,7 @@ class Teacher:
             model = sections.build_causal_lm(config, len(tokenizer), seed)
         return cls(model, name, config.tokenizer if tokenizer is None else tokenizer, config.dtype or LOADED_DTYPE,
                    config.placement, config.chunk_size, config.trust_remote_code, config.kernels,
-                   config.compile_config, label, config.check_scored_by)
+                   config.compile_config, label, config.check_scored_by, config.chunk_mem_const)
 
     @classmethod
     def of(cls, given: Any, name: str | None = None) -> "Teacher":
@@ -160,7 +162,7 @@ class Teacher:
             check_teacher_options(self.dtype, self.trust_remote_code)
         except ValueError as error:
             raise ValueError(f"{where}: {error}" if self.name else str(error)) from None
-        check_speed(self.kernels, self.compile_config, self.chunk_size, where)
+        check_speed(self.kernels, self.compile_config, self.chunk_size, where, self.chunk_mem_const)
 
     def loaded_tokenizer(self):
         """Its tokenizer, loaded once (None for a module given without one); one that won't load names the teacher
@@ -213,7 +215,8 @@ class Teacher:
                                  "module")
             self._module = self._scorer = None
         if self._scorer is None:
-            self._scorer = TeacherScorer(self.load(), self.chunk_size, self.kernels, self.compile_config)
+            self._scorer = TeacherScorer(self.load(), self.chunk_size, self.kernels, self.compile_config,
+                                         self.chunk_mem_const)
         return self._scorer
 
     def check_reads(self, metadata: ShardMetadata | None, own_tokens: bool = False) -> None:
@@ -287,6 +290,8 @@ class Teacher:
             settings["kernels"] = self.kernels
         if self.compile_config is not None:
             settings["compile_config"] = self.compile_config
+        if self.chunk_mem_const is not None:  # Liger's default: no key, as before there was a choice
+            settings["chunk_mem_const"] = self.chunk_mem_const
         return settings
 
     def at_initialization(self, seed: int) -> "Teacher":
