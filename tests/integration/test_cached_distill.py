@@ -349,3 +349,14 @@ def test_with_a_yaml_the_pass_takes_k_from_its_cached_distillation(root, tmp_pat
                                                                            "dtype": "float16"}
     with pytest.raises(Refused, match="distributions of different top_k"):
         score.yaml_top_k(load_config(yaml, ["algorithms.uld.top_k=4", "algorithms.cross_kd.top_k=8"]))
+
+
+def test_online_cross_kd_truncates_the_live_teacher_as_the_cache_does_on_shards_without_one(root, tokenizers):
+    """Online, on shards that carry no distributions, the live teacher's top 8: the cached run's loss, but for the
+    cache's float16 rounding."""
+    live_teacher = Teacher("tiny-math-teacher", tokenizer="mistral", dtype="float32")
+    online, _, _ = fit(root / "losses", tokenizers, CrossVocabKD(live_teacher, top_k=8))
+    cached, _, _ = fit(root / "top8", tokenizers,
+                       CrossVocabKD(Teacher(str(root / "teacher"), tokenizer="mistral"), teacher_losses="cached"))
+    for key in ("total", "soft_ce", "coverage", "mapped_mass"):
+        torch.testing.assert_close(online[key], cached[key], rtol=1e-3, atol=1e-4)
