@@ -17,7 +17,10 @@ product's own commands, as a user would run them.
    pretraining on every token), ``vocagno_40`` (the top 40%), ``vocagno_clean`` (the top-k at the corpus's clean
    share of mapped tokens: ideally every clean token and no junk), ``random_40`` (40% drawn at random), ``chunk_1``
    and ``chunk_16`` (the paper's chunk-level alignment, the chunk's mean loss). ULD and KLD need the teacher online at
-   every step (its whole distribution per token), which does not fit the CPU size's budget: not run.
+   every step (its whole distribution per token), which does not fit the CPU size's budget: not run by default.
+   Asked for by ``--methods``: ``uld_online`` (ULD paired by position, the teacher live), ``uld_cached`` and
+   ``cross_kd_cached`` (ULD and cross-vocabulary KD from the teacher's top 32 cached by the same scoring pass, which
+   then runs with ``--top-k 32``: ``docs/training.md``'s cached distributions).
 5. **Measure**: each student's held-out bits per byte (``vocagno.training.metrics.bits_per_byte``, tokenizer-independent),
    the teacher's, the students' at initialization; and each selecting method's precision (``vocagno.selection`` on
    the held-out shards with canaries of the corpus's kind and fraction, ranked with the method's first-seed student).
@@ -66,6 +69,14 @@ METHODS = {
     "chunk_16": ["algorithms.vocagno.alignment=chunk", "algorithms.vocagno.num_chunks=16",
                  "algorithms.vocagno.aggregation=mean"],
 }
+# Distillation from the teacher's distributions, run when --methods names them (the scoring pass stores its top 32).
+DISTILLATION = {
+    "uld_online": ["algorithms.vocagno=null", "algorithms.uld.weight=1.5"],
+    "uld_cached": ["algorithms.vocagno=null", "algorithms.uld.teacher_losses=cached", "algorithms.uld.top_k=32"],
+    "cross_kd_cached": ["algorithms.vocagno=null", "algorithms.cross_kd.teacher_losses=cached",
+                        "algorithms.cross_kd.top_k=32"],
+}
+TOP_K = 32
 # The selection variant (vocagno.selection) that measures what each selecting method keeps.
 VARIANT = {"vocagno_40": "topk", "vocagno_clean": "topk", "random_40": "random", "chunk_1": "chunk_1",
            "chunk_16": "chunk_16"}
@@ -144,10 +155,11 @@ def experiment_settings(parser: argparse.ArgumentParser, args, methods: dict, si
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = experiment_parser(__doc__.split("\n\n")[0], METHODS, SIZES, "miniature")
+    parser = experiment_parser(__doc__.split("\n\n")[0], {**METHODS, **DISTILLATION}, SIZES, "miniature")
+    parser.set_defaults(methods=",".join(METHODS))
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
-    methods, size, seeds, out = experiment_settings(parser, args, METHODS, SIZES)
+    methods, size, seeds, out = experiment_settings(parser, args, {**METHODS, **DISTILLATION}, SIZES)
     begin = time.perf_counter()
 
     documents = corpus(args.junk, size["docs"])
@@ -166,8 +178,9 @@ def main(argv: list[str] | None = None) -> int:
                                *size["teacher_overrides"]])
     scored = out / "shards" / "scored"
     if not (scored / "index.json").exists():
+        distributions = ["--top-k", str(TOP_K)] if set(methods) & set(DISTILLATION) else []
         score.main(["--shards", str(shards), "--teacher", teacher_name, "--dtype", "float32", "--out", str(scored),
-                    "--device", args.device])
+                    "--device", args.device, *distributions])
     teacher = Teacher(teacher_name, dtype="float32")  # loaded once
     teacher_model = teacher.scorer().to(args.device).model
     student_tok = load_tokenizer("llama2")
@@ -180,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     common = [f"variables.data={scored}", f"max_duration={size['steps']}ba", *size["overrides"]]
     for method in ["init", *methods]:
         for seed in seeds:
-            overrides = [o.replace("{clean}", str(share)) for o in METHODS.get(method, METHODS["plain"])]
+            overrides = [o.replace("{clean}", str(share))
+                         for o in {**METHODS, **DISTILLATION}.get(method, METHODS["plain"])]
             if method not in ("init", "plain"):
                 overrides.append(f"teacher.name_or_path={teacher_name}")
             overrides += [*common, f"seed={seed}", f"run_name=miniature-{method}-{seed}"]
