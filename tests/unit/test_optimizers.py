@@ -269,3 +269,63 @@ def test_master_weights_resume_from_a_state_dict_as_if_never_stopped():
         assert torch.equal(a, b)
     for a, b in zip(resumed.state.values(), straight_opt.state.values()):
         assert torch.equal(a["master"], b["master"])
+
+
+def test_composer_keys_its_checkpointed_state_and_lr_metric_by_the_same_name_for_either_optimizer():
+    """Composer saves and loads an optimizer's state under its class's ``__qualname__`` and LRMonitor names its metric
+    after ``__name__``: a run that changes optimizer.kernels on resume must find the Adam state the other saved (not
+    start Adam again at step 1, as Composer does, warning, for a name it can't find) and log lr under one name."""
+    from composer.core import State
+    from composer.devices import DeviceCPU
+
+    model = torch.nn.Linear(3, 3)
+    composers, ours = DecoupledAdamW(model.parameters()), MultiTensorDecoupledAdamW(model.parameters())
+    assert type(ours).__qualname__ == type(composers).__qualname__
+    assert type(ours).__name__ == type(composers).__name__
+    model(torch.randn(2, 3)).sum().backward()
+    composers.step()
+    state = State(model=model, rank_zero_seed=0, run_name="r", device=DeviceCPU(), optimizers=composers)
+    saved = state.state_dict()["optimizers"]
+    state.optimizers = [ours]
+    state.load_optim_state({"optimizers": saved})
+    assert ours.state[model.weight]["step"] == 1  # what Composer's took
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_state_saved_with_or_without_masters_resumes_from_the_weights_not_a_stale_master(fused):
+    """A master is the optimizer's float32 copy of a bfloat16 weight. Loaded by an optimizer without masters it is
+    dropped (kept, it would be saved again and, at a later resume with masters, roll the weights back to it); loaded
+    by one with masters it is kept only where it rounds to the weight, else made again from it, and the moments are
+    float32 beside it. Either way both kernels step on."""
+    def bf16():
+        torch.manual_seed(0)
+        return Several().to(torch.bfloat16)
+
+    def stepped(opt, model, steps=3):
+        for step in range(steps):
+            opt.zero_grad(set_to_none=True)
+            model(torch.randint(0, 37, (4, 7)), even=step % 2 == 0).float().backward()
+            opt.step()
+
+    model = bf16()
+    mastered = MultiTensorDecoupledAdamW(model.parameters(), master_weights=True, fused=fused)
+    stepped(mastered, model)
+    plain = MultiTensorDecoupledAdamW(model.parameters(), fused=fused)
+    plain.load_state_dict(mastered.state_dict())
+    assert not any("master" in state for state in plain.state.values())
+    stepped(plain, model)  # the weights move on without masters
+    again = MultiTensorDecoupledAdamW(model.parameters(), master_weights=True, fused=fused)
+    again.load_state_dict(mastered.state_dict())  # the old masters: stale now
+    for param in model.parameters():
+        if param in again.state and param.dtype == torch.bfloat16:
+            assert torch.equal(again.state[param]["master"].to(torch.bfloat16), param)
+            assert again.state[param]["exp_avg"].dtype == torch.float32
+    stepped(again, model)
+    model = bf16()
+    composers = DecoupledAdamW(model.parameters())
+    stepped(composers, model)
+    from_composers = MultiTensorDecoupledAdamW(model.parameters(), master_weights=True, fused=fused)
+    from_composers.load_state_dict(composers.state_dict())
+    assert all(state["exp_avg_sq"].dtype == torch.float32 for state in from_composers.state.values()
+               if "master" in state)
+    stepped(from_composers, model)

@@ -41,10 +41,7 @@ from itertools import chain
 import torch
 from composer.optim import DecoupledAdamW
 
-__all__ = ["OPTIMIZER_KERNELS", "MultiTensorDecoupledAdamW"]
-
-# optimizer.kernels: Composer's DecoupledAdamW, or this one's multi-tensor or fused update.
-OPTIMIZER_KERNELS = ("composer", "foreach", "fused")
+__all__ = ["MultiTensorDecoupledAdamW"]
 
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)  # the dtypes that get a float32 master with master_weights
@@ -53,7 +50,11 @@ LOW_PRECISION = (torch.bfloat16, torch.float16)  # the dtypes that get a float32
 class MultiTensorDecoupledAdamW(DecoupledAdamW):
     """Composer's ``DecoupledAdamW`` (same constructor, defaults, state keys and per-parameter metrics), stepping each
     group's parameters of one device, dtype and step count in a dozen multi-tensor kernels. ``master_weights``: see
-    the module's docstring."""
+    the module's docstring.
+
+    Its class goes by Composer's name (``__name__``, ``__qualname__``): Composer saves and loads an optimizer's state
+    under its class's qualified name, and LRMonitor logs ``lr-NAME/groupN``. Under its own, a run resumed with another
+    ``optimizer.kernels`` would start Adam again at step 1 (Composer only warns), and the console's lr would go."""
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
                  weight_decay: float = 1e-5, amsgrad: bool = False, master_weights: bool = False, fused: bool = False):
@@ -63,17 +64,32 @@ class MultiTensorDecoupledAdamW(DecoupledAdamW):
         self.one_kernel = fused
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """torch's, then each master and its moments float32 again: torch casts every state tensor to its parameter's
-        dtype, which would round a master into bfloat16."""
+        """torch's, then the masters made to agree with the weights. torch casts every state tensor to its parameter's
+        dtype, which would round a master into bfloat16: a master is kept in float32 where it rounds to its weight
+        (the state this optimizer saved with the weights it stepped), made again from the weight where it does not (a
+        master older than the weights: kept, it would roll them back), and made where the state has none (saved
+        without masters); its moments are float32 beside it. Without masters, a saved master is dropped: it would be
+        saved again, stale, at every checkpoint."""
         super().load_state_dict(state_dict)
         saved = chain.from_iterable(group["params"] for group in state_dict["param_groups"])
         params = chain.from_iterable(group["params"] for group in self.param_groups)
         for index, param in zip(saved, params):
-            state = state_dict["state"].get(index, {})
-            if "master" in state:
-                for key in ("master", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
+            given, state = state_dict["state"].get(index, {}), self.state.get(param)
+            if state is None:
+                continue
+            if not (self.master_weights and param.dtype in LOW_PRECISION):
+                state.pop("master", None)
+                for key in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):  # as torch's cast left them: the weight's
                     if key in state:
-                        self.state[param][key] = state[key].to(param.device, torch.float32, copy=True)
+                        state[key] = state[key].to(param.dtype)
+                continue
+            master = given.get("master")
+            fresh = master is None or not torch.equal(master.to(param.device, param.dtype), param)
+            state["master"] = param.detach().to(torch.float32, copy=True) if fresh else \
+                master.to(param.device, torch.float32, copy=True)
+            for key in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
+                if key in state:
+                    state[key] = given[key].to(param.device, torch.float32, copy=True)
 
     @torch.no_grad()  # pyright: ignore[reportUntypedFunctionDecorator]
     def step(self, closure=None):
@@ -165,3 +181,7 @@ class MultiTensorDecoupledAdamW(DecoupledAdamW):
         torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if amsgrad else [], steps, lr=lr,
                             beta1=beta1, beta2=beta2, weight_decay=weight_decay / initial_lr if weight_decay else 0.0,
                             eps=eps, amsgrad=amsgrad, maximize=False)
+
+
+# Composer's name for the class (see its docstring): the key of its checkpointed state and of LRMonitor's metric.
+MultiTensorDecoupledAdamW.__name__ = MultiTensorDecoupledAdamW.__qualname__ = DecoupledAdamW.__qualname__
