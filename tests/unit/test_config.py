@@ -121,3 +121,30 @@ def test_optimizer_kernels_build_the_multi_tensor_decoupled_adamw_and_master_wei
         built(dtype=None, kernels="fused", master_weights=True)
     with pytest.raises(ValueError, match="optimizer.kernels must be one of composer, foreach, fused, got 'apex'"):
         built(kernels="apex")
+
+
+@pytest.mark.parametrize("overrides, refusal", [
+    (["optimizer.kernels=fusd"], "optimizer.kernels must be composer or foreach or fused, got 'fusd'"),
+    (["selection_report.samples=0"], "selection_report.samples must be a positive integer, got 0"),
+    (["selection_report.canaries=1.0"], r"selection_report.canaries must be the share of noise documents, in \[0, 1\)"),
+    (["optimizer.lr=null"], "missing required keys: optimizer.lr"),
+    (["scheduler.t_warmup=null"], "missing required keys: scheduler.t_warmup"),
+])
+def test_values_the_run_cant_take_are_refused_when_the_yaml_loads(overrides, refusal):
+    """Refused in one line naming the key when the yaml is read, before anything is converted or loaded (a misspelt
+    optimizer.kernels used to be found after both conversions; canaries 1.0 ended a finished run in a
+    ZeroDivisionError)."""
+    with pytest.raises(ValueError, match=refusal):
+        load_config(str(Path(__file__).resolve().parents[2] / "yamls" / "tiny.yaml"), overrides)
+
+
+def test_master_weights_the_optimizer_cant_keep_are_refused_with_the_speed_options():
+    from vocagno.training.builders import check_speed_options
+
+    tiny = str(Path(__file__).resolve().parents[2] / "yamls" / "tiny.yaml")
+    with pytest.raises(ValueError, match="optimizer.master_weights needs optimizer.kernels: foreach or fused"):
+        check_speed_options(load_config(tiny, ["optimizer.master_weights=true"]))
+    with pytest.raises(ValueError, match="the student's are float32"):
+        check_speed_options(load_config(tiny, ["optimizer.master_weights=true", "optimizer.kernels=fused"]))
+    check_speed_options(load_config(tiny, ["optimizer.master_weights=true", "optimizer.kernels=fused",
+                                           "model.dtype=bfloat16"]))

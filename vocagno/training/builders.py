@@ -22,8 +22,8 @@ from vocagno.training.loaders import DATASET_KEYS, RUN_DECIDES
 from vocagno.training.loggers import ConsoleLine
 from vocagno.training.metrics import BitsPerByte
 from vocagno.training.registry import TEACHER_ALGORITHMS, algorithm, build, known
-from vocagno.training.optimizers import OPTIMIZER_KERNELS, MultiTensorDecoupledAdamW
-from vocagno.training.sections import OptimizerConfig, RunConfig, SchedulerConfig
+from vocagno.training.optimizers import MultiTensorDecoupledAdamW
+from vocagno.training.sections import OPTIMIZER_KERNELS, OptimizerConfig, RunConfig, SchedulerConfig
 
 __all__ = ["batches", "build_algorithms", "build_loggers", "build_optimizer", "build_scheduler", "check_sections",
            "check_speed_options", "plain_section", "set_of_teachers", "student_flops_per_batch", "student_model"]
@@ -147,9 +147,9 @@ def batches(value: Any, key: str) -> int:
     return int(found.group(1))
 
 
-def build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> DecoupledAdamW:
-    """``optimizer:``: Composer's DecoupledAdamW (its decay is not scaled by the learning rate), or the same update in
-    multi-tensor or fused kernels (``OptimizerConfig``)."""
+def optimizer_config(cfg: DictConfig) -> OptimizerConfig:
+    """The yaml's ``optimizer:``, typed, what it can't run refused in one line (by ``check_speed_options`` before
+    anything is converted or loaded)."""
     opt = OptimizerConfig.of(cfg.optimizer, "optimizer.")
     if opt.name != OptimizerConfig.name:
         raise ValueError(f"optimizer.name: only {OptimizerConfig.name} is supported, got {opt.name!r}")
@@ -161,6 +161,13 @@ def build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> DecoupledAdamW:
     if opt.master_weights and (ModelConfig.of(cfg.get("model"), "model.").dtype or BUILT_DTYPE) == "float32":
         raise ValueError("optimizer.master_weights keeps float32 copies of bfloat16 or float16 weights, but the "
                          "student's are float32: set model.dtype: bfloat16, or leave master_weights out")
+    return opt
+
+
+def build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> DecoupledAdamW:
+    """``optimizer:``: Composer's DecoupledAdamW (its decay is not scaled by the learning rate), or the same update in
+    multi-tensor or fused kernels (``OptimizerConfig``)."""
+    opt = optimizer_config(cfg)
     options = dict(lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps, weight_decay=opt.weight_decay)
     if opt.kernels == "composer":
         return DecoupledAdamW(model.parameters(), **options)
@@ -182,8 +189,9 @@ def student_model(student: torch.nn.Module, tokenizer) -> HuggingFaceModel:
 
 
 def check_speed_options(cfg: DictConfig) -> None:
-    """The student's and the teachers' kernels and compile options, refused in one line before anything is converted
-    or loaded (``vocagno.core.kernels``)."""
+    """The student's, the teachers' and the optimizer's kernels and compile options, refused in one line before
+    anything is converted or loaded (``vocagno.core.kernels``, ``optimizer_config``)."""
+    optimizer_config(cfg)
     check_kernels(ModelConfig.of(cfg.model, "model.").kernels, "model.kernels")
     check_compile_config(plain(cfg.get("compile_config")), "compile_config")
     sections = {"teacher": cfg.teacher} if cfg.get("teacher") is not None else {}

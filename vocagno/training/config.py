@@ -19,7 +19,8 @@ from omegaconf import OmegaConf as om
 from vocagno.core.kernels import KERNELS, check_on_gpu
 from vocagno.errors import Refused
 from vocagno.teacher.config import ModelConfig, TeacherConfig, check_names, is_dtype
-from vocagno.training.sections import LoaderConfig, OptimizerConfig, SchedulerConfig, SelectionReportConfig
+from vocagno.training.sections import (OPTIMIZER_KERNELS, LoaderConfig, OptimizerConfig, SchedulerConfig,
+                                       SelectionReportConfig)
 
 __all__ = ["SCHEMA", "load_config", "published_yaml", "keyword_names", "plain", "yaml_teacher", "scoring_teacher",
            "scoring_teachers"]
@@ -62,8 +63,8 @@ SCHEMA: dict[str, Any] = {
     # After training: what the teacher keeps of held-out shards with canaries (vocagno.selection), with the student.
     "selection_report": dict.fromkeys(SelectionReportConfig.keys()),
 }
-REQUIRED = ("run_name", "seed", "tokenizer", "model", "train_loader", "optimizer", "scheduler", "max_duration",
-            "global_train_batch_size", "device_train_microbatch_size")
+REQUIRED = ("run_name", "seed", "tokenizer", "model", "train_loader", "optimizer", "optimizer.lr", "scheduler",
+            "scheduler.t_warmup", "max_duration", "global_train_batch_size", "device_train_microbatch_size")
 
 
 def load_config(yaml_path: str, overrides: list[str]) -> DictConfig:
@@ -78,7 +79,7 @@ def load_config(yaml_path: str, overrides: list[str]) -> DictConfig:
     for name in teachers or ():
         if isinstance(teachers[name], DictConfig):  # else builders.set_of_teachers names what it needs
             _check_keys(teachers[name], SCHEMA["teacher"], f"teachers.{name}.")
-    missing = [key for key in REQUIRED if cfg.get(key) is None]
+    missing = [key for key in REQUIRED if om.select(cfg, key, throw_on_resolution_failure=False) is None]
     if missing:
         raise ValueError(f"{yaml_path}: missing required keys: {', '.join(missing)}")
     _drop_foreign_conversions(cfg, layers)
@@ -299,6 +300,10 @@ VALUE_CHECKS: dict[str, tuple[Any, str]] = {
     "save_overwrite": (_is_bool, "true or false"),
     "train_loader.drop_last": (_is_bool, "true or false"),
     "optimizer.master_weights": (_is_bool, "true or false"),
+    "optimizer.kernels": (lambda v: v in OPTIMIZER_KERNELS, " or ".join(OPTIMIZER_KERNELS)),
+    "selection_report.samples": (_is_positive_int, "a positive integer"),
+    "selection_report.canaries": (lambda v: _is_number(v) and 0 <= v < 1,
+                                  "the share of noise documents, in [0, 1) (0: none)"),
     "eval_loader.drop_last": (_is_bool, "true or false"),
     "train_loader.dataset.shuffle": (_is_bool, "true or false"),
     "model.dtype": (is_dtype, "a torch dtype (float32, bfloat16, float16)"),

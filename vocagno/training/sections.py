@@ -11,7 +11,11 @@ from typing import Any
 
 from vocagno.teacher.config import Section
 
-__all__ = ["LoaderConfig", "OptimizerConfig", "RunConfig", "SchedulerConfig", "SelectionReportConfig"]
+__all__ = ["OPTIMIZER_KERNELS", "LoaderConfig", "OptimizerConfig", "RunConfig", "SchedulerConfig",
+           "SelectionReportConfig"]
+
+# optimizer.kernels: Composer's DecoupledAdamW, or vocagno.training.optimizers' multi-tensor or fused update.
+OPTIMIZER_KERNELS = ("composer", "foreach", "fused")
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,7 @@ class LoaderConfig(Section):
 @dataclass(frozen=True)
 class SelectionReportConfig(Section):
     """``selection_report:``: what the teacher keeps of held-out ``shards`` (unset: the eval loader's) with
-    ``canaries`` (their share of ``samples`` rows), after training (``vocagno.selection``)."""
+    ``canaries`` (the share of noise documents, in [0, 1): 0, none), after training (``vocagno.selection``)."""
 
     shards: str | None = None
     samples: int = 64
