@@ -7,6 +7,7 @@ from collections import Counter
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import torch
 
 from vocagno.shown import terminal
@@ -139,3 +140,19 @@ def test_align_shows_a_tokenizers_pieces_as_escapes(capsys, monkeypatch):
     out = capsys.readouterr().out
     shows_nothing_acted_on(out.replace("\n", ""))
     assert terminal(ATTACK) in out
+
+
+def test_a_cached_runs_refusal_names_who_scored_the_shards_as_escapes():
+    """ULD from cached distributions on shards that carry only losses: the scorer's name, from the shards' metadata,
+    is shown quoted and escaped (the refusal may reach a terminal through llm-foundry, not through vocagno.entry)."""
+    from types import SimpleNamespace
+
+    from vocagno.algorithms.baselines import ULD
+
+    uld = ULD(teacher="tiny-math-teacher", teacher_losses="cached")
+    metadata = SimpleNamespace(scored_by={"name": ATTACK, "fingerprint": "0", "dtype": "float32"})
+    state = SimpleNamespace(train_dataloader=SimpleNamespace(dataset=SimpleNamespace(metadata=metadata)))
+    with pytest.raises(ValueError) as refused:
+        uld._check_cached(state)
+    shows_nothing_acted_on(str(refused.value).replace("\n", ""))
+    assert f"carry the losses of {ATTACK!r} but no distributions" in str(refused.value)

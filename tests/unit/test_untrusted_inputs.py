@@ -121,3 +121,25 @@ def test_a_linked_benchmark_folder_leads_nowhere_and_a_cap_set_wrong_is_one_line
     assert exit.value.code == 2
     assert "VOCAGNO_MAX_DOCUMENT_BYTES='1k': a positive whole number of bytes" in \
         capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_a_stored_teacher_distribution_that_is_no_distribution_is_refused():
+    """A shard's top-k columns are a target: rows whose probabilities and rest do not add up to 1 (within float16's
+    rounding), or that name one token twice, would train toward no distribution (a crafted row of 1, 1, 1 and rest 1
+    quadrupled both cached losses, unrefused)."""
+    import numpy as np
+
+    from vocagno.doors.untrusted import check_distribution
+
+    ids = np.array([[3, 1], [0, 9], [4, 2]], dtype=np.uint32)
+    probs = np.array([[0.6, 0.3], [0.5, 0.25], [0.9, 0.05]], dtype=np.float16)
+    rest = (1 - probs.astype(np.float32).sum(1)).astype(np.float16)
+    check_distribution(ids, probs, rest, 3, 2, 10, "float16", "s")
+    mass = probs.copy()
+    mass[1] = [1.0, 1.0]
+    with pytest.raises(UntrustedFile, match="teacher_topk_probs and teacher_topk_rest add up to 2.25, not 1"):
+        check_distribution(ids, mass, rest, 3, 2, 10, "float16", "s")
+    twice = ids.copy()
+    twice[2] = [4, 4]
+    with pytest.raises(UntrustedFile, match="teacher_topk_ids names token 4 twice in a row"):
+        check_distribution(twice, probs, rest, 3, 2, 10, "float16", "s")

@@ -144,7 +144,7 @@ class _Distillation(Algorithm):
             scored_by, distribution = metadata.scored_by, distribution_of(metadata)
             if distribution is None:
                 what = "no teacher distributions" if scored_by is None else \
-                    f"the losses of {scored_by['name']} but no distributions"
+                    f"the losses of {scored_by['name']!r} but no distributions"
                 raise ValueError(f"{where}teacher_losses: cached, but {shards} carry {what}: score them with "
                                  f"--top-k ({command}) and train on SCORED")
             if self.top_k is not None and distribution.top_k != self.top_k:

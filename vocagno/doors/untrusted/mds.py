@@ -163,8 +163,9 @@ def check_distribution(ids: object, probs: object, rest: object, positions: int,
     refused (``UntrustedFile``, one line naming the column and what is wrong) unless they are what ``vocagno.score
     --top-k`` writes for a teacher row of ``positions`` tokens: ids ``[positions, top_k]`` (uint16 or uint32, each
     below ``logits``), probabilities ``[positions, top_k]`` of ``dtype`` in [0, 1], decreasing along each row, and the
-    remaining mass ``[positions]`` of ``dtype`` in [0, 1]. Training reads their ids as indices and their values as
-    a target: a wrong one would index out of a vocabulary or train toward no distribution."""
+    remaining mass ``[positions]`` of ``dtype`` in [0, 1], each row's probabilities and rest adding up to 1 (within
+    ``dtype``'s rounding) over ``top_k`` distinct ids. Training reads their ids as indices and their values as a
+    target: a wrong one would index out of a vocabulary or train toward no distribution."""
     def refuse(column: str, why: str) -> UntrustedFile:
         return UntrustedFile(f"{source}: refused: its {column} {why}: not what python -m vocagno.score --top-k "
                              f"{top_k} writes (score the shards again)")
@@ -182,6 +183,19 @@ def check_distribution(ids: object, probs: object, rest: object, positions: int,
                 raise refuse(column, "holds values outside [0, 1]")
     if top_k > 1 and (np.diff(probs.astype(np.float32), axis=1) > 0).any():
         raise refuse("teacher_topk_probs", "is not sorted, most probable first")
+    # The teacher's float32 softmax sums to 1 within about top_k float32 roundings, and each value stored in dtype is
+    # off by at most its own size x dtype's eps: the row's mass is 1 within these, kept 4x.
+    mass = probs.astype(np.float64).sum(1) + rest.astype(np.float64)
+    tolerance = 4 * (float(np.finfo(np.dtype(dtype)).eps) + top_k * float(np.finfo(np.float32).eps))
+    if mass.size and (np.abs(mass - 1) > tolerance).any():
+        worst = float(mass[np.abs(mass - 1).argmax()])
+        raise refuse("teacher_topk_probs and teacher_topk_rest", f"add up to {worst:.6g}, not 1")
+    if top_k > 1:
+        ordered = np.sort(ids, axis=1)
+        repeated = np.diff(ordered.astype(np.int64), axis=1) == 0
+        if repeated.any():
+            row, column = np.argwhere(repeated)[0]
+            raise refuse("teacher_topk_ids", f"names token {int(ordered[row, column])} twice in a row")
 
 
 def _described(value: object) -> str:
