@@ -2,9 +2,9 @@
 
 The venv is built once (``pip install -e REPO llm-foundry==0.22.0``: a single resolve, so our pins and llm-foundry's
 must agree; it gets our exact Streaming and torch, and transformers 4.51 and datasets 3.6, the low ends of our
-ranges) on top of the test's own venv: a ``.pth`` file puts the test venv's site-packages after its own, so pip takes
-what is installed there where it satisfies both (torch and its CUDA libraries, about 3 GB, are not installed again)
-and installs the versions llm-foundry needs otherwise into the new venv, where they come first. It is kept under
+ranges) over the test's own torch: a ``.pth`` file puts links to the test venv's torch, triton and nvidia-*
+distributions after its own packages, so pip takes them (about 4 GB, not installed again) and installs everything
+else into the new venv, as a fresh install would. It is kept under
 ``$VOCAGNO_TEST_VENVS`` (default ``~/.cache/vocagno-test-venvs``) until what it installs changes (``pyproject.toml``
 but for the test extra and the tools' settings, llm-foundry's pin, the Python, the venv beneath it). Where it can't be
 installed (no package registry) the test is skipped, saying so; in CI (``CI`` set) that is a failure instead.
@@ -13,6 +13,7 @@ installed (no package registry) the test is skipped, saying so; in CI (``CI`` se
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,30 +28,57 @@ FOUNDRY = "llm-foundry==0.22.0"
 
 
 def _what_it_installs() -> str:
-    """llm-foundry's pin, the Python, the venv it is layered over, and ``pyproject.toml`` but for what the install does
-    not record (the test extra, pytest's and ruff's settings): editing those keeps the venv."""
+    """llm-foundry's pin, the Python, the venv it is layered over and the versions it takes from there, and
+    ``pyproject.toml`` but for what the install does not record (the test extra, pytest's and ruff's settings):
+    editing those keeps the venv."""
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10: the whole file
-        return FOUNDRY + sys.prefix + (REPO / "pyproject.toml").read_text()
+        return FOUNDRY + sys.prefix + str(_layered_versions()) + (REPO / "pyproject.toml").read_text()
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     project["project"].pop("optional-dependencies", None)
     for tool in ("pytest", "ruff"):
         project.get("tool", {}).pop(tool, None)
-    return json.dumps([FOUNDRY, list(sys.version_info[:2]), sys.prefix, project], sort_keys=True)
+    return json.dumps([FOUNDRY, list(sys.version_info[:2]), sys.prefix, _layered_versions(), project], sort_keys=True)
 
 
 def _run(command: list[str], timeout: int, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
-def _layer_over_this_venv(python: Path) -> None:
-    """The venv of ``python`` sees this interpreter's site-packages after its own (a ``.pth`` file, read at start)."""
-    import sysconfig
+# The distributions the llm-foundry venv takes from the test venv: torch and what its wheel brings (CUDA's libraries,
+# Triton), about 4 GB; every other package is installed into it, as a fresh install would.
+LAYERED = re.compile(r"torch|triton|nvidia-.*")
 
+
+def _layered_versions() -> list[str]:
+    """The distributions of this venv the llm-foundry venv takes, with their versions (part of its cache key)."""
+    from importlib.metadata import distributions
+
+    return sorted(f"{d.metadata['Name']}=={d.version}" for d in distributions()
+                  if LAYERED.fullmatch(d.metadata["Name"].lower()))
+
+
+def _layer_over_this_venv(python: Path) -> None:
+    """The venv of ``python`` sees this venv's torch, triton and nvidia-* distributions after its own packages: links
+    to their files in a folder of its own, named by a ``.pth`` file (read at start). Nothing else of this venv is
+    visible there, so a package vocagno or llm-foundry uses without declaring it is missing there as it would be in a
+    fresh install."""
+    from importlib.metadata import distributions
+
+    venv = python.parent.parent
+    lower = venv / "layered-from-test-venv"
+    lower.mkdir()
+    for dist in distributions():
+        if not LAYERED.fullmatch(dist.metadata["Name"].lower()):
+            continue
+        root = Path(dist.locate_file(""))
+        tops = {Path(str(file)).parts[0] for file in dist.files or ()}
+        for top in tops:
+            if top != ".." and (root / top).exists() and not (lower / top).exists():
+                (lower / top).symlink_to(root / top)
     theirs = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], 120)
-    ours = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
-    (Path(theirs.stdout.strip()) / "_vocagno_test_venv.pth").write_text("".join(f"{path}\n" for path in ours))
+    (Path(theirs.stdout.strip()) / "_vocagno_test_venv.pth").write_text(f"{lower}\n")
 
 
 @pytest.fixture(scope="module")
