@@ -245,7 +245,7 @@ def test_a_cached_run_is_refused_without_this_teachers_distribution_or_of_anothe
              "K --out SCORED) and train on SCORED"),
             ("losses", CrossVocabKD(teacher, teacher_losses="cached", top_k=8),
              f"teacher_losses: cached, but the training shards ({root / 'losses'}) carry the losses of "
-             f"{root / 'teacher'} but no distributions: score them with --top-k (python -m vocagno.score --shards "
+             f"{str(root / 'teacher')!r} but no distributions: score them with --top-k (python -m vocagno.score --shards "
              f"{root / 'losses'} --teacher TEACHER --top-k 8 --out SCORED) and train on SCORED"),
             ("top8", ULD(teacher, teacher_losses="cached", top_k=32),
              f"teacher_losses: cached with top_k 32, but the training shards ({root / 'top8'}) hold the top 8 of "
@@ -279,7 +279,8 @@ def test_distribution_columns_are_checked_before_training_reads_them(root, tmp_p
     (folder / "vocagno.json").write_text(json.dumps(meta))
     with pytest.raises(UntrustedFile, match="distribution .* is not a top_k of 1 to its logits"):
         ShardMetadata.read(folder)
-    ids, probs, rest = np.zeros((3, 2), np.uint16), np.full((3, 2), 0.25, np.float16), np.full(3, 0.5, np.float16)
+    ids, probs, rest = np.tile(np.array([4, 7], np.uint16), (3, 1)), np.full((3, 2), 0.25, np.float16), \
+        np.full(3, 0.5, np.float16)
     check_distribution(ids, probs, rest, 3, 2, 10, "float16", "s")
     unsorted = np.array([[0.25, 0.5]] * 3, np.float16)
     for bad, message in (((ids, unsorted, rest), "teacher_topk_probs is not sorted"),
