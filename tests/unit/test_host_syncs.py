@@ -326,3 +326,34 @@ def test_an_unknown_teacher_timing_is_refused_at_fit_start():
     algorithm.teacher_timing = "gpu"
     with pytest.raises(ValueError, match=r"teacher_timing must be one of \('wall', 'device'\), got 'gpu'"):
         algorithm.apply(Event.FIT_START, SimpleNamespace(), None)
+
+
+def test_a_process_group_of_one_left_up_gathers_nothing(monkeypatch):
+    """One process in a group of one (a run before it in the same process left it up): the batch scope makes no
+    collective, as with no group (all_gather on this device was refused in the whole suite, where an earlier test had
+    brought one up)."""
+    import torch.distributed as torch_dist
+
+    ours = not torch_dist.is_initialized()  # else an earlier test's group of one is up: the case itself
+    if ours:
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+        torch_dist.init_process_group("gloo", rank=0, world_size=1)
+    assert torch_dist.get_world_size() == 1
+    try:
+        algorithm = VocAgnoLM(teacher="tiny-math-teacher", teacher_losses="cached", selection_scope="batch")
+        batch = cached_batch()
+        with no_host_reads(monkeypatch):
+            losses = a_step(algorithm, batch, microbatch=4)
+        assert len(losses) == 2
+    finally:
+        if ours:
+            torch_dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -31,12 +31,12 @@ def select_over_ranks(score: torch.Tensor, labeled: torch.Tensor, topk_ratio: fl
     """Select over the scores ``[rows, N - 1]`` of every rank (``-inf``: unmapped or unlabeled, never selected;
     ``labeled``: which predicted tokens have a label). Ranks may hold different numbers of rows: each is padded to the
     longest with ``-inf``. A random selection draws alike on every rank from ``generator``, seeded alike."""
-    size = score.shape[0]
+    size, alone = score.shape[0], dist.get_world_size() == 1  # alone: no collective (also where a group of one is up)
     sizes = _rows_of_every_rank(size, score.device)
     rows = max(sizes)
     padded = torch.full((rows, score.shape[1]), float("-inf"), device=score.device)
     padded[:size] = score
-    everything = torch.cat(list(dist.all_gather(padded)))  # every rank's scores, in rank order
+    everything = padded if alone else torch.cat(list(dist.all_gather(padded)))  # every rank's scores, in rank order
     rank = dist.get_global_rank()
     chosen = (select_top(everything, topk_ratio) if selection == "topk"
               else select_random(everything, topk_ratio, generator=generator))
@@ -44,7 +44,8 @@ def select_over_ranks(score: torch.Tensor, labeled: torch.Tensor, topk_ratio: fl
 
     mapped = torch.isfinite(score)
     counts = torch.stack([labeled.sum(), mapped.sum(), selected.sum()])
-    dist.all_reduce(counts, reduce_operation="SUM")
+    if not alone:
+        dist.all_reduce(counts, reduce_operation="SUM")
     n_labeled, n_mapped, n_selected = counts.float()
     kept = n_selected + (n_labeled - n_mapped if unmapped == "include" else 0)
     return GlobalSelection(selected, {"labeled": n_labeled, "mapped": n_mapped, "kept": kept}, sum(sizes))
