@@ -57,6 +57,21 @@ def trained(optimizer_class, model: torch.nn.Module, amsgrad: bool = False, step
     return model, opt
 
 
+def second_half(resumed, model) -> None:
+    """Steps 10-19 of ``trained``'s run by ``resumed`` (loaded from step 10's state): its schedule where it was, the
+    random gradients of those steps as the straight run drew them."""
+    sched = torch.optim.lr_scheduler.LambdaLR(resumed, lambda s: min(1.0, (s + 1) / 5) * 0.9 ** max(0, s - 5),
+                                              last_epoch=STEPS // 2 - 1)
+    torch.manual_seed(1)
+    for _ in range(STEPS // 2):
+        torch.randint(0, 37, (4, 7))
+    for step in range(STEPS // 2, STEPS):
+        resumed.zero_grad(set_to_none=True)
+        model(torch.randint(0, 37, (4, 7)), even=step % 2 == 0).backward()
+        resumed.step()
+        sched.step()
+
+
 def assert_same(model_a, opt_a, model_b, opt_b):
     for (name, a), b in zip(model_a.named_parameters(), model_b.parameters()):
         torch.testing.assert_close(a, b, **TOLERANCE, msg=lambda m, name=name: f"{name}: {m}")
@@ -113,17 +128,7 @@ def test_a_state_dict_round_trips_and_each_optimizer_resumes_from_the_others():
                          lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=1e-2)
         resumed.load_state_dict(saved)
         assert resumed.state_dict()["param_groups"] == opt.state_dict()["param_groups"]
-        sched = torch.optim.lr_scheduler.LambdaLR(resumed, lambda s: min(1.0, (s + 1) / 5) * 0.9 ** max(0, s - 5),
-                                                  last_epoch=STEPS // 2 - 1)
-        # the random gradients of steps 10-19, as the straight run drew them
-        torch.manual_seed(1)
-        for _ in range(STEPS // 2):
-            torch.randint(0, 37, (4, 7))
-        for step in range(STEPS // 2, STEPS):
-            resumed.zero_grad(set_to_none=True)
-            model(torch.randint(0, 37, (4, 7)), even=step % 2 == 0).backward()
-            resumed.step()
-            sched.step()
+        second_half(resumed, model)
         assert_same(model, resumed, straight, straight_opt)
 
 
@@ -255,16 +260,7 @@ def test_master_weights_resume_from_a_state_dict_as_if_never_stopped():
     resumed.load_state_dict(torch.load(io.BytesIO(buffer.getvalue()), weights_only=True))
     assert all(state["master"].dtype == state["exp_avg_sq"].dtype == torch.float32
                for state in resumed.state.values())
-    sched = torch.optim.lr_scheduler.LambdaLR(resumed, lambda s: min(1.0, (s + 1) / 5) * 0.9 ** max(0, s - 5),
-                                              last_epoch=STEPS // 2 - 1)
-    torch.manual_seed(1)
-    for _ in range(STEPS // 2):
-        torch.randint(0, 37, (4, 7))
-    for step in range(STEPS // 2, STEPS):
-        resumed.zero_grad(set_to_none=True)
-        model(torch.randint(0, 37, (4, 7)), even=step % 2 == 0).backward()
-        resumed.step()
-        sched.step()
+    second_half(resumed, model)
     for a, b in zip(model.parameters(), straight.parameters()):
         assert torch.equal(a, b)
     for a, b in zip(resumed.state.values(), straight_opt.state.values()):
