@@ -474,3 +474,25 @@ def test_a_model_folders_config_swapped_during_loads_never_reaches_transformers_
         stop.set()
         swapper.join()
     assert built + refused == 12 and built > 0, (built, refused)
+
+
+def test_a_file_that_goes_away_between_the_folders_listing_and_its_copy_is_refused_in_one_line(tmp_path, monkeypatch):
+    """Someone who can write the folder removes a file the listing named (a swap's link renamed over another name):
+    the copy is refused, naming the file, not ended by a FileNotFoundError's traceback."""
+    from vocagno.doors import private
+    from vocagno.doors.untrusted.files import UntrustedFile
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for name in ("config.json", "config.swap"):
+        (folder / name).write_text("{}")
+    listed = private.check_folder
+
+    def listing_then_gone(source):
+        files = listed(source)
+        (Path(source) / "config.swap").unlink()
+        return files
+
+    monkeypatch.setattr(private, "check_folder", listing_then_gone)
+    with pytest.raises(UntrustedFile, match="config.swap: refused: it went away while it was copied"):
+        private.copy_folder(folder, tmp_path / "copy")

@@ -96,7 +96,12 @@ def copy_folder(source: str | Path, copy: str | Path) -> Path:
     followed."""
     source, copy = Path(source), Path(copy)
     files = check_folder(source)
-    infos = [os.lstat(source / relative) for relative in files]
+    infos = []
+    for relative in files:
+        try:
+            infos.append(os.lstat(source / relative))
+        except FileNotFoundError as error:
+            raise UntrustedFile(f"{source / relative}: refused: it went away while it was copied") from error
     _check_room(copy.parent, sum(info.st_size for info in infos if not _linkable(info)), source)
     copy.mkdir(mode=0o700)
     for relative in files:
