@@ -73,7 +73,7 @@ def test_a_teacher_sharded_over_cpu_ranks_scores_as_the_whole_one_and_each_rank_
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
     """Shards as tiny.yaml's convert_if_missing makes them, of its first 160 documents (255 samples: the runs here
-    take at most 32), converted once for the module's runs."""
+    take at most 48), converted once for the module's runs."""
     from vocagno.conversion.convert import main as convert_main
 
     folder = tmp_path_factory.mktemp("shards")
@@ -85,113 +85,123 @@ def shards(tmp_path_factory):
 
 def run_train(tmp_path, name, *overrides, data, ranks=2):
     """``composer -n RANKS train.py yamls/tiny.yaml ...``: Composer's launcher and its ranks, processes; one rank,
-    the reference the ranks are compared with, is ``python train.py ...`` in this process (``helpers.script``)."""
+    the reference the ranks are compared with, is ``python train.py ...`` in this process (``helpers.script``). Each
+    rank logs its samples (their first 32 token ids) and the positions the selection kept of each to
+    ``tmp_path/NAME-RANK.jsonl``."""
     command = [str(Path(sys.executable).parent / "composer"), "-n", str(ranks), str(REPO / "train.py"),
                str(REPO / "yamls" / "tiny.yaml"), f"variables.data={data}", "eval_loader=null",
-               "loggers.console=null", "loggers.picture=null", "selection_report=null", "max_duration=3ba",
-               f"run_name={name}",
-               f"loggers.jsonl.path={tmp_path}/{name}.jsonl", *overrides]
+               "loggers.console=null", "loggers.picture=null", "selection_report=null", f"run_name={name}",
+               f"loggers.jsonl.path={tmp_path}/{name}.jsonl", "callbacks.sample_log.prefix=32",
+               f"callbacks.sample_log.path={tmp_path}/{name}-{{rank}}.jsonl", *overrides]
     if ranks == 1:
         result = script(command[3], command[4:], cwd=REPO)
     else:
         result = run_whole(command, 900, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode == 0, result.stderr[-4000:]
-    steps = {}
-    for line in open(tmp_path / f"{name}.jsonl", encoding="utf-8"):
-        row = json.loads(line)
-        steps.setdefault(row.pop("step"), {}).update(row)
-    return steps
-
-
-def test_a_run_with_its_teacher_sharded_over_two_cpu_ranks_trains_as_with_it_replicated(shards, tmp_path):
-    """composer -n 2 train.py yamls/tiny.yaml teacher.placement=fsdp: the shipped teacher sharded with PyTorch FSDP
-    over two gloo ranks gives the losses and the selection of the teacher replicated on each."""
-    replicated = run_train(tmp_path, "replicated", "teacher.placement=replicate", data=shards)
-    sharded = run_train(tmp_path, "sharded", "teacher.placement=fsdp", f"save_folder={tmp_path}/ckpt",
-                        "save_interval=3ba", data=shards)
-    keys = ("loss/train/total", "loss/train/teacher_loss", "loss/train/kept_fraction", "loss/train/score")
-    trained = [step for step in sorted(replicated) if "loss/train/total" in replicated[step]]
-    assert trained == [step for step in sorted(sharded) if "loss/train/total" in sharded[step]] and len(trained) == 3
-    for step in trained:
-        for key in keys:
-            assert sharded[step][key] == pytest.approx(replicated[step][key], rel=1e-5), (step, key)
-    # The teacher is in neither the checkpoint nor the optimizer: both hold the student's parameters alone.
-    from vocagno.training.checkpoint import load_checkpoint
-
-    state = load_checkpoint(str(tmp_path / "ckpt" / "ep0-ba3-rank0.pt"))["state"]
-    student_tensors = set(state["model"])
-    assert student_tensors and all(k.startswith("model.model.") or k == "model.lm_head.weight" for k in student_tensors)
-    optimizer = next(iter(state["optimizers"].values()))
-    assert set(optimizer["state"]) == student_tensors - {"model.lm_head.weight"}  # tied to the embedding
-
-
-def selections(tmp_path, name, *overrides, ranks, microbatch, data):
-    """Sample (its first 32 token ids) -> the positions the batch scope kept, per batch, gathered over the ranks."""
-    run_logging_samples(tmp_path, name, *overrides, ranks=ranks, microbatch=microbatch, data=data)
-    return kept_of(tmp_path, name)
-
-
-def run_logging_samples(tmp_path, name, *overrides, ranks, microbatch, data):
-    """2 batches of 8 on ``ranks`` ranks of ``microbatch`` samples each, each rank logging its samples (the first 32
-    token ids) and the positions the selection kept of each to ``tmp_path/NAME-RANK.jsonl``."""
-    log = f"callbacks.sample_log.path={tmp_path}/{name}-{{rank}}.jsonl"
-    run_train(tmp_path, name, "max_duration=2ba", "callbacks.sample_log.prefix=32",
-              f"device_train_microbatch_size={microbatch}", log, *overrides, ranks=ranks, data=data)
 
 
 def kept_of(tmp_path, name):
     """Sample -> the positions kept, per batch, gathered over the ranks of run ``name``."""
     by_batch = {}
     for path in sorted(tmp_path.glob(f"{name}-*.jsonl")):
-        for row in map(json.loads, open(path, encoding="utf-8")):
+        for row in map(json.loads, path.read_text(encoding="utf-8").splitlines()):
             by_batch.setdefault(row["batch"], {}).update(zip(map(tuple, row["samples"]), row["selected"]))
     return by_batch
 
 
+def seen(tmp_path, name):
+    """batch -> the samples (first 32 token ids) the ranks saw, from the sample logs of every rank."""
+    by_batch = {}
+    for path in sorted(tmp_path.glob(f"{name}-*.jsonl")):
+        for row in map(json.loads, path.read_text(encoding="utf-8").splitlines()):
+            by_batch.setdefault(row["batch"], []).extend(map(tuple, row["samples"]))
+    return by_batch
+
+
+STEPS = 6  # the uninterrupted run's batches of 8: 48 of the 255 samples, one epoch
+
+
 @pytest.fixture(scope="module")
-def split_runs(shards, tmp_path_factory):
-    """The global batch of 8 as 1 rank x 1 microbatch of 8 ("one") and as 2 ranks x 1 microbatch of 4 ("two"), 2
-    batches each, their sample logs in the folder returned."""
-    folder = tmp_path_factory.mktemp("split")
-    run_logging_samples(folder, "one", ranks=1, microbatch=8, data=shards)
-    run_logging_samples(folder, "two", ranks=2, microbatch=4, data=shards)
+def straight(tmp_path_factory):
+    """The uninterrupted run, 2 ranks x 1 microbatch of 4, 6 batches, saving every 2 to ``ckpt``. Its shards are
+    its own: tiny.yaml's convert_if_missing on the 160 documents (the node's first rank converts, the other waits).
+    Its folder."""
+    folder = tmp_path_factory.mktemp("straight")
+    run_train(folder, "straight", f"max_duration={STEPS}ba", "device_train_microbatch_size=4", "save_interval=2ba",
+              "autoresume=true", f"save_folder={folder}/ckpt",
+              f"train_loader.convert_if_missing.input={first_documents(folder, 160)}", data=folder / "shards")
     return folder
 
 
-def test_two_processes_train_on_different_samples(split_runs):
+@pytest.fixture(scope="module")
+def one(shards, tmp_path_factory):
+    """The global batch of 8 as 1 rank x 1 microbatch of 8, 2 batches, in this process: the selections' reference."""
+    folder = tmp_path_factory.mktemp("one")
+    run_train(folder, "one", "max_duration=2ba", "device_train_microbatch_size=8", data=shards, ranks=1)
+    return kept_of(folder, "one")
+
+
+@pytest.fixture(scope="module")
+def elastic(shards, tmp_path_factory):
+    """One save folder resumed on another world size twice (autoresume; num_canonical_nodes fixed, as Streaming
+    asks): 2 batches on 4 ranks x 2 microbatches of 1, then to batch 4 on 2 ranks x 2 of 2, then to batch 6 on 4
+    ranks again. Its folder; the sample logs ``first``, ``second``, ``third``."""
+    folder = tmp_path_factory.mktemp("elastic")
+    common = ["save_interval=2ba", "autoresume=true", f"save_folder={folder}/ckpt"]
+    for name, ranks, microbatch, batches in (("first", 4, 1, 2), ("second", 2, 2, 4), ("third", 4, 1, STEPS)):
+        run_train(folder, name, *common, "run_name=elastic", f"max_duration={batches}ba",
+                  f"device_train_microbatch_size={microbatch}", data=shards, ranks=ranks)
+    return folder
+
+
+def test_two_processes_train_on_different_samples(straight):
     ranks = []
     for rank in (0, 1):
-        rows = [json.loads(line) for line in open(split_runs / f"two-{rank}.jsonl", encoding="utf-8")]
-        assert [r["batch"] for r in rows] == [0, 1]
+        rows = [json.loads(line) for line in (straight / f"straight-{rank}.jsonl").read_text(encoding="utf-8").splitlines()]
+        assert [r["batch"] for r in rows] == list(range(STEPS))
         ranks.append({tuple(sample) for r in rows for sample in r["samples"]})
-        assert len(ranks[-1]) == 2 * 4  # 8 per global batch, 4 per rank
+        assert len(ranks[-1]) == STEPS * 4  # 8 per global batch, 4 per rank
     assert not ranks[0] & ranks[1]
 
 
-def test_batch_scope_selects_the_same_tokens_on_one_rank_and_on_two(split_runs):
-    """The global batch of 8 as 1 microbatch of 8 on one rank, or as 4 samples on each of two ranks."""
-    one, two = kept_of(split_runs, "one"), kept_of(split_runs, "two")
-    assert sorted(one) == sorted(two) == [0, 1] and all(len(one[b]) == 8 for b in one)
-    assert one == two
+def test_the_batch_scope_selects_the_same_tokens_on_one_rank_two_and_four_of_two_microbatches(one, straight,
+                                                                                               elastic):
+    """The global batch of 8 as 1 microbatch of 8 on one rank, as 4 samples on each of two ranks, or as 4 ranks x 2
+    microbatches of 1: one top-k over the whole batch either way (cached losses: test_multinode)."""
+    two, four = kept_of(straight, "straight"), kept_of(elastic, "first")
+    assert sorted(one) == sorted(four) == [0, 1] and all(len(one[b]) == 8 for b in one)
+    assert one == {b: two[b] for b in (0, 1)} == four
     kept = [len(positions) for positions in one[0].values()]
     assert len(set(kept)) > 1  # one top-k over the batch, not 40% of each sequence
 
 
-def test_the_batch_scope_keeps_the_same_tokens_on_four_ranks_of_two_microbatches_as_on_one_rank(shards, split_runs,
-                                                                                               tmp_path):
-    """The global batch of 8 as 1 rank x 1 microbatch of 8, or 4 ranks x 2 microbatches of 1: one top-k over the
-    whole batch either way, with the teacher online and from cached losses (shards scored by vocagno.score)."""
-    from vocagno import score
+def test_a_run_checkpointed_on_some_ranks_resumes_on_others_without_seeing_a_sample_twice(shards, straight, elastic):
+    """4 ranks -> 2 -> 4: the batches after each checkpoint are those the uninterrupted run took, no sample seen twice
+    or skipped within the epoch; the shards convert_if_missing made on 2 ranks are the ones converted here."""
+    made, expected = (ShardMetadata.read(folder).totals for folder in (straight / "shards", shards))
+    assert (made["documents read"], made["samples"]) == (expected["documents read"], expected["samples"]) == (160, 255)
+    reference = seen(straight, "straight")
+    runs = [seen(elastic, name) for name in ("first", "second", "third")]
+    assert [sorted(run) for run in runs] == [[0, 1], [2, 3], [4, 5]] and sorted(reference) == list(range(STEPS))
+    resumed = {batch: samples for run in runs for batch, samples in run.items()}
+    for batch in range(STEPS):
+        assert sorted(resumed[batch]) == sorted(reference[batch]), batch
+    everything = [sample for batch in range(STEPS) for sample in resumed[batch]]
+    assert len(everything) == len(set(everything)) == 8 * STEPS
 
-    one = kept_of(split_runs, "one")
-    four = selections(tmp_path, "four", ranks=4, microbatch=1, data=shards)
-    assert sorted(one) == [0, 1] and all(len(one[b]) == 8 for b in one) and one == four
-    assert score.main(["--shards", str(shards), "--config", str(REPO / "yamls" / "tiny.yaml"),
-                       "--out", str(tmp_path / "scored"), "--device", "cpu"]) == 0
-    cached = ["algorithms.vocagno.teacher_losses=cached"]
-    one_cached = selections(tmp_path, "one-cached", *cached, ranks=1, microbatch=8, data=tmp_path / "scored")
-    four_cached = selections(tmp_path, "four-cached", *cached, ranks=4, microbatch=1, data=tmp_path / "scored")
-    assert one_cached == four_cached and sorted(one_cached) == [0, 1]
+
+def test_a_run_resumed_on_a_world_size_its_batch_cant_be_split_over_is_refused(straight):
+    """The uninterrupted run's save folder (2 ranks) resumed on 3: 8 samples a batch don't divide into 3 ranks'
+    batches; the run stops before loading anything, naming the numbers, and the checkpoint stays as it was."""
+    before = sorted(p.name for p in (straight / "ckpt").iterdir())
+    command = [str(Path(sys.executable).parent / "composer"), "-n", "3", str(REPO / "train.py"),
+               str(REPO / "yamls" / "tiny.yaml"), f"variables.data={straight / 'shards'}", "eval_loader=null",
+               "selection_report=null", f"max_duration={STEPS + 2}ba", "save_interval=2ba", "autoresume=true",
+               f"save_folder={straight}/ckpt", "run_name=straight"]
+    result = run_whole(command, 900, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode != 0
+    assert "global_train_batch_size 8 is not divisible by 3 ranks" in result.stderr + result.stdout
+    assert sorted(p.name for p in (straight / "ckpt").iterdir()) == before
 
 
 def test_the_scoring_pass_under_torchrun_on_two_cpu_processes_writes_the_one_process_result(tmp_path):
@@ -223,60 +233,3 @@ def test_the_scoring_pass_under_torchrun_on_two_cpu_processes_writes_the_one_pro
     assert len(json.loads((tmp_path / "shards" / "index.json").read_text())["shards"]) == 3 and len(one) == len(two)
     for a, b in zip(one, two):
         assert a["text"] == b["text"] and np.array_equal(a["teacher_loss"], b["teacher_loss"], equal_nan=True)
-
-
-def seen(tmp_path, name):
-    """batch -> the samples (first 32 token ids) the ranks saw, from the sample logs of every rank."""
-    by_batch = {}
-    for path in sorted(tmp_path.glob(f"{name}-*.jsonl")):
-        for row in map(json.loads, open(path, encoding="utf-8")):
-            by_batch.setdefault(row["batch"], []).extend(map(tuple, row["samples"]))
-    return by_batch
-
-
-@pytest.fixture(scope="module")
-def straight(shards, tmp_path_factory):
-    """The batches an uninterrupted run of 4 batches on 2 ranks takes."""
-    folder = tmp_path_factory.mktemp("straight")
-    run_train(folder, "straight", "callbacks.sample_log.prefix=32", "max_duration=4ba",
-              f"callbacks.sample_log.path={folder}/straight-{{rank}}.jsonl", data=shards, ranks=2)
-    return seen(folder, "straight")
-
-
-@pytest.mark.parametrize("before, after", [(4, 2), (2, 4)])
-def test_a_run_checkpointed_on_some_ranks_resumes_on_others_without_seeing_a_sample_twice(shards, straight, tmp_path,
-                                                                                           before, after):
-    """autoresume on another world size (num_canonical_nodes fixed, as Streaming asks): the batches after the
-    checkpoint are those an uninterrupted run would take, no sample seen twice or skipped within the epoch."""
-    common = ["callbacks.sample_log.prefix=32", "save_interval=2ba", "autoresume=true", "device_train_microbatch_size=2",
-              f"save_folder={tmp_path}/ckpt", "run_name=elastic"]
-    run_train(tmp_path, "elastic", *common, "max_duration=2ba",
-              f"callbacks.sample_log.path={tmp_path}/first-{{rank}}.jsonl", data=shards, ranks=before)
-    run_train(tmp_path, "elastic", *common, "max_duration=4ba",
-              f"callbacks.sample_log.path={tmp_path}/resumed-{{rank}}.jsonl", data=shards, ranks=after)
-    first, resumed = seen(tmp_path, "first"), seen(tmp_path, "resumed")
-    assert sorted(first) == [0, 1] and sorted(resumed) == [2, 3] and sorted(straight) == [0, 1, 2, 3]
-    for batch in range(4):
-        assert sorted((first | resumed)[batch]) == sorted(straight[batch]), batch
-    everything = [sample for batch in range(4) for sample in (first | resumed)[batch]]
-    assert len(everything) == len(set(everything)) == 32
-
-
-def test_a_run_resumed_on_a_world_size_its_batch_cant_be_split_over_is_refused(shards, tmp_path):
-    """A save folder of 2 ranks resumed on 3: 8 samples a batch don't divide into 3 ranks' batches; the run stops
-    before loading anything, naming the numbers, and the checkpoint stays as it was. The first run converts its
-    shards itself (convert_if_missing: the node's first rank converts, the other waits)."""
-    common = ["save_interval=2ba", "autoresume=true", f"save_folder={tmp_path}/ckpt", "run_name=odd"]
-    run_train(tmp_path, "odd", *common, "max_duration=2ba",
-              f"train_loader.convert_if_missing.input={shards.parent / 'gsm8k_160.jsonl'}",
-              data=tmp_path / "shards", ranks=2)
-    made, expected = (ShardMetadata.read(folder).totals for folder in (tmp_path / "shards", shards))
-    assert (made["documents read"], made["samples"]) == (expected["documents read"], expected["samples"]) == (160, 255)
-    before = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
-    command = [str(Path(sys.executable).parent / "composer"), "-n", "3", str(REPO / "train.py"),
-               str(REPO / "yamls" / "tiny.yaml"), f"variables.data={tmp_path / 'shards'}", "eval_loader=null",
-               "selection_report=null", "max_duration=4ba", *common]
-    result = run_whole(command, 900, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert result.returncode != 0
-    assert "global_train_batch_size 8 is not divisible by 3 ranks" in result.stderr + result.stdout
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == before
