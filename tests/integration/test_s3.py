@@ -25,12 +25,13 @@ REPO = Path(__file__).resolve().parents[2]
 # Long enough for the killed run's first checkpoint to reach the store before it ends: Composer uploads from
 # processes it spawns, which import Composer first; a 12-batch run once ended before its first upload (CI, quiet).
 BATCHES = 24
+CACHED_BATCHES = 4  # the run from the scored shards: that it trains from the store, not how far
 
 
 @pytest.fixture(scope="module")
 def chain(s3, tmp_path_factory):
     """Converted into the store, scored into it, then four runs of tiny.yaml from there: uninterrupted on the shards
-    and on the scored shards (cached teacher losses), and one saving its checkpoints to the store every 2 batches,
+    and, for 4 batches, on the scored shards (cached teacher losses), and one saving its checkpoints to the store every 2 batches,
     killed once its first checkpoint is there and resumed by the same command (autoresume). The folder the runs ran
     in and the store's client."""
     env, client = s3
@@ -59,8 +60,9 @@ def chain(s3, tmp_path_factory):
                     *(["algorithms.vocagno.teacher_losses=cached"] if data == "scored" else [])]
 
         run_env = {**os.environ, "PYTHONPATH": str(REPO)}
-        for data in ("shards", "scored"):
-            straight = script(REPO / "train.py", command(f"straight-{data}", data)[2:], cwd=tmp_path)
+        for data, batches in (("shards", BATCHES), ("scored", CACHED_BATCHES)):
+            straight = script(REPO / "train.py", command(f"straight-{data}", data, f"max_duration={batches}ba")[2:],
+                              cwd=tmp_path)
             assert straight.returncode == 0, straight.stderr[-4000:]
         # The uninterrupted runs save nothing: the killed one's checkpoints are what the store must hold.
         # From tmp_path: Composer keeps a remote run's local copies in a folder named after the URI ("s3:/runs/...").
@@ -93,7 +95,7 @@ def test_convert_score_and_train_on_s3_and_resume_after_a_kill(chain):
     assert_same_losses(expected, got, BATCHES)
     assert f"chain/killed/ep0-ba{BATCHES}-rank0.pt" in keys(client, "chain/killed/")
     cached = read_log(tmp_path / "straight-scored.jsonl")
-    assert len([s for s in cached if "loss/train/total" in cached[s]]) == BATCHES
+    assert len([s for s in cached if "loss/train/total" in cached[s]]) == CACHED_BATCHES
 
 
 def test_a_run_saved_to_s3_exports_from_there_and_resumed_from_there(chain, s3, tmp_path, monkeypatch):
