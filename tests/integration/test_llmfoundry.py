@@ -93,7 +93,8 @@ def foundry_python() -> str:
         made = _run([sys.executable, "-m", "venv", str(venv)], 300)
         if made.returncode == 0:
             _layer_over_this_venv(python)
-            made = _run([str(python), "-m", "pip", "install", "-q", "-e", str(REPO), FOUNDRY], 1800)
+            # --no-compile: the runs compile what they import, a fraction of what pip would compile up front
+            made = _run([str(python), "-m", "pip", "install", "-q", "--no-compile", "-e", str(REPO), FOUNDRY], 1800)
         if made.returncode != 0:
             message = f"could not install vocagno beside {FOUNDRY}:\n{made.stdout[-3000:]}\n{made.stderr[-3000:]}"
             if os.environ.get("CI"):
