@@ -119,7 +119,7 @@ def test_optimizer_kernels_build_the_multi_tensor_decoupled_adamw_and_master_wei
         built(master_weights=True)
     with pytest.raises(ValueError, match="the student's are float32: set model.dtype: bfloat16"):
         built(dtype=None, kernels="fused", master_weights=True)
-    with pytest.raises(ValueError, match="optimizer.kernels must be one of composer, foreach, fused, got 'apex'"):
+    with pytest.raises(ValueError, match="optimizer.kernels must be composer or foreach or fused, got 'apex'"):
         built(kernels="apex")
 
 

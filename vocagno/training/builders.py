@@ -23,7 +23,7 @@ from vocagno.training.loggers import ConsoleLine
 from vocagno.training.metrics import BitsPerByte
 from vocagno.training.registry import TEACHER_ALGORITHMS, algorithm, build, known
 from vocagno.training.optimizers import MultiTensorDecoupledAdamW
-from vocagno.training.sections import OPTIMIZER_KERNELS, OptimizerConfig, RunConfig, SchedulerConfig
+from vocagno.training.sections import OptimizerConfig, RunConfig, SchedulerConfig
 
 __all__ = ["batches", "build_algorithms", "build_loggers", "build_optimizer", "build_scheduler", "check_sections",
            "check_speed_options", "plain_section", "set_of_teachers", "student_flops_per_batch", "student_model"]
@@ -153,11 +153,6 @@ def optimizer_config(cfg: DictConfig) -> OptimizerConfig:
     opt = OptimizerConfig.of(cfg.optimizer, "optimizer.")
     if opt.name != OptimizerConfig.name:
         raise ValueError(f"optimizer.name: only {OptimizerConfig.name} is supported, got {opt.name!r}")
-    if opt.kernels not in OPTIMIZER_KERNELS:
-        raise ValueError(f"optimizer.kernels must be one of {', '.join(OPTIMIZER_KERNELS)}, got {opt.kernels!r}")
-    if opt.master_weights and opt.kernels == "composer":
-        raise ValueError("optimizer.master_weights needs optimizer.kernels: foreach or fused (their DecoupledAdamW "
-                         "keeps the master weights)")
     if opt.master_weights and (ModelConfig.of(cfg.get("model"), "model.").dtype or BUILT_DTYPE) == "float32":
         raise ValueError("optimizer.master_weights keeps float32 copies of bfloat16 or float16 weights, but the "
                          "student's are float32: set model.dtype: bfloat16, or leave master_weights out")

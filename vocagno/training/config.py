@@ -19,8 +19,7 @@ from omegaconf import OmegaConf as om
 from vocagno.core.kernels import KERNELS, check_on_gpu
 from vocagno.errors import Refused
 from vocagno.teacher.config import ModelConfig, TeacherConfig, check_names, is_dtype
-from vocagno.training.sections import (OPTIMIZER_KERNELS, LoaderConfig, OptimizerConfig, SchedulerConfig,
-                                       SelectionReportConfig)
+from vocagno.training.sections import LoaderConfig, OptimizerConfig, SchedulerConfig, SelectionReportConfig
 
 __all__ = ["SCHEMA", "load_config", "published_yaml", "keyword_names", "plain", "yaml_teacher", "scoring_teacher",
            "scoring_teachers"]
@@ -300,7 +299,6 @@ VALUE_CHECKS: dict[str, tuple[Any, str]] = {
     "save_overwrite": (_is_bool, "true or false"),
     "train_loader.drop_last": (_is_bool, "true or false"),
     "optimizer.master_weights": (_is_bool, "true or false"),
-    "optimizer.kernels": (lambda v: v in OPTIMIZER_KERNELS, " or ".join(OPTIMIZER_KERNELS)),
     "selection_report.samples": (_is_positive_int, "a positive integer"),
     "selection_report.canaries": (lambda v: _is_number(v) and 0 <= v < 1,
                                   "the share of noise documents, in [0, 1) (0: none)"),

@@ -35,6 +35,14 @@ class OptimizerConfig(Section):
     kernels: str = "composer"
     master_weights: bool = False
 
+    def __post_init__(self):
+        # The one place these are checked: load_config types the section, and so does the builder.
+        if self.kernels not in OPTIMIZER_KERNELS:
+            raise ValueError(f"optimizer.kernels must be {' or '.join(OPTIMIZER_KERNELS)}, got {self.kernels!r}")
+        if self.master_weights and self.kernels == "composer":
+            raise ValueError("optimizer.master_weights needs optimizer.kernels: foreach or fused (their "
+                             "DecoupledAdamW keeps the master weights)")
+
 
 @dataclass(frozen=True)
 class SchedulerConfig(Section):
