@@ -1,5 +1,6 @@
 """ULD and KLD (vocagno.core.distill) against slow references written from their definitions (reference doc §1, §2)."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -119,3 +120,25 @@ def test_cached_uld_with_the_whole_vocabulary_is_live_uld_and_with_fewer_lies_wi
     assert 0 < abs(float(exact["uld"] - rounded["uld"])) <= 2**-11 + 12 * 2**-25
     rounded["total"].backward()
     assert student_logits.grad.abs().sum() > 0
+
+
+def test_a_cached_id_stored_with_probability_zero_leaves_its_student_id_in_the_bucket():
+    """float16 stores a probability under ~3e-8 as 0: such an id gives its student id nothing, so by the rule that
+    student id is in the bucket (every student id the projection gave nothing), as it is when the id is not cached."""
+    from vocagno.core.distill import projected_kd_loss
+
+    torch.manual_seed(0)
+    logits = torch.randn(1, 3, 6)
+    labels = torch.tensor([[1, 2, 3]])
+    vocabulary_map = torch.tensor([0, 1, 2, 3, 4, -1])
+    rest = torch.tensor([[0.1]])
+
+    def soft_ce(ids, probs):
+        return float(projected_kd_loss(logits, labels, torch.tensor([[ids]]), torch.tensor([[probs]]), rest,
+                                       torch.tensor([[0, -1]]), vocabulary_map, kd_ratio=1.0)["soft_ce"])
+
+    # The rule written out: student ids 0 and 1 get 0.7 and 0.2; the 0.1 outside goes to ids 2-5 together.
+    log_student = torch.log_softmax(logits[0, 0].double(), -1)
+    expected = -(0.7 * log_student[0] + 0.2 * log_student[1]) - 0.1 * log_student[2:].logsumexp(-1)
+    assert soft_ce([0, 1, 2], [0.7, 0.2, 0.0]) == pytest.approx(float(expected), rel=1e-6)
+    assert soft_ce([0, 1, 2], [0.7, 0.2, 0.0]) == pytest.approx(soft_ce([0, 1, 5], [0.7, 0.2, 0.0]), rel=1e-6)

@@ -11,14 +11,14 @@ teacher's fp32 logits over its whole vocabulary never exist for the whole batch.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from vocagno.core.loss import CHUNK_SIZE, next_token_cross_entropy
 
-__all__ = ["uld_loss", "kld_loss", "teacher_top_k", "cached_uld_loss", "projected_kd_loss"]
+__all__ = ["cached_uld_loss", "kld_loss", "projected_kd_loss", "teacher_top_k", "uld_loss"]
 
 
 def _student_ce(student_logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -258,7 +258,8 @@ def projected_kd_loss(
         log_student = F.log_softmax(logits, dim=-1)
         soft_ce = soft_ce - (probs * log_student.gather(-1, student_ids.clamp(min=0)) * mapped).sum()
         given = torch.zeros(len(rows), vocab + 1, dtype=torch.bool, device=logits.device)
-        given.scatter_(1, torch.where(mapped, student_ids, vocab), True)
+        # An id stored with probability 0 (float16's underflow) gives its student id nothing: that id stays in the bucket.
+        given.scatter_(1, torch.where(mapped & (probs > 0), student_ids, vocab), True)
         bucket = logits.masked_fill(given[:, :vocab], float("-inf")).logsumexp(-1) - logits.logsumexp(-1)
         unmapped = r + (probs * ~mapped).sum(-1)
         takes = (unmapped > 0) & torch.isfinite(bucket)
