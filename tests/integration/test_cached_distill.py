@@ -279,6 +279,14 @@ def test_distribution_columns_are_checked_before_training_reads_them(root, tmp_p
     (folder / "vocagno.json").write_text(json.dumps(meta))
     with pytest.raises(UntrustedFile, match="distribution .* is not a top_k of 1 to its logits"):
         ShardMetadata.read(folder)
+    # k and the logits size every batch's columns (batch x positions x k): logits far past the teacher tokenizer's
+    # vocabulary would let a shard of one-token samples make a batch of gigabytes.
+    vocab = meta["teacher"]["vocab_size"]
+    meta["scored_by"]["distribution"] = {"top_k": 8, "logits": 2 * vocab + 1, "dtype": "float16"}
+    (folder / "vocagno.json").write_text(json.dumps(meta))
+    with pytest.raises(UntrustedFile, match=f"its scored_by's distribution has {2 * vocab + 1:,} logits, more than "
+                                            f"twice its teacher tokenizer's {vocab:,} tokens"):
+        ShardMetadata.read(folder)
     ids, probs, rest = np.tile(np.array([4, 7], np.uint16), (3, 1)), np.full((3, 2), 0.25, np.float16), \
         np.full(3, 0.5, np.float16)
     check_distribution(ids, probs, rest, 3, 2, 10, "float16", "s")

@@ -365,6 +365,12 @@ def _check_metadata(raw: Any, path: Path) -> None:
                 and set(distribution) == {"top_k", "logits", "dtype"}):
             raise refuse(f"its scored_by's distribution {distribution!r} is not a top_k of 1 to its logits (at most "
                          f"{_MOST_TOKENS:,}) and a dtype of {', '.join(DISTRIBUTION_DTYPES)}")
+        # k and the logits size each batch's columns: a model's logits pad its tokenizer's vocabulary a little
+        # (Qwen2.5: 152,064 for 151,665 tokens), never to twice it.
+        vocab = raw["teacher"]["vocab_size"]
+        if logits > 2 * vocab:
+            raise refuse(f"its scored_by's distribution has {logits:,} logits, more than twice its teacher "
+                         f"tokenizer's {vocab:,} tokens")
 
 
 def _checked_names(scored: Any, path: Path) -> dict | None:
