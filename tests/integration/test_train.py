@@ -413,6 +413,16 @@ def test_a_string_trust_remote_code_is_refused_by_the_algorithm():
         VocAgnoLM(teacher={"name_or_path": "Qwen/Qwen2.5-Math-7B-Instruct", "trust_remote_code": "false"})
 
 
+def test_a_check_scored_by_that_is_not_a_boolean_is_refused_for_every_teacher():
+    """0 or "" would switch the scorer check off, "false" would leave it on: under teacher:, under teachers.NAME and
+    given to the algorithm, only true or false."""
+    with pytest.raises(ValueError, match="check_scored_by must be True or False, got 0"):
+        VocAgnoLM(teacher={"name_or_path": "tiny-math-teacher", "check_scored_by": 0})
+    with pytest.raises(ValueError, match="teachers.gsm8k: check_scored_by must be True or False, got 'false'"):
+        VocAgnoLM(teachers={"gsm8k": {"name_or_path": "tiny-math-teacher", "check_scored_by": "false"},
+                            "other": {"name_or_path": "tiny-math-teacher"}})
+
+
 def test_misspelled_keys_are_errors(tmp_path):
     with pytest.raises(ValueError, match=r"unknown config key optimiser \(did you mean optimizer\?\)"):
         load_config(TINY, ["optimiser.lr=1"])

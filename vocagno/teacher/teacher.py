@@ -160,6 +160,8 @@ class Teacher:
             if self.placement not in PLACEMENTS:
                 raise ValueError(f"teacher_placement must be one of {PLACEMENTS}, got {self.placement!r}")
             check_teacher_options(self.dtype, self.trust_remote_code)
+            if not isinstance(self.check_scored_by, bool):  # 0 would switch the check off, "false" leave it on
+                raise ValueError(f"check_scored_by must be True or False, got {self.check_scored_by!r}")
         except ValueError as error:
             raise ValueError(f"{where}: {error}" if self.name else str(error)) from None
         check_speed(self.kernels, self.compile_config, self.chunk_size, where, self.chunk_mem_const)
