@@ -262,7 +262,7 @@ def test_a_cached_run_is_refused_without_this_teachers_distribution_or_of_anothe
         ULD(teacher, teacher_losses="cached", teacher_temperature=2.0)
 
 
-def test_distribution_columns_are_checked_before_training_reads_them(root, tmp_path):
+def test_distribution_columns_are_checked_before_training_reads_them(root, tmp_path, tokenizers):
     """A vocagno.json whose k or logits lie about the columns, and columns of another shape, dtype or values, are
     refused in one line naming the column and what to do."""
     for lie, message in (({"top_k": 9}, r"teacher_topk_ids is uint16 \(\d+, 8\), not uint16 or uint32 \(\d+, 9\)"),
@@ -287,6 +287,13 @@ def test_distribution_columns_are_checked_before_training_reads_them(root, tmp_p
     with pytest.raises(UntrustedFile, match=f"its scored_by's distribution has {2 * vocab + 1:,} logits, more than "
                                             f"twice its teacher tokenizer's {vocab:,} tokens"):
         ShardMetadata.read(folder)
+    # Nor can the vocabulary grow with them: its size is part of what the run's tokenizer is checked against.
+    meta["teacher"]["vocab_size"] = 4 * vocab
+    meta["scored_by"]["distribution"]["logits"] = 4 * vocab
+    (folder / "vocagno.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=f"the shards' teacher tokenizer is .*{4 * vocab} tokens.*, but this run's"):
+        TeacherGuidedDataset(local=str(folder), batch_size=1, student_tokenizer=tokenizers["llama2"],
+                             teacher_tokenizer=tokenizers["mistral"])
     ids, probs, rest = np.tile(np.array([4, 7], np.uint16), (3, 1)), np.full((3, 2), 0.25, np.float16), \
         np.full(3, 0.5, np.float16)
     check_distribution(ids, probs, rest, 3, 2, 10, "float16", "s")

@@ -157,7 +157,8 @@ class TokenizerInfo:
     bos_id: int | None = None
 
     def same_vocabulary(self, other: "TokenizerInfo") -> bool:
-        return self.fingerprint == other.fingerprint
+        # The size too: read from elsewhere, it sizes what the shards' checks let through (a distribution's logits).
+        return self.fingerprint == other.fingerprint and self.vocab_size == other.vocab_size
 
 
 _VOCABULARIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
