@@ -260,6 +260,10 @@ def test_a_cached_run_is_refused_without_this_teachers_distribution_or_of_anothe
         assert str(refused.value) == message
     with pytest.raises(ValueError, match="teacher_temperature 2.0 with teacher_losses: cached"):
         ULD(teacher, teacher_losses="cached", teacher_temperature=2.0)
+    # Online ULD compares the whole distributions: a top_k there would be dropped without a word.
+    with pytest.raises(ValueError, match="top_k 32 with teacher_losses: online: online ULD compares the teacher's "
+                                         "whole distribution"):
+        ULD(teacher, top_k=32)
 
 
 def test_distribution_columns_are_checked_before_training_reads_them(root, tmp_path, tokenizers):

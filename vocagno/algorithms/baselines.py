@@ -181,7 +181,8 @@ class ULD(_Distillation):
     ``teacher_losses``: ``online`` (the teacher runs every batch) or ``cached``: from the distributions the shards
     carry (``vocagno.core.distill.cached_uld_loss``: the teacher's sorted top-k and the rest; within ``min(S, r)``
     a pair of live ULD, and equal to it with k the teacher's vocabulary), no teacher loaded, at teacher temperature 1
-    (the cache holds its distributions at 1). ``top_k``: the k the cached distributions must have (unset: theirs).
+    (the cache holds its distributions at 1). ``top_k``: the k the cached distributions must have (unset: theirs;
+    online, refused: live ULD compares the whole distributions).
     """
 
     yaml_name = "uld"
@@ -192,6 +193,9 @@ class ULD(_Distillation):
         super().__init__(teacher, teacher_losses, top_k)
         if pairing not in ("position", "alignment"):
             raise ValueError(f"pairing must be 'position' (ULD's) or 'alignment' (through vocagno's), got {pairing!r}")
+        if not self.cached and top_k is not None:
+            raise ValueError(f"top_k {top_k} with teacher_losses: online: online ULD compares the teacher's whole "
+                             "distribution; top_k is the k of cached ones (teacher_losses: cached)")
         if self.cached and teacher_temperature != 1.0:
             raise ValueError(f"teacher_temperature {teacher_temperature} with teacher_losses: cached: the shards hold "
                              "the teacher's distributions at temperature 1; train online for another")
