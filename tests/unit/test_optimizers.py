@@ -285,6 +285,11 @@ def test_composer_keys_its_checkpointed_state_and_lr_metric_by_the_same_name_for
     state.optimizers = [ours]
     state.load_optim_state({"optimizers": saved})
     assert ours.state[model.weight]["step"] == 1  # what Composer's took
+    # Under Composer's name, pickle still finds the class itself (torch.save(optimizer), a spawned process).
+    import pickle
+
+    again = pickle.loads(pickle.dumps(ours))
+    assert type(again) is MultiTensorDecoupledAdamW and again.state[again.param_groups[0]["params"][0]]["step"] == 1
 
 
 @pytest.mark.parametrize("fused", [False, True])

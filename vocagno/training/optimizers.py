@@ -39,7 +39,7 @@ from collections import defaultdict
 from itertools import chain
 
 import torch
-from composer.optim import DecoupledAdamW
+from composer.optim import DecoupledAdamW as ComposersDecoupledAdamW
 
 __all__ = ["MultiTensorDecoupledAdamW"]
 
@@ -47,7 +47,7 @@ __all__ = ["MultiTensorDecoupledAdamW"]
 LOW_PRECISION = (torch.bfloat16, torch.float16)  # the dtypes that get a float32 master with master_weights
 
 
-class MultiTensorDecoupledAdamW(DecoupledAdamW):
+class MultiTensorDecoupledAdamW(ComposersDecoupledAdamW):
     """Composer's ``DecoupledAdamW`` (same constructor, defaults, state keys and per-parameter metrics), stepping each
     group's parameters of one device, dtype and step count in a dozen multi-tensor kernels. ``master_weights``: see
     the module's docstring.
@@ -184,4 +184,6 @@ class MultiTensorDecoupledAdamW(DecoupledAdamW):
 
 
 # Composer's name for the class (see its docstring): the key of its checkpointed state and of LRMonitor's metric.
-MultiTensorDecoupledAdamW.__name__ = MultiTensorDecoupledAdamW.__qualname__ = DecoupledAdamW.__qualname__
+MultiTensorDecoupledAdamW.__name__ = MultiTensorDecoupledAdamW.__qualname__ = ComposersDecoupledAdamW.__qualname__
+# pickle finds a class by its module and __qualname__: under that name, this module's attribute is this class.
+DecoupledAdamW = MultiTensorDecoupledAdamW
