@@ -112,6 +112,15 @@ def seen(folder: Path, name: str) -> dict[int, list[tuple]]:
     return {batch: sorted(samples) for batch, samples in by_batch.items()}
 
 
+def kept(folder: Path, name: str) -> dict[int, dict[tuple, list]]:
+    """batch -> sample (first 32 token ids) -> the positions the selection kept, over every rank."""
+    by_batch = {}
+    for path in sorted(folder.glob(f"{name}-*.jsonl")):
+        for row in map(json.loads, path.read_text(encoding="utf-8").splitlines()):
+            by_batch.setdefault(row["batch"], {}).update(zip(map(tuple, row["samples"]), row["selected"]))
+    return by_batch
+
+
 def train(tmp: Path, log: str, *overrides, nodes: int, nproc: int, shards: Path, save: Path | None = None):
     """tiny.yaml on ``nodes`` x ``nproc`` ranks, saving every 2 batches to ``save`` (default: a folder of its own);
     its losses in ``tmp/LOG.jsonl``, its samples in ``tmp/LOG-RANK.jsonl``."""
@@ -137,7 +146,7 @@ def train_here(tmp: Path, log: str, *overrides, shards: Path) -> None:
 
 def assert_trains_like(reference: dict, run: dict, steps, rel=1e-5):
     for step in steps:
-        for key in ("loss/train/total", "loss/train/kept_fraction", "loss/train/teacher_loss"):
+        for key in ("loss/train/total", "loss/train/kept_fraction", "loss/train/teacher_loss", "loss/train/score"):
             assert run[step][key] == pytest.approx(reference[step][key], rel=rel), (step, key)
 
 
@@ -235,6 +244,7 @@ def test_the_scoring_pass_and_cached_losses_on_two_nodes_give_what_one_process_g
     assert len(steps) == 2
     assert_trains_like(one_process, read_log(tmp_path / "cached2x2.jsonl"), steps)
     assert seen(tmp_path, "cached2x2") == seen(tmp_path, "cached1x1")
+    assert kept(tmp_path, "cached2x2") == kept(tmp_path, "cached1x1")  # the batch scope's one top-k, token for token
 
 
 def test_the_selection_report_on_two_nodes_is_the_one_process_report_written_once(shared, tmp_path):
