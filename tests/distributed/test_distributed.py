@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ends, first_documents, run_whole, script
+from helpers import ends, first_documents, kept_of, run_whole, script
 
 from vocagno.data.shards import ShardMetadata
 
@@ -98,15 +98,6 @@ def run_train(tmp_path, name, *overrides, data, ranks=2):
     else:
         result = run_whole(command, 900, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode == 0, result.stderr[-4000:]
-
-
-def kept_of(tmp_path, name):
-    """Sample -> the positions kept, per batch, gathered over the ranks of run ``name``."""
-    by_batch = {}
-    for path in sorted(tmp_path.glob(f"{name}-*.jsonl")):
-        for row in map(json.loads, path.read_text(encoding="utf-8").splitlines()):
-            by_batch.setdefault(row["batch"], {}).update(zip(map(tuple, row["samples"]), row["selected"]))
-    return by_batch
 
 
 def seen(tmp_path, name):

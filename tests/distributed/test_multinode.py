@@ -22,7 +22,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import assert_group_gone, ends, first_documents, private_shm_works, read_log, script, with_private_shm
+from helpers import (
+    assert_group_gone,
+    ends,
+    first_documents,
+    kept_of,
+    private_shm_works,
+    read_log,
+    script,
+    with_private_shm,
+)
 
 from vocagno.launch import TRAIN_SCRIPT, node_command
 
@@ -110,15 +119,6 @@ def seen(folder: Path, name: str) -> dict[int, list[tuple]]:
         for row in map(json.loads, path.read_text(encoding="utf-8").splitlines()):
             by_batch.setdefault(row["batch"], []).extend(map(tuple, row["samples"]))
     return {batch: sorted(samples) for batch, samples in by_batch.items()}
-
-
-def kept(folder: Path, name: str) -> dict[int, dict[tuple, list]]:
-    """batch -> sample (first 32 token ids) -> the positions the selection kept, over every rank."""
-    by_batch = {}
-    for path in sorted(folder.glob(f"{name}-*.jsonl")):
-        for row in map(json.loads, path.read_text(encoding="utf-8").splitlines()):
-            by_batch.setdefault(row["batch"], {}).update(zip(map(tuple, row["samples"]), row["selected"]))
-    return by_batch
 
 
 def train(tmp: Path, log: str, *overrides, nodes: int, nproc: int, shards: Path, save: Path | None = None):
@@ -244,7 +244,7 @@ def test_the_scoring_pass_and_cached_losses_on_two_nodes_give_what_one_process_g
     assert len(steps) == 2
     assert_trains_like(one_process, read_log(tmp_path / "cached2x2.jsonl"), steps)
     assert seen(tmp_path, "cached2x2") == seen(tmp_path, "cached1x1")
-    assert kept(tmp_path, "cached2x2") == kept(tmp_path, "cached1x1")  # the batch scope's one top-k, token for token
+    assert kept_of(tmp_path, "cached2x2") == kept_of(tmp_path, "cached1x1")  # the batch scope's one top-k, token for token
 
 
 def test_the_selection_report_on_two_nodes_is_the_one_process_report_written_once(shared, tmp_path):

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -219,3 +220,13 @@ def script(path, argv, cwd=None) -> subprocess.CompletedProcess:
             printed.append(file.read())
             file.close()
     return subprocess.CompletedProcess([sys.executable, *argv], code or 0, *printed)
+
+
+def kept_of(folder, name: str) -> dict[int, dict[tuple, list]]:
+    """batch -> sample (its first token ids) -> the positions the selection kept, gathered over every rank's sample
+    log ``folder/NAME-RANK.jsonl`` (``callbacks.sample_log``)."""
+    by_batch = {}
+    for path in sorted(Path(folder).glob(f"{name}-*.jsonl")):
+        for row in map(json.loads, path.read_text(encoding="utf-8").splitlines()):
+            by_batch.setdefault(row["batch"], {}).update(zip(map(tuple, row["samples"]), row["selected"]))
+    return by_batch

@@ -86,7 +86,7 @@ class _Distillation(Algorithm):
         """One line: the teacher whose distributions this baseline distills, every batch, or who scored the cached
         ones."""
         if self.cached:
-            metadata = _streams(state)[next(iter(_streams(state)))][0]
+            metadata = next(iter(_streams(state).values()))[0]  # the first stream's
             scored_by = getattr(metadata, "scored_by", None) or {}
             return terminal(f"teacher: cached distributions ({distribution_of(metadata)}) in the training shards, "
                             f"scored by {scored_by.get('name', '?')} ({type(self).__name__})")
