@@ -36,7 +36,10 @@ def test_a_compiled_student_and_teacher_train_the_losses_of_uncompiled_ones(tmp_
 
     eager = train_losses(tmp_path, "eager")
     counters.clear()
-    compiled = train_losses(tmp_path, "compiled", "compile_config={}", "teacher.compile_config={}")
+    # aot_eager: Dynamo's graphs and AOTAutograd's backward, run by eager kernels. Inductor's C++ code generation
+    # costs minutes of a cold CPU here; the compiled teacher test below and the gpu check's liger_compiled step run it.
+    compiled = train_losses(tmp_path, "compiled", "compile_config={backend: aot_eager}",
+                            "teacher.compile_config={backend: aot_eager}")
     assert counters["frames"]["ok"] >= 2  # the student's forward and the teacher's decoder layer, at least
     assert sorted(eager) == sorted(compiled) == [0, 1, 2, 3]
     for step in eager:
