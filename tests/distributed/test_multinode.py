@@ -3,8 +3,8 @@
 and a tmpfs: with one ``/dev/shm``, the node leaders' Streaming cleanups collide), its own Streaming ``local`` cache,
 the shards as ``remote``, the save folder shared, gloo over 127.0.0.1.
 
-2 nodes x 2 ranks with the teacher sharded over them by FSDP train what 1 node x 4 ranks trains with it replicated (the
-same batches, kept fractions and losses); from cached losses, what one process trains from them; a node killed with
+2 nodes x 2 ranks train what one process trains (the same batches, kept fractions and losses): with the teacher
+sharded over them by FSDP what it trains with the teacher replicated, and from cached losses what it trains from them; a node killed with
 ``kill -9`` after the first checkpoint resumes with autoresume on 2 x 2, or on 1 x 2 (a node lost for good), to the
 batches and losses of the uninterrupted run (``num_canonical_nodes: 1``, fixed in tiny.yaml, is what keeps the sample order when the nodes
 change); the scoring pass and the selection report on 2 x 2 write the one-process result, their shared files once.
@@ -153,19 +153,20 @@ def assert_trains_like(reference: dict, run: dict, steps, rel=1e-5):
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory):
     """The shared file system: tiny.yaml's training shards (its convert_if_missing), converted once, and the
-    uninterrupted reference run, 1 node x 4 ranks."""
+    uninterrupted reference run, in this process (its batch of 8 in 4 microbatches: the batch scope's one top-k, as
+    over the 4 ranks of the runs it is compared with)."""
     from vocagno.conversion.convert import main as convert_main
 
     root = tmp_path_factory.mktemp("shared")
     assert convert_main(["--input", str(TEXT / "gsm8k_train_500.jsonl"), "--student-tokenizer", "llama2",
                          "--teacher-tokenizer", "mistral", "--seq-len", "128",
                          "--out-root", str(root / "shards")]) == 0
-    train(root, "one-node", nodes=1, nproc=4, shards=root / "shards", save=root / "save-one-node").wait()
+    train_here(root, "one-process", shards=root / "shards")
     return root
 
 
-def test_two_nodes_of_two_ranks_train_what_one_node_of_four_trains_and_resume_after_a_node_dies(shared, tmp_path):
-    reference, reference_seen = read_log(shared / "one-node.jsonl"), seen(shared, "one-node")
+def test_two_nodes_of_two_ranks_train_what_one_process_trains_and_resume_after_a_node_dies(shared, tmp_path):
+    reference, reference_seen = read_log(shared / "one-process.jsonl"), seen(shared, "one-process")
     trained = [step for step in sorted(reference) if "loss/train/total" in reference[step]]
     assert len(trained) == STEPS and sorted(reference_seen) == list(range(STEPS))
     everything = [sample for batch in range(STEPS) for sample in reference_seen[batch]]
@@ -235,7 +236,7 @@ def test_the_scoring_pass_and_cached_losses_on_two_nodes_give_what_one_process_g
         assert a["text"] == b["text"] and np.array_equal(a["teacher_loss"], b["teacher_loss"], equal_nan=True)
 
     # Cached losses are stored in float16: a run from them is compared with one from them on one node, in one process
-    # (its batch of 8 in 4 microbatches: the batch scope's one top-k, as the four ranks of the one-node reference).
+    # (its batch of 8 in 4 microbatches: the batch scope's one top-k, as the four ranks here).
     cached = ["algorithms.vocagno.teacher_losses=cached", "max_duration=2ba"]
     train_here(tmp_path, "cached1x1", *cached, shards=tmp_path / "scored")
     train(tmp_path, "cached2x2", *cached, nodes=2, nproc=2, shards=tmp_path / "scored").wait()
