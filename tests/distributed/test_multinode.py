@@ -4,10 +4,11 @@ and a tmpfs: with one ``/dev/shm``, the node leaders' Streaming cleanups collide
 the shards as ``remote``, the save folder shared, gloo over 127.0.0.1.
 
 2 nodes x 2 ranks train what one process trains (the same batches, kept fractions and losses): with the teacher
-sharded over them by FSDP what it trains with the teacher replicated, and from cached losses what it trains from them; a node killed with
-``kill -9`` after the first checkpoint resumes with autoresume on 2 x 2, or on 1 x 2 (a node lost for good), to the
-batches and losses of the uninterrupted run (``num_canonical_nodes: 1``, fixed in tiny.yaml, is what keeps the sample order when the nodes
-change); the scoring pass and the selection report on 2 x 2 write the one-process result, their shared files once.
+sharded over them by FSDP what it trains with the teacher replicated, and from cached losses what it trains from them;
+a node killed with ``kill -9`` after the first checkpoint resumes with autoresume on 2 x 2, or on 1 x 2 (a node lost
+for good), to the batches and losses of the uninterrupted run (``num_canonical_nodes: 1``, fixed in tiny.yaml, is what
+keeps the sample order when the nodes change); the scoring pass and the selection report on 2 x 2 write the
+one-process result, their shared files once.
 """
 
 import json
