@@ -16,8 +16,9 @@ from vocagno.errors import Refused
 
 from test_train import TINY
 
-# A compiled step's float32 losses differ from the eager step's in the last bits (fused reductions sum in another
-# order); after a few optimizer steps the difference grows but stays far below what a change of method would make.
+# A compiled step's float32 losses may differ from the eager step's in the last bits (a backend's fused or decomposed
+# reductions sum in another order); after a few optimizer steps the difference grows but stays far below what a
+# change of method would make.
 COMPILED_REL = 1e-4
 
 
@@ -37,7 +38,8 @@ def test_a_compiled_student_and_teacher_train_the_losses_of_uncompiled_ones(tmp_
     eager = train_losses(tmp_path, "eager")
     counters.clear()
     # aot_eager: Dynamo's graphs and AOTAutograd's backward, run by eager kernels. Inductor's C++ code generation
-    # costs minutes of a cold CPU here; the compiled teacher test below and the gpu check's liger_compiled step run it.
+    # costs minutes of a cold CPU here: the compiled teacher test below runs Inductor (the teacher's layers, forward
+    # only); the gpu check's liger_compiled step trains with it for speed, without comparing losses.
     compiled = train_losses(tmp_path, "compiled", "compile_config={backend: aot_eager}",
                             "teacher.compile_config={backend: aot_eager}")
     assert counters["frames"]["ok"] >= 2  # the student's forward and the teacher's decoder layer, at least
