@@ -19,7 +19,7 @@ from helpers import assert_group_gone, command, kill_group
 from vocagno.conversion import parts
 from vocagno.conversion.convert import main as convert_main
 from vocagno.conversion.records import TextOf
-from vocagno.conversion.sources import hub_sources
+from vocagno.conversion.sources import hub_sources, parse_jsonl_line, sources_of
 from vocagno import inspect as inspect_command
 from vocagno.errors import Refused
 from vocagno.core.alignment import align
@@ -486,6 +486,44 @@ def test_a_missing_input_path_is_named_not_sent_to_the_hub(tmp_path):
     with pytest.raises(Refused, match="input data/no_such_folder is no local file or folder, and as a "
                                          "Hugging Face dataset it could not be loaded"):
         convert(tmp_path / "out", inputs=("data/no_such_folder",))
+
+
+def records_of(path) -> list[tuple]:
+    """(text, problem) of each record the converter reads of the file ``path`` (a JSON line parsed as workers do)."""
+    (source,) = sources_of([str(path)], "train", TextOf())
+    records = (parse_jsonl_line(r, TextOf()) if isinstance(r, bytes) else r for r in source.records())
+    return [(r.text, r.problem) for r in records]
+
+
+def test_a_json_file_is_read_as_an_array_or_as_json_lines_and_one_object_or_a_repair_is_named(tmp_path, monkeypatch):
+    array = tmp_path / "array.json"
+    array.write_bytes(b'[{"text": "3/4 of a pizza"}, {"text": "Caf\xe9 in Latin-1"}]')
+    assert records_of(array) == [("3/4 of a pizza", None),
+                                 ("Caf\ufffd in Latin-1", "invalid UTF-8 replaced by U+FFFD")]  # counted, as in .jsonl
+    (tmp_path / "object.json").write_text('{"text": "one object, not a list"}')
+    assert records_of(tmp_path / "object.json") == [(None, "a .json file that is not a list of objects")]
+    lines = tmp_path / "lines.json"
+    lines.write_text('{"text": "a line"}\n{"text": "another line"}\n')
+    monkeypatch.setenv("VOCAGNO_MAX_JSON_BYTES", "16")  # over the cap a file read whole may hold: read a line at a time
+    assert records_of(lines) == [("a line", None), ("another line", None)]
+    (source,) = sources_of([str(array)], "train", TextOf())
+    assert [r.problem for r in source.records()] == ["unreadable file (named in the summary)"]
+    assert source.error.startswith("UntrustedFile: ") and "refused: a JSON array of more than 16 bytes" in source.error
+
+
+def test_an_input_that_is_not_there_or_holds_nothing_to_convert_is_refused_in_one_line(tmp_path):
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "README.md").write_text("no corpus here")
+    for inputs, subset, why in (
+            ([notes], None, f"{notes} holds no .jsonl, .json, .parquet, .arrow, .txt files (or .gz/.zst of them)"),
+            ([tmp_path / "typo.jsonl"], None, f"input {tmp_path / 'typo.jsonl'} does not exist"),
+            ([SAMPLE, tmp_path / "gone.jsonl"], None, f"input {tmp_path / 'gone.jsonl'} does not exist"),
+            (["org/dataset", "org/other"], "main", "--subset and --data-files name one Hugging Face dataset: give one "
+                                                   "--input")):
+        with pytest.raises(Refused) as refused:
+            sources_of([str(item) for item in inputs], "train", TextOf(), subset=subset)
+        assert str(refused.value) == why
 
 
 # ------------------------------------------------------------------------------------------ faults and careless input

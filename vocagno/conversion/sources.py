@@ -219,15 +219,20 @@ def _read_json(path: CorpusFile, text_of: TextOf) -> Iterator[Record | bytes]:
         raise UntrustedFile(f"{path}: refused: a JSON array of more than {limit:,} bytes, more than the "
                             "json_bytes cap allows a file read whole (raise VOCAGNO_MAX_JSON_BYTES if it is right, "
                             "or write it as JSON lines)")
+    decoded = _decode(data)
     try:
-        rows = json.loads(_decode(data).text)
+        rows = json.loads(decoded.text)
     except json.JSONDecodeError:
         yield from _read_jsonl(path)  # JSON lines under a .json name
         return
     if not isinstance(rows, list):
         yield Record(None, "a .json file that is not a list of objects")
         return
-    yield from numbered(map(text_of, rows), "record")
+    for record in numbered(map(text_of, rows), "record"):
+        # The file's invalid UTF-8 was replaced as a whole: counted for each document that holds a replacement.
+        if decoded.problem and record.text is not None and "\ufffd" in record.text:
+            record.problem = decoded.problem
+        yield record
 
 
 def _read_txt(path: CorpusFile) -> Iterator[Record]:
