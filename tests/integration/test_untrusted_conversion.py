@@ -240,6 +240,26 @@ def test_a_parquet_dictionary_value_that_decodes_to_gigabytes_is_refused_in_one_
     assert ShardMetadata.read(tmp_path / "shards").totals["documents converted"] == 40
 
 
+@pytest.mark.parametrize("damage, why", [
+    (lambda header: bytes([header[0] & 0xF0 | 13]) + header[1:], "a page header holds a value of unknown type 13"),
+    (lambda header: header[:1] + b"\xff" * 10 + header[11:], "a page header's number runs over 64 bits"),
+])
+def test_a_parquet_page_header_an_attacker_rewrote_is_refused_in_one_line_before_pyarrow_reads_the_page(
+        tmp_path, damage, why):
+    """A .parquet file pyarrow wrote, its first page header's bytes rewritten in place (a field of a type Thrift does
+    not have; a number of more than 64 bits): named in one line, no row read from it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"text": ["a parquet row about 3/4 of a pizza"] * 50}), path)
+    column = pq.ParquetFile(path).metadata.row_group(0).column(0)
+    first = min(column.data_page_offset, column.dictionary_page_offset or column.data_page_offset)
+    data = path.read_bytes()
+    path.write_bytes(data[:first] + damage(data[first:first + 16]) + data[first + 16:])
+    assert refused_unread(path) == f"ValueError: {why}"
+
+
 def test_a_parquet_dictionary_value_under_the_cap_repeated_is_read_a_few_rows_at_a_time(tmp_path):
     """A 2 KiB .parquet file whose 100,000 rows all point at one 30 MiB dictionary value (3 TB of text once decoded):
     a batch holds as many rows as BATCH_BYTES takes of the largest page (8), never 64 of them (1.9 GiB), and each row
