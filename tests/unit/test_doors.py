@@ -327,6 +327,46 @@ def test_a_weights_header_is_believed_only_where_the_files_bytes_hold_it(tmp_pat
     assert saved_shapes(tmp_path, [Path("notes.index.json")]) is None  # only the index transformers reads counts
 
 
+def weights(folder, **files) -> list[Path]:
+    for name, content in files.items():
+        (folder / name.replace("__", ".")).write_bytes(content if isinstance(content, bytes) else content.encode())
+    return sorted(Path(name.replace("__", ".")) for name in files)
+
+
+@pytest.mark.parametrize("files, explicit, why", [
+    ({"model__bin": b"x"}, "model.bin", "config.json: refused: its transformers_weights 'model.bin' is no safetensors "
+                                        "file or index"),
+    ({}, "other.safetensors", "config.json: refused: its transformers_weights 'other.safetensors' is not a file of"),
+    ({"model__safetensors": (8).to_bytes(8, "little") + b"{not json"}, None,
+     "model.safetensors: refused: not safetensors (its header is not JSON)"),
+    ({"pytorch_model__bin": b"\x80\x02 a pickle cut short"}, None, "pytorch_model.bin: refused: not PyTorch weights ("),
+    ({"model__safetensors__index__json": '{"metadata": {}}'}, None,
+     "model.safetensors.index.json: refused: no weight_map of tensor names to files"),
+    ({"model__safetensors__index__json": '{"weight_map": {"w": "part-2.safetensors"}}'}, None,
+     "model.safetensors.index.json: refused: it names 'part-2.safetensors', which is not a file of"),
+])
+def test_weights_a_model_folder_holds_or_names_that_cant_be_its_weights_are_refused_naming_the_file(
+        tmp_path, files, explicit, why):
+    from vocagno.doors.untrusted import saved_shapes
+
+    with pytest.raises(UntrustedFile) as refused:
+        saved_shapes(tmp_path, weights(tmp_path, **files), explicit)
+    assert str(refused.value).startswith(f"{tmp_path}/{why}"), refused.value
+
+
+def test_a_model_config_that_is_no_mapping_or_nests_configs_without_end_is_refused():
+    from vocagno.doors.untrusted.pretrained import check_loops
+
+    with pytest.raises(UntrustedFile, match=r"^teacher/config.json: refused: its config is not a mapping$"):
+        check_config(["model_type", "llama"], "teacher/config.json")
+    nested = {"num_hidden_layers": 2}
+    for _ in range(9):
+        nested = {"text_config": nested}
+    check_loops(nested["text_config"], 4, "teacher")  # 8 deep: a config's own nesting
+    with pytest.raises(UntrustedFile, match=r"^teacher: refused: its model config nests configs more than 8 deep$"):
+        check_loops(nested, 4, "teacher")
+
+
 def test_a_private_folder_is_written_through_its_descriptor_whatever_its_name_comes_to_hold(tmp_path):
     from vocagno.doors.writing import PrivateFolder
 
