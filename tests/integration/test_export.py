@@ -167,6 +167,10 @@ def test_the_card_carries_the_evaluation_of_the_exported_model(whole_run, tmp_pa
     capsys.readouterr()
     refused([whole_run, tmp_path / "other", "--eval", tmp_path], capsys, names="no results.json there")
     results = json.loads((tmp_path / "eval" / "results.json").read_text())
+    for content, names in (("[1, 2]", "results.json: not vocagno.eval's results (a mapping of benchmarks to scores)"),
+                           ("{oops", "results.json: refused: not JSON")):
+        (tmp_path / "eval" / "results.json").write_text(content)
+        refused([whole_run, tmp_path / "other", "--eval", tmp_path / "eval"], capsys, names=names)
     for partial in ("some", ["gsm8k"], {"gsm8k": "a\n## injected heading"}, {"gsm8k": "a\r\r## heading"},
                     {"nope": "x"}):
         (tmp_path / "eval" / "results.json").write_text(json.dumps({**results, "partial": partial}))
@@ -194,6 +198,14 @@ def test_the_card_of_a_mixture_run_names_each_stream_and_its_weight():
     card = model_card("runs/mixture", "mixture", state, model)
     assert ("<td>data</td>\n<td>mixture: gsm <code>s3://runs/gsm</code> (proportion 0.75), heldout "
             "<code>/tmp/heldout</code></td>\n<td>the checkpoint's stored recipe</td>") in render(card)
+    # A stored recipe from elsewhere: a stream, or the dataset, that is markup instead of a mapping is shown as text.
+    for dataset, shown in (("{streams: {gsm: {local: /tmp/gsm}, odd: '<img src=x onerror=alert(1)>'}}",
+                            "mixture: gsm <code>/tmp/gsm</code>, odd &lt;img src=x onerror=alert(1)&gt;"),
+                           ("'<script>alert(1)</script>'", "&lt;script&gt;alert(1)&lt;/script&gt;")):
+        recipe = load_config(str(REPO / "yamls" / "tiny.yaml"), [f"train_loader.dataset={dataset}"])
+        page = render(model_card("runs/odd", "odd", {"callbacks": {"RunRecipe": {"yaml": om.to_yaml(recipe)}}},
+                                 model))
+        assert f"<td>data</td>\n<td>{shown}</td>" in page and "<img" not in page and "<script" not in page, page
 
 
 @pytest.mark.distributed  # the sharded checkpoint is written by 2 gloo processes
@@ -352,6 +364,12 @@ def test_an_existing_out_is_refused_unless_overwrite(whole_run, tmp_path, capsys
     assert export_main([str(whole_run), str(out), "--overwrite"]) == 0
     assert not (out / "mine.txt").exists() and (out / "model.safetensors").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
+def test_an_out_inside_the_checkpoint_or_holding_it_is_refused(whole_run, capsys):
+    for out in (whole_run / "model", whole_run.parent):
+        refused([whole_run, out], capsys, names=f"{out}: OUT holds or lies inside the checkpoint")
+    assert not (whole_run / "model").exists()
 
 
 def test_what_is_not_a_checkpoint_gets_one_line(tmp_path, capsys):
