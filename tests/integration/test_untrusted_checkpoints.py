@@ -313,6 +313,46 @@ def test_a_checkpoint_config_naming_code_is_refused(field, state, tmp_path, caps
     assert snapshot(tmp_path) == before
 
 
+def _no_mapping(state):
+    state["state"]["model"] = list(state["state"]["model"].values())
+
+
+def _not_a_tensor(state):
+    state["state"]["model"]["model.lm_head.weight"] = "a string"
+
+
+def _other_shape(state):
+    state["state"]["model"]["model.lm_head.weight"] = torch.zeros(3, 3)
+
+
+def _no_tokenizer(state):
+    state["state"]["integrations"]["huggingface"]["tokenizer"] = {}
+
+
+def _unheld_vocab(state):
+    tokenizer = state["state"]["integrations"]["huggingface"]["tokenizer"]
+    tokenizer["tokenizer_config.json"]["content"]["vocab_file"] = "other.model"
+
+
+@pytest.mark.parametrize("damage, why", [
+    (_no_mapping, "refused: its state.model is not a mapping of names to tensors"),
+    (_not_a_tensor, "refused: its state.model holds 'model.lm_head.weight', which is not a named tensor"),
+    (_other_shape, "its weights don't fit the model its config describes"),
+    (_no_tokenizer, "the checkpoint holds no tokenizer (train.py saves one with the model)"),
+    (_unheld_vocab, "refused: its tokenizer_config names vocab_file 'other.model', a file the checkpoint does not hold"),
+], ids=lambda value: value.__name__.strip("_") if callable(value) else "")
+def test_a_checkpoint_whose_weights_or_tokenizer_are_not_what_it_says_is_refused_and_nothing_published(
+        damage, why, state, tmp_path, capsys):
+    broken = copy.deepcopy(state)
+    damage(broken)
+    checkpoint = tmp_path / "run" / "ep0-ba1-rank0.pt"
+    checkpoint.parent.mkdir()
+    torch.save(broken, checkpoint)
+    assert ends(export_main, [str(checkpoint), str(tmp_path / "out")]) == 2
+    one_error_line(capsys, checkpoint.name, why)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
 # ---- 4. a tokenizer_config.json naming a file outside the checkpoint ----
 
 @pytest.mark.parametrize("key", ["tokenizer_file", "vocab_file"])
