@@ -189,8 +189,11 @@ def _token_mds(folder: Path) -> Path:
     (["--shards", "CRAFTED"], r"index.json: refused: its shard name '\.\./\.\./x' is not a relative path inside its"),
     (["--teacher", "SMALL", "--teacher-tokenizer", "mistral"],
      "the teacher's embedding has 1000 rows, but the shards' teacher tokenizer 'mistral' has 32000 tokens"),
+    (["--shards", "NOTES"], r"--shards .*/notes holds no index.json: not a shard folder"),
+    (["seed=3"], r"overrides \['seed=3'\] need --config"),
 ], ids=["canaries-above-1", "canaries-0", "samples-0", "noise", "teacher-tokenizer", "student-not-a-checkpoint",
-        "shards-without-offsets", "shards-named-outside", "teacher-cannot-read"])
+        "shards-without-offsets", "shards-named-outside", "teacher-cannot-read", "shards-not-shards",
+        "overrides-without-config"])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(heldout, tmp_path, capsys, arguments, message):
     import re
 
@@ -202,7 +205,10 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(heldout, tmp_path, cap
     MistralForCausalLM(MistralConfig(vocab_size=1000, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                      num_attention_heads=2, num_key_value_heads=1)).save_pretrained(tmp_path / "SMALL")
     replace = {"STUDENT": str(tmp_path / "STUDENT.pt"), "TOKENS": str(_token_mds(tmp_path / "tokens")),
-               "SMALL": str(tmp_path / "SMALL"), "CRAFTED": str(_crafted(heldout, tmp_path / "crafted"))}
+               "SMALL": str(tmp_path / "SMALL"), "CRAFTED": str(_crafted(heldout, tmp_path / "crafted")),
+               "NOTES": str(tmp_path / "notes")}
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "README.md").write_text("no shards here")
     arguments = [replace.get(a, a) for a in arguments]
     base = {"--shards": str(heldout), "--teacher": "tiny-math-teacher"}
     for flag in base:
