@@ -152,6 +152,23 @@ def test_bad_options_are_refused_at_once(kwargs, message):
         VocAgnoLM(**{"teacher": QWEN, **kwargs})
 
 
+@pytest.mark.parametrize("baseline, kwargs, message", [
+    ("ULD", {"teacher_losses": "offline"}, "^teacher_losses must be 'online' or 'cached', got 'offline'$"),
+    ("ULD", {"teacher_losses": "cached", "top_k": 0}, "^top_k must be a whole number of at least 1, got 0$"),
+    ("CrossVocabKD", {"teacher_losses": "cached", "top_k": True}, "^top_k must be a whole number of at least 1, "
+                                                                  "got True$"),
+    ("ULD", {"pairing": "greedy"}, r"^pairing must be 'position' \(ULD's\) or 'alignment' \(through vocagno's\), "
+                                   "got 'greedy'$"),
+    ("KLD", {"kd_ratio": 1.5}, r"^kd_ratio must be in \[0, 1\], got 1.5$"),
+    ("CrossVocabKD", {"kd_ratio": -0.1}, r"^kd_ratio must be in \[0, 1\], got -0.1$"),
+])
+def test_a_baselines_bad_options_are_refused_at_once(baseline, kwargs, message):
+    from vocagno.algorithms import baselines
+
+    with pytest.raises(ValueError, match=message):
+        getattr(baselines, baseline)(teacher=QWEN, **kwargs)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_fsdp_run_shards_the_teacher(loader, tokenizers):
