@@ -497,9 +497,12 @@ def records_of(path) -> list[tuple]:
 
 def test_a_json_file_is_read_as_an_array_or_as_json_lines_and_one_object_or_a_repair_is_named(tmp_path, monkeypatch):
     array = tmp_path / "array.json"
-    array.write_bytes(b'[{"text": "3/4 of a pizza"}, {"text": "Caf\xe9 in Latin-1"}]')
-    assert records_of(array) == [("3/4 of a pizza", None),
-                                 ("Caf\ufffd in Latin-1", "invalid UTF-8 replaced by U+FFFD")]  # counted, as in .jsonl
+    # One document with a byte that is not UTF-8, one holding U+FFFD itself (escaped, and as UTF-8), one whose other
+    # field has the bad byte: only the first is counted as repaired.
+    array.write_bytes(b'[{"text": "3/4 of a pizza"}, {"text": "Caf\xe9 in Latin-1"}, {"text": "\\ufffd and \xef\xbf\xbd"},'
+                      b' {"text": "clean", "meta": "\xff"}]')
+    assert records_of(array) == [("3/4 of a pizza", None), ("Caf\ufffd in Latin-1", "invalid UTF-8 replaced by U+FFFD"),
+                                 ("\ufffd and \ufffd", None), ("clean", None)]
     (tmp_path / "object.json").write_text('{"text": "one object, not a list"}')
     assert records_of(tmp_path / "object.json") == [(None, "a .json file that is not a list of objects")]
     lines = tmp_path / "lines.json"

@@ -31,6 +31,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Callable, Iterator
@@ -219,20 +220,35 @@ def _read_json(path: CorpusFile, text_of: TextOf) -> Iterator[Record | bytes]:
         raise UntrustedFile(f"{path}: refused: a JSON array of more than {limit:,} bytes, more than the "
                             "json_bytes cap allows a file read whole (raise VOCAGNO_MAX_JSON_BYTES if it is right, "
                             "or write it as JSON lines)")
-    decoded = _decode(data)
+    # Bytes that are not UTF-8 stay lone surrogates through the parse, so each document whose text holds some is
+    # repaired and counted as a .jsonl line is; only the rows are kept while the file's documents are read.
+    text = data.decode("utf-8", "surrogateescape")
+    del data
     try:
-        rows = json.loads(decoded.text)
+        rows = json.loads(text)
     except json.JSONDecodeError:
+        rows = _NOT_JSON
+    del text
+    if rows is _NOT_JSON:
         yield from _read_jsonl(path)  # JSON lines under a .json name
         return
     if not isinstance(rows, list):
         yield Record(None, "a .json file that is not a list of objects")
         return
     for record in numbered(map(text_of, rows), "record"):
-        # The file's invalid UTF-8 was replaced as a whole: counted for each document that holds a replacement.
-        if decoded.problem and record.text is not None and "\ufffd" in record.text:
-            record.problem = decoded.problem
+        if record.text is not None and _ESCAPED_BYTES.search(record.text):
+            record.text, record.problem = _replaced(record.text), "invalid UTF-8 replaced by U+FFFD"
         yield record
+
+
+_NOT_JSON = object()
+_ESCAPED_BYTES = re.compile("[\udc80-\udcff]+")  # bytes decoding with "surrogateescape" could not decode
+
+
+def _replaced(text: str) -> str:
+    """``text`` with each run of undecodable bytes replaced as ``decode(errors="replace")`` replaces it."""
+    return _ESCAPED_BYTES.sub(lambda run: run.group().encode("utf-8", "surrogateescape").decode("utf-8", "replace"),
+                              text)
 
 
 def _read_txt(path: CorpusFile) -> Iterator[Record]:
