@@ -340,7 +340,7 @@ def _unheld_vocab(state):
     (_other_shape, "its weights don't fit the model its config describes"),
     (_no_tokenizer, "the checkpoint holds no tokenizer (train.py saves one with the model)"),
     (_unheld_vocab, "refused: its tokenizer_config names vocab_file 'other.model', a file the checkpoint does not hold"),
-], ids=lambda value: value.__name__.strip("_") if callable(value) else "")
+], ids=lambda value: value.__name__.strip("_") if callable(value) else None)
 def test_a_checkpoint_whose_weights_or_tokenizer_are_not_what_it_says_is_refused_and_nothing_published(
         damage, why, state, tmp_path, capsys):
     broken = copy.deepcopy(state)

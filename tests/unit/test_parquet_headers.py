@@ -50,10 +50,13 @@ def test_a_header_of_every_value_type_reads_its_integers_and_structs_and_skips_t
         field(1, 12), field(1, 6), zigzag(-3), STOP,  # 12: struct {1: -3}
         field(1, 9), bytes([1 << 4 | 12]), field(1, 5), zigzag(9), STOP,  # 13: list of 1 struct
         field(0, 5), zigzag(100), zigzag(7),  # 100: i32, its id written whole
+        field(1, 2),  # 101: false
+        field(1, 4), zigzag(-7),  # 102: i16
+        field(1, 6), zigzag(1 << 40),  # 103: i64
         STOP,
     ])
     fields, at = reads(header + b"page bytes")
-    assert fields == {1: 5, 12: {1: -3}, 100: 7}
+    assert fields == {1: 5, 12: {1: -3}, 100: 7, 102: -7, 103: 1 << 40}
     assert at == len(header)
 
 
