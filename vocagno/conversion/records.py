@@ -29,6 +29,27 @@ class Record:
     fields: str | None = None  # a record skipped for lacking a field: the fields it has (``field_names``)
 
 
+def decoded(raw: bytes) -> Record:
+    """``raw`` as UTF-8 text; invalid UTF-8 replaced by U+FFFD, and said so."""
+    try:
+        return Record(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return Record(raw.decode("utf-8", errors="replace"), "invalid UTF-8 replaced by U+FFFD")
+
+
+_ESCAPED_BYTES = re.compile("[\udc80-\udcff]+")  # bytes that decoding with "surrogateescape" kept undecoded
+
+
+def repaired(record: Record) -> Record:
+    """``record``, read from text decoded with "surrogateescape": each run of undecodable bytes in its text replaced
+    as ``decode(errors="replace")`` replaces it, and said so."""
+    if record.text is not None and _ESCAPED_BYTES.search(record.text):
+        record.text = _ESCAPED_BYTES.sub(
+            lambda run: run.group().encode("utf-8", "surrogateescape").decode("utf-8", "replace"), record.text)
+        record.problem = "invalid UTF-8 replaced by U+FFFD"
+    return record
+
+
 @dataclass(frozen=True)
 class CorpusFile:
     """A local file of the corpus: ``relative`` below ``folder`` (a folder given as an input, resolved when it was

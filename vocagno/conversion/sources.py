@@ -31,7 +31,6 @@ import hashlib
 import io
 import json
 import os
-import re
 import stat
 from pathlib import Path
 from typing import Callable, Iterator
@@ -40,7 +39,7 @@ from vocagno.errors import Refused
 from vocagno.doors.untrusted import UntrustedFile, cap, plain_name
 from vocagno.shown import terminal
 from vocagno.conversion.columnar import read_arrow, read_parquet
-from vocagno.conversion.records import CorpusFile, Record, TextOf, numbered, over_cap_record
+from vocagno.conversion.records import CorpusFile, Record, TextOf, decoded, numbered, over_cap_record, repaired
 
 __all__ = ["CorpusFile", "LOCAL_SUFFIXES", "Reading", "Source", "hub_sources", "local_sources", "parse_jsonl_line",
            "sources_of"]
@@ -121,13 +120,6 @@ def file_fingerprint(path: CorpusFile) -> dict:
     return {"bytes": size, "mtime": mtime, "sha256": digest.hexdigest()}
 
 
-def _decode(raw: bytes) -> Record:
-    try:
-        return Record(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        return Record(raw.decode("utf-8", errors="replace"), "invalid UTF-8 replaced by U+FFFD")
-
-
 @contextlib.contextmanager
 def _open(path: CorpusFile, reading: Reading | None = None) -> Iterator[io.BufferedIOBase]:
     """The file's bytes (``open_regular``: a regular file, not a link, no more than its size said), decompressed as
@@ -185,7 +177,7 @@ def _read_jsonl(path: CorpusFile, reading: Reading | None = None) -> Iterator[by
 
 
 def parse_jsonl_line(raw: bytes, text_of: TextOf) -> Record:
-    line = _decode(raw)
+    line = decoded(raw)
     try:
         record = text_of(json.loads(line.text))
     except json.JSONDecodeError:
@@ -227,34 +219,20 @@ def _read_json(path: CorpusFile, text_of: TextOf) -> Iterator[Record | bytes]:
     try:
         rows = json.loads(text)
     except json.JSONDecodeError:
-        rows = _NOT_JSON
-    del text
-    if rows is _NOT_JSON:
+        del text
         yield from _read_jsonl(path)  # JSON lines under a .json name
         return
+    del text
     if not isinstance(rows, list):
         yield Record(None, "a .json file that is not a list of objects")
         return
-    for record in numbered(map(text_of, rows), "record"):
-        if record.text is not None and _ESCAPED_BYTES.search(record.text):
-            record.text, record.problem = _replaced(record.text), "invalid UTF-8 replaced by U+FFFD"
-        yield record
-
-
-_NOT_JSON = object()
-_ESCAPED_BYTES = re.compile("[\udc80-\udcff]+")  # bytes decoding with "surrogateescape" could not decode
-
-
-def _replaced(text: str) -> str:
-    """``text`` with each run of undecodable bytes replaced as ``decode(errors="replace")`` replaces it."""
-    return _ESCAPED_BYTES.sub(lambda run: run.group().encode("utf-8", "surrogateescape").decode("utf-8", "replace"),
-                              text)
+    yield from map(repaired, numbered(map(text_of, rows), "record"))
 
 
 def _read_txt(path: CorpusFile) -> Iterator[Record]:
     """The file as one document; one over the ``document_bytes`` cap is skipped after reading no more than it."""
     data = _read_bytes(path, cap("document_bytes"))
-    yield over_cap_record("(the whole file, one document)") if data is None else _decode(data)
+    yield over_cap_record("(the whole file, one document)") if data is None else decoded(data)
 
 
 def _format(path: Path | CorpusFile) -> str | None:
