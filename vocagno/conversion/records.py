@@ -29,12 +29,15 @@ class Record:
     fields: str | None = None  # a record skipped for lacking a field: the fields it has (``field_names``)
 
 
+INVALID_UTF8 = "invalid UTF-8 replaced by U+FFFD"  # the repair's name in the summary, for .jsonl, .txt and .json alike
+
+
 def decoded(raw: bytes) -> Record:
     """``raw`` as UTF-8 text; invalid UTF-8 replaced by U+FFFD, and said so."""
     try:
         return Record(raw.decode("utf-8"))
     except UnicodeDecodeError:
-        return Record(raw.decode("utf-8", errors="replace"), "invalid UTF-8 replaced by U+FFFD")
+        return Record(raw.decode("utf-8", errors="replace"), INVALID_UTF8)
 
 
 _ESCAPED_BYTES = re.compile("[\udc80-\udcff]+")  # bytes that decoding with "surrogateescape" kept undecoded
@@ -46,7 +49,7 @@ def repaired(record: Record) -> Record:
     if record.text is not None and _ESCAPED_BYTES.search(record.text):
         record.text = _ESCAPED_BYTES.sub(
             lambda run: run.group().encode("utf-8", "surrogateescape").decode("utf-8", "replace"), record.text)
-        record.problem = "invalid UTF-8 replaced by U+FFFD"
+        record.problem = INVALID_UTF8
     return record
 
 
