@@ -146,6 +146,7 @@ def elastic(shards, tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_two_processes_train_on_different_samples(straight):
     ranks = []
     for rank in (0, 1):
@@ -156,6 +157,7 @@ def test_two_processes_train_on_different_samples(straight):
     assert not ranks[0] & ranks[1]
 
 
+@pytest.mark.slow
 def test_the_batch_scope_selects_the_same_tokens_on_one_rank_two_and_four_of_two_microbatches(one, straight,
                                                                                                elastic):
     """The global batch of 8 as 1 microbatch of 8 on one rank, as 4 samples on each of two ranks, or as 4 ranks x 2
@@ -167,6 +169,7 @@ def test_the_batch_scope_selects_the_same_tokens_on_one_rank_two_and_four_of_two
     assert len(set(kept)) > 1  # one top-k over the batch, not 40% of each sequence
 
 
+@pytest.mark.slow
 def test_a_run_checkpointed_on_some_ranks_resumes_on_others_without_seeing_a_sample_twice(shards, straight, elastic):
     """4 ranks -> 1 -> 2: the batches after each checkpoint are those the uninterrupted run took, no sample seen twice
     or skipped within the epoch; the shards convert_if_missing made on 2 ranks are the ones converted here."""
@@ -182,6 +185,7 @@ def test_a_run_checkpointed_on_some_ranks_resumes_on_others_without_seeing_a_sam
     assert len(everything) == len(set(everything)) == 8 * STEPS
 
 
+@pytest.mark.slow
 def test_a_run_resumed_on_a_world_size_its_batch_cant_be_split_over_is_refused(straight):
     """The uninterrupted run's save folder (2 ranks) resumed on 3: 8 samples a batch don't divide into 3 ranks'
     batches; the run stops before loading anything, naming the numbers, and the checkpoint stays as it was."""
@@ -196,6 +200,7 @@ def test_a_run_resumed_on_a_world_size_its_batch_cant_be_split_over_is_refused(s
     assert sorted(p.name for p in (straight / "ckpt").iterdir()) == before
 
 
+@pytest.mark.slow
 def test_the_scoring_pass_under_torchrun_on_two_cpu_processes_writes_the_one_process_result(tmp_path):
     """torchrun --nproc-per-node 2 -m vocagno.score: each process scores its shards, the last one publishes; the
     dataset equals one process's, sample for sample."""

@@ -36,7 +36,7 @@ from helpers import (
 
 from vocagno.launch import TRAIN_SCRIPT, node_command
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # every test here: minutes of several processes
 
 REPO = Path(__file__).resolve().parents[2]
 TEXT = REPO / "vocagno" / "assets" / "text"

@@ -72,6 +72,7 @@ class OwnLossModel(HuggingFaceModel):
         return torch.nn.functional.cross_entropy(logits, batch["labels"][:, 1:].flatten(), ignore_index=-100)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["vocagno", "uld"])
 def test_a_model_computing_its_own_loss_from_the_labels_trains_with_the_teachers_loss(loader, tokenizers, method):
     from vocagno.algorithms.baselines import ULD
@@ -459,6 +460,7 @@ def tokens_fit(rows, tokenizers, workers, batches=3, **options):
     return trainer, capture
 
 
+@pytest.mark.slow
 def test_with_loader_workers_the_teacher_side_is_made_there_and_the_batches_are_the_same(loader, tokenizers,
                                                                                         monkeypatch):
     from vocagno.teacher import side as teacher_side
@@ -495,6 +497,7 @@ class StudentTokensOnly:
         return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
 
 
+@pytest.mark.slow
 def test_with_loader_workers_a_resumed_run_takes_the_batches_and_steps_of_an_uninterrupted_one(loader, tokenizers,
                                                                                              tmp_path):
     root = loader.dataset.streams[0].local
@@ -526,6 +529,7 @@ def test_with_loader_workers_a_resumed_run_takes_the_batches_and_steps_of_an_uni
         torch.testing.assert_close(one["total"], other["total"])
 
 
+@pytest.mark.slow
 def test_a_loader_whose_tokens_are_not_the_students_or_that_has_none_is_named(loader, tokenizers):
     rows = token_rows(loader, batches=1)
     rows[3]["input_ids"] = rows[3]["input_ids"].clone()
@@ -538,6 +542,7 @@ def test_a_loader_whose_tokens_are_not_the_students_or_that_has_none_is_named(lo
             tokens_fit([{"tokens": row["input_ids"]} for row in rows], tokenizers, workers, batches=1)
 
 
+@pytest.mark.slow
 def test_the_students_training_forwards_build_no_kv_cache(loader):
     """The training forwards and the batch scope's scoring pass ask the student for no cache, and it returns none."""
     asked, returned = [], []

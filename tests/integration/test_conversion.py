@@ -66,6 +66,7 @@ def sample_samples(sample_shards, tmp_path_factory):
     return read_samples(sample_shards, tmp_path_factory.mktemp("read"))
 
 
+@pytest.mark.slow
 def test_ranks_writing_the_same_file_at_once_each_leave_it_whole(tmp_path):
     """Every rank of a scoring pass writes its settings file at start (score.json): the writes of several processes
     at once each replace the file whole, and none fails on another's temporary file."""
@@ -75,6 +76,7 @@ def test_ranks_writing_the_same_file_at_once_each_leave_it_whole(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["score.json"]
 
 
+@pytest.mark.slow
 def test_ranks_of_a_node_fetch_the_shards_metadata_into_one_local_at_once(sample_shards, tmp_path):
     """Each rank of a node reads vocagno.json from the remote into the node's local before Streaming starts: four at
     once all get it, and the local holds it alone."""
@@ -110,6 +112,7 @@ def test_processes_started_at_once_do_not_inherit_the_locks_the_test_process_hol
     assert codes == [0] * 4
 
 
+@pytest.mark.slow
 def test_round_trip_invariants(sample_samples, sample_shards, tokenizers):
     student, teacher = tokenizers["llama2"], tokenizers["qwen2.5"]
     meta = ShardMetadata.read(sample_shards)
@@ -165,6 +168,7 @@ def test_samples_follow_the_documents(sample_samples):
     assert sample_samples[0]["text"].startswith(docs[0][:50])
 
 
+@pytest.mark.slow
 def test_two_workers_give_the_same_samples(sample_samples, tmp_path):
     root = convert(tmp_path / "two", "--docs-per-part", "100", "--workers", "2")
     same_samples(read_samples(root, tmp_path), sample_samples)
@@ -181,6 +185,7 @@ def test_a_folder_never_converted_is_named_with_how_to_convert_into_it(tmp_path,
                                   "docs/conversion.md)")
 
 
+@pytest.mark.slow
 def test_jobs_split_sources_and_the_last_merges(tmp_path):
     lines = open(SAMPLE, encoding="utf-8").read().splitlines(keepends=True)
     (tmp_path / "in").mkdir()
@@ -197,6 +202,7 @@ def test_jobs_split_sources_and_the_last_merges(tmp_path):
     same_samples(read_samples(split, tmp_path), read_samples(single, tmp_path))
 
 
+@pytest.mark.slow
 def test_kill_and_resume_gives_the_uninterrupted_samples(sample_samples, tmp_path, capsys, monkeypatch):
     root = tmp_path / "killed"
     line = [sys.executable, str(REPO / "conversion" / "convert_dataset.py"), "--input", SAMPLE, *BASE_ARGS,
@@ -305,6 +311,7 @@ NASTY_LINES = [
 ] + [b'{"text": "A long enough ordinary document, so that this file fills a sample of 128 student tokens: ' + b"the sum of the first n odd numbers is n squared, and the sum of the first n integers is n(n+1)/2. " * 2 + b'"}'] * 3
 
 
+@pytest.mark.slow
 def test_nasty_documents_are_all_accounted_for(tmp_path, monkeypatch):
     monkeypatch.setattr(parts, "SHARD_BYTES", 1 << 20)  # the long document's part fills several shards
     corpus = tmp_path / "nasty"
@@ -365,6 +372,7 @@ def test_inspect_shows_a_sample_and_the_corpus(sample_shards, tmp_path, capsys):
     assert html.count("<script>") == 1 and "http" not in html.split("<body>")[1]  # self-contained
 
 
+@pytest.mark.slow
 def test_remote_output_uploads_parts_and_resumes_from_the_remote(sample_samples, tmp_path):
     # --local-root sends the output through the remote code path; Streaming's local uploader stands in for S3.
     remote = tmp_path / "remote"
@@ -542,6 +550,7 @@ def converts(out_root, *args, inputs):
         return f"error: {error}"
 
 
+@pytest.mark.slow
 def test_a_part_whose_upload_broke_off_is_uploaded_again(tmp_path, monkeypatch):
     """The part finished locally; its last shard reached the remote half-way and part.json never did. The rerun with
     the same --local-root uploads it again instead of trusting the local copy, and the dataset reads whole."""
@@ -569,6 +578,7 @@ def test_a_part_whose_upload_broke_off_is_uploaded_again(tmp_path, monkeypatch):
     same_samples(read_samples(remote, tmp_path), whole)
 
 
+@pytest.mark.slow
 def test_a_jobs_lookups_on_its_remote_out_root_share_one_client(s3, tmp_path, monkeypatch):
     """Every part's part.json, the jobs' markers and the settings are looked up on the out-root: one S3 client for
     them all (a client per lookup costs more than the small file it fetches), and the dataset is whole."""
@@ -731,6 +741,7 @@ def test_a_refused_merge_keeps_its_parts_and_a_published_dataset_whole(tmp_path)
     assert ShardMetadata.read(fresh).totals["documents converted"] == 20
 
 
+@pytest.mark.slow
 def test_only_a_single_jobs_refused_conversion_is_started_afresh(tmp_path, capsys):
     """Several jobs' parts, or a refusal recorded for other settings than the out-root holds, stay: the rerun with
     other options is refused, naming what differs, and deletes nothing."""
@@ -835,6 +846,7 @@ def test_bad_settings_are_refused_before_anything_is_written(tmp_path):
     assert message == "2" and not (tmp_path / "shards").exists()
 
 
+@pytest.mark.slow
 def test_killing_the_converter_leaves_no_worker_behind(tmp_path):
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text(open(SAMPLE, encoding="utf-8").read() * 6, encoding="utf-8")
@@ -896,6 +908,7 @@ def test_long_documents_are_packed_a_group_at_a_time_into_the_same_samples(tmp_p
     same_samples(cut, whole)
 
 
+@pytest.mark.slow
 def test_memory_does_not_grow_with_the_length_of_a_document(tmp_path):
     """Peak RSS of the converter (run as docs/conversion.md says) for a one-line 1 MB document and a 7 MB one: long
     documents go through a group of pieces at a time, and freed blocks go back to the system (glibc otherwise keeps
@@ -924,6 +937,7 @@ def first_rows(n=60):
         return [json.loads(line) for line, _ in zip(f, range(n))]
 
 
+@pytest.mark.slow
 def test_a_dataset_saved_with_save_to_disk_converts_as_its_rows_do(tmp_path):
     import datasets
 
@@ -944,6 +958,7 @@ def test_a_dataset_saved_with_save_to_disk_converts_as_its_rows_do(tmp_path):
                       "--out-root", str(tmp_path / "nothing")])
 
 
+@pytest.mark.slow
 def test_a_text_template_makes_the_text_of_several_fields_and_counts_records_without_them(tmp_path):
     import datasets
 
@@ -1003,6 +1018,7 @@ def store(request, monkeypatch):
     return "gs", lambda key, data: client.blob(key).upload_from_string(data)
 
 
+@pytest.mark.slow
 def test_inputs_in_an_object_store_convert_as_the_same_files_on_disk_and_a_changed_one_is_refused(store, tmp_path):
     import zstandard
 
@@ -1034,6 +1050,7 @@ def test_inputs_in_an_object_store_convert_as_the_same_files_on_disk_and_a_chang
     assert not list((tmp_path / "none").rglob("*.json"))  # inputs that can't be read leave nothing on the out-root
 
 
+@pytest.mark.slow
 def test_an_object_store_input_at_a_buckets_root_a_glob_within_one_folder_and_a_key_that_is_no_file_name(
         s3, tmp_path, monkeypatch):
     env, client = s3

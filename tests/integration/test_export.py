@@ -153,6 +153,7 @@ def test_a_whole_checkpoint_becomes_a_folder_that_loads_with_the_checkpoints_log
     assert config["eos_token_id"] == 2 and config["pad_token_id"] == 2
 
 
+@pytest.mark.slow
 def test_the_card_carries_the_evaluation_of_the_exported_model(whole_run, tmp_path, capsys):
     from vocagno.eval.__main__ import main as eval_main
 
@@ -208,6 +209,7 @@ def test_the_card_of_a_mixture_run_names_each_stream_and_its_weight():
         assert f"<td>data</td>\n<td>{shown}</td>" in page and "<img" not in page and "<script" not in page, page
 
 
+@pytest.mark.slow
 @pytest.mark.distributed  # the sharded checkpoint is written by 2 gloo processes
 def test_a_sharded_checkpoint_and_its_save_folder_export_the_gathered_weights(sharded_run, tmp_path):
     reference = torch.load(sharded_run / "reference.pt")
@@ -223,6 +225,7 @@ def test_a_sharded_checkpoint_and_its_save_folder_export_the_gathered_weights(sh
     assert "256 student tokens, 2 batches, 8 samples" in (tmp_path / "bf16" / "README.md").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.distributed  # the sharded checkpoint is written by 2 gloo processes
 def test_the_student_is_wrapped_per_decoder_layer_and_each_rank_holds_half(sharded_run):
     reference = torch.load(sharded_run / "reference.pt")
@@ -233,6 +236,7 @@ def test_the_student_is_wrapped_per_decoder_layer_and_each_rank_holds_half(shard
     assert max(held) - min(held) <= 3 * 2, held
 
 
+@pytest.mark.slow
 @pytest.mark.distributed  # the sharded checkpoint is written by 2 gloo processes
 def test_eval_reads_a_sharded_save_folder_as_its_export(sharded_run, tmp_path, capsys):
     from vocagno.training.models import load_model
@@ -280,6 +284,7 @@ def few_shot_prompt(min_tokens: int = 1024) -> str:
     return text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["whole", pytest.param("sharded", marks=pytest.mark.distributed)])
 def test_a_bf16_checkpoint_evaluates_exactly_as_its_export_on_a_few_shot_prompt(kind, request, tmp_path):
     """Loaded by ``vocagno.eval``, a checkpoint of an amp_bf16 run and its export give the same logits to the last
@@ -304,6 +309,7 @@ def rotary_buffers_below_float32(model) -> list[str]:
             if "rotary" in name and buffer.is_floating_point() and torch.finfo(buffer.dtype).bits < 32]
 
 
+@pytest.mark.slow
 @pytest.mark.distributed  # the sharded checkpoint is written by 2 gloo processes
 def test_no_path_that_builds_or_loads_a_bf16_model_narrows_its_rotary_frequencies(whole_bf16_run, sharded_run,
                                                                                   tmp_path):
@@ -404,6 +410,7 @@ def test_a_crafted_sharded_checkpoint_is_refused_and_runs_nothing(tmp_path, caps
     assert not (tmp_path / "pwned").exists() and not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_a_checkpoint_whose_tokenizer_is_not_its_models_is_refused(whole_run, tmp_path, capsys):
     from composer.models import HuggingFaceModel
 
@@ -428,6 +435,7 @@ def upload(client, folder: Path, prefix: str) -> None:
             client.upload_file(str(path), "runs", f"{prefix}/{path.relative_to(folder)}")
 
 
+@pytest.mark.slow
 @pytest.mark.distributed  # the sharded checkpoint is written by 2 gloo processes
 def test_a_sharded_checkpoint_in_s3_exports_by_its_folder_and_by_its_save_folder(s3, sharded_run, tmp_path,
                                                                                 monkeypatch):
@@ -480,6 +488,7 @@ def test_a_whole_save_interrupted_while_pickling_is_removed_and_latest_points_to
     assert os.readlink(folder / "latest-rank0.pt") == "ep0-ba2-rank0.pt"
 
 
+@pytest.mark.slow
 @pytest.mark.distributed  # the sharded checkpoint is written by 2 gloo processes
 def test_a_sharded_save_cut_short_is_removed_and_latest_points_to_the_last_complete_one(sharded_run, tmp_path, capsys):
     folder = tmp_path / "run"
@@ -507,6 +516,7 @@ def test_a_sharded_checkpoint_missing_a_shard_is_no_save_cut_short_and_stops_aut
     assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) == before
 
 
+@pytest.mark.slow
 @pytest.mark.distributed  # the sharded checkpoint is written by 2 gloo processes
 def test_a_remote_save_folder_loses_its_cut_short_upload_and_its_latest_is_repointed(s3, sharded_run, monkeypatch):
     env, client = s3

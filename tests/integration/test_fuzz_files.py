@@ -132,6 +132,7 @@ def mutated_copy(shards: Path, name: str, changes, remove=()):
 INDEX_CHANGES = st.lists(st.tuples(st.sampled_from(INDEX_PLACES), ATTACKS), min_size=1, max_size=3)
 
 
+@pytest.mark.slow
 @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(changes=INDEX_CHANGES)
 @example(changes=[(("shards", 0, "samples"), 10**9)])
@@ -199,6 +200,7 @@ CHECKPOINT_CHANGES = st.one_of(
                        CHECKPOINT_ATTACKS), min_size=1, max_size=2))
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")  # the state's repr, shown on failure
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(changes=CHECKPOINT_CHANGES)

@@ -16,6 +16,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import gpu_check  # noqa: E402
 
 
+@pytest.mark.slow
 def test_the_dry_run_reports_each_step_and_each_goal_and_marks_the_gpu_ones_skipped(tmp_path):
     # The check in this process (``helpers.script``); its steps are processes of their own, as it starts them.
     result = script(REPO / "benchmarks" / "gpu_check.py", ["--dry-run", "--out", tmp_path, "--only",
@@ -58,6 +59,7 @@ def test_a_step_past_its_time_goes_with_every_process_it_started(tmp_path):
     assert_rank_gone(pid_file)
 
 
+@pytest.mark.slow
 def test_a_check_ended_by_sigterm_ends_the_step_it_runs_and_reports_what_it_and_those_before_did(tmp_path):
     """`timeout 560 python benchmarks/gpu_check.py ...` on a machine lent for minutes: when it strikes, the running
     step's launcher and ranks go too (they run in a session of their own), and the finished steps are reported."""

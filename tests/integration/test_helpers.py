@@ -26,6 +26,7 @@ def test_a_killed_run_leaves_no_process_behind(tmp_path):
     assert_dead(int(pids.read_text()))
 
 
+@pytest.mark.slow
 def test_a_launcher_past_its_time_goes_with_the_processes_it_started(tmp_path):
     """run_whole's timeout ends a launcher with its ranks, not the launcher alone."""
     pids = tmp_path / "pids"

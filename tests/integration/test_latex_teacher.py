@@ -55,6 +55,7 @@ def test_the_latex_teacher_loads_offline_by_its_shipped_name(tokenizers):
     assert teacher.config.vocab_size == len(tokenizers["deepseek-llm"]) == 100015
 
 
+@pytest.mark.slow
 def test_each_shipped_teacher_knows_its_own_domain_best(tokenizers):
     """On 25 held-out problems of each domain each teacher beats the other by far. Bits per byte measured (the assets
     README): MATH 2.11 tiny-latex-teacher, 4.37 tiny-math-teacher; GSM8K 3.18 and 1.58."""

@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 from helpers import private_shm_works, with_private_shm
 
+pytestmark = pytest.mark.slow  # builds llm-foundry's venv and trains in it: minutes
+
 REPO = Path(__file__).resolve().parents[2]
 FOUNDRY = "llm-foundry==0.22.0"
 

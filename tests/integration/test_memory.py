@@ -35,6 +35,7 @@ def minor_faults(script: str, *modes: str) -> dict[str, int]:
     return faults
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_steps_after_the_first_fault_no_pages_in_once_freed_memory_is_kept():
     faults = minor_faults(STEP, "default", "kept")

@@ -5,12 +5,14 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import command, script
 
 REPO = Path(__file__).resolve().parents[2]
 METHODS = ("plain", "vocagno_40", "vocagno_clean", "random_40", "chunk_1", "chunk_16")
 
 
+@pytest.mark.slow
 def test_the_miniature_runs_the_products_chain_at_toy_size_and_reports_it(tmp_path, capsys):
     """convert -> vocagno.score -> train.py, cached losses, per method -> held-out bits per byte -> vocagno.report,
     run in this process (``helpers.script``, ``helpers.command``): their process is not what this is about."""

@@ -83,6 +83,7 @@ def train_command(shards, folder, name):
             f"save_folder={folder}/ckpt", f"run_name={name}", f"loggers.jsonl.path={folder}/log.jsonl"]
 
 
+@pytest.mark.slow
 def test_a_mixture_trains_logs_each_streams_share_and_kept_fraction_and_resumes_after_a_kill(shards, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     straight = train_command(shards, tmp_path / "straight", "straight")
@@ -157,6 +158,7 @@ def scored(shards, tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_cached_losses_are_checked_in_every_stream_naming_the_one_that_differs(scored):
     teacher = "tiny-math-teacher"
     with pytest.raises(ValueError, match=f"stream 'unscored': teacher_losses: cached, but the training shards "

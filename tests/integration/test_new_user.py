@@ -14,7 +14,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from helpers import command, kill_group, script
+
+pytestmark = pytest.mark.slow  # a user's whole path, corpus to exported model: a minute each
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "yamls" / "tiny.yaml")

@@ -21,6 +21,8 @@ from vocagno import score
 from vocagno.training.checkpoint import load_checkpoint
 from vocagno.export import main as export_main
 
+pytestmark = pytest.mark.slow  # converts, scores, trains, kills and resumes on an S3 server: minutes
+
 REPO = Path(__file__).resolve().parents[2]
 # Long enough for the killed run's first checkpoint to reach the store before it ends: Composer uploads from
 # processes it spawns, which import Composer first; a 12-batch run once ended before its first upload (CI, quiet).

@@ -101,6 +101,7 @@ def test_the_scored_shards_hold_the_inputs_samples_shard_for_shard_with_the_teac
         np.testing.assert_allclose(sample["teacher_loss"], alone, rtol=2e-3, atol=2e-3, equal_nan=True)
 
 
+@pytest.mark.slow
 def test_the_scoring_pass_and_the_selection_report_start_without_composer():
     """Every rank of a scoring or selection job imports neither Composer nor what only training needs: what they share
     with training (the teacher's loading, scoring and sharding) is vocagno.teacher.model's, about 1.6 s less CPU a process."""
@@ -121,11 +122,15 @@ def test_length_batches_hold_similar_lengths_within_the_token_budget():
         assert len(batch) == 1 or len(batch) * -(-max(lengths[i] for i in batch) // 64) * 64 <= 512
 
 
-# The Table 3 cells (unmapped x aggregation), the other selection scopes, the chunk alignment, another top-k.
-CELLS = [dict(unmapped=u, aggregation=a) for u in ("include", "exclude") for a in ("max", "mean", "min")] + [
-    dict(selection_scope="microbatch"), dict(selection_scope="sequence"), dict(alignment="chunk", num_chunks=4,
-                                                                               aggregation="mean"),
-    dict(topk_ratio=0.2)]
+# The Table 3 cells (unmapped x aggregation), the other selection scopes, the chunk alignment, another top-k; the
+# README's test command takes one cell of each kind (the others are marked slow).
+CELLS = [dict(unmapped="include", aggregation="max"), dict(unmapped="exclude", aggregation="mean"),
+         dict(selection_scope="microbatch"), dict(selection_scope="sequence"),
+         dict(alignment="chunk", num_chunks=4, aggregation="mean")] + [
+    pytest.param(cell, marks=pytest.mark.slow) for cell in (
+        dict(unmapped="include", aggregation="mean"), dict(unmapped="include", aggregation="min"),
+        dict(unmapped="exclude", aggregation="max"), dict(unmapped="exclude", aggregation="min"),
+        dict(topk_ratio=0.2))]
 
 
 @pytest.mark.parametrize("options", CELLS, ids=lambda o: "-".join(map(str, o.values())))
@@ -168,6 +173,7 @@ def test_cached_mode_refuses_unscored_shards_and_another_teacher(scored, tokeniz
     assert algorithm.scorer is None and f"scored by {{'name': '{scored / 'teacher'}'" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_ranks_score_their_own_parts_and_the_last_to_finish_publishes(scored, tmp_path, monkeypatch):
     """Ranks as torchrun and composer -n name them (RANK, WORLD_SIZE): each scores every third part; the dataset is
     published by the last to finish, and is the one-rank result."""
@@ -188,6 +194,7 @@ def test_ranks_score_their_own_parts_and_the_last_to_finish_publishes(scored, tm
     assert ShardMetadata.read(tmp_path / "ranks").scored_by == ShardMetadata.read(scored / "scored").scored_by
 
 
+@pytest.mark.slow
 def test_a_remote_out_root_gets_the_dataset_and_another_teacher_cannot_resume_it(scored, tmp_path):
     teacher = Teacher(tiny(Qwen2Config, Qwen2ForCausalLM, 152064), label=str(scored / "teacher"), chunk_size=1024)
     remote, work = tmp_path / "remote", tmp_path / "work"
@@ -198,6 +205,7 @@ def test_a_remote_out_root_gets_the_dataset_and_another_teacher_cannot_resume_it
         scoring.score(str(scored / "shards"), Output(str(remote), str(tmp_path / "work2")), other, "cpu", 640)
 
 
+@pytest.mark.slow
 def test_kill_and_resume_gives_the_uninterrupted_scores(scored, tmp_path, capsys, monkeypatch):
     out = tmp_path / "killed"
     line = [sys.executable, "-m", "vocagno.score", "--shards", str(scored / "shards"), "--teacher",
@@ -225,6 +233,7 @@ def test_kill_and_resume_gives_the_uninterrupted_scores(scored, tmp_path, capsys
     same_samples(read(out), read(scored / "scored"))
 
 
+@pytest.mark.slow
 def test_a_yamls_config_built_teacher_scores_what_its_training_run_would_use(tokenizers, tmp_path, capsys):
     """--config builds the teacher train.py builds for the same yaml (random weights from the yaml's seed), and a
     cached run of that yaml accepts the shards: the whole Table 3 grid of tiny runs from one scoring pass."""
@@ -269,6 +278,7 @@ def test_scoring_on_a_cpu_keeps_the_blocks_it_frees_for_the_next_batch(scored, t
     assert not (tmp_path / "scored").exists()  # set before the first batch
 
 
+@pytest.mark.slow
 def test_a_compiled_teacher_cannot_resume_what_an_uncompiled_one_scored(scored, tmp_path):
     """Compiling changes the losses' last bits, as other kernels do: a pass is resumed only as it was started."""
     model = tiny(Qwen2Config, Qwen2ForCausalLM, 152064)
@@ -280,6 +290,7 @@ def test_a_compiled_teacher_cannot_resume_what_an_uncompiled_one_scored(scored, 
     assert compiled.at_initialization(0).scorer().compile_config == {}  # its control is compiled as it is
 
 
+@pytest.mark.slow
 def test_the_progress_bar_counts_every_batch_towards_its_total(scored, tmp_path, monkeypatch):
     """The scoring pass's bar has the shards' samples as its total and moves after each batch, not each part: a
     dataset of one large shard shows its progress as it is scored."""

@@ -101,6 +101,7 @@ def measured(heldout, tmp_path_factory):
     return json.loads((tmp / "report.json").read_text()), (tmp / "page.html").read_text()
 
 
+@pytest.mark.slow
 def test_a_teacher_that_learned_the_text_keeps_it_and_the_controls_keep_the_clean_share(measured):
     """The shipped teacher (the GSM8K problems it was trained on are not these) ranks alone, with a flat student: its
     top 40% holds clean text well above the clean share; a random selection and the same teacher at initialization
@@ -222,6 +223,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(heldout, tmp_path, cap
     assert not (tmp_path / "out.json").exists() and not (tmp_path / "out.html").exists()
 
 
+@pytest.mark.slow
 def test_two_ranks_share_the_scoring_and_rank_0_alone_reports_and_writes_files(heldout, tmp_path, capsys, monkeypatch,
                                                                                measured):
     """Ranks as torchrun starts them (RANK, WORLD_SIZE, the same arguments): rank 0 writes the rows, each scores its

@@ -52,6 +52,7 @@ def math_alone(setup):
     return report_of(root, "alone", ["--shards", str(shards), "--teacher", str(root / "math")])
 
 
+@pytest.mark.slow
 def test_two_teachers_report_each_alone_and_their_combination(setup, two, math_alone):
     """Each teacher's top-k alone is the selection its own losses make: the Mistral-vocabulary teacher's is that of a
     run with it alone (the same rows, losses and top-k), and its control at initialization is the same too; with
@@ -79,6 +80,7 @@ def test_one_named_teacher_is_todays_single_teacher_report(setup, math_alone):
     assert named["variants"] == math_alone["variants"] and named["losses"] == math_alone["losses"]
 
 
+@pytest.mark.slow
 def test_a_config_with_teachers_scores_its_set_with_its_combine_unless_told(setup, two):
     """--config's teachers: and algorithms.vocagno.combine (tiny.yaml's selection is the default one): with
     --combine min, the report of the same teachers given on the command line; the yaml's mean otherwise, where
@@ -144,6 +146,7 @@ def two_sources(setup, train_source):
                                        "--teacher", f"qwen={root / 'qwen'}", "--teacher", f"math={root / 'math'}"])
 
 
+@pytest.mark.slow
 def test_several_sources_report_each_teacher_per_source(setup, train_source, two_sources, two):
     """Two --shards sources: each source's rows are those of a run on it alone (the same draw, canaries and rows:
     its row count, mapped tokens, clean share and the teacher's losses per kind match), and the report gives, per
@@ -173,6 +176,7 @@ def test_several_sources_report_each_teacher_per_source(setup, train_source, two
     assert "sources" not in two  # one source: the report as it was
 
 
+@pytest.mark.slow
 def test_a_config_without_shards_takes_its_streams_as_sources(setup, train_source, two_sources):
     """--config and no --shards: the streams of its train_loader.dataset, named by their names."""
     root, shards = setup
@@ -247,6 +251,7 @@ def test_every_teacher_of_a_set_is_checked_before_any_scoring(setup, tmp_path, c
 
 
 # ------------------------------------------------------------------------ found in the second review: each failed first
+@pytest.mark.slow
 def test_shards_the_set_already_scored_are_measured_as_unscored_ones(setup, tmp_path):
     """The canary rows are made anew: they carry none of the source's losses, of the reading teacher or any other."""
     from vocagno import score

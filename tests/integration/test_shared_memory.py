@@ -425,6 +425,7 @@ def _create_shared_memory_late(sized_after: float, created_after: float):
     shared_memory.SharedMemory = memory.BuiltinSharedMemory = late
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("meanwhile", ["another job exits", "another job registers", "the leader can't register",
                                        "node 1's leader can't register", "nothing, on two nodes",
@@ -530,6 +531,7 @@ def _open_the_dataset_in_an_attempt(rank: int, folder: str, shards: str, port: i
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("restart", ["after a failure", "as a node joined", "on two nodes, a rank of one failed"])
 def test_a_job_restarted_by_torchrun_takes_its_leaders_answers_not_the_failed_attempts(tmp_path, restart):

@@ -32,6 +32,7 @@ def train_losses(tmp_path, name, *overrides):
     return {step: steps[step]["loss/train/total"] for step in steps if "loss/train/total" in steps[step]}
 
 
+@pytest.mark.slow
 def test_a_compiled_student_and_teacher_train_the_losses_of_uncompiled_ones(tmp_path):
     from torch._dynamo.utils import counters
 
@@ -75,6 +76,7 @@ def teacher_tokens(tokenizers):
     return ids, mask
 
 
+@pytest.mark.slow
 def test_a_compiled_teacher_scores_its_tokens_as_the_uncompiled_one(tokenizers):
     model = tiny_qwen(tokenizers)
     ids, mask = teacher_tokens(tokenizers)

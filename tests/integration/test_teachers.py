@@ -102,6 +102,7 @@ def fit(shards_root, tokenizers, microbatch=4, batches="2ba", logger=None, **opt
     return algorithm, capture
 
 
+@pytest.mark.slow
 def test_two_teachers_online_train_on_the_combination_of_each_ones_own_alignment(shards, tokenizers):
     """Microbatch scope: each microbatch's loss is guided_loss over both teachers' losses (each scoring its own tokens:
     the Mistral teacher the shards', the Qwen2.5 one tokens made from the student's), combined with min."""
@@ -128,6 +129,7 @@ def test_two_teachers_online_train_on_the_combination_of_each_ones_own_alignment
     assert counts[0] > 0 and counts[1] > 0 and counts[:2].sum() == counts[2]  # min: one teacher gives each reference
 
 
+@pytest.mark.slow
 def test_the_global_selection_of_two_teachers_does_not_depend_on_the_microbatch_size(shards, tokenizers):
     runs = [fit(shards / "shards", tokenizers, microbatch=size, teachers=teachers_of(shards), combine=combine)[1]
             for size in (2, 8) for combine in ("min", "mean")]
@@ -160,6 +162,7 @@ def scored_twice(shards):
     return shards / "scored2"
 
 
+@pytest.mark.slow
 def test_a_further_teachers_scoring_pass_keeps_the_shards_and_adds_its_losses_and_alignment(shards, scored_twice,
                                                                                             tokenizers):
     meta = ShardMetadata.read(scored_twice)
@@ -241,6 +244,7 @@ def test_the_scoring_pass_refuses_a_second_teacher_without_a_name(shards, scored
 
 
 # ---------------------------------------------------------------------------- found in review: each failed first
+@pytest.mark.slow
 def test_a_single_teachers_scoring_pass_needs_no_tokenizer_in_its_folder(shards, tmp_path):
     """As before sets: one teacher scores the shards' own teacher tokens; its folder may hold the weights alone."""
     MistralForCausalLM.from_pretrained(shards / "mistral").save_pretrained(tmp_path / "weights")
@@ -353,6 +357,7 @@ def test_two_teachers_without_a_student_tokenizer_say_what_to_give(shards, token
 
 
 # ------------------------------------------------------------------------ found in the second review: each failed first
+@pytest.mark.slow
 def test_a_further_teachers_scoring_pass_resumed_with_another_tokenizer_is_refused(shards, scored_twice, tmp_path):
     """Its tokenizer makes its tokens and alignment: a pass interrupted with one and resumed with another would
     mix two tokenizations in one column."""
@@ -368,6 +373,7 @@ def test_a_further_teachers_scoring_pass_resumed_with_another_tokenizer_is_refus
     assert not (out / "index.json").exists()
 
 
+@pytest.mark.slow
 def test_cached_shards_without_the_reading_teachers_losses_name_it(shards, tmp_path, tokenizers):
     """Scored by the further teacher alone: the missing losses are the teacher's that reads the shards' tokens."""
     assert score.main(["--shards", str(shards / "shards"), "--teacher", str(shards / "qwen"), "--name", "qwen",

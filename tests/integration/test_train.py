@@ -257,6 +257,7 @@ def straight(straight_folder):
     return read_log(straight_folder / "log.jsonl")
 
 
+@pytest.mark.slow
 def test_kill_and_autoresume_continue_with_the_same_losses(tiny_run, straight, tmp_path):
     killed = tmp_path / "killed"
     command = [sys.executable, str(REPO / "train.py"), TINY, f"variables.data={tiny_run[0]}/shards/train",
@@ -290,6 +291,7 @@ while not os.path.exists(stop) and time.time() < deadline:
 """
 
 
+@pytest.mark.slow
 def test_a_checkpoint_swapped_back_and_forth_during_a_resume_is_never_loaded_unchecked(tiny_run, straight_folder,
                                                                                          tmp_path):
     """Someone who can write the save folder swaps the latest checkpoint for one that runs a command, and back, all
@@ -323,6 +325,7 @@ def test_a_checkpoint_swapped_back_and_forth_during_a_resume_is_never_loaded_unc
         assert errors[0].startswith("error: autoresume: ") and "refused to load" in errors[0], errors
 
 
+@pytest.mark.slow
 def test_an_interrupted_checkpoint_save_resumes_with_the_same_command(tiny_run, straight, tmp_path):
     """A kill or a full disk during a save leaves a truncated checkpoint (here the latest, ba4) and a partial one
     past it (ba6): the same command falls back to ba2 and ends with the losses of an uninterrupted run."""
@@ -499,6 +502,7 @@ def test_a_variant_yaml_naming_a_folder_converts_into_it_only_what_it_names_and_
     assert ShardMetadata.read(tmp_path / "held").totals["documents read"] == 100 and len(loader.dataset) > 0
 
 
+@pytest.mark.slow
 def test_a_mistake_ends_train_py_in_one_line_and_the_switch_shows_its_traceback(tmp_path, monkeypatch):
     command = [sys.executable, str(REPO / "train.py"), TINY, f"variables.data={tmp_path}/typo"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -543,6 +547,7 @@ def test_tiny_variants_of_the_method_train(tiny_run, tmp_path, overrides):
     assert all(m == 1.0 for m in mapped) == ("algorithms.vocagno.alignment=chunk" in overrides), mapped
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, parts, overrides", [
     ("uld", {"ce", "uld"}, []),
     ("uld", {"ce", "uld"}, ["algorithms.uld.pairing=alignment"]),
@@ -599,6 +604,7 @@ def test_a_checkout_that_pip_never_installed_finds_vocagnos_algorithms(monkeypat
     assert type(algorithm).__name__ == "VocAgnoLM"
 
 
+@pytest.mark.slow
 def test_the_two_teacher_yaml_trains_with_both_and_ends_with_what_each_keeps(tiny_run, tmp_path):
     """yamls/tiny_two_teachers.yaml on a CPU (on tiny.yaml's shards, its base's): the GSM8K teacher reads the shards'
     Mistral tokens, the MATH teacher's DeepSeek tokens are made from the text; each step logs both teachers' shares of
@@ -630,6 +636,7 @@ def _streaming_shm(prefix: int) -> set[tuple[str, int]]:
     return {(entry.name, entry.inode()) for entry in os.scandir("/dev/shm") if entry.name.startswith(f"{prefix:06}_")}
 
 
+@pytest.mark.slow
 def test_a_run_cleans_what_a_killed_run_left_in_shared_memory_and_not_what_a_live_job_holds(tiny_run, tmp_path,
                                                                                                monkeypatch):
     """Two jobs on one node: a run starting unlinks the Streaming shared memory a killed run left on its local (which

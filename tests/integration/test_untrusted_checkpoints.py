@@ -734,6 +734,7 @@ def test_a_latest_link_is_followed_one_hop_and_a_loop_of_them_is_refused_in_one_
     assert not (tmp_path / "model").exists()
 
 
+@pytest.mark.slow
 def test_a_sharded_checkpoint_whose_metadata_claims_more_than_its_shards_hold_is_refused_unallocated(state, tmp_path,
                                                                                                       capsys):
     """torch.distributed.checkpoint's loader makes an empty tensor of every size ``.metadata`` claims before it reads

@@ -219,6 +219,7 @@ def refused_unread(bomb: Path) -> str:
     return source.error
 
 
+@pytest.mark.slow
 def test_a_parquet_dictionary_value_that_decodes_to_gigabytes_is_refused_in_one_line_before_it_is(tmp_path):
     """A few KiB .parquet file whose dictionary page holds one 256 MiB value, which 8 rows point at (2 GiB of text;
     with 1 GiB, pyarrow decoded the page and a batch of its rows, 4 GiB at the peak, before a row was measured
@@ -277,6 +278,7 @@ def test_a_parquet_dictionary_value_under_the_cap_repeated_is_read_a_few_rows_at
 
 # ---- a tokenizer folder from elsewhere ----
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_teacher_tokenizer_that_panics_on_a_document_is_refused_in_one_line(tmp_path, capsys, workers):
     """A teacher tokenizer whose pre-tokenizer pattern makes Oniguruma give up on a document ends in a Rust panic
@@ -295,6 +297,7 @@ def test_a_teacher_tokenizer_that_panics_on_a_document_is_refused_in_one_line(tm
 
 # ---- an out-root on this machine given with --local-root, and the working folder of a remote one ----
 
+@pytest.mark.slow
 def test_a_link_planted_on_an_out_root_folder_given_with_local_root_is_not_written_through(tmp_path):
     """--out-root a folder of this machine with --local-root: a part is written there as into any folder others can
     write, never through a link planted at a shard's name (a file of someone else's) or at a part's folder."""

@@ -33,7 +33,7 @@ SHELL_BLOCKS = {"bash", "sh", "shell", "console"}
 FRESH_MACHINE = [
     "python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/composer train.py yamls/tiny.yaml",
     'python3 -m venv .venv && .venv/bin/pip install -e ".[test]" && .venv/bin/python -m pytest -q -n 2 --dist loadfile '
-    '--durations=30',
+    '-m "not slow" --durations=30',
 ]
 # Words an inline code span starts with when it is a command line (checked like the blocks' lines).
 COMMAND_WORDS = ("python", "python3", "composer", "torchrun", "pytest", "pip", "sbatch")
@@ -523,6 +523,7 @@ def test_the_readmes_figures_and_intervals_are_the_default_runs():
     assert f"a {params / 1e6:.2f}M-parameter" in text
 
 
+@pytest.mark.slow
 def test_the_drop_in_pages_python_runs_as_written(tmp_path, monkeypatch, capfd):
     """docs/drop-in.md's plain Composer script, run as written (its shards converted first, as the page's commands
     convert them, here in a temporary folder)."""

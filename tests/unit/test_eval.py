@@ -42,6 +42,7 @@ def test_gold_answers_grade_at_least_99_percent(gold_results):
     assert "| n/a |" in table
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", OFFLINE)
 def test_shuffled_gold_answers_score_near_chance(name):
     examples = load_benchmark(name, SHIPPED_DATA)

@@ -35,6 +35,7 @@ def slurm(script: str, nodes: int, env: dict, tmp_path: Path, *args: str) -> lis
     return [shlex.split(line) for line in result.stdout.splitlines()]
 
 
+@pytest.mark.slow
 def test_the_slurm_training_script_runs_on_each_node_the_command_the_rehearsal_runs(tmp_path):
     lines = slurm("slurm_train.sh", 4, {"SHARDS": "s3://b/owm", "SAVE_FOLDER": "s3://b/runs/{run_name}"}, tmp_path,
                   "max_duration=10ba")

@@ -22,6 +22,7 @@ def eval_folder(root, name, accuracy):
     return folder
 
 
+@pytest.mark.slow
 def test_the_report_prints_the_table_with_gains_over_cpt_and_plots_a_sweep(tmp_path, report):
     runs = [eval_folder(tmp_path, "cpt", 10.0), eval_folder(tmp_path, "qwen-topk20", 13.0),
             eval_folder(tmp_path, "qwen-topk40", 14.6)]

@@ -4,6 +4,8 @@ seconds, the next run starts with the longest file, and any other run writes not
 import json
 from pathlib import Path
 
+import pytest
+
 pytest_plugins = ["pytester"]  # a pytest session of its own, in this process
 
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
@@ -24,6 +26,7 @@ def pytest_in(pytester, *args: str) -> list[str]:
     return [line.split("::")[0] for line in done.outlines if "::" in line and "PASSED" in line]
 
 
+@pytest.mark.slow
 def test_the_longest_file_runs_first_once_a_whole_run_measured_it(pytester):
     tmp_path = pytester.path
     (tmp_path / "pyproject.toml").write_text('[tool.pytest.ini_options]\ntestpaths = ["tests"]\n')

@@ -134,6 +134,7 @@ def test_a_tokenizers_description_follows_tokens_added_to_it():
     assert after == tokenizer_info(fresh, "mistral")
 
 
+@pytest.mark.slow
 def test_a_tokenizer_loaded_again_takes_the_vocabulary_of_the_same_content_and_not_of_another():
     """A tokenizer loaded again (a new object) is described from what was computed for the same content, not by
     reading and hashing its 151K tokens again; one whose content differs (a token added) is read."""
@@ -246,6 +247,7 @@ def test_text_copies_of_a_tokenizer_are_made_once_per_content_and_leave_the_toke
     assert "<vocagno_new>" in text_tokenizers(second.backend_tokenizer)[0].encode("x <vocagno_new>").tokens
 
 
+@pytest.mark.slow
 def test_text_copies_are_kept_for_the_latest_tokenizers_only():
     # A process that converts with many tokenizers (a notebook, a sweep) would otherwise hold two copies of each.
     from vocagno.core.tokenization import _text_copies, text_tokenizers
