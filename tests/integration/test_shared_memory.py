@@ -220,6 +220,38 @@ def test_a_dataset_holds_only_its_own_shared_memory_and_lets_it_go_with_it(tmp_p
     assert shared_memory_held() == before
 
 
+def test_a_prefix_another_job_registers_after_the_search_is_looked_for_again(tmp_path, monkeypatch, tokenizers):
+    """A job that takes no registration lock (Streaming's own, or one past the lock's wait) registers the prefix this
+    process found, after its search and before its registration: the dataset looks again and takes a free one,
+    instead of failing on ``FileExistsError: '/000477_locals'`` (seen in the README's test command, two workers)."""
+    from multiprocessing import shared_memory
+
+    from streaming.base.constant import LOCALS
+    from streaming.base.shared import prefix
+
+    _converted(tmp_path)
+    pack, taken = prefix._pack_locals, []
+
+    def another_job_first(locals_, found):
+        if not taken:  # the other job's registration, on the prefix found here
+            packed = pack([str(tmp_path / "another-job")], found)
+            other = shared_memory.SharedMemory(prefix._get_path(found, LOCALS), create=True, size=len(packed))
+            other.buf[:len(packed)] = packed
+            taken.append((found, other))
+        return pack(locals_, found)
+
+    monkeypatch.setattr(prefix, "_pack_locals", another_job_first)
+    try:
+        dataset = data.TeacherGuidedDataset(local=str(tmp_path / "shards"), batch_size=1)
+        assert taken and dataset._shm_prefix_int != taken[0][0]
+        assert dataset[0]["text"]
+        del dataset
+    finally:
+        for _, other in taken:
+            other.close()
+            other.unlink()
+
+
 def test_an_iteration_dropped_before_its_epoch_ends_stops_its_threads_and_no_other(tmp_path):
     """Streaming reads ahead and waits for shards in two threads an epoch, which poll every 7 ms until the epoch ends
     or the next begins. An iteration dropped before its end (a run stopping at max_duration, a report reading a few

@@ -118,6 +118,8 @@ def _leaders_shm_prefix(streams_local: list[str], streams_remote: list, world, r
     fails ('shared memory prefix=N was not registered by local leader', or '... does not match local leader'). A
     leader that finds its prefix taken when it registers (a job that doesn't take the lock) looks again; one that
     can't register fails every rank of the job, not only itself, instead of leaving them waiting at a barrier.
+    Without a process group (one process, or ranks with none), Streaming's own search runs, looked again in the same
+    way.
 
     The leaders' answers go through the process group's store, not a collective: under NCCL a collective of objects
     runs on the current GPU, which a rank may not have set yet (Streaming's barrier guesses one instead). They are
@@ -131,7 +133,14 @@ def _leaders_shm_prefix(streams_local: list[str], streams_remote: list, world, r
     if (not getattr(_registering, "value", None) or not (dist.is_available() and dist.is_initialized())
             or world.num_ranks != dist.get_world_size()  # Streaming's World (the environment's) isn't this group's
             or dist.get_backend() == "mpi"):  # MPI's process group has no store
-        return prefix.get_shm_prefix(streams_local, streams_remote, world, retry)
+        if dist.is_available() and dist.is_initialized():  # its barriers: every rank calls it once
+            return prefix.get_shm_prefix(streams_local, streams_remote, world, retry)
+        for attempt in range(1 + retry):  # no barrier in it: its leader may look again
+            try:
+                return prefix.get_shm_prefix(streams_local, streams_remote, world, retry)
+            except FileExistsError:  # a job that takes no lock registered the prefix found, after the search
+                if attempt == retry:
+                    raise
     prefix._check_self(streams_local)
     store = default_store()
     key = f"vocagno/shm_prefix/{next(_prefix_exchanges)}/node"
