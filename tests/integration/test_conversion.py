@@ -87,6 +87,7 @@ def test_ranks_of_a_node_fetch_the_shards_metadata_into_one_local_at_once(sample
         assert ShardMetadata.read(local) == ShardMetadata.read(sample_shards)
 
 
+@pytest.mark.slow
 def test_jobs_of_a_node_opening_datasets_at_once_each_get_their_own_shared_memory(sample_shards, tmp_path):
     """Two jobs on one node (or pytest's two workers) starting at the same moment: each dataset takes a free
     Streaming prefix, none fails on a prefix another took between Streaming's search and its registration."""
@@ -112,7 +113,6 @@ def test_processes_started_at_once_do_not_inherit_the_locks_the_test_process_hol
     assert codes == [0] * 4
 
 
-@pytest.mark.slow
 def test_round_trip_invariants(sample_samples, sample_shards, tokenizers):
     student, teacher = tokenizers["llama2"], tokenizers["qwen2.5"]
     meta = ShardMetadata.read(sample_shards)

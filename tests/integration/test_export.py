@@ -352,6 +352,7 @@ def refused(args, capsys, *, names):
     return err
 
 
+@pytest.mark.slow
 @pytest.mark.distributed  # the sharded checkpoint is written by 2 gloo processes
 def test_a_missing_shard_is_named_and_nothing_is_written(sharded_run, tmp_path, capsys):
     broken = tmp_path / "ep0-ba2"
@@ -502,6 +503,7 @@ def test_a_sharded_save_cut_short_is_removed_and_latest_points_to_the_last_compl
     assert export_main([str(folder), str(tmp_path / "model")]) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.distributed  # the sharded checkpoint is written by 2 gloo processes
 def test_a_sharded_checkpoint_missing_a_shard_is_no_save_cut_short_and_stops_autoresume(sharded_run, tmp_path):
     """.metadata is written after every shard, so a shard missing beside it (lost, or on another node's disk) is

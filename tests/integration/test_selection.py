@@ -101,7 +101,6 @@ def measured(heldout, tmp_path_factory):
     return json.loads((tmp / "report.json").read_text()), (tmp / "page.html").read_text()
 
 
-@pytest.mark.slow
 def test_a_teacher_that_learned_the_text_keeps_it_and_the_controls_keep_the_clean_share(measured):
     """The shipped teacher (the GSM8K problems it was trained on are not these) ranks alone, with a flat student: its
     top 40% holds clean text well above the clean share; a random selection and the same teacher at initialization

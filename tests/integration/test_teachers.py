@@ -162,7 +162,6 @@ def scored_twice(shards):
     return shards / "scored2"
 
 
-@pytest.mark.slow
 def test_a_further_teachers_scoring_pass_keeps_the_shards_and_adds_its_losses_and_alignment(shards, scored_twice,
                                                                                             tokenizers):
     meta = ShardMetadata.read(scored_twice)

@@ -344,7 +344,6 @@ def _refused(capped, name: str) -> str:
     return one_line_error(text)
 
 
-@pytest.mark.slow
 def test_a_billion_samples_in_the_index_are_refused_before_streaming_allocates_for_them(capped):
     folder = capped["inspect-billion-samples"][2]
     assert _refused(capped, "inspect-billion-samples") == (

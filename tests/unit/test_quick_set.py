@@ -1,16 +1,18 @@
-"""The README's test command (what CI runs) leaves out the tests marked ``slow`` and still runs one test of each kind
-that the slow ones stand beside: a guided training run, a scoring pass, cached losses against the online teacher, cached
-ULD, a teacher sharded over gloo ranks, an export."""
+"""The README's test command (what CI runs) leaves out the tests marked ``slow`` and still runs the quick set's test of
+each kind that docs/development.md names: a guided training run, a scoring pass, cached losses against the online
+teacher, cached ULD, a teacher sharded over gloo ranks, an export. What counts is what pytest itself selects with
+``-m "not slow"``, however a mark is written (on the function, a parametrised case, the module)."""
 
-import ast
 import re
 from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["pytester"]  # a pytest session of its own, in this process
+
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
-# The quick set's test of each kind (docs/development.md names them): none of them may be marked slow.
+# The quick set's test of each kind: pytest's "not slow" selection must hold at least one of its cases.
 KINDS = {
     "a guided training run": ("integration/test_train.py", "test_tiny_run_trains_on_the_guided_tokens_and_its_loss_falls"),
     "a scoring pass": ("integration/test_score.py",
@@ -27,22 +29,12 @@ KINDS = {
 }
 
 
-def marked_slow(node: ast.AST) -> bool:
-    """``node`` (a decorator, a ``pytestmark`` value) is or holds ``pytest.mark.slow``."""
-    return any(isinstance(n, ast.Attribute) and n.attr == "slow" and ast.unparse(n.value) == "pytest.mark"
-               for n in ast.walk(node))
-
-
-def slow_and_quick(path: Path) -> tuple[set[str], set[str]]:
-    """The test functions of ``path`` marked slow (the function or its module), and the others."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    module_slow = any(isinstance(node, ast.Assign) and any(ast.unparse(t) == "pytestmark" for t in node.targets)
-                      and marked_slow(node.value) for node in tree.body)
-    slow, quick = set(), set()
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
-            (slow if module_slow or any(marked_slow(d) for d in node.decorator_list) else quick).add(node.name)
-    return slow, quick
+def collected(pytester, *args: str) -> list[str]:
+    """The node ids (relative to the repository) that pytest collects from ``args`` in the repository's settings."""
+    done = pytester.runpytest_inprocess("--collect-only", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                                        "--rootdir", str(REPO), "-c", str(REPO / "pyproject.toml"), *args)
+    assert done.ret in (0, 5), "\n".join(done.outlines + done.errlines)  # 5: nothing selected
+    return [line for line in done.outlines if "::" in line]
 
 
 def test_the_readmes_test_command_leaves_out_the_slow_tests_and_pyproject_registers_the_marker():
@@ -52,17 +44,14 @@ def test_the_readmes_test_command_leaves_out_the_slow_tests_and_pyproject_regist
     assert re.search(r'^\s*"slow: ', (REPO / "pyproject.toml").read_text(encoding="utf-8"), re.M)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_the_quick_set_keeps_one_test_of_each_kind(kind):
-    file, name = KINDS[kind]
-    slow, quick = slow_and_quick(TESTS / file)
-    assert name in quick, f"{kind}: {file}::{name} is {'marked slow' if name in slow else 'gone'}"
-
-
-def test_slow_tests_are_found_where_they_are_marked():
-    """The check above reads the marks as pytest does: on the function, on a parametrised case, on the module."""
-    slow, quick = slow_and_quick(TESTS / "distributed" / "test_multinode.py")  # pytestmark = [..., pytest.mark.slow]
-    assert slow and not quick
-    slow, quick = slow_and_quick(TESTS / "integration" / "test_train.py")
-    assert "test_kill_and_autoresume_continue_with_the_same_losses" in slow
-    assert "test_tiny_run_trains_on_the_guided_tokens_and_its_loss_falls" in quick
+def test_the_quick_set_keeps_one_test_of_each_kind_and_leaves_out_what_is_marked_slow(pytester):
+    files = sorted({str(TESTS / file) for file, _ in KINDS.values()})
+    quick = collected(pytester, "-m", "not slow", *files, str(TESTS / "distributed" / "test_multinode.py"))
+    missing = [f"{kind}: tests/{file}::{name}" for kind, (file, name) in KINDS.items()
+               if not any(re.fullmatch(rf"tests/{re.escape(file)}::{name}(\[.*\])?", node) for node in quick)]
+    assert not missing, f"pytest -m 'not slow' selects no case of {missing}"
+    # The marks pytest reads: a module's pytestmark (every multi-node test), a parametrised case's (test_score's CELLS).
+    assert not [node for node in quick if "test_multinode.py" in node]
+    cached = "integration/test_score.py::test_cached_losses_give_the_online_teachers_training_without_a_teacher["
+    cells = sorted(node.split("[", 1)[1].rstrip("]") for node in quick if f"tests/{cached}" in node)
+    assert cells == ["chunk-4-mean", "exclude-mean", "include-max", "microbatch", "sequence"]
