@@ -222,8 +222,8 @@ def test_a_dataset_holds_only_its_own_shared_memory_and_lets_it_go_with_it(tmp_p
 
 def test_a_prefix_another_job_registers_after_the_search_is_looked_for_again(tmp_path, monkeypatch, tokenizers):
     """A job that takes no registration lock (Streaming's own, or one past the lock's wait) registers the prefix this
-    process found, after its search and before its registration: the dataset looks again and takes a free one,
-    instead of failing on ``FileExistsError: '/000477_locals'`` (seen in the README's test command, two workers)."""
+    process found, after its search and before its registration (two test workers opening datasets at once): the
+    dataset looks again and takes a free one, instead of failing on ``FileExistsError: '/000477_locals'``."""
     from multiprocessing import shared_memory
 
     from streaming.base.constant import LOCALS
@@ -250,6 +250,46 @@ def test_a_prefix_another_job_registers_after_the_search_is_looked_for_again(tmp
         for _, other in taken:
             other.close()
             other.unlink()
+
+
+
+@pytest.mark.parametrize("group", ["no process group", "a one-rank gloo group"])
+def test_a_prefix_found_taken_again_fails_on_the_second_look(tmp_path, monkeypatch, tokenizers, group):
+    """Streaming's search can land on a prefix whose ``_locals`` another dataset holds (a leftover of a killed run
+    below it in another name): every look finds that prefix again. The second look that finds the prefix it found
+    taken fails as Streaming does, instead of looking 100 more times, each holding the segments it walked past."""
+    import torch.distributed as dist
+    from multiprocessing import shared_memory
+
+    from streaming.base.constant import LOCALS, SHM_TO_CLEAN
+    from streaming.base.shared import prefix
+
+    _converted(tmp_path)
+    held = shared_memory.SharedMemory(create=True, size=8)  # a free name of this machine's, whatever else runs
+    searches = []
+    if group == "no process group":
+        def search(*args):
+            searches.append(args)
+            raise FileExistsError(17, "File exists", f"/{held.name}")
+
+        monkeypatch.setattr(prefix, "get_shm_prefix", search)
+    else:
+        free = next(n for n in range(10**5, 10**6) if not os.path.exists(f"/dev/shm/{n:06}_{LOCALS}"))
+        taken = shared_memory.SharedMemory(prefix._get_path(free, LOCALS), create=True, size=8)
+        monkeypatch.setattr(prefix, "_check_and_find_retrying", lambda *args: searches.append(args) or free)
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1)
+    try:
+        with pytest.raises(FileExistsError):
+            data.TeacherGuidedDataset(local=str(tmp_path / "shards"), batch_size=1)
+        # Two looks: Streaming's whole search each, or the leader's search of each name Streaming cleans.
+        assert len(searches) == 2 * (1 if group == "no process group" else len(SHM_TO_CLEAN)), len(searches)
+    finally:
+        held.close()
+        held.unlink()
+        if group != "no process group":
+            dist.destroy_process_group()
+            taken.close()
+            taken.unlink()
 
 
 def test_an_iteration_dropped_before_its_epoch_ends_stops_its_threads_and_no_other(tmp_path):

@@ -116,8 +116,10 @@ def _leaders_shm_prefix(streams_local: list[str], streams_remote: list, world, r
     Streaming has every rank look on its own, then the leader registers what it found: another job on the node that
     exits or registers between the leader's look and another rank's gives them different prefixes, and that rank
     fails ('shared memory prefix=N was not registered by local leader', or '... does not match local leader'). A
-    leader that finds its prefix taken when it registers (a job that doesn't take the lock) looks again; one that
-    can't register fails every rank of the job, not only itself, instead of leaving them waiting at a barrier.
+    leader that finds its prefix taken when it registers (a job that doesn't take the lock) looks again, until a look
+    finds the prefix the one before found (Streaming's search can land on a prefix whose ``_locals`` is held: looking
+    again won't help); one that can't register fails every rank of the job, not only itself, instead of leaving them
+    waiting at a barrier.
     Without a process group (one process, or ranks with none), Streaming's own search runs, looked again in the same
     way.
 
@@ -135,18 +137,21 @@ def _leaders_shm_prefix(streams_local: list[str], streams_remote: list, world, r
             or dist.get_backend() == "mpi"):  # MPI's process group has no store
         if dist.is_available() and dist.is_initialized():  # its barriers: every rank calls it once
             return prefix.get_shm_prefix(streams_local, streams_remote, world, retry)
-        for attempt in range(1 + retry):  # no barrier in it: its leader may look again
+        taken_before = None
+        for attempt in range(1 + max(retry, 0)):  # no barrier in it: its leader may look again
             try:
                 return prefix.get_shm_prefix(streams_local, streams_remote, world, retry)
-            except FileExistsError:  # a job that takes no lock registered the prefix found, after the search
-                if attempt == retry:
+            except FileExistsError as taken:  # a job that takes no lock registered the prefix found, after the search
+                if attempt == retry or taken.filename == taken_before:  # found again: no race, looking won't help
                     raise
+                taken_before = taken.filename
     prefix._check_self(streams_local)
     store = default_store()
     key = f"vocagno/shm_prefix/{next(_prefix_exchanges)}/node"
     shm = error = None
     if world.is_local_leader:
         try:
+            taken_before = None
             for attempt in range(1 + retry):
                 found = max(prefix._check_and_find_retrying(streams_local, streams_remote, name, retry)
                             for name in SHM_TO_CLEAN)
@@ -155,8 +160,9 @@ def _leaders_shm_prefix(streams_local: list[str], streams_remote: list, world, r
                     shm = SharedMemory(prefix._get_path(found, LOCALS), True, len(packed))
                     break
                 except FileExistsError:
-                    if attempt == retry:
+                    if attempt == retry or found == taken_before:  # found again: no race, looking won't help
                         raise
+                    taken_before = found
             shm.buf[:len(packed)] = packed
             answer = f"prefix {found}"
         except Exception as raised:  # told to every rank, then raised here
