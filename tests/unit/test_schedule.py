@@ -38,6 +38,8 @@ def test_the_longest_file_runs_first_once_a_whole_run_measured_it(pytester):
     durations = tests / "durations.json"
     assert pytest_in(pytester, "-k", "quick", WRITE) == ["tests/unit/test_a_quick.py"]
     assert not durations.exists()  # partial
+    assert pytest_in(pytester, "-m", "not slow", WRITE) == ["tests/unit/test_a_quick.py", "tests/unit/test_b_slow.py"]
+    assert not durations.exists()  # a selection by marks: partial too, whatever it selected
     assert pytest_in(pytester) == ["tests/unit/test_a_quick.py", "tests/unit/test_b_slow.py"]  # nothing known yet
     assert not durations.exists()  # not asked for
     assert pytest_in(pytester, WRITE) == ["tests/unit/test_a_quick.py", "tests/unit/test_b_slow.py"]
