@@ -273,11 +273,16 @@ def test_a_prefix_found_taken_again_fails_on_the_second_look(tmp_path, monkeypat
             raise FileExistsError(17, "File exists", f"/{held.name}")
 
         monkeypatch.setattr(prefix, "get_shm_prefix", search)
+        # An in-process Composer run (this worker's earlier tests) leaves its one-rank default group behind.
+        monkeypatch.setattr(dist, "is_initialized", lambda: False)
     else:
         free = next(n for n in range(10**5, 10**6) if not os.path.exists(f"/dev/shm/{n:06}_{LOCALS}"))
         taken = shared_memory.SharedMemory(prefix._get_path(free, LOCALS), create=True, size=8)
         monkeypatch.setattr(prefix, "_check_and_find_retrying", lambda *args: searches.append(args) or free)
-        dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1)
+        made_here = not dist.is_initialized()  # else a one-rank group an in-process Composer run left
+        if made_here:
+            dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1)
+        assert dist.get_world_size() == 1
     try:
         with pytest.raises(FileExistsError):
             data.TeacherGuidedDataset(local=str(tmp_path / "shards"), batch_size=1)
@@ -287,7 +292,8 @@ def test_a_prefix_found_taken_again_fails_on_the_second_look(tmp_path, monkeypat
         held.close()
         held.unlink()
         if group != "no process group":
-            dist.destroy_process_group()
+            if made_here:
+                dist.destroy_process_group()
             taken.close()
             taken.unlink()
 
