@@ -252,7 +252,6 @@ def test_a_prefix_another_job_registers_after_the_search_is_looked_for_again(tmp
             other.unlink()
 
 
-
 @pytest.mark.parametrize("group", ["no process group", "a one-rank gloo group"])
 def test_a_prefix_found_taken_again_fails_on_the_second_look(tmp_path, monkeypatch, tokenizers, group):
     """Streaming's search can land on a prefix whose ``_locals`` another dataset holds (a leftover of a killed run
