@@ -36,7 +36,7 @@ import threading
 import time
 import warnings
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -106,6 +106,21 @@ def registering_shared_memory():
             os.close(lock)
 
 
+def _looking_again(register: Callable[[], Any], retry: int) -> Any:
+    """``register()`` (a search for a free prefix, then the creation of its ``_locals``), again while a job that takes
+    no lock registers the prefix found after the search, at most ``retry`` more times (none when negative). A look
+    that finds taken what the look before found fails: Streaming's search can land on a prefix whose ``_locals`` is
+    held, and looking again won't help."""
+    taken_before = None
+    for attempt in range(1 + max(retry, 0)):
+        try:
+            return register()
+        except FileExistsError as taken:
+            if attempt >= retry or taken.filename == taken_before:
+                raise
+            taken_before = taken.filename
+
+
 _registering = threading.local()  # .value: True in a thread inside registering_shared_memory
 
 
@@ -137,32 +152,21 @@ def _leaders_shm_prefix(streams_local: list[str], streams_remote: list, world, r
             or dist.get_backend() == "mpi"):  # MPI's process group has no store
         if dist.is_available() and dist.is_initialized():  # its barriers: every rank calls it once
             return prefix.get_shm_prefix(streams_local, streams_remote, world, retry)
-        taken_before = None
-        for attempt in range(1 + max(retry, 0)):  # no barrier in it: its leader may look again
-            try:
-                return prefix.get_shm_prefix(streams_local, streams_remote, world, retry)
-            except FileExistsError as taken:  # a job that takes no lock registered the prefix found, after the search
-                if attempt == retry or taken.filename == taken_before:  # found again: no race, looking won't help
-                    raise
-                taken_before = taken.filename
+        # No barrier in it: its leader may look again.
+        return _looking_again(lambda: prefix.get_shm_prefix(streams_local, streams_remote, world, retry), retry)
     prefix._check_self(streams_local)
     store = default_store()
     key = f"vocagno/shm_prefix/{next(_prefix_exchanges)}/node"
     shm = error = None
     if world.is_local_leader:
         try:
-            taken_before = None
-            for attempt in range(1 + retry):
+            def register() -> tuple[int, bytes, Any]:
                 found = max(prefix._check_and_find_retrying(streams_local, streams_remote, name, retry)
                             for name in SHM_TO_CLEAN)
                 packed = prefix._pack_locals(streams_local, found)
-                try:
-                    shm = SharedMemory(prefix._get_path(found, LOCALS), True, len(packed))
-                    break
-                except FileExistsError:
-                    if attempt == retry or found == taken_before:  # found again: no race, looking won't help
-                        raise
-                    taken_before = found
+                return found, packed, SharedMemory(prefix._get_path(found, LOCALS), True, len(packed))
+
+            found, packed, shm = _looking_again(register, retry)
             shm.buf[:len(packed)] = packed
             answer = f"prefix {found}"
         except Exception as raised:  # told to every rank, then raised here
